@@ -1,0 +1,50 @@
+"""layerscope: where do the time, memory and FLOPs of a PyTorch model go?
+
+Quick start::
+
+    import layerscope
+    prof = layerscope.profile(model, x)       # warm-up, median of measured passes
+    print(prof)                               # the module tree
+    prof["encoder.layer.0"].forward.cpu_time_ns
+    prof.save("profile.json")                 # layerscope.load("profile.json")
+
+The library prints nothing unless asked; ``import layerscope`` does not import torch
+until a profiling entry point is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InvariantError",
+    "LayerscopeError",
+    "ModuleNode",
+    "OpStats",
+    "PhaseStats",
+    "Profile",
+    "Profiler",
+    "check_tree",
+    "load",
+    "profile",
+]
+
+from layerscope.check import InvariantError, check_tree
+from layerscope.errors import LayerscopeError
+from layerscope.io import load
+from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
+
+if TYPE_CHECKING:
+    from layerscope.session import Profiler, profile
+
+
+def __getattr__(name: str) -> Any:
+    # The capture layer imports torch: load it on first use, so reading and rendering
+    # saved profiles (`layerscope show`) stays fast and torch-free.
+    if name in ("profile", "Profiler"):
+        from layerscope import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'layerscope' has no attribute {name!r}")

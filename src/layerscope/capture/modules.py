@@ -1,0 +1,103 @@
+"""The module table of a model: one entry per unique module, parameters counted once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from layerscope.errors import ModelError
+from layerscope.raw import ModuleInfo
+
+
+def require_module(model: object) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise ModelError(
+            f"expected a torch.nn.Module to profile, got {type(model).__module__}."
+            f"{type(model).__qualname__}; pass the model object (e.g. MyNet()), not its "
+            "class or its output"
+        )
+    return model
+
+
+def _parent_path(path: str) -> str | None:
+    if path == "":
+        return None
+    return path.rsplit(".", 1)[0] if "." in path else ""
+
+
+def module_table(
+    model: nn.Module, paths: Sequence[str] | None = None
+) -> tuple[list[nn.Module], list[ModuleInfo], int]:
+    """The unique modules of ``model`` and their :class:`ModuleInfo`, and the parameter bytes.
+
+    ``named_modules()`` already visits a module reachable under two names once, at its
+    first path. A parameter shared by several modules (tied embeddings) is credited to
+    the first of them, so every parameter counts once in the tree.
+    """
+    named = list(model.named_modules())
+    all_paths = {path for path, _ in named}
+    selected_roots = _check_paths(paths, all_paths)
+
+    seen_params: set[int] = set()
+    param_bytes = 0
+    modules: list[nn.Module] = []
+    infos: list[ModuleInfo] = []
+    for path, module in named:
+        own = 0
+        for param in module.parameters(recurse=False):
+            if id(param) in seen_params:
+                continue
+            seen_params.add(id(param))
+            own += param.numel()
+            param_bytes += param.numel() * param.element_size()
+        selected = selected_roots is None or any(
+            path == root or path.startswith(root + ".") or root == "" for root in selected_roots
+        )
+        modules.append(module)
+        infos.append(
+            ModuleInfo(
+                path=path,
+                type=type(module).__name__,
+                parent=_parent_path(path),
+                depth=0 if path == "" else path.count(".") + 1,
+                params=own,
+                selected=selected,
+            )
+        )
+    return modules, infos, param_bytes
+
+
+def _check_paths(paths: Sequence[str] | None, known: set[str]) -> list[str] | None:
+    if paths is None:
+        return None
+    if isinstance(paths, str):
+        paths = [paths]
+    unknown = [p for p in paths if p not in known]
+    if unknown:
+        import difflib
+
+        hints = []
+        for p in unknown:
+            close = difflib.get_close_matches(p, sorted(known), n=3)
+            hints.append(f"{p!r}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close else ""))
+        raise ModelError(
+            f"paths= names no module of this model: {', '.join(hints)}; paths are "
+            "named_modules() names such as 'features.3' ('' is the whole model)"
+        )
+    return list(paths)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def model_dtype(model: nn.Module) -> str | None:
+    for tensor in model.parameters():
+        return str(tensor.dtype).replace("torch.", "")
+    return None

@@ -1,0 +1,96 @@
+"""Invariants of a profile tree, as code.
+
+``check_tree`` is called by every test that builds or transforms a tree, and by
+``layerscope.load`` on every file it reads: a profile that breaks one is a bug (or a
+corrupted file), never something to render.
+"""
+
+from __future__ import annotations
+
+from layerscope.tree import ADDITIVE_PHASE_METRICS, ModuleNode, Profile
+
+
+class InvariantError(AssertionError):
+    """A profile tree breaks one of its invariants; the message lists every breach."""
+
+
+def _phase_problems(node: ModuleNode, phase: str) -> list[str]:
+    problems: list[str] = []
+    stats = getattr(node, phase)
+    if stats is None:
+        for child in node.children:
+            if getattr(child, phase) is not None:
+                problems.append(f"{node.path!r}: no {phase} stats but child {child.path!r} has")
+        return problems
+    for total_name, self_name in ADDITIVE_PHASE_METRICS:
+        total = getattr(stats, total_name)
+        own = getattr(stats, self_name)
+        if total is None or own is None:
+            if total is not None or own is not None:
+                problems.append(f"{node.path!r} {phase}: {total_name}/{self_name} half missing")
+            continue
+        if total < 0 or own < 0:
+            problems.append(f"{node.path!r} {phase}: negative {total_name}={total} {self_name}={own}")
+        children_sum = 0
+        for child in node.children:
+            child_stats = getattr(child, phase)
+            value = None if child_stats is None else getattr(child_stats, total_name)
+            if value is None:
+                problems.append(f"{node.path!r} {phase}: child {child.path!r} lacks {total_name}")
+                continue
+            children_sum += value
+        if total != own + children_sum:
+            problems.append(
+                f"{node.path!r} {phase}: {total_name}={total} != {self_name}={own} "
+                f"+ children {children_sum}"
+            )
+    return problems
+
+
+def tree_problems(profile: Profile) -> list[str]:
+    """Every invariant the profile breaks, as readable lines (empty when sound)."""
+    problems: list[str] = []
+    root = profile.root
+    if root.path != "" or root.parent is not None or root.depth != 0:
+        problems.append("the root must have path '', parent null and depth 0")
+    seen: set[str] = set()
+    self_sums: dict[str, int] = {}
+    for node in root.walk():
+        if node.path in seen:
+            problems.append(f"duplicate path {node.path!r}")
+        seen.add(node.path)
+        for child in node.children:
+            if child.parent != node.path or child.depth != node.depth + 1:
+                problems.append(f"{child.path!r}: parent/depth do not match its place in the tree")
+        if node.calls < 0 or node.params < 0:
+            problems.append(f"{node.path!r}: negative calls or params")
+        if node.params_total != node.params + sum(c.params_total for c in node.children):
+            problems.append(f"{node.path!r}: params_total != params + children")
+        if not node.profiled and (node.calls or node.forward.self_cpu_time_ns or node.ops):
+            problems.append(f"{node.path!r}: not profiled but carries figures")
+        for phase in ("forward", "backward"):
+            problems.extend(_phase_problems(node, phase))
+        for op in node.ops:
+            if op.calls <= 0 or op.cpu_time_ns < 0 or op.self_cpu_time_ns < 0:
+                problems.append(f"{node.path!r}: op {op.name} has non-positive calls or negative time")
+            if op.self_cpu_time_ns > op.cpu_time_ns:
+                problems.append(f"{node.path!r}: op {op.name} self time exceeds its total")
+        for phase in ("forward", "backward"):
+            stats = getattr(node, phase)
+            if stats is not None:
+                self_sums[phase] = self_sums.get(phase, 0) + stats.self_cpu_time_ns
+    for phase, total in self_sums.items():
+        root_stats = getattr(root, phase)
+        if root_stats is not None and root_stats.cpu_time_ns != total:
+            problems.append(f"root {phase} cpu_time_ns != sum of all self times ({total})")
+    return problems
+
+
+def check_tree(profile: Profile) -> Profile:
+    """Raise :class:`InvariantError` if ``profile`` breaks an invariant; else return it."""
+    problems = tree_problems(profile)
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise InvariantError(f"profile breaks {len(problems)} invariant(s):\n  {shown}{more}")
+    return profile

@@ -1,0 +1,237 @@
+"""The ``layerscope`` command line. The only place, with ``Profile.show``, that prints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from layerscope.errors import LayerscopeError
+
+DEMO_SPEC = "zoo:resnet18"
+
+EPILOG = """\
+SPEC is one of:
+  zoo:NAME                   a built-in model (layerscope zoo lists them)
+  transformers:ClassName     a transformers model from its default config, random weights
+  package.module:callable    a callable returning an nn.Module
+  path/to/file.py:callable   the same, from a file
+
+examples:
+  layerscope demo
+  layerscope profile zoo:alexnet --depth 2
+  layerscope profile zoo:gpt --show-ops --depth 1
+  layerscope profile transformers:BertModel --repeat 3 -o bert.json
+  layerscope profile mymodels.py:build --input 8x3x224x224 --device cuda
+  layerscope profile mymodels.py:build --inputs mymodels.py:sample_batch
+"""
+
+
+class UsageError(LayerscopeError):
+    """Bad command-line use: exit status 2."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool) -> None:
+    from layerscope.render import formats
+
+    if spec:
+        parser.add_argument("spec", metavar="SPEC", help="the model to profile (see below)")
+    parser.add_argument(
+        "--input", action="append", default=[], metavar="SHAPE",
+        help="a random input tensor of this shape, e.g. 1x3x224x224 or 8x128:int64; "
+        "repeat for several positional inputs",
+    )
+    parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
+    parser.add_argument("--batch-size", type=_positive, default=1, help="batch size of a built-in model's default input (default 1)")
+    parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
+    parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
+    parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
+    parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
+    parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
+    parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops and shapes")
+    parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
+    parser.add_argument("--show-ops", action="store_true", help="nest each module's aten ops under it")
+    parser.add_argument("--format", choices=formats(), help="output format (default: from -o's extension, else text)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="layerscope",
+        description="Where do the time and parameters of a PyTorch model go? "
+        "Profiles a model layer by layer and prints the module tree.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from layerscope import __version__
+
+    parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    prof = sub.add_parser(
+        "profile", help="profile a model's forward pass", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run warm-up passes, then measured passes, and show per-module medians.",
+    )
+    _add_run_options(prof, spec=True)
+
+    demo = sub.add_parser(
+        "demo", help=f"profile a built-in model ({DEMO_SPEC}) with no set-up",
+        description=f"Profile the built-in {DEMO_SPEC} on a random 1x3x224x224 image.",
+    )
+    _add_run_options(demo, spec=False)
+
+    sub.add_parser("zoo", help="list the built-in models", description="List the built-in models.")
+    return parser
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Any]:
+    """A progress bar on stderr while passes run, only when stderr is a terminal."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        console=Console(stderr=True), transient=True,
+    )
+    tasks: dict[str, Any] = {}
+    labels = {"warmup": "warm-up", "measure": "measuring", "ops": "recording ops"}
+
+    def report(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(labels.get(stage, stage), total=total)
+        progress.update(tasks[stage], completed=done)
+
+    with progress:
+        yield report
+
+
+def _move(value: Any, device: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_move(v, device, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _move(v, device, dtype) for k, v in value.items()}
+    return value
+
+
+def _run_profile(args: argparse.Namespace, spec: str) -> int:
+    import torch
+
+    import layerscope
+    from layerscope.io import write_atomic
+    from layerscope.render import format_for_path, render
+    from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model, tensor_for
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"unknown device {args.device!r}; expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but this torch sees no CUDA device")
+    dtype = parse_dtype(args.dtype) if args.dtype else None
+    shapes = [parse_shape(s) for s in args.input]
+    if shapes and args.inputs:
+        raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
+
+    resolved = resolve_model(spec, batch_size=max(1, args.batch_size))
+    if args.inputs:
+        inputs = resolve_inputs(args.inputs)
+    elif shapes:
+        generator = torch.Generator().manual_seed(0)
+        inputs = tuple(tensor_for(shape, dt, generator) for shape, dt in shapes)
+    elif resolved.inputs is not None:
+        inputs = resolved.inputs
+    else:
+        raise UsageError(f"{spec} comes with no default input; pass --input SHAPE or --inputs SPEC")
+
+    model = resolved.model.eval().to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    inputs = _move(inputs, device, dtype)
+
+    fmt = args.format or (format_for_path(args.output) if args.output else "text")
+    with _progress_bar(sys.stderr.isatty()) as report:
+        prof = layerscope.profile(
+            model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
+            paths=args.paths, record_ops=not args.no_ops, progress=report,
+        )
+    prof.meta["spec"] = resolved.label
+    text = render(prof, fmt, depth=args.depth, show_ops=args.show_ops)
+    if args.output:
+        try:
+            write_atomic(args.output, text)
+        except OSError as exc:
+            print(f"layerscope: error: cannot write {args.output!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"layerscope: wrote {fmt} to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _list_zoo() -> int:
+    from layerscope import zoo
+
+    width = max(len(n) for n in zoo.names())
+    for name in zoo.names():
+        print(f"zoo:{name.ljust(width)}  {zoo.get(name).description}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    debug = getattr(args, "debug", False)
+    try:
+        if args.command == "zoo":
+            return _list_zoo()
+        if args.command == "demo":
+            if args.depth is None:
+                args.depth = 2
+            return _run_profile(args, DEMO_SPEC)
+        return _run_profile(args, args.spec)
+    except LayerscopeError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"layerscope: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("layerscope: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        else:
+            print(
+                f"layerscope: the model raised {type(exc).__name__}: {exc}\n"
+                "(run again with --debug for the traceback)",
+                file=sys.stderr,
+            )
+        return 1

@@ -1,0 +1,28 @@
+"""The errors layerscope raises for bad input. Each names what was wrong and what was
+expected; the CLI prints the message alone (``--debug`` adds the traceback)."""
+
+from __future__ import annotations
+
+
+class LayerscopeError(Exception):
+    """Base of every error layerscope raises on purpose."""
+
+
+class ModelError(LayerscopeError, TypeError):
+    """The thing to profile is not an ``nn.Module``."""
+
+
+class InputsError(LayerscopeError, TypeError):
+    """The inputs do not fit the model's ``forward`` signature, or cannot be parsed."""
+
+
+class SpecError(LayerscopeError, ValueError):
+    """A model or inputs SPEC cannot be resolved to a module or inputs."""
+
+
+class SchemaError(LayerscopeError, ValueError):
+    """A file is not a layerscope profile, or is of a schema this version cannot read."""
+
+
+class ProfilerStateError(LayerscopeError, RuntimeError):
+    """A profiler is used out of order (nested on one model, read before it finished)."""

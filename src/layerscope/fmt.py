@@ -1,0 +1,76 @@
+"""The one module that turns numbers into strings for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _sig4(value: float) -> str:
+    """Four significant digits for values in [1, 1000): 1.808, 14.03, 141.4."""
+    if value >= 100:
+        return f"{value:.1f}"
+    if value >= 10:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def time_ns(value: int | None) -> str:
+    """``1808000`` -> ``1.808ms``; ``None`` -> ``""`` (not measured)."""
+    if value is None:
+        return ""
+    if value < 1_000:
+        return f"{value}ns"
+    for unit, scale in (("us", 1e3), ("ms", 1e6), ("s", 1e9)):
+        scaled = value / scale
+        if scaled < 1000 or unit == "s":
+            # Rounding may carry to 1000.0: show it in the next unit instead.
+            text = _sig4(scaled)
+            if float(text) < 1000 or unit == "s":
+                return f"{text}{unit}"
+    return f"{value / 1e9:.1f}s"
+
+
+def count(value: int | None) -> str:
+    """``61100840`` -> ``61.10M``; below a thousand, the integer itself."""
+    if value is None:
+        return ""
+    if abs(value) < 1000:
+        return str(value)
+    for suffix, scale in (("K", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
+        scaled = value / scale
+        if abs(scaled) < 999.995 or suffix == "T":
+            return f"{scaled:.2f}{suffix}"
+    return str(value)
+
+
+def nbytes(value: int | None) -> str:
+    """``1048576`` -> ``1.00 MiB``."""
+    if value is None:
+        return ""
+    if abs(value) < 1024:
+        return f"{value} B"
+    scaled = float(value)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        scaled /= 1024
+        if abs(scaled) < 1023.995 or unit == "TiB":
+            break
+    return f"{scaled:.2f} {unit}"
+
+
+def percent(part: int | None, whole: int | None) -> str:
+    if part is None or not whole:
+        return ""
+    return f"{100.0 * part / whole:.1f}%"
+
+
+def shape(value: Any) -> str:
+    """A shape list as ``[1, 3, 224, 224]``; nested lists keep their brackets."""
+    if value is None:
+        return ""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, list):
+        return "[" + ", ".join(shape(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {shape(v)}" for k, v in value.items()) + "}"
+    return str(value)

@@ -1,0 +1,106 @@
+"""Saving and loading profiles: atomic writes, and a strict reader of ``layerscope/1``."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import SchemaError
+
+SCHEMA = "layerscope/1"
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+
+    The text goes to a temporary file in the same folder, is flushed to disk, then
+    renamed over ``path``: a failed run never leaves a half-written file behind.
+    """
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise OSError(f"cannot write {str(target)!r}: folder {str(folder)!r} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        raise
+
+
+def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
+    from layerscope.render import format_for_path, render
+
+    chosen = fmt or format_for_path(path, default="json")
+    write_atomic(path, render(profile, chosen, **options))
+
+
+def profile_from_dict(doc: Any, source: str = "document") -> Any:
+    """Rebuild a :class:`Profile` from a ``layerscope/1`` dict, checking its invariants."""
+    from layerscope.check import InvariantError, check_tree
+    from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
+
+    if not isinstance(doc, dict) or "schema" not in doc:
+        raise SchemaError(f"{source} is not a layerscope profile (no 'schema' field)")
+    schema = doc["schema"]
+    if schema != SCHEMA:
+        raise SchemaError(
+            f"{source} has schema {schema!r}; this layerscope reads {SCHEMA!r} only"
+        )
+    try:
+        nodes = []
+        for entry in doc["modules"]:
+            nodes.append(
+                ModuleNode(
+                    path=entry["path"],
+                    type=entry["type"],
+                    parent=entry["parent"],
+                    depth=entry["depth"],
+                    calls=entry["calls"],
+                    params=entry["params"],
+                    params_total=entry["params_total"],
+                    profiled=entry.get("profiled", True),
+                    forward=PhaseStats.from_dict(entry["forward"]),
+                    backward=None if entry.get("backward") is None else PhaseStats.from_dict(entry["backward"]),
+                    ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
+                    input_shapes=entry.get("input_shapes"),
+                    output_shapes=entry.get("output_shapes"),
+                )
+            )
+        root = link(nodes)
+        profile = Profile(root=root, meta=dict(doc.get("meta", {})), param_bytes=doc["totals"]["param_bytes"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SchemaError(f"{source} is a damaged layerscope profile: {type(exc).__name__}: {exc}") from None
+    try:
+        check_tree(profile)
+    except InvariantError as exc:
+        raise SchemaError(f"{source} is inconsistent: {str(exc).splitlines()[0]}") from None
+    return profile
+
+
+def load(path: str | os.PathLike[str]) -> Any:
+    """Read a profile saved as JSON; a clear :class:`SchemaError` for anything else."""
+    name = os.fspath(path)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such profile file: {name!r}") from None
+    except UnicodeDecodeError:
+        raise SchemaError(f"{name!r} is not a layerscope profile (not UTF-8 text)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(
+            f"{name!r} is not valid JSON (truncated or corrupted?): {exc.msg} at line {exc.lineno}"
+        ) from None
+    return profile_from_dict(doc, source=repr(name))

@@ -1,0 +1,78 @@
+"""Renderers: pure functions ``Profile -> str``, one file each, in one registry.
+
+The registry drives ``Profile.render(fmt)``, the CLI's ``--format`` choices and the
+format guessed from an output file's extension. Adding a format is one new file with a
+``@register_renderer`` line, plus its import at the bottom of this file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from layerscope.tree import Profile
+
+RenderFn = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class Renderer:
+    name: str
+    fn: RenderFn
+    extensions: tuple[str, ...]
+    description: str
+
+
+_RENDERERS: dict[str, Renderer] = {}
+
+
+def register_renderer(
+    name: str, *, extensions: tuple[str, ...] = (), description: str = ""
+) -> Callable[[RenderFn], RenderFn]:
+    """Register ``fn(profile, **options) -> str`` as format ``name``; duplicates are an error."""
+
+    def decorate(fn: RenderFn) -> RenderFn:
+        if name in _RENDERERS:
+            raise ValueError(f"a renderer named {name!r} is already registered")
+        taken = {ext: r.name for r in _RENDERERS.values() for ext in r.extensions}
+        for ext in extensions:
+            if ext in taken:
+                raise ValueError(f"extension {ext!r} already belongs to format {taken[ext]!r}")
+        _RENDERERS[name] = Renderer(name, fn, tuple(extensions), description or (fn.__doc__ or "").strip())
+        return fn
+
+    return decorate
+
+
+def formats() -> list[str]:
+    """Registered format names, in registration order."""
+    return list(_RENDERERS)
+
+
+def get_renderer(fmt: str) -> Renderer:
+    try:
+        return _RENDERERS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown format {fmt!r}; expected one of: {', '.join(_RENDERERS)}") from None
+
+
+def format_for_path(path: str | os.PathLike[str], default: str = "text") -> str:
+    """The format an output file's extension implies (``.json`` -> ``json``)."""
+    name = os.fspath(path).lower()
+    best = ""
+    found = default
+    for renderer in _RENDERERS.values():
+        for ext in renderer.extensions:
+            if name.endswith(ext) and len(ext) > len(best):
+                best, found = ext, renderer.name
+    return found
+
+
+def render(profile: Profile, fmt: str = "text", **options: Any) -> str:
+    return get_renderer(fmt).fn(profile, **options)
+
+
+# Filling the registry: each module registers itself on import.
+from layerscope.render import json_doc, text  # noqa: E402,F401

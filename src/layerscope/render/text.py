@@ -1,0 +1,155 @@
+"""The layer-by-layer text tree: one row per module, its ops nested when asked.
+
+Columns come from ``COLUMNS``; a column is shown only when the profile has its data
+(device time only for accelerator runs), so later metrics slot into the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from layerscope import fmt
+from layerscope.render import register_renderer
+from layerscope.tree import ModuleNode, OpStats, Profile
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: ``module`` and ``op`` give a cell's text (None: leave blank)."""
+
+    header: str
+    module: Callable[[ModuleNode, Profile], str]
+    op: Callable[[OpStats, Profile], str] | None = None
+    shown: Callable[[Profile], bool] = lambda profile: True
+    align: str = ">"
+
+
+def _has_device(profile: Profile) -> bool:
+    return profile.root.forward.device_time_ns is not None
+
+
+def _timed(getter: Callable[[ModuleNode], int | None]) -> Callable[[ModuleNode, Profile], str]:
+    return lambda node, profile: fmt.time_ns(getter(node)) if node.profiled else ""
+
+
+COLUMNS: list[Column] = [
+    Column("Type", lambda n, p: n.type, lambda o, p: "", align="<"),
+    Column(
+        "Self CPU",
+        _timed(lambda n: n.forward.self_cpu_time_ns),
+        lambda o, p: fmt.time_ns(o.self_cpu_time_ns),
+    ),
+    Column(
+        "CPU total",
+        _timed(lambda n: n.forward.cpu_time_ns),
+        lambda o, p: fmt.time_ns(o.cpu_time_ns),
+    ),
+    Column(
+        "CPU %",
+        lambda n, p: fmt.percent(n.forward.cpu_time_ns, p.root.forward.cpu_time_ns) if n.profiled else "",
+        lambda o, p: fmt.percent(o.cpu_time_ns, p.root.forward.cpu_time_ns),
+    ),
+    Column(
+        "Self Device",
+        _timed(lambda n: n.forward.self_device_time_ns),
+        lambda o, p: fmt.time_ns(o.self_device_time_ns),
+        shown=_has_device,
+    ),
+    Column(
+        "Device total",
+        _timed(lambda n: n.forward.device_time_ns),
+        lambda o, p: fmt.time_ns(o.device_time_ns),
+        shown=_has_device,
+    ),
+    Column("Params", lambda n, p: fmt.count(n.params_total), lambda o, p: ""),
+    Column("Calls", lambda n, p: str(n.calls) if n.profiled else "", lambda o, p: str(o.calls)),
+]
+
+_SHAPES = Column("Input shapes", lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
+
+
+def _rows(
+    profile: Profile, columns: list[Column], depth: int | None, show_ops: bool
+) -> list[list[str]]:
+    rows: list[list[str]] = []
+
+    def visit(node: ModuleNode, prefix: str, is_last: bool, is_root: bool) -> None:
+        branch = "" if is_root else ("└── " if is_last else "├── ")
+        rows.append([prefix + branch + node.name] + [c.module(node, profile) for c in columns])
+        inner = prefix if is_root else prefix + ("    " if is_last else "│   ")
+        children = node.children if depth is None or node.depth < depth else []
+        if show_ops:
+            op_prefix = inner + ("│   " if children else "    ")
+            for op in node.ops:
+                rows.append(
+                    [op_prefix + op.name] + [c.op(op, profile) if c.op else "" for c in columns]
+                )
+        for n, child in enumerate(children):
+            visit(child, inner, n == len(children) - 1, False)
+
+    visit(profile.root, "", True, True)
+    return rows
+
+
+def _header_line(profile: Profile) -> str:
+    meta = profile.meta
+    parts = [str(meta.get("model", profile.root.type)), str(meta.get("device", "cpu"))]
+    if meta.get("dtype"):
+        parts.append(str(meta["dtype"]))
+    if meta.get("mode") == "profile":
+        parts.append(f"median of {meta.get('repeat')} passes after {meta.get('warmup')} warm-up")
+    elif meta.get("mode") == "context":
+        parts.append("one profiled run")
+    return "  ·  ".join(parts)
+
+
+def _footer(profile: Profile) -> list[str]:
+    root = profile.root
+    lines = [
+        f"Params: {fmt.count(root.params_total)} ({fmt.nbytes(profile.param_bytes)})"
+        f"   Forward CPU total: {fmt.time_ns(root.forward.cpu_time_ns)}"
+        + (
+            f"   Device total: {fmt.time_ns(root.forward.device_time_ns)}"
+            if root.forward.device_time_ns is not None
+            else ""
+        )
+    ]
+    passes = profile.meta.get("pass_cpu_time_ns") or []
+    if len(passes) > 1:
+        lines.append(
+            f"Passes: {len(passes)}, min {fmt.time_ns(min(passes))}, max {fmt.time_ns(max(passes))}"
+        )
+    outside = profile.meta.get("ops_outside_model") or 0
+    if outside:
+        lines.append(f"Ops run outside the model (not in the tree): {outside}")
+    return lines
+
+
+def _align(text: str, width: int, align: str) -> str:
+    return text.ljust(width) if align == "<" else text.rjust(width)
+
+
+@register_renderer("text", extensions=(".txt",), description="the module tree as a text table")
+def render_text(
+    profile: Profile, *, depth: int | None = None, show_ops: bool = False, **_: Any
+) -> str:
+    """The module tree as a table; ``depth`` hides deeper modules, ``show_ops`` nests ops."""
+    columns = [c for c in COLUMNS if c.shown(profile)]
+    if show_ops:
+        columns.append(_SHAPES)
+    headers = ["Module"] + [c.header for c in columns]
+    aligns = ["<"] + [c.align for c in columns]
+    rows = _rows(profile, columns, depth, show_ops)
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    # The last column is left-aligned free text; don't pad it with trailing spaces.
+    def line(cells: list[str]) -> str:
+        text = " | ".join(_align(c, w, a) for c, w, a in zip(cells, widths, aligns))
+        return text.rstrip()
+
+    out = [_header_line(profile), "", line(headers), "-|-".join("-" * w for w in widths)]
+    out.extend(line(r) for r in rows)
+    out.append("")
+    out.extend(_footer(profile))
+    return "\n".join(out) + "\n"

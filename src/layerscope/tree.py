@@ -1,0 +1,217 @@
+"""The one data model every output is derived from.
+
+A :class:`Profile` holds a tree of :class:`ModuleNode` (one per unique module, keyed by
+its ``named_modules()`` path) and each node holds its :class:`OpStats`. Nothing here
+imports torch: trees can be built by hand in tests and fed to any renderer.
+
+Numbers carry their unit in their name and stay numbers; only ``layerscope.fmt`` turns
+them into strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+#: Metrics of a phase that add up through the tree: ``X == self_X + sum(child X)``.
+#: Each entry is ``(total_field, self_field)``.
+ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
+    ("cpu_time_ns", "self_cpu_time_ns"),
+    ("device_time_ns", "self_device_time_ns"),
+)
+
+
+@dataclass
+class PhaseStats:
+    """What one module did in one phase (``forward`` or ``backward``).
+
+    ``device_*`` fields are ``None`` when the model did not run on an accelerator.
+    """
+
+    cpu_time_ns: int = 0
+    self_cpu_time_ns: int = 0
+    device_time_ns: int | None = None
+    self_device_time_ns: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PhaseStats:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class OpStats:
+    """One aten operator, aggregated per (module, phase, name, input shapes)."""
+
+    name: str
+    phase: str = "forward"
+    calls: int = 0
+    cpu_time_ns: int = 0
+    self_cpu_time_ns: int = 0
+    device_time_ns: int | None = None
+    self_device_time_ns: int | None = None
+    input_shapes: list[Any] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OpStats:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class ModuleNode:
+    """One ``nn.Module``, at its first ``named_modules()`` path (``""`` is the root).
+
+    ``params`` counts the parameters this module owns directly, each unique parameter
+    counted once in the whole tree (a tied weight belongs to the first module, in
+    ``named_modules()`` order, that owns it). ``params_total`` adds the descendants.
+    ``profiled`` is False for ancestors kept only to hold the subtrees chosen with
+    ``paths=``; their own figures are zero.
+    """
+
+    path: str
+    type: str
+    parent: str | None = None
+    depth: int = 0
+    calls: int = 0
+    params: int = 0
+    params_total: int = 0
+    profiled: bool = True
+    forward: PhaseStats = field(default_factory=PhaseStats)
+    backward: PhaseStats | None = None
+    ops: list[OpStats] = field(default_factory=list)
+    input_shapes: Any = None
+    output_shapes: Any = None
+    children: list[ModuleNode] = field(default_factory=list, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The last component of the path (the root's is its type)."""
+        return self.path.rsplit(".", 1)[-1] if self.path else self.type
+
+    def walk(self) -> Iterator[ModuleNode]:
+        """This node and its descendants, depth first, children in registration order."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "type": self.type,
+            "parent": self.parent,
+            "depth": self.depth,
+            "calls": self.calls,
+            "params": self.params,
+            "params_total": self.params_total,
+            "profiled": self.profiled,
+            "forward": self.forward.to_dict(),
+            "backward": None if self.backward is None else self.backward.to_dict(),
+            "input_shapes": self.input_shapes,
+            "output_shapes": self.output_shapes,
+            "ops": [op.to_dict() for op in self.ops],
+        }
+
+
+@dataclass
+class Profile:
+    """A profiled model: ``meta`` (what was run, how) and the module tree."""
+
+    root: ModuleNode
+    meta: dict[str, Any] = field(default_factory=dict)
+    param_bytes: int = 0
+    _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index = {node.path: node for node in self.root.walk()}
+
+    # -- reading -------------------------------------------------------------------
+    def nodes(self) -> Iterator[ModuleNode]:
+        """Every module node, depth first, in ``named_modules()`` order."""
+        return self.root.walk()
+
+    def node(self, path: str) -> ModuleNode:
+        """The node at ``path`` (``""`` is the root); KeyError names close matches."""
+        try:
+            return self._index[path]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(path, list(self._index), n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise KeyError(f"no module at path {path!r} in this profile{hint}") from None
+
+    def __getitem__(self, path: str) -> ModuleNode:
+        return self.node(path)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._index
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        return {
+            "params": self.root.params_total,
+            "param_bytes": self.param_bytes,
+            "forward": self.root.forward.to_dict(),
+            "backward": None if self.root.backward is None else self.root.backward.to_dict(),
+        }
+
+    # -- output --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        from layerscope.io import SCHEMA
+
+        return {
+            "schema": SCHEMA,
+            "meta": dict(self.meta),
+            "totals": self.totals,
+            "modules": [node.to_dict() for node in self.nodes()],
+        }
+
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """The profile in format ``fmt`` (see ``layerscope.render.formats()``)."""
+        from layerscope.render import render
+
+        return render(self, fmt, **options)
+
+    def save(self, path: str, fmt: str | None = None, **options: Any) -> None:
+        """Write the profile to ``path`` atomically; the format follows the extension."""
+        from layerscope.io import save
+
+        save(self, path, fmt=fmt, **options)
+
+    def show(self, **options: Any) -> None:
+        """Print the text tree (the only place the library prints, and only on request)."""
+        print(self.render("text", **options))
+
+    def __str__(self) -> str:
+        return self.render("text")
+
+
+def link(nodes: list[ModuleNode]) -> ModuleNode:
+    """Fill ``children`` from ``parent`` paths; ``nodes`` is in pre-order, root first."""
+    by_path: dict[str, ModuleNode] = {}
+    for node in nodes:
+        node.children = []
+        if node.path in by_path:
+            raise ValueError(f"duplicate module path {node.path!r}")
+        by_path[node.path] = node
+        if node.parent is not None:
+            try:
+                by_path[node.parent].children.append(node)
+            except KeyError:
+                raise ValueError(
+                    f"module {node.path!r} names parent {node.parent!r}, which does not "
+                    "come before it"
+                ) from None
+    if not nodes or nodes[0].parent is not None:
+        raise ValueError("the first module must be the root, with parent null")
+    return nodes[0]
