@@ -110,6 +110,8 @@ def _attribute_ops(
 
 
 def _median(values: list[int]) -> int:
+    if len(values) == 1:
+        return values[0]
     return int(statistics.median_low(values)) if values else 0
 
 

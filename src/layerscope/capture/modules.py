@@ -46,14 +46,16 @@ def module_table(
     infos: list[ModuleInfo] = []
     for path, module in named:
         own = 0
-        for param in module.parameters(recurse=False):
-            if id(param) in seen_params:
+        # _parameters directly: parameters(recurse=False) builds a generator chain per
+        # module, which dominates set-up on models with thousands of modules.
+        for param in module._parameters.values():
+            if param is None or id(param) in seen_params:
                 continue
             seen_params.add(id(param))
             own += param.numel()
             param_bytes += param.numel() * param.element_size()
         selected = selected_roots is None or any(
-            path == root or path.startswith(root + ".") or root == "" for root in selected_roots
+            root == "" or path == root or path.startswith(root + ".") for root in selected_roots
         )
         modules.append(module)
         infos.append(

@@ -76,7 +76,7 @@ class CudaTimer:
             return []
         torch.cuda.synchronize(self.device)
         base = self._events[0]
-        offsets = [int(round(base.elapsed_time(e) * 1e6)) for e in self._events]
+        offsets = [round(base.elapsed_time(e) * 1e6) for e in self._events]
         self._events = []
         return offsets
 
@@ -205,9 +205,9 @@ class Recorder:
         for n, event in enumerate(events):
             if event[0] == OP:
                 start, end = event[5]
-                events[n] = event[:5] + (max(0, offsets[end] - offsets[start]),)
+                events[n] = (*event[:5], max(0, offsets[end] - offsets[start]))
             else:
-                events[n] = event[:3] + (offsets[event[3]],)
+                events[n] = (*event[:3], offsets[event[3]])
 
     @contextmanager
     def warm_detail_pass(self) -> Iterator[None]:

@@ -99,7 +99,9 @@ def _header_line(profile: Profile) -> str:
     if meta.get("dtype"):
         parts.append(str(meta["dtype"]))
     if meta.get("mode") == "profile":
-        parts.append(f"median of {meta.get('repeat')} passes after {meta.get('warmup')} warm-up")
+        repeat = meta.get("repeat")
+        passes = "1 measured pass" if repeat == 1 else f"median of {repeat} passes"
+        parts.append(f"{passes} after {meta.get('warmup')} warm-up")
     elif meta.get("mode") == "context":
         parts.append("one profiled run")
     return "  ·  ".join(parts)

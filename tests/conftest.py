@@ -1,0 +1,56 @@
+"""Shared test fixtures: a fake clock, golden-file comparison, tree checking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", default=False,
+        help="rewrite tests/golden/*.out from the current output instead of comparing",
+    )
+
+
+class FakeClock:
+    """A deterministic clock: every call advances by ``step_ns``.
+
+    With it, a profile's times depend only on how many times the capture layer read
+    the clock, so text output is byte-for-byte repeatable.
+    """
+
+    def __init__(self, step_ns: int = 1000) -> None:
+        self.now = 0
+        self.step_ns = step_ns
+
+    def __call__(self) -> int:
+        self.now += self.step_ns
+        return self.now
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest):
+    """``golden("name.out", text)`` compares with tests/golden/name.out (or rewrites it
+    under --update-golden)."""
+    update = request.config.getoption("--update-golden")
+
+    def compare(name: str, text: str) -> None:
+        path = GOLDEN_DIR / name
+        if update or not path.exists():
+            if not update:
+                pytest.fail(f"golden file {path} is missing; run pytest --update-golden to create it")
+            path.write_text(text, encoding="utf-8")
+            return
+        expected = path.read_text(encoding="utf-8")
+        assert text == expected, f"output differs from {path} (run pytest --update-golden if intended)"
+
+    return compare

@@ -1,0 +1,48 @@
+"""Every example in the README runs: the Python blocks, and each CLI line."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = _blocks("python")
+    assert blocks, "the README has no Python example"
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), {"__name__": "__readme__"})
+    assert (tmp_path / "alexnet.json").exists()
+
+
+def _cli_lines() -> list[list[str]]:
+    lines = []
+    for block in _blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("layerscope "):
+                lines.append(shlex.split(line)[1:])
+    return lines
+
+
+@pytest.mark.parametrize("argv", _cli_lines(), ids=lambda argv: " ".join(argv))
+def test_readme_cli_lines_run(argv: list[str], tmp_path: Path) -> None:
+    env = dict(os.environ)
+    result = subprocess.run(
+        [sys.executable, "-m", "layerscope", *argv],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
