@@ -58,7 +58,7 @@ def _call(model: nn.Module, inputs: object) -> None:
 
 
 def variants(model: nn.Module, inputs: object) -> dict[str, Callable[[], None]]:
-    modules, infos, _ = module_table(model)
+    modules, _, _ = module_table(model)
     recorder = Recorder(modules, [True] * len(modules), device=torch.device("cpu"))
     activities = [torch.profiler.ProfilerActivity.CPU]
 

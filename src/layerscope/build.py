@@ -33,31 +33,37 @@ def _walk_pass(events: list[tuple[Any, ...]], n_modules: int) -> _PassTotals:
     top_level = 0
     # Each frame: [module index, t_enter, child cpu ns, device t_enter, child device ns]
     stack: list[list[Any]] = []
+
+    def close(t: int, dev_t: int | None) -> None:
+        nonlocal top_level
+        index, t_enter, child_cpu, dev_enter, child_dev = stack.pop()
+        duration = max(0, t - t_enter)
+        calls[index] += 1
+        self_cpu[index] += max(0, duration - child_cpu)
+        dev_duration = 0
+        if dev_enter is not None and dev_t is not None:
+            dev_duration = max(0, dev_t - dev_enter)
+            self_dev[index] += max(0, dev_duration - child_dev)
+        if stack:
+            stack[-1][2] += duration
+            stack[-1][4] += dev_duration
+        else:
+            top_level += duration
+
     for event in events:
         kind = event[0]
         if kind == ENTER:
             stack.append([event[2], event[1], 0, event[3], 0])
         elif kind == EXIT:
             index = event[2]
-            # Exits always match (forward hooks run even when forward raises); a frame
-            # left open by a foreign exception is closed at the same time as its caller.
-            while stack and stack[-1][0] != index:
-                stack.pop()
-            if not stack:
+            # Exits match their enters (forward hooks run even when forward raises). If
+            # one did not, a frame left open is closed at the same time as its caller,
+            # and an exit with no open frame is ignored.
+            if not any(frame[0] == index for frame in stack):
                 continue
-            _, t_enter, child_cpu, dev_enter, child_dev = stack.pop()
-            duration = max(0, event[1] - t_enter)
-            calls[index] += 1
-            self_cpu[index] += max(0, duration - child_cpu)
-            dev_duration = 0
-            if dev_enter is not None and event[3] is not None:
-                dev_duration = max(0, event[3] - dev_enter)
-                self_dev[index] += max(0, dev_duration - child_dev)
-            if stack:
-                stack[-1][2] += duration
-                stack[-1][4] += dev_duration
-            else:
-                top_level += duration
+            while stack[-1][0] != index:
+                close(event[1], event[3])
+            close(event[1], event[3])
     return _PassTotals(calls, self_cpu, self_dev, top_level)
 
 
@@ -79,10 +85,9 @@ def _attribute_ops(
         if kind == ENTER:
             stack.append(event[2])
         elif kind == EXIT:
-            while stack and stack[-1] != event[2]:
-                stack.pop()
-            if stack:
-                stack.pop()
+            if event[2] in stack:
+                while stack.pop() != event[2]:
+                    pass
         elif kind == OP:
             if not stack:
                 outside += 1
@@ -152,7 +157,7 @@ def build_profile(raw: RawCapture) -> Profile:
     _sum_up(root)
 
     meta = dict(raw.meta)
-    meta["ops_outside_model"] = outside
+    meta["unattributed_ops"] = outside
     if passes:
         meta["pass_cpu_time_ns"] = [p.top_level_cpu_ns for p in passes]
     return Profile(root=root, meta=meta, param_bytes=raw.param_bytes)

@@ -174,6 +174,8 @@ def _run_profile(args: argparse.Namespace, spec: str) -> int:
     inputs = _move(inputs, device, dtype)
 
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
+    if args.output:
+        _check_writable(args.output)  # before a run that may take minutes
     with _progress_bar(sys.stderr.isatty()) as report:
         prof = layerscope.profile(
             model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
@@ -185,12 +187,24 @@ def _run_profile(args: argparse.Namespace, spec: str) -> int:
         try:
             write_atomic(args.output, text)
         except OSError as exc:
-            print(f"layerscope: error: cannot write {args.output!r}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"layerscope: error: {exc}", file=sys.stderr)
             return 1
         print(f"layerscope: wrote {fmt} to {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check_writable(path: str) -> None:
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write {path!r}: folder {folder!r} is not writable")
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write {path!r}: it is a folder; give a file name")
 
 
 def _list_zoo() -> int:
@@ -206,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     debug = getattr(args, "debug", False)
     try:

@@ -6,12 +6,14 @@ from typing import Any
 
 
 def _sig4(value: float) -> str:
-    """Four significant digits for values in [1, 1000): 1.808, 14.03, 141.4."""
-    if value >= 100:
-        return f"{value:.1f}"
-    if value >= 10:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
+    """Four significant digits for values in [1, 1000): 1.808, 14.03, 141.4.
+
+    The decimals are chosen from the value as rounded, so 99.999 prints 100.0, not
+    100.00."""
+    for decimals, floor in ((3, 10), (2, 100)):
+        if round(value, decimals) < floor:
+            return f"{value:.{decimals}f}"
+    return f"{value:.1f}"
 
 
 def time_ns(value: int | None) -> str:
@@ -69,8 +71,9 @@ def shape(value: Any) -> str:
         return ""
     if isinstance(value, list) and all(isinstance(v, int) for v in value):
         return "[" + ", ".join(str(v) for v in value) + "]"
+    # Inside a container a non-tensor (recorded as None) shows as "-", never a gap.
     if isinstance(value, list):
-        return "[" + ", ".join(shape(v) for v in value) + "]"
+        return "[" + ", ".join(shape(v) if v is not None else "-" for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {shape(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {shape(v) if v is not None else '-'}" for k, v in value.items()) + "}"
     return str(value)

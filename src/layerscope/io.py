@@ -22,9 +22,18 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        raise OSError(f"cannot write {str(target)!r}: folder {str(folder)!r} does not exist")
+        raise FileNotFoundError(f"cannot write {str(target)!r}: folder {str(folder)!r} does not exist")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would,
+        # or keep the mode of the file it replaces.
+        try:
+            mode = target.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp_name, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -85,6 +94,9 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
         check_tree(profile)
     except InvariantError as exc:
         raise SchemaError(f"{source} is inconsistent: {str(exc).splitlines()[0]}") from None
+    except TypeError as exc:
+        # A number stored as a string or null: the tree cannot even be checked.
+        raise SchemaError(f"{source} is a damaged layerscope profile: a field has the wrong type ({exc})") from None
     return profile
 
 

@@ -107,7 +107,7 @@ def _load_callable(spec: str, what: str) -> Callable[..., Any]:
     except AttributeError:
         raise SpecError(f"{what} SPEC {spec!r}: {target!r} has no attribute {attr!r}") from None
     if not callable(obj):
-        raise SpecError(f"{what} SPEC {spec!r}: {attr!r} is a {type(obj).__name__}, not a callable")
+        raise SpecError(f"{what} SPEC {spec!r}: {attr!r} is not callable (it is of type {type(obj).__name__})")
     return obj
 
 
@@ -131,7 +131,8 @@ def resolve_model(spec: str, *, batch_size: int = 1) -> Resolved:
         raise SpecError(f"model SPEC {spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise SpecError(
-            f"model SPEC {spec!r} returned a {type(model).__name__}; it must return a torch.nn.Module"
+            f"model SPEC {spec!r} returned an object of type {type(model).__name__}; "
+            "it must return a torch.nn.Module"
         )
     return Resolved(model, None, spec)
 
@@ -145,7 +146,7 @@ def resolve_inputs(spec: str) -> Any:
         raise SpecError(f"inputs SPEC {spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(inputs, (torch.Tensor, tuple, list, dict)):
         raise SpecError(
-            f"inputs SPEC {spec!r} returned a {type(inputs).__name__}; it must return a Tensor, "
+            f"inputs SPEC {spec!r} returned an object of type {type(inputs).__name__}; it must return a Tensor, "
             "a tuple/list of positional arguments or a dict of keyword arguments"
         )
     return inputs

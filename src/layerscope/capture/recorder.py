@@ -189,6 +189,11 @@ class Recorder:
             # still closes its frame.
             post_handle = nn_module.register_module_forward_hook(post, with_kwargs=True, always_call=True)
             stack.callback(post_handle.remove)
+            # torch sets the with_kwargs flag outside the handle, so remove() leaves it
+            # behind in the global table: take it out ourselves.
+            flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
+            if flags is not None:
+                stack.callback(flags.pop, post_handle.id, None)
             if detailed:
                 stack.enter_context(_OpMode(events.append, self._clock, self._timer))
             try:

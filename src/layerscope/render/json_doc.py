@@ -10,5 +10,5 @@ from layerscope.tree import Profile
 
 
 @register_renderer("json", extensions=(".json",), description="the layerscope/1 JSON document")
-def render_json(profile: Profile, *, indent: int | None = 1, **_: Any) -> str:
+def render_json(profile: Profile, *, indent: int | None = None, **_: Any) -> str:
     return json.dumps(profile.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False) + "\n"

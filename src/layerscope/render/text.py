@@ -118,14 +118,16 @@ def _footer(profile: Profile) -> list[str]:
             else ""
         )
     ]
-    passes = profile.meta.get("pass_cpu_time_ns") or []
+    passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
     if len(passes) > 1:
         lines.append(
-            f"Passes: {len(passes)}, min {fmt.time_ns(min(passes))}, max {fmt.time_ns(max(passes))}"
+            f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
+            f"median {fmt.time_ns(passes[(len(passes) - 1) // 2])}, max {fmt.time_ns(passes[-1])} "
+            "(the tree adds up per-module medians)"
         )
-    outside = profile.meta.get("ops_outside_model") or 0
+    outside = profile.meta.get("unattributed_ops") or 0
     if outside:
-        lines.append(f"Ops run outside the model (not in the tree): {outside}")
+        lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")
     return lines
 
 

@@ -1,0 +1,730 @@
+"""Capture on real models: the tree is sound, and its figures are the ones expected.
+
+Every profile made here goes through ``check_tree``. Fixture models carry their expected
+numbers in comments; the fake clock (each read +1000 ns) makes times exact, because a
+module's time is then only a count of clock reads:
+
+- a timing pass reads the clock once when a profiled module is entered and once when it
+  exits, and nothing else;
+- the op pass (``record_ops``) also reads it twice per aten op, and a ``profile()`` run
+  keeps that pass out of the module times.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import layerscope
+from layerscope import zoo
+from layerscope.build import build_profile
+from layerscope.check import InvariantError, check_tree
+from layerscope.errors import ModelError
+from layerscope.raw import ENTER, EXIT, OP, ModuleInfo, RawCapture
+from layerscope.tree import Profile
+
+STEP = 1000  # ns per fake-clock read (conftest.FakeClock)
+
+
+def unique_params(model: nn.Module) -> list[nn.Parameter]:
+    # Module.parameters() already yields a shared Parameter once.
+    return list(model.parameters())
+
+
+def op_calls(profile: Profile) -> int:
+    return sum(op.calls for node in profile.nodes() for op in node.ops)
+
+
+def op_names(profile: Profile, path: str) -> set[str]:
+    return {op.name for op in profile[path].ops}
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten ops a forward dispatches, to compare with the OP events recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+# -- fixture models -------------------------------------------------------------------
+
+
+class Doubler(nn.Module):
+    """One aten op per call (``aten::mul``), no parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class Repeated(nn.Module):
+    """``act`` is called 3 times from the root's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = Doubler()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = self.act(x)
+        return x
+
+
+class Nested(nn.Module):
+    """root -> child (one aten::mul), then one aten::add in the root itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child = Doubler()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.child(x) + 1
+
+
+class Shared(nn.Module):
+    """``b`` is another name for ``a``: one module, called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)  # 4*4 + 4 = 20 params
+        self.b = self.a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+class Uncalled(nn.Module):
+    """``unused`` is registered but never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(4, 4)  # 4*4 + 4 = 20 params
+        self.unused = nn.Linear(4, 8)  # 4*8 + 8 = 40 params
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+class FunctionalParent(nn.Module):
+    """The root runs ops itself: matmul (-> aten::mm on 2-D), +, relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child = nn.Linear(4, 4)  # aten::t + aten::addmm
+        self.weight = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.child(x)
+        z = torch.matmul(x, self.weight)
+        return F.relu(y + z)
+
+
+class KwargsDict(nn.Module):
+    """Keyword-only ``scale``; returns a dict. ``aten::mul`` runs only if scale != 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> dict[str, torch.Tensor]:
+        y = self.proj(x)
+        if scale != 1.0:
+            y = y * scale
+        return {"y": y, "pooled": x.sum(-1)}
+
+
+class Tied(nn.Module):
+    """``alpha.weight`` is ``zeta.weight``. ``zeta`` is registered first, so it comes
+    first in named_modules() (though not alphabetically) and owns the shared weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.zeta = nn.Linear(4, 4)  # weight 16 + bias 4 = 20
+        self.alpha = nn.Linear(4, 4)  # own bias 4 only
+        self.alpha.weight = self.zeta.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.alpha(self.zeta(x))
+
+
+X = torch.ones(2, 4)
+
+
+# -- real models: invariants and parameter counts --------------------------------------
+
+BATCH = {"resnet50": 1, "vit_b_16": 1}
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_zoo_models_give_sound_trees(name: str) -> None:
+    entry = zoo.get(name)
+    torch.manual_seed(0)
+    model = entry.build()
+    inputs = entry.example_inputs(BATCH.get(name, 2))
+    prof = layerscope.profile(model, inputs, warmup=1, repeat=2)
+    check_tree(prof)
+
+    params = unique_params(model)
+    assert prof.root.params_total == sum(p.numel() for p in params)
+    assert prof.param_bytes == sum(p.numel() * p.element_size() for p in params)
+    assert [n.path for n in prof.nodes()] == [path for path, _ in model.named_modules()]
+    assert prof.root.calls == 1
+    assert len(prof.meta["pass_cpu_time_ns"]) == 2
+    assert prof.root.forward.cpu_time_ns > 0
+    assert op_calls(prof) > 0
+    assert prof.meta["unattributed_ops"] == 0  # the root module wraps every op
+
+
+@pytest.fixture(scope="module")
+def transformers_models() -> dict[str, tuple[nn.Module, dict[str, torch.Tensor]]]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000
+        )
+    )
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=128, bos_token_id=0, eos_token_id=0
+        )
+    )
+    ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+    return {
+        "bert": (bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}),
+        "gpt2": (gpt2, {"input_ids": ids}),
+    }
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_transformers_models_give_sound_trees(name: str, transformers_models: Any) -> None:
+    model, inputs = transformers_models[name]
+    prof = check_tree(layerscope.profile(model, inputs, warmup=1, repeat=2))
+
+    params = unique_params(model)
+    assert prof.root.params_total == sum(p.numel() for p in params)
+    assert prof.param_bytes == sum(p.numel() * p.element_size() for p in params)
+    assert prof.root.calls == 1
+    # Keyword inputs are seen by the root's hook as keywords.
+    assert prof.root.input_shapes == [{key: [2, 16] for key in inputs}]
+    assert isinstance(prof.root.output_shapes, dict)
+    assert op_calls(prof) > 0
+
+
+def test_gpt2_tied_lm_head_counted_once(transformers_models: Any) -> None:
+    model, inputs = transformers_models["gpt2"]
+    assert model.lm_head.weight is model.transformer.wte.weight
+    prof = check_tree(layerscope.profile(model, inputs, warmup=0, repeat=1, record_ops=False))
+    # wte (1000*64) comes first in named_modules(), so it owns the tied weight.
+    assert prof["transformer.wte"].params == 1000 * 64
+    assert prof["lm_head"].params == 0
+    naive = sum(p.numel() for _, m in model.named_modules() for p in m.parameters(recurse=False))
+    assert prof.root.params_total == naive - 1000 * 64
+
+
+# -- fixture models: structure ---------------------------------------------------------
+
+
+def test_repeated_module_counts_every_call() -> None:
+    prof = check_tree(layerscope.profile(Repeated(), X, warmup=0, repeat=2))
+    assert prof["act"].calls == 3
+    assert prof.root.calls == 1
+    # 3 calls x one aten::mul, aggregated into one row (same name, same shapes).
+    [mul] = prof["act"].ops
+    assert (mul.name, mul.calls, mul.input_shapes) == ("aten::mul", 3, [[2, 4]])
+
+
+def test_shared_module_is_one_node_at_its_first_path() -> None:
+    prof = check_tree(layerscope.profile(Shared(), X, warmup=0, repeat=2))
+    assert [n.path for n in prof.nodes()] == ["", "a"]
+    assert "b" not in prof
+    with pytest.raises(KeyError):
+        prof.node("b")
+    assert prof["a"].calls == 2  # called as self.a and as self.b
+    assert prof["a"].params == 20
+    assert prof.root.params_total == 20
+
+
+def test_uncalled_module_is_present_with_zero_figures() -> None:
+    prof = check_tree(layerscope.profile(Uncalled(), X, warmup=0, repeat=2))
+    unused = prof["unused"]
+    assert unused.calls == 0
+    assert unused.forward.cpu_time_ns == 0
+    assert unused.forward.self_cpu_time_ns == 0
+    assert unused.ops == []
+    assert unused.input_shapes is None and unused.output_shapes is None
+    assert unused.params == 40  # never called, still owns its parameters
+    assert prof["used"].calls == 1
+    assert prof.root.params_total == 20 + 40
+
+
+def test_functional_ops_in_parent_belong_to_the_parent() -> None:
+    model = FunctionalParent()
+    prof = check_tree(layerscope.profile(model, X, warmup=0, repeat=1))
+    root_ops = op_names(prof, "")
+    child_ops = op_names(prof, "child")
+    assert root_ops == {"aten::mm", "aten::add", "aten::relu"}
+    assert "aten::addmm" in child_ops
+    assert not root_ops & child_ops
+
+    # Every OP event lands in exactly one module: recount them with a mode of our own.
+    counter = CountOps()
+    with torch.no_grad(), counter:
+        model(X)
+    assert op_calls(prof) == counter.count
+    assert prof.meta["unattributed_ops"] == 0
+
+
+def test_keyword_inputs_and_dict_outputs() -> None:
+    t = torch.ones(2, 4)
+    prof = check_tree(layerscope.profile(KwargsDict(), {"x": t, "scale": 2.0}, warmup=0, repeat=1))
+    assert prof.root.output_shapes == {"y": [2, 3], "pooled": [2]}
+    # No positional args; the keywords, non-tensors as None.
+    assert prof.root.input_shapes == [{"x": [2, 4], "scale": None}]
+    assert prof.meta["inputs"] == [[], {"x": [2, 4], "scale": None}]
+    # scale=2.0 reached forward: the multiply only runs when scale != 1.
+    assert "aten::mul" in op_names(prof, "")
+    assert prof["proj"].output_shapes == [2, 3]
+
+
+def test_tied_parameters_counted_once_at_first_owner() -> None:
+    model = Tied()
+    prof = check_tree(layerscope.profile(model, X, warmup=0, repeat=1))
+    assert prof["zeta"].params == 20  # 4*4 weight + 4 bias
+    assert prof["alpha"].params == 4  # own bias only; the weight is zeta's
+    assert prof.root.params_total == 24 == sum(p.numel() for p in model.parameters())
+    assert prof.param_bytes == 24 * 4  # float32
+
+
+class RootAlias(nn.Module):
+    """The root registers its child's weight as its own parameter too. The root comes
+    first in named_modules(), so it owns the weight; the child keeps only its bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)  # weight 16, bias 4
+        self.w = self.fc.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) @ self.w
+
+
+def test_tied_parameter_owned_by_the_root_when_it_comes_first() -> None:
+    model = RootAlias()
+    prof = check_tree(layerscope.profile(model, X, warmup=0, repeat=1, record_ops=False))
+    assert prof.root.params == 16
+    assert prof["fc"].params == 4
+    assert prof.root.params_total == 20 == sum(p.numel() for p in model.parameters())
+
+
+def test_param_bytes_follow_each_parameters_dtype() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).to(torch.float16), nn.Linear(4, 4))
+    model[2].weight = model[0].weight  # shared: its 64 bytes count once
+    with layerscope.Profiler(model) as prof:
+        pass  # nothing runs: parameters are counted all the same
+    # [0]: 20 x 4 bytes; [1]: 20 x 2 bytes; [2]: own bias 4 x 4 bytes.
+    assert prof.param_bytes == 80 + 40 + 16
+    assert prof[""].params_total == 44
+    assert [n.calls for n in prof.nodes()] == [0, 0, 0, 0]
+    check_tree(prof.profile)
+
+
+def test_profiler_reads_like_a_profile() -> None:
+    model = Nested()
+    with layerscope.Profiler(model) as prof:
+        model(X)
+    assert isinstance(check_tree(prof.profile), Profile)
+    assert prof.to_dict() == prof.profile.to_dict()
+    assert prof["child"] is prof.profile["child"]
+    assert str(prof) == prof.profile.render("text")
+    assert "child" in str(prof)
+    assert [n.path for n in prof.nodes()] == ["", "child"]
+    assert prof.meta["mode"] == "context"
+    assert prof["child"].input_shapes == [[2, 4]]
+    assert prof["child"].output_shapes == [2, 4]
+
+
+# -- exact numbers with the fake clock -------------------------------------------------
+
+
+def test_fake_clock_profile_exact(fake_clock: Any) -> None:
+    prof = check_tree(layerscope.profile(Nested(), X, warmup=0, repeat=2, clock=fake_clock))
+    # Timing pass reads: enter root (1), enter child (2), exit child (3), exit root (4).
+    #   child: 3-2 = 1 read -> 1000 self = total
+    #   root:  4-1 = 3 reads = 3000 total, minus the child's 1000 -> 2000 self
+    assert prof["child"].forward.self_cpu_time_ns == 1000
+    assert prof["child"].forward.cpu_time_ns == 1000
+    assert prof.root.forward.self_cpu_time_ns == 2000
+    assert prof.root.forward.cpu_time_ns == 3000
+    assert prof.meta["pass_cpu_time_ns"] == [3000, 3000]
+    # Op pass: each op is two reads apart -> 1000 ns, and stays out of module times.
+    [mul] = prof["child"].ops
+    [add] = prof.root.ops
+    assert (mul.name, mul.calls, mul.cpu_time_ns, mul.self_cpu_time_ns) == ("aten::mul", 1, 1000, 1000)
+    assert (add.name, add.calls, add.cpu_time_ns, add.self_cpu_time_ns) == ("aten::add", 1, 1000, 1000)
+    # Reads in all: 2 timing passes x 4 + op pass (4 module reads + 2 ops x 2) = 16.
+    assert fake_clock.now == 16 * STEP
+
+
+def test_fake_clock_repeated_module_exact(fake_clock: Any) -> None:
+    prof = check_tree(
+        layerscope.profile(Repeated(), X, warmup=0, repeat=1, record_ops=False, clock=fake_clock)
+    )
+    # Reads: enter root (1), 3 x (enter act, exit act) (2..7), exit root (8).
+    #   act:  3 calls x 1000 = 3000 self = total
+    #   root: 8-1 = 7000 total, minus 3000 -> 4000 self
+    assert prof["act"].calls == 3
+    assert prof["act"].forward.self_cpu_time_ns == 3000
+    assert prof.root.forward.self_cpu_time_ns == 4000
+    assert prof.root.forward.cpu_time_ns == 7000
+    assert fake_clock.now == 8 * STEP
+
+
+def test_fake_clock_warmup_is_not_measured(fake_clock: Any) -> None:
+    prof = check_tree(layerscope.profile(Nested(), X, warmup=2, repeat=3, clock=fake_clock))
+    # Whatever warm-up reads, module times come from the 3 timing passes alone.
+    assert prof.root.forward.cpu_time_ns == 3000
+    assert prof["child"].forward.cpu_time_ns == 1000
+    assert prof.meta["pass_cpu_time_ns"] == [3000, 3000, 3000]
+
+
+def test_fake_clock_profiler_block_counts_ops_in_module_times(fake_clock: Any) -> None:
+    model = Nested()
+    with layerscope.Profiler(model, clock=fake_clock) as prof:
+        model(X)
+    check_tree(prof.profile)
+    # One pass holds modules and ops: enter root (1), enter child (2), mul (3, 4),
+    # exit child (5), add (6, 7), exit root (8).
+    #   child: 5-2 = 3000 self = total
+    #   root:  8-1 = 7000 total, minus 3000 -> 4000 self
+    assert prof["child"].forward.cpu_time_ns == 3000
+    assert prof[""].forward.self_cpu_time_ns == 4000
+    assert prof[""].forward.cpu_time_ns == 7000
+    assert [(op.name, op.cpu_time_ns) for op in prof["child"].ops] == [("aten::mul", 1000)]
+    assert [(op.name, op.cpu_time_ns) for op in prof[""].ops] == [("aten::add", 1000)]
+    assert prof.meta["pass_cpu_time_ns"] == [7000]
+    assert fake_clock.now == 8 * STEP
+
+
+def test_fake_clock_profiler_without_ops(fake_clock: Any) -> None:
+    model = Nested()
+    with layerscope.Profiler(model, record_ops=False, clock=fake_clock) as prof:
+        model(X)
+    check_tree(prof.profile)
+    # Same as a timing pass: 1000 child, 3000 root, no ops at all.
+    assert prof["child"].forward.cpu_time_ns == 1000
+    assert prof[""].forward.cpu_time_ns == 3000
+    assert op_calls(prof.profile) == 0
+    assert fake_clock.now == 4 * STEP
+
+
+# -- raw capture -> tree, with hand-written event streams ------------------------------
+
+# root (0 params) -> a (10) -> a.b (5); root -> c (0)
+MODULES = [
+    ModuleInfo(path="", type="Root", parent=None, depth=0, params=0),
+    ModuleInfo(path="a", type="A", parent="", depth=1, params=10),
+    ModuleInfo(path="a.b", type="B", parent="a", depth=2, params=5),
+    ModuleInfo(path="c", type="C", parent="", depth=1, params=0),
+]
+ROOT, A, B, C = range(4)
+
+
+def enter(t: int, index: int) -> tuple[Any, ...]:
+    return (ENTER, t, index, None)
+
+
+def leave(t: int, index: int) -> tuple[Any, ...]:
+    return (EXIT, t, index, None)
+
+
+def op(t0: int, t1: int, name: str, shapes: list[Any]) -> tuple[Any, ...]:
+    return (OP, t0, t1, name, shapes, None)
+
+
+def build(*passes: list[tuple[Any, ...]], op_pass: list[tuple[Any, ...]] | None = None) -> Profile:
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=list(passes), op_pass=op_pass)
+    return check_tree(build_profile(raw))
+
+
+def cpu(prof: Profile, path: str) -> tuple[int, int]:
+    stats = prof[path].forward
+    return stats.self_cpu_time_ns, stats.cpu_time_ns
+
+
+def test_build_nested_modules() -> None:
+    stream = [
+        enter(0, ROOT), enter(10, A), enter(20, B), leave(50, B), leave(70, A),
+        enter(80, C), leave(90, C), leave(100, ROOT),
+    ]  # fmt: skip
+    prof = build(stream)
+    assert cpu(prof, "a.b") == (30, 30)  # 50 - 20
+    assert cpu(prof, "a") == (30, 60)  # 70 - 10 = 60, minus b's 30
+    assert cpu(prof, "c") == (10, 10)
+    assert cpu(prof, "") == (30, 100)  # 100 - 60 - 10
+    assert [n.calls for n in prof.nodes()] == [1, 1, 1, 1]
+    assert prof.root.params_total == 15
+    assert prof["a"].params_total == 15
+    assert prof.meta["pass_cpu_time_ns"] == [100]
+
+
+def test_build_module_called_twice() -> None:
+    stream = [enter(0, ROOT), enter(10, C), leave(15, C), enter(20, C), leave(40, C), leave(50, ROOT)]
+    prof = build(stream)
+    assert prof["c"].calls == 2
+    assert cpu(prof, "c") == (25, 25)  # 5 + 20
+    assert cpu(prof, "") == (25, 50)
+    assert prof["a"].calls == 0 and cpu(prof, "a") == (0, 0)
+
+
+def _one_child_pass(child_ns: int) -> list[tuple[Any, ...]]:
+    # root lasts 200 in every pass; a lasts child_ns inside it.
+    return [enter(0, ROOT), enter(10, A), leave(10 + child_ns, A), leave(200, ROOT)]
+
+
+def test_build_median_of_three_passes() -> None:
+    prof = build(*[_one_child_pass(d) for d in (10, 50, 30)])
+    # a self: 10, 50, 30 -> median 30; root self: 190, 150, 170 -> median 170.
+    assert cpu(prof, "a") == (30, 30)
+    assert cpu(prof, "") == (170, 200)
+    assert prof.meta["pass_cpu_time_ns"] == [200, 200, 200]
+
+
+def test_build_median_is_median_low_per_module() -> None:
+    prof = build(*[_one_child_pass(d) for d in (10, 30, 50, 70)])
+    # a self: 10, 30, 50, 70 -> median_low 30 (the plain median would be 40).
+    # root self: 190, 170, 150, 130 -> median_low 150. Totals are rebuilt from the
+    # per-module medians: 150 + 30 = 180, though every pass lasted 200.
+    assert cpu(prof, "a") == (30, 30)
+    assert cpu(prof, "") == (150, 180)
+
+
+def test_build_calls_median_across_passes() -> None:
+    once = [enter(0, ROOT), enter(1, C), leave(2, C), leave(10, ROOT)]
+    twice = [enter(0, ROOT), enter(1, C), leave(2, C), enter(3, C), leave(4, C), leave(10, ROOT)]
+    prof = build(once, twice, twice)
+    assert prof["c"].calls == 2
+
+
+def test_build_ops_go_to_innermost_module_and_outside_is_counted() -> None:
+    stream = [
+        op(-20, -10, "aten::empty", []),  # before the root: outside
+        enter(0, ROOT),
+        op(1, 3, "aten::add", [[2]]),  # root's own
+        enter(10, A),
+        enter(20, B),
+        op(21, 25, "aten::mul", [[2], [2]]),  # b's
+        op(26, 27, "aten::mul", [[2], [2]]),  # b's again, same shapes: same row
+        op(28, 29, "aten::mul", [[3], [3]]),  # b's, other shapes: own row
+        leave(30, B),
+        op(31, 34, "aten::mul", [[2], [2]]),  # a's (b has exited)
+        leave(40, A),
+        leave(50, ROOT),
+        op(60, 61, "aten::empty", []),  # after the root: outside
+    ]
+    prof = build(stream, op_pass=stream)
+    assert prof.meta["unattributed_ops"] == 2
+
+    def rows(path: str) -> list[tuple[str, int, int, list[Any]]]:
+        return [(o.name, o.calls, o.cpu_time_ns, o.input_shapes) for o in prof[path].ops]
+
+    assert rows("") == [("aten::add", 1, 2, [[2]])]
+    assert rows("a") == [("aten::mul", 1, 3, [[2], [2]])]
+    assert rows("a.b") == [("aten::mul", 2, 5, [[2], [2]]), ("aten::mul", 1, 1, [[3], [3]])]
+    assert rows("c") == []
+    for node in prof.nodes():
+        for o in node.ops:
+            assert o.self_cpu_time_ns == o.cpu_time_ns  # ops are one level deep
+    # OP events are ignored by the timing walk: root self is 50 - 30 = 20.
+    assert cpu(prof, "") == (20, 50)
+
+
+def test_build_unbalanced_stream_exit_skips_an_open_frame() -> None:
+    # b is entered but never exits; a's exit closes it.
+    stream = [
+        enter(0, ROOT), enter(10, A), enter(20, B), leave(50, A),
+        op(60, 61, "aten::relu", [[1]]),  # after a's exit: the root's, not b's
+        leave(100, ROOT),
+    ]  # fmt: skip
+    prof = build(stream, op_pass=stream)
+    assert prof["a"].calls == 1
+    assert prof["a"].forward.cpu_time_ns == 40  # 50 - 10, however b is accounted
+    assert prof.root.calls == 1
+    assert prof.root.forward.cpu_time_ns == 100
+    assert [o.name for o in prof.root.ops] == ["aten::relu"]
+    assert prof["a.b"].ops == []
+
+
+def test_build_unbalanced_stream_left_open_and_stray_exit() -> None:
+    stream = [
+        leave(5, C),  # exit with nothing open: ignored
+        enter(10, ROOT), enter(20, A), leave(40, A), enter(50, C),  # root and c never exit
+    ]  # fmt: skip
+    prof = build(stream, op_pass=stream)
+    assert prof["a"].calls == 1
+    assert cpu(prof, "a") == (20, 20)
+    assert prof["c"].calls == 0
+    assert prof.root.calls == 0
+
+
+def test_build_without_passes_or_op_pass() -> None:
+    prof = build()
+    assert [n.calls for n in prof.nodes()] == [0, 0, 0, 0]
+    assert op_calls(prof) == 0
+    assert prof.meta["unattributed_ops"] == 0
+    assert "pass_cpu_time_ns" not in prof.meta
+
+
+def test_build_device_times_add_up() -> None:
+    stream = [(ENTER, 0, ROOT, 0), (ENTER, 10, A, 100), (EXIT, 20, A, 400), (EXIT, 30, ROOT, 1000)]
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream], has_device_time=True)
+    prof = check_tree(build_profile(raw))
+    assert prof["a"].forward.self_device_time_ns == 300
+    assert prof.root.forward.self_device_time_ns == 700  # 1000 - 300
+    assert prof.root.forward.device_time_ns == 1000
+    assert prof["c"].forward.device_time_ns == 0
+
+
+# -- paths= ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def alexnet() -> nn.Module:
+    torch.manual_seed(0)
+    return zoo.get("alexnet").build()
+
+
+ALEXNET_X = zoo.get("alexnet").example_inputs(1)
+
+
+def _selected(path: str) -> bool:
+    return path == "features.3" or path == "classifier" or path.startswith("classifier.")
+
+
+def test_paths_limit_profiling_to_subtrees(alexnet: nn.Module) -> None:
+    prof = check_tree(
+        layerscope.profile(alexnet, ALEXNET_X, warmup=0, repeat=1, paths=["features.3", "classifier"])
+    )
+    assert [n.path for n in prof.nodes()] == [p for p, _ in alexnet.named_modules()]
+    for node in prof.nodes():
+        if _selected(node.path):
+            assert node.profiled, node.path
+            assert node.calls == 1, node.path
+            assert node.forward.cpu_time_ns > 0, node.path
+        else:
+            assert not node.profiled, node.path
+            assert node.calls == 0, node.path
+            assert node.forward.self_cpu_time_ns == 0, node.path
+            assert node.ops == [], node.path
+    assert "aten::convolution" in op_names(prof, "features.3")
+    assert "aten::addmm" in op_names(prof, "classifier.1")
+    # features.0's convolution, the root's flatten, ... ran outside the chosen subtrees.
+    assert prof.meta["unattributed_ops"] > 0
+    assert prof.meta["paths"] == ["features.3", "classifier"]
+    # Parameters are counted in full, profiled or not.
+    assert prof.root.params_total == 61_100_840
+
+
+def test_paths_exact_with_fake_clock(alexnet: nn.Module, fake_clock: Any) -> None:
+    prof = check_tree(
+        layerscope.profile(
+            alexnet, ALEXNET_X, warmup=0, repeat=1, record_ops=False,
+            paths=["features.3", "classifier"], clock=fake_clock,
+        )
+    )  # fmt: skip
+    # features.3: enter, exit -> 1000. classifier: enter, 7 children x 2 reads, exit
+    # -> 15000 total, 7 x 1000 in children, 8000 self. Unprofiled modules read nothing.
+    assert prof["features.3"].forward.cpu_time_ns == 1000
+    assert prof["classifier"].forward.cpu_time_ns == 15_000
+    assert prof["classifier"].forward.self_cpu_time_ns == 8000
+    assert prof["features"].forward.cpu_time_ns == 1000
+    assert prof.root.forward.cpu_time_ns == 16_000
+    assert fake_clock.now == (2 + 16) * STEP
+
+
+def test_paths_unknown_raises_model_error(alexnet: nn.Module) -> None:
+    with pytest.raises(ModelError, match=r"'features\.99'"):
+        layerscope.profile(alexnet, ALEXNET_X, warmup=0, repeat=1, paths=["features.3", "features.99"])
+    with pytest.raises(ModelError, match="'nope'"):
+        with layerscope.Profiler(alexnet, paths=["nope"]):
+            pass
+
+
+# -- passes and progress ---------------------------------------------------------------
+
+
+def test_repeat_sets_number_of_passes() -> None:
+    prof = check_tree(layerscope.profile(Nested(), X, warmup=0, repeat=3, record_ops=False))
+    assert len(prof.meta["pass_cpu_time_ns"]) == 3
+    assert prof.meta["repeat"] == 3
+
+
+def test_progress_reports_every_stage() -> None:
+    seen: list[tuple[str, int, int]] = []
+    layerscope.profile(Nested(), X, warmup=2, repeat=3, progress=lambda *a: seen.append(a))
+    assert seen == [
+        ("warmup", 1, 2), ("warmup", 2, 2),
+        ("measure", 1, 3), ("measure", 2, 3), ("measure", 3, 3),
+        ("ops", 1, 1),
+    ]  # fmt: skip
+    seen.clear()
+    layerscope.profile(Nested(), X, warmup=0, repeat=1, record_ops=False, progress=lambda *a: seen.append(a))
+    assert seen == [("measure", 1, 1)]
+
+
+# -- check_tree catches corruption -----------------------------------------------------
+
+
+@pytest.fixture
+def sound_profile() -> Profile:
+    prof = check_tree(layerscope.profile(FunctionalParent(), X, warmup=0, repeat=1))
+    assert prof.root.forward.cpu_time_ns > 0
+    return prof
+
+
+def test_check_tree_catches_a_broken_total(sound_profile: Profile) -> None:
+    broken = copy.deepcopy(sound_profile)
+    broken.root.forward.cpu_time_ns += 1
+    with pytest.raises(InvariantError, match=r"cpu_time_ns=\d+ != self_cpu_time_ns"):
+        check_tree(broken)
+
+
+def test_check_tree_catches_a_negative(sound_profile: Profile) -> None:
+    broken = copy.deepcopy(sound_profile)
+    broken["child"].forward.self_cpu_time_ns = -5
+    broken["child"].forward.cpu_time_ns = -5
+    with pytest.raises(InvariantError, match="negative"):
+        check_tree(broken)
+
+
+def test_check_tree_catches_a_duplicate_path(sound_profile: Profile) -> None:
+    broken = copy.deepcopy(sound_profile)
+    twin = copy.deepcopy(broken["child"])
+    # A twin with no figures of its own, so the only breach is the repeated path.
+    twin.params = twin.params_total = twin.calls = 0
+    twin.forward.cpu_time_ns = twin.forward.self_cpu_time_ns = 0
+    twin.ops = []
+    broken.root.children.append(twin)
+    with pytest.raises(InvariantError, match="duplicate path 'child'"):
+        check_tree(broken)
+
+
+def test_check_tree_catches_params_and_op_breaches(sound_profile: Profile) -> None:
+    broken = copy.deepcopy(sound_profile)
+    broken.root.params_total += 1
+    with pytest.raises(InvariantError, match="params_total"):
+        check_tree(broken)
+    broken = copy.deepcopy(sound_profile)
+    broken.root.ops[0].self_cpu_time_ns = broken.root.ops[0].cpu_time_ns + 1
+    with pytest.raises(InvariantError, match="self time exceeds"):
+        check_tree(broken)

@@ -1,0 +1,410 @@
+"""The ``layerscope`` command line, run as a real subprocess (``python -m layerscope``).
+
+Each run imports torch (a few seconds on a small machine), so runs are shared between
+tests where they can be, and timing-irrelevant runs use ``--repeat 1 --warmup 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import layerscope
+
+FAST = ("--repeat", "1", "--warmup", "0")
+ZOO_NAMES = ["alexnet", "gpt", "lenet5", "mlp", "resnet18", "resnet50", "vit_b_16"]
+
+NETS_PY = """\
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, scale=1.0):
+        return self.fc(x) * scale
+
+
+class Boom(nn.Module):
+    def forward(self, x):
+        raise ValueError("boom from forward")
+
+
+def build():
+    return Tiny()
+
+
+def build_scaled():
+    return Scaled()
+
+
+def build_boom():
+    return Boom()
+
+
+def not_a_module():
+    return 42
+
+
+def make_inputs():
+    return {"x": torch.ones(3, 8), "scale": 2.0}
+"""
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None) -> Run:
+    env = dict(os.environ)
+    # transformers: SPECs build from default configs; nothing may be downloaded.
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "layerscope", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def assert_usage_error(run: Run) -> str:
+    """Exit 2, nothing on stdout, one ``layerscope: error:`` line on stderr; returns it."""
+    assert run.returncode == 2, run
+    assert run.stdout == ""
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("layerscope: error: ")
+    return lines[0]
+
+
+def module_rows(text: str) -> list[str]:
+    """The first cell (tree prefix and name) of every table row."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Module "))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line:
+            break
+        rows.append(line.split(" | ")[0].rstrip())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "nets.py").write_text(NETS_PY, encoding="utf-8")
+    return folder
+
+
+# -- demo, zoo, help ------------------------------------------------------------------
+
+
+def test_demo_prints_the_resnet_tree(workdir: Path) -> None:
+    run = run_cli("demo", *FAST, cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    rows = module_rows(run.stdout)
+    assert rows[0] == "ResNet"
+    assert "├── layer1" in rows
+    assert "│   ├── 0" in rows  # layer1.0, a BasicBlock at depth 2
+    # The demo stops at depth 2: layer1.0.conv1 (depth 3) is not drawn.
+    assert not any(row.startswith("│   │   ") for row in rows)
+    assert "Params: 11.69M" in run.stdout
+    assert "USDT" not in run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stderr == ""
+
+
+def test_zoo_lists_every_model(workdir: Path) -> None:
+    run = run_cli("zoo", cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    listed = [line.split()[0] for line in run.stdout.splitlines()]
+    assert listed == [f"zoo:{name}" for name in ZOO_NAMES]
+    assert "61.7K params" in run.stdout  # lenet5's description comes along
+
+
+def test_help_mentions_spec_forms_and_examples(workdir: Path) -> None:
+    for args in (("--help",), ("profile", "--help")):
+        run = run_cli(*args, cwd=workdir)
+        assert run.returncode == 0, run.stderr
+        for form in (
+            "zoo:NAME",
+            "transformers:ClassName",
+            "package.module:callable",
+            "path/to/file.py:callable",
+        ):
+            assert form in run.stdout, (args, form)
+        assert "examples:" in run.stdout
+        assert "layerscope profile zoo:alexnet --depth 2" in run.stdout
+    assert "--inputs SPEC" in run.stdout and "--show-ops" in run.stdout
+
+
+def test_no_arguments_is_a_usage_error(workdir: Path) -> None:
+    run = run_cli(cwd=workdir)
+    assert run.returncode == 2
+    assert "usage: layerscope" in run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+
+
+# -- profiling built-in models --------------------------------------------------------
+
+
+def test_profile_zoo_model_full_tree(workdir: Path) -> None:
+    run = run_cli("profile", "zoo:lenet5", "--repeat", "2", "--warmup", "1", cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""  # quiet: no progress bar when stderr is not a terminal
+    assert run.stdout.startswith("LeNet5  ·  cpu  ·  float32  ·  ")
+    assert "2 passes after 1 warm-up" in run.stdout.splitlines()[0]
+    rows = module_rows(run.stdout)
+    assert rows[:3] == ["LeNet5", "├── features", "│   ├── 0"]
+    assert rows[-1] == "    └── 4"
+    assert len(rows) == 1 + 2 + 6 + 5
+    assert "aten::" not in run.stdout
+    assert "Whole forward over 2 passes:" in run.stdout
+    assert "Params: 61.71K" in run.stdout
+
+
+def test_profile_depth_1(workdir: Path) -> None:
+    run = run_cli("profile", "zoo:lenet5", "--depth", "1", *FAST, cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    assert module_rows(run.stdout) == ["LeNet5", "├── features", "└── classifier"]
+    assert "Params: 61.71K" in run.stdout  # hidden rows still count
+
+
+def test_profile_show_ops(workdir: Path) -> None:
+    run = run_cli("profile", "zoo:lenet5", "--show-ops", *FAST, cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    rows = module_rows(run.stdout)
+    ops = [row.lstrip("│├└─ ") for row in rows if "aten::" in row]
+    assert "aten::convolution" in ops and "aten::addmm" in ops and "aten::view" in ops
+    # Ops nest under their module: aten::convolution right after features.0.
+    conv = rows.index("│   ├── 0")
+    assert rows[conv + 1].lstrip("│ ").startswith("aten::")
+    assert "Input shapes" in run.stdout.splitlines()[2]
+    assert "[1, 1, 32, 32]" in run.stdout
+
+
+def test_profile_json_to_stdout(workdir: Path) -> None:
+    run = run_cli("profile", "zoo:lenet5", "--format", "json", *FAST, cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["schema"] == "layerscope/1"
+    assert doc["meta"]["spec"] == "zoo:lenet5"
+    assert doc["totals"]["params"] == 61_706  # 156 + 2416 + 48120 + 10164 + 850
+    assert [m["path"] for m in doc["modules"]][:3] == ["", "features", "features.0"]
+
+
+@pytest.fixture(scope="module")
+def json_output(workdir: Path) -> tuple[Run, Path]:
+    folder = workdir / "json-out"
+    folder.mkdir()
+    return run_cli("profile", "zoo:lenet5", *FAST, "-o", "out.json", cwd=folder), folder / "out.json"
+
+
+def test_output_file_format_from_extension(json_output: tuple[Run, Path]) -> None:
+    run, path = json_output
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""
+    assert "wrote json to out.json" in run.stderr
+    loaded = layerscope.load(str(path))
+    assert loaded.root.type == "LeNet5"
+    assert loaded.root.params_total == 61_706
+    assert loaded["classifier.4"].params == 850
+    assert loaded.meta["spec"] == "zoo:lenet5"
+    # Written atomically: no temporary file is left next to it.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
+
+
+def test_output_file_gets_ordinary_permissions(json_output: tuple[Run, Path]) -> None:
+    # A profile is an ordinary file: readable as any file the user creates (umask),
+    # not the 0600 of the temporary file it was written through.
+    run, path = json_output
+    assert run.returncode == 0, run.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~umask)
+
+
+def test_output_txt_is_text(workdir: Path) -> None:
+    folder = workdir / "txt-out"
+    folder.mkdir()
+    run = run_cli("profile", "zoo:lenet5", *FAST, "-o", "out.txt", cwd=folder)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""
+    text = (folder / "out.txt").read_text(encoding="utf-8")
+    assert text.startswith("LeNet5  ·  cpu")
+    assert module_rows(text)[:2] == ["LeNet5", "├── features"]
+
+
+# -- user models: file, package and inputs SPECs -------------------------------------
+
+
+def test_profile_model_from_a_file(workdir: Path) -> None:
+    spec = f"{workdir / 'nets.py'}:build"  # path/to/file.py:callable, absolute
+    run = run_cli("profile", spec, "--input", "2x8", *FAST, "--show-ops", cwd=workdir.parent)
+    assert run.returncode == 0, run.stderr
+    assert module_rows(run.stdout)[:2] == ["Tiny", "└── fc"]
+    assert "[[2, 8]]" in run.stdout
+    assert "Params: 36 (144 B)" in run.stdout  # 8*4 + 4
+
+
+def test_inputs_callable_returning_keyword_arguments(workdir: Path) -> None:
+    run = run_cli(
+        "profile",
+        "nets.py:build_scaled",
+        "--inputs",
+        "nets.py:make_inputs",
+        "--show-ops",
+        *FAST,
+        cwd=workdir,
+    )
+    assert run.returncode == 0, run.stderr
+    assert module_rows(run.stdout)[0] == "Scaled"
+    assert "[[3, 8]]" in run.stdout  # fc saw the batch of 3 from make_inputs
+    assert "aten::mul" in run.stdout  # the scale keyword reached forward
+
+
+def test_package_module_callable(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    package = site / "ls_test_models"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "nets.py").write_text(NETS_PY, encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"  # not the cwd: the import must go through PYTHONPATH
+    elsewhere.mkdir()
+    run = run_cli(
+        "profile", "ls_test_models.nets:build", "--input", "1x8", *FAST, cwd=elsewhere, pythonpath=site
+    )
+    assert run.returncode == 0, run.stderr
+    assert module_rows(run.stdout)[:2] == ["Tiny", "└── fc"]
+
+
+# -- transformers ---------------------------------------------------------------------
+
+
+def test_transformers_unknown_class(workdir: Path) -> None:
+    line = assert_usage_error(run_cli("profile", "transformers:NoSuchModel", cwd=workdir))
+    assert "'NoSuchModel'" in line
+
+
+def test_transformers_model_from_default_config(workdir: Path) -> None:
+    # GPT2Model's default config (124M params) costs about 6 s here: one run, lean flags.
+    pytest.importorskip("transformers")
+    run = run_cli("profile", "transformers:GPT2Model", "--no-ops", "--depth", "1", *FAST, cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    rows = module_rows(run.stdout)
+    assert rows[0] == "GPT2Model"
+    assert "├── h" in rows and "├── wte" in rows
+    assert "Params: 124.44M" in run.stdout
+
+
+# -- usage errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(("zoo:nope",), ["'nope'", *ZOO_NAMES], id="unknown-zoo-name"),
+        pytest.param(("zoo:lenet5", "--input", "3xfoo"), ["'3xfoo'", "1x3x224x224"], id="bad-shape"),
+        pytest.param(("lenet5",), ["'lenet5'", "zoo:NAME"], id="spec-without-colon"),
+        pytest.param(("missing.py:build",), ["no such file", "'missing.py'"], id="missing-file"),
+        pytest.param(("nets.py:not_a_module",), ["int", "torch.nn.Module"], id="not-a-module"),
+        pytest.param(
+            ("nets.py:build", "--input", "2x8", "--inputs", "nets.py:make_inputs"),
+            ["not both"],
+            id="input-and-inputs",
+        ),
+        pytest.param(("nets.py:build",), ["--input SHAPE"], id="no-default-input"),
+        pytest.param(
+            ("zoo:lenet5", "--input", "1x1x32x32", "--input", "3"),
+            ["LeNet5.forward(x", "too many"],
+            id="inputs-do-not-fit-forward",
+        ),
+    ],
+)
+def test_usage_errors(workdir: Path, args: tuple[str, ...], expected: list[str]) -> None:
+    line = assert_usage_error(run_cli("profile", *args, *FAST, cwd=workdir))
+    for fragment in expected:
+        assert fragment in line
+
+
+def test_cuda_on_a_cpu_machine(workdir: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    line = assert_usage_error(run_cli("profile", "zoo:lenet5", "--device", "cuda", *FAST, cwd=workdir))
+    assert "CUDA" in line
+
+
+# -- failures while running -----------------------------------------------------------
+
+
+def test_model_that_raises_keeps_an_existing_output(tmp_path: Path, workdir: Path) -> None:
+    target = tmp_path / "keep.json"
+    target.write_text("the previous profile\n", encoding="utf-8")
+    run = run_cli(
+        "profile",
+        f"{workdir / 'nets.py'}:build_boom",
+        "--input",
+        "2x8",
+        *FAST,
+        "-o",
+        str(target),
+        cwd=tmp_path,
+    )
+    assert run.returncode == 1
+    assert run.stdout == ""
+    assert "ValueError: boom from forward" in run.stderr
+    assert "--debug" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert target.read_text(encoding="utf-8") == "the previous profile\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]  # no temp file left
+
+
+def test_debug_shows_the_traceback(workdir: Path) -> None:
+    run = run_cli("profile", "nets.py:build_boom", "--input", "2x8", *FAST, "--debug", cwd=workdir)
+    assert run.returncode == 1
+    assert "Traceback (most recent call last)" in run.stderr
+    assert 'raise ValueError("boom from forward")' in run.stderr  # the user's own line
+    assert run.stderr.rstrip().endswith("ValueError: boom from forward")
+
+
+def test_unwritable_output_path(workdir: Path) -> None:
+    run = run_cli("profile", "zoo:lenet5", *FAST, "-o", "/nonexistent-dir/x.json", cwd=workdir)
+    assert run.returncode != 0
+    assert run.stdout == ""
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("layerscope: error: cannot write '/nonexistent-dir/x.json'")
+    assert "'/nonexistent-dir'" in lines[0] and "does not exist" in lines[0]
+    # Said once: the CLI's prefix and io.write_atomic's message must not both say it.
+    assert lines[0].count("cannot write") == 1, lines[0]

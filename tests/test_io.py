@@ -1,0 +1,324 @@
+"""Saving and loading: a lossless round trip, clear errors for anything that is not a
+sound ``layerscope/1`` file, and writes that never leave a half-written file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+import layerscope.io
+import layerscope.render
+from layerscope import zoo
+from layerscope.check import check_tree
+from layerscope.errors import SchemaError
+from layerscope.tree import Profile
+
+
+@pytest.fixture(scope="module")
+def zoo_profile() -> Profile:
+    entry = zoo.get("lenet5")
+    torch.manual_seed(0)
+    return check_tree(layerscope.profile(entry.build(), entry.example_inputs(2), warmup=0, repeat=2))
+
+
+@pytest.fixture
+def saved(tmp_path: Path, zoo_profile: Profile) -> Path:
+    path = tmp_path / "lenet.json"
+    zoo_profile.save(str(path))
+    return path
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+# -- round trip ------------------------------------------------------------------------
+
+
+def test_round_trip_keeps_everything(saved: Path, zoo_profile: Profile) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    assert doc["schema"] == "layerscope/1"
+    assert len(doc["modules"]) == len(list(zoo_profile.nodes()))
+
+    loaded = layerscope.load(saved)
+    check_tree(loaded)
+    assert loaded.to_dict() == zoo_profile.to_dict()
+    assert loaded.param_bytes == zoo_profile.param_bytes
+    assert loaded["features.0"].ops == zoo_profile["features.0"].ops
+    assert leftovers(saved.parent) == []
+
+
+def test_round_trip_of_a_profiler_block_with_dict_outputs(tmp_path: Path) -> None:
+    class DictOut(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+            self.unused = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor, *, mask: torch.Tensor) -> dict[str, Any]:
+            return {"logits": self.fc(x) * mask, "extra": (x.shape[0], None)}
+
+    model = DictOut()
+    with layerscope.Profiler(model) as prof:
+        model(torch.ones(3, 4), mask=torch.ones(3, 2))
+    path = tmp_path / "ctx.json"
+    prof.save(path)
+    loaded = layerscope.load(str(path))
+    assert loaded.to_dict() == prof.to_dict()
+    assert loaded[""].output_shapes == {"logits": [3, 2], "extra": [None, None]}
+    assert loaded["unused"].calls == 0
+
+
+def test_saving_again_replaces_the_file(tmp_path: Path, zoo_profile: Profile) -> None:
+    path = tmp_path / "p.json"
+    path.write_text("old", encoding="utf-8")
+    zoo_profile.save(path)
+    assert layerscope.load(path).to_dict() == zoo_profile.to_dict()
+    assert leftovers(tmp_path) == []
+
+
+# -- load errors -----------------------------------------------------------------------
+
+
+def write_json(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def assert_schema_error(path: Path, match: str) -> None:
+    with pytest.raises(SchemaError, match=match) as excinfo:
+        layerscope.load(path)
+    assert path.name in str(excinfo.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nothere\.json"):
+        layerscope.load(tmp_path / "nothere.json")
+
+
+def test_truncated_file(saved: Path) -> None:
+    text = saved.read_text(encoding="utf-8")
+    saved.write_text(text[: len(text) // 2], encoding="utf-8")
+    assert_schema_error(saved, "not valid JSON")
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert_schema_error(path, "not UTF-8")
+
+
+@pytest.mark.parametrize("doc", [{"traceEvents": []}, [], None, "layerscope/1"])
+def test_a_file_from_another_tool(tmp_path: Path, doc: Any) -> None:
+    assert_schema_error(write_json(tmp_path / "trace.json", doc), "not a layerscope profile")
+
+
+def test_unknown_schema(saved: Path) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    doc["schema"] = "layerscope/99"
+    assert_schema_error(write_json(saved, doc), "'layerscope/99'")
+
+
+# lenet5's modules: "", features, features.0 (a Conv2d, with ops), ...
+OPS_AT = 2
+
+
+def _drop(key: str) -> Any:
+    def damage(doc: dict[str, Any]) -> None:
+        del doc["modules"][OPS_AT][key]
+
+    return damage
+
+
+def _set(index: int, key: str, value: Any) -> Any:
+    def damage(doc: dict[str, Any]) -> None:
+        doc["modules"][index][key] = value
+
+    return damage
+
+
+def _set_top(key: str, value: Any) -> Any:
+    def damage(doc: dict[str, Any]) -> None:
+        doc[key] = value
+
+    return damage
+
+
+def _set_forward(index: int, key: str, value: Any) -> Any:
+    def damage(doc: dict[str, Any]) -> None:
+        doc["modules"][index]["forward"][key] = value
+
+    return damage
+
+
+def _set_op(key: str, value: Any) -> Any:
+    def damage(doc: dict[str, Any]) -> None:
+        doc["modules"][OPS_AT]["ops"][0][key] = value
+
+    return damage
+
+
+def _swap_first_two(doc: dict[str, Any]) -> None:
+    doc["modules"][0], doc["modules"][1] = doc["modules"][1], doc["modules"][0]
+
+
+def _duplicate_second(doc: dict[str, Any]) -> None:
+    doc["modules"].append(dict(doc["modules"][OPS_AT]))
+
+
+DAMAGE = {
+    "no modules": _set_top("modules", None),
+    "modules not a list": _set_top("modules", "conv1"),
+    "empty module list": _set_top("modules", []),
+    "entry not an object": _set_top("modules", ["conv1"]),
+    "no totals": _set_top("totals", {}),
+    "missing type": _drop("type"),
+    "missing path": _drop("path"),
+    "missing forward": _drop("forward"),
+    "forward not an object": _set(OPS_AT, "forward", [1, 2]),
+    "ops not a list of objects": _set(OPS_AT, "ops", [3]),
+    "parent comes later": _swap_first_two,
+    "unknown parent": _set(OPS_AT, "parent", "nowhere"),
+    "duplicate path": _duplicate_second,
+    # Wrong types in the right places must also be a SchemaError, not a TypeError.
+    "calls a string": _set(OPS_AT, "calls", "3"),
+    "params null": _set(OPS_AT, "params", None),
+    "cpu time a string": _set_forward(OPS_AT, "cpu_time_ns", "100"),
+    "op calls a string": _set_op("calls", "1"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE.values()), ids=list(DAMAGE))
+def test_damaged_module_list(saved: Path, damage: Any) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    assert doc["modules"][OPS_AT]["ops"], "the damage needs a module with ops here"
+    damage(doc)
+    assert_schema_error(write_json(saved, doc), "damaged|inconsistent")
+
+
+def _break_total(doc: dict[str, Any]) -> None:
+    doc["modules"][0]["forward"]["cpu_time_ns"] += 1
+
+
+def _break_params(doc: dict[str, Any]) -> None:
+    doc["modules"][0]["params_total"] += 1
+
+
+def _negative(doc: dict[str, Any]) -> None:
+    doc["modules"][-1]["forward"]["self_cpu_time_ns"] = -1
+
+
+def _wrong_depth(doc: dict[str, Any]) -> None:
+    doc["modules"][1]["depth"] = 5
+
+
+@pytest.mark.parametrize("damage", [_break_total, _break_params, _negative, _wrong_depth])
+def test_a_tree_that_breaks_invariants(saved: Path, damage: Any) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    damage(doc)
+    assert_schema_error(write_json(saved, doc), "inconsistent")
+
+
+# -- atomic writes ---------------------------------------------------------------------
+
+
+def test_failed_render_leaves_the_old_file(
+    saved: Path, zoo_profile: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = saved.read_bytes()
+
+    def broken(profile: Profile, **options: Any) -> str:
+        raise RuntimeError("renderer broke")
+
+    json_renderer = layerscope.render.get_renderer("json")
+    monkeypatch.setitem(
+        layerscope.render._RENDERERS,
+        "json",
+        layerscope.render.Renderer("json", broken, json_renderer.extensions, ""),
+    )
+    with pytest.raises(RuntimeError, match="renderer broke"):
+        zoo_profile.save(saved)
+    assert saved.read_bytes() == old
+    assert leftovers(saved.parent) == []
+
+
+def test_failure_after_the_write_leaves_the_old_file(
+    saved: Path, zoo_profile: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The new text is fully written to the temporary file, then the flush to disk fails:
+    # the target must still hold the old profile, and the temporary file must be gone.
+    old = saved.read_bytes()
+    written: list[str] = []
+    real_fsync = os.fsync
+
+    def failing_fsync(fd: int) -> None:
+        written.extend(leftovers(saved.parent))
+        raise OSError("disk full")
+
+    monkeypatch.setattr(layerscope.io.os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        zoo_profile.save(saved)
+    monkeypatch.setattr(layerscope.io.os, "fsync", real_fsync)
+    assert written, "the temporary file should have existed during the write"
+    assert saved.read_bytes() == old
+    assert leftovers(saved.parent) == []
+    assert layerscope.load(saved).to_dict() == zoo_profile.to_dict()
+
+
+@pytest.mark.parametrize("text", [b"bytes, not text", None], ids=["bytes", "none"])
+def test_write_atomic_with_text_that_is_not_text(saved: Path, text: Any) -> None:
+    old = saved.read_bytes()
+    with pytest.raises(TypeError):
+        layerscope.io.write_atomic(saved, text)
+    assert saved.read_bytes() == old
+    assert leftovers(saved.parent) == []
+
+
+def test_write_atomic_interrupted_mid_write(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Half the text reaches the temporary file, then Ctrl-C: the target keeps its old
+    # bytes and the half-written temporary file is removed.
+    old = saved.read_bytes()
+    real_fdopen = os.fdopen
+
+    class HalfWriter:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> HalfWriter:
+            self.handle.__enter__()
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.handle.__exit__(*exc)
+
+        def write(self, text: str) -> int:
+            self.handle.write(text[: len(text) // 2])
+            self.handle.flush()
+            assert leftovers(saved.parent), "the temporary file should exist now"
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(layerscope.io.os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k)))
+    with pytest.raises(KeyboardInterrupt):
+        layerscope.io.write_atomic(saved, "{}" * 1000)
+    assert saved.read_bytes() == old
+    assert leftovers(saved.parent) == []
+
+
+def test_write_atomic_to_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="does not exist"):
+        layerscope.io.write_atomic(tmp_path / "no" / "such" / "p.json", "{}")
+    assert not (tmp_path / "no").exists()
+
+
+def test_write_atomic_writes_the_whole_text(tmp_path: Path) -> None:
+    path = tmp_path / "plain.txt"
+    layerscope.io.write_atomic(path, "héllo\n" * 1000)
+    assert path.read_text(encoding="utf-8") == "héllo\n" * 1000
+    assert leftovers(tmp_path) == []
