@@ -65,6 +65,17 @@ def variants(model: nn.Module, inputs: object) -> dict[str, Callable[[], None]]:
     def plain() -> None:
         _call(model, inputs)
 
+    def noop_hooks() -> None:
+        # The floor for any hook-based timer: torch's hooked module-call path with
+        # global hooks that do nothing.
+        pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None)
+        post = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: None, always_call=True)
+        try:
+            _call(model, inputs)
+        finally:
+            pre.remove()
+            post.remove()
+
     def layerscope_pass() -> None:
         with recorder.timing_pass():
             _call(model, inputs)
@@ -87,6 +98,7 @@ def variants(model: nn.Module, inputs: object) -> dict[str, Callable[[], None]]:
 
     return {
         "plain": plain,
+        "no-op hooks (floor)": noop_hooks,
         "layerscope pass": layerscope_pass,
         "torch.profiler pass": torch_profiler_pass,
         "layerscope total": layerscope_total,

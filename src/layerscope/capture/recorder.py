@@ -141,7 +141,7 @@ class Recorder:
                 if i is not None:
                     append((ENTER, clock(), i, None))
 
-            def post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+            def post(module: nn.Module, args: Any, output: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
                     append((EXIT, clock(), i, None))
@@ -154,7 +154,7 @@ class Recorder:
                 if i is not None:
                     append((ENTER, clock(), i, mark()))
 
-            def post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+            def post(module: nn.Module, args: Any, output: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
                     append((EXIT, clock(), i, mark()))
@@ -166,7 +166,7 @@ class Recorder:
         shapes = self.module_shapes
 
         def post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
-            timed_post(module, args, kwargs, output)
+            timed_post(module, args, output)
             i = index_get(id(module))
             if i is not None and i not in shapes:
                 inputs = shapes_of(list(args))
@@ -185,15 +185,16 @@ class Recorder:
         with ExitStack() as stack:
             pre_handle = nn_module.register_module_forward_pre_hook(pre)
             stack.callback(pre_handle.remove)
-            # with_kwargs so kwargs shapes are seen; always_call so a forward that raises
-            # still closes its frame.
-            post_handle = nn_module.register_module_forward_hook(post, with_kwargs=True, always_call=True)
+            # always_call so a forward that raises still closes its frame; with_kwargs
+            # (detail passes only: it costs time) so keyword inputs' shapes are seen.
+            post_handle = nn_module.register_module_forward_hook(post, with_kwargs=detailed, always_call=True)
             stack.callback(post_handle.remove)
-            # torch sets the with_kwargs flag outside the handle, so remove() leaves it
-            # behind in the global table: take it out ourselves.
-            flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
-            if flags is not None:
-                stack.callback(flags.pop, post_handle.id, None)
+            if detailed:
+                # torch sets the with_kwargs flag outside the handle, so remove() leaves
+                # it behind in the global table: take it out ourselves.
+                flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
+                if flags is not None:
+                    stack.callback(flags.pop, post_handle.id, None)
             if detailed:
                 stack.enter_context(_OpMode(events.append, self._clock, self._timer))
             try:
