@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope.raw import ENTER, EXIT, OP, RawCapture
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
+from layerscope.tree import ADDITIVE_PHASE_METRICS, ModuleNode, OpStats, PhaseStats, Profile, link
 
 
 @dataclass
@@ -92,7 +92,8 @@ def _attribute_ops(
             if not stack:
                 outside += 1
                 continue
-            _, t0, t1, name, shapes, dev_ns = event
+            t0, t1, name, shapes, dev_ns = event[1:6]
+            flops, macs, nbytes = event[6:9] if len(event) >= 9 else (None, None, 0)
             table = per_module[stack[-1]]
             key = (name, _shape_key(shapes))
             op = table.get(key)
@@ -102,8 +103,15 @@ def _attribute_ops(
                     input_shapes=shapes,
                     device_time_ns=0 if has_device else None,
                     self_device_time_ns=0 if has_device else None,
+                    flops=None if flops is None else 0,
+                    macs=None if macs is None else 0,
+                    bytes=0,
                 )
             op.calls += 1
+            if flops is not None and op.flops is not None:
+                op.flops += flops
+                op.macs = (op.macs or 0) + (macs or 0)
+            op.bytes = (op.bytes or 0) + (nbytes or 0)
             elapsed = max(0, t1 - t0)
             # Ops are seen at the dispatcher, one level deep: self time is total time.
             op.cpu_time_ns += elapsed
@@ -134,6 +142,8 @@ def build_profile(raw: RawCapture) -> Profile:
         self_cpu = _median([p.self_cpu_ns[index] for p in passes])
         self_dev = _median([p.self_device_ns[index] for p in passes]) if raw.has_device_time else None
         shapes = raw.module_shapes.get(index, (None, None))
+        module_ops = ops[index] if info.selected else []
+        counted = raw.op_pass is not None
         nodes.append(
             ModuleNode(
                 path=info.path,
@@ -147,8 +157,12 @@ def build_profile(raw: RawCapture) -> Profile:
                     self_cpu_time_ns=self_cpu if info.selected else 0,
                     self_device_time_ns=(self_dev if info.selected else 0) if raw.has_device_time else None,
                     device_time_ns=0 if raw.has_device_time else None,
+                    self_flops=sum(op.flops or 0 for op in module_ops) if counted else None,
+                    self_macs=sum(op.macs or 0 for op in module_ops) if counted else None,
+                    self_bytes=sum(op.bytes or 0 for op in module_ops) if counted else None,
                 ),
-                ops=ops[index] if info.selected else [],
+                ops=module_ops,
+                unsupported_ops=_unsupported(module_ops),
                 input_shapes=shapes[0],
                 output_shapes=shapes[1],
             )
@@ -163,13 +177,21 @@ def build_profile(raw: RawCapture) -> Profile:
     return Profile(root=root, meta=meta, param_bytes=raw.param_bytes)
 
 
+def _unsupported(ops: list[OpStats]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for op in ops:
+        if op.flops is None:
+            found[op.name] = found.get(op.name, 0) + op.calls
+    return found
+
+
 def _sum_up(root: ModuleNode) -> None:
     """Derive totals bottom-up (iteratively: real models nest deeper than recursion likes)."""
     for node in reversed(list(root.walk())):
         node.params_total = node.params + sum(c.params_total for c in node.children)
         fwd = node.forward
         fwd.cpu_time_ns = fwd.self_cpu_time_ns + sum(c.forward.cpu_time_ns for c in node.children)
-        if fwd.self_device_time_ns is not None:
-            fwd.device_time_ns = fwd.self_device_time_ns + sum(
-                c.forward.device_time_ns or 0 for c in node.children
-            )
+        for total_name, self_name in ADDITIVE_PHASE_METRICS[1:]:
+            own = getattr(fwd, self_name)
+            if own is not None:
+                setattr(fwd, total_name, own + sum(getattr(c.forward, total_name) or 0 for c in node.children))

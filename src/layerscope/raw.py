@@ -7,7 +7,10 @@ An event stream is a list of tuples, one of:
 
 - ``(ENTER, t_ns, module_index, device_t_ns)``
 - ``(EXIT, t_ns, module_index, device_t_ns)``
-- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns)``
+- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes)``
+
+``flops``/``macs`` are None for an op with no FLOP formula (unsupported); an event
+written without the last three fields counts as an op without FLOP information.
 
 ``t_ns`` come from one monotonic host clock; ``device_t_ns`` are offsets on the device
 timeline (``None`` when nothing ran on an accelerator).

@@ -19,6 +19,9 @@ from typing import Any
 ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
     ("cpu_time_ns", "self_cpu_time_ns"),
     ("device_time_ns", "self_device_time_ns"),
+    ("flops", "self_flops"),
+    ("macs", "self_macs"),
+    ("bytes", "self_bytes"),
 )
 
 
@@ -26,13 +29,21 @@ ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
 class PhaseStats:
     """What one module did in one phase (``forward`` or ``backward``).
 
-    ``device_*`` fields are ``None`` when the model did not run on an accelerator.
+    ``device_*`` fields are ``None`` when the model did not run on an accelerator;
+    ``flops``/``macs``/``bytes`` are ``None`` when no op pass was recorded. Ops with no
+    FLOP formula add nothing to ``flops`` and are listed in ``unsupported_ops``.
     """
 
     cpu_time_ns: int = 0
     self_cpu_time_ns: int = 0
     device_time_ns: int | None = None
     self_device_time_ns: int | None = None
+    flops: int | None = None
+    self_flops: int | None = None
+    macs: int | None = None
+    self_macs: int | None = None
+    bytes: int | None = None
+    self_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -55,6 +66,9 @@ class OpStats:
     device_time_ns: int | None = None
     self_device_time_ns: int | None = None
     input_shapes: list[Any] = field(default_factory=list)
+    flops: int | None = None
+    macs: int | None = None
+    bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -87,6 +101,7 @@ class ModuleNode:
     forward: PhaseStats = field(default_factory=PhaseStats)
     backward: PhaseStats | None = None
     ops: list[OpStats] = field(default_factory=list)
+    unsupported_ops: dict[str, int] = field(default_factory=dict)
     input_shapes: Any = None
     output_shapes: Any = None
     children: list[ModuleNode] = field(default_factory=list, repr=False)
@@ -119,6 +134,7 @@ class ModuleNode:
             "input_shapes": self.input_shapes,
             "output_shapes": self.output_shapes,
             "ops": [op.to_dict() for op in self.ops],
+            "unsupported_ops": dict(self.unsupported_ops),
         }
 
 
@@ -156,11 +172,20 @@ class Profile:
     def __contains__(self, path: object) -> bool:
         return path in self._index
 
+    def unsupported_ops(self) -> dict[str, int]:
+        """Calls of ops with no FLOP formula, over the whole model, by op name."""
+        merged: dict[str, int] = {}
+        for node in self.nodes():
+            for name, calls in node.unsupported_ops.items():
+                merged[name] = merged.get(name, 0) + calls
+        return dict(sorted(merged.items()))
+
     @property
     def totals(self) -> dict[str, Any]:
         return {
             "params": self.root.params_total,
             "param_bytes": self.param_bytes,
+            "unsupported_ops": self.unsupported_ops(),
             "forward": self.root.forward.to_dict(),
             "backward": None if self.root.backward is None else self.root.backward.to_dict(),
         }

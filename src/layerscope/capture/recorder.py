@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.errors import ProfilerStateError
+from layerscope.flops import count_op
 from layerscope.raw import ENTER, EXIT, OP
 
 Clock = Callable[[], int]
@@ -96,13 +97,15 @@ class _OpMode(TorchDispatchMode):
         timer = self._timer
         mark0 = timer.mark() if timer is not None else None
         t0 = self._clock()
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         t1 = self._clock()
         device = (mark0, timer.mark()) if timer is not None else None
         name = self._names.get(func)
         if name is None:
             name = self._names[func] = func._schema.name
-        self._append((OP, t0, t1, name, shapes, device))
+        flops, macs, nbytes = count_op(name, args, kwargs, out)
+        self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes))
         return out
 
 
@@ -211,7 +214,7 @@ class Recorder:
         for n, event in enumerate(events):
             if event[0] == OP:
                 start, end = event[5]
-                events[n] = (*event[:5], max(0, offsets[end] - offsets[start]))
+                events[n] = (*event[:5], max(0, offsets[end] - offsets[start]), *event[6:])
             else:
                 events[n] = (*event[:3], offsets[event[3]])
 

@@ -1,0 +1,392 @@
+"""The built-in FLOP formulas. docs/flops.md lists each with its convention.
+
+Matrix products, convolutions and attention use ``torch.utils.flop_counter``'s
+formulas (their count is ``2 * macs``); layerscope adds the non-MAC work around them
+(bias adds, softmax) to ``flops`` only. Everything else here is layerscope's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import flop_counter as torch_flops
+
+from layerscope.flops import Formula, declare_free, has_formula, register_flops
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _out_numel(out: Any) -> int:
+    tensor = _first_tensor(out)
+    return tensor.numel() if tensor is not None else 0
+
+
+def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None) -> Any:
+    if len(args) > index:
+        return args[index]
+    return kwargs.get(name, default)
+
+
+# -- matrix products, convolution, attention: torch's formulas ------------------------
+
+
+def _torch_backed(fn: Callable[..., int], extra: Callable[[Args, Kwargs, Any], int] | None = None) -> Formula:
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        counted = int(fn(*args, out_val=out, **kwargs))
+        # torch counts 2 FLOPs per multiply-accumulate.
+        macs = counted // 2
+        return counted + (extra(args, kwargs, out) if extra else 0), macs
+
+    return formula
+
+
+def _bias_add(args: Args, kwargs: Kwargs, out: Any) -> int:
+    """The bias (``self``) added to every output element: addmm, baddbmm."""
+    return _out_numel(out)
+
+
+def _conv_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
+    return _out_numel(out) if _arg(args, kwargs, 2, "bias") is not None else 0
+
+
+def _conv_backward_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
+    # grad_bias sums grad_output over every axis but channels: one add per element.
+    mask = _arg(args, kwargs, 10, "output_mask", [False, False, False])
+    return args[0].numel() if mask and mask[2] else 0
+
+
+def _scores(query: torch.Tensor, key: torch.Tensor) -> int:
+    """Attention score elements: batch * heads * query length * key length."""
+    return math.prod(query.shape[:-1]) * key.shape[-2]
+
+
+def _softmax_on_scores(args: Args, kwargs: Kwargs, out: Any) -> int:
+    # NB: 3 FLOPs per score for the softmax (exp, sum, divide); the scale is folded into
+    # the matmul and a causal mask is not exploited (as torch counts the matmuls).
+    return 3 * _scores(args[0], args[1])
+
+
+def _softmax_backward_on_scores(args: Args, kwargs: Kwargs, out: Any) -> int:
+    return 3 * _scores(args[1], args[2])
+
+
+_EXTRAS: dict[str, Callable[[Args, Kwargs, Any], int]] = {
+    "aten::addmm": _bias_add,
+    "aten::baddbmm": _bias_add,
+    "aten::convolution": _conv_bias,
+    "aten::_convolution": _conv_bias,
+    "aten::cudnn_convolution": _conv_bias,
+    "aten::convolution_overrideable": _conv_bias,
+    "aten::_slow_conv2d_forward": _conv_bias,
+    "aten::convolution_backward": _conv_backward_bias,
+    "aten::_scaled_dot_product_efficient_attention": _softmax_on_scores,
+    "aten::_scaled_dot_product_flash_attention": _softmax_on_scores,
+    "aten::_scaled_dot_product_cudnn_attention": _softmax_on_scores,
+    "aten::_scaled_dot_product_efficient_attention_backward": _softmax_backward_on_scores,
+    "aten::_scaled_dot_product_flash_attention_backward": _softmax_backward_on_scores,
+    "aten::_scaled_dot_product_cudnn_attention_backward": _softmax_backward_on_scores,
+}
+
+for _packet, _fn in torch_flops.flop_registry.items():
+    _name = getattr(_packet, "_qualified_op_name", None)
+    if _name:
+        register_flops(_name)(_torch_backed(_fn, _EXTRAS.get(_name)))
+
+
+# NB: torch 2.13's counter has no formula for the CPU attention kernels and counts
+# them as 0. layerscope counts them with torch's own formula for the other kernels.
+if not has_formula("aten::_scaled_dot_product_flash_attention_for_cpu"):
+
+    @register_flops("aten::_scaled_dot_product_flash_attention_for_cpu")
+    def _sdpa_cpu(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        query, key, value = args[0], args[1], args[2]
+        counted = int(torch_flops.sdpa_flop_count(query.shape, key.shape, value.shape))
+        return counted + 3 * _scores(query, key), counted // 2
+
+
+if not has_formula("aten::_scaled_dot_product_flash_attention_for_cpu_backward"):
+
+    @register_flops("aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+    def _sdpa_cpu_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        grad_out, query, key, value = args[0], args[1], args[2], args[3]
+        counted = int(torch_flops.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape))
+        return counted + 3 * _scores(query, key), counted // 2
+
+
+# -- elementwise ----------------------------------------------------------------------
+
+
+def _per_output_element(flops_per_element: int) -> Formula:
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        return flops_per_element * _out_numel(out), 0
+
+    return formula
+
+
+def _with_inplace(*names: str) -> list[str]:
+    return [n for name in names for n in (name, name + "_")]
+
+
+# One FLOP per output element, whatever the function's internal cost: arithmetic,
+# comparisons and elementwise functions alike.
+register_flops(
+    *_with_inplace(
+        "aten::add", "aten::sub", "aten::mul", "aten::div", "aten::rsub", "aten::neg", "aten::abs",
+        "aten::pow", "aten::sqrt", "aten::rsqrt", "aten::reciprocal", "aten::exp", "aten::log",
+        "aten::log1p", "aten::expm1", "aten::sin", "aten::cos", "aten::tanh", "aten::sigmoid",
+        "aten::relu", "aten::gelu", "aten::silu", "aten::mish", "aten::hardtanh", "aten::hardswish",
+        "aten::hardsigmoid", "aten::leaky_relu", "aten::elu", "aten::softplus", "aten::threshold",
+        "aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::minimum", "aten::maximum",
+        "aten::erf", "aten::floor", "aten::ceil", "aten::round", "aten::sign", "aten::square",
+        "aten::eq", "aten::ne", "aten::gt", "aten::ge", "aten::lt", "aten::le",
+        "aten::logical_not", "aten::logical_and", "aten::logical_or", "aten::bitwise_not",
+        "aten::bitwise_and", "aten::bitwise_or", "aten::fmod", "aten::remainder",
+    ),
+    "aten::prelu", "aten::_prelu_kernel", "aten::glu",
+)(_per_output_element(1))
+
+# a + value * t1 * t2 and friends: two operations per element.
+register_flops(*_with_inplace("aten::addcmul", "aten::addcdiv", "aten::lerp"))(_per_output_element(2))
+
+# Backward of an elementwise function: the derivative and its product with the
+# incoming gradient.
+register_flops(
+    "aten::threshold_backward", "aten::gelu_backward", "aten::silu_backward", "aten::tanh_backward",
+    "aten::sigmoid_backward", "aten::hardtanh_backward", "aten::hardswish_backward",
+    "aten::hardsigmoid_backward", "aten::leaky_relu_backward", "aten::elu_backward",
+    "aten::softplus_backward", "aten::mish_backward", "aten::_prelu_kernel_backward",
+    "aten::glu_backward",
+)(_per_output_element(2))
+
+# Softmax: exp, sum, divide. Its backward: y * (g - sum(g * y)).
+register_flops(
+    "aten::_softmax", "aten::_safe_softmax", "aten::_log_softmax", "aten::softmax",
+    "aten::_softmax_backward_data", "aten::_log_softmax_backward_data",
+)(_per_output_element(3))
+
+# Dropout: one multiply by the scaled mask.
+register_flops("aten::native_dropout", "aten::native_dropout_backward")(_per_output_element(1))
+
+
+# -- normalisation ----------------------------------------------------------------------
+
+
+def _norm(weight_index: int, bias_index: int, per_element: int = 5) -> Formula:
+    """mean, subtract, square-and-accumulate (2), scale by 1/std: 5 per element; the
+    affine weight and bias add 1 each."""
+
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        numel = args[0].numel()
+        affine = sum(1 for i in (weight_index, bias_index) if len(args) > i and args[i] is not None)
+        return (per_element + affine) * numel, 0
+
+    return formula
+
+
+register_flops("aten::native_layer_norm")(_norm(2, 3))
+register_flops("aten::native_group_norm")(_norm(1, 2))
+register_flops("aten::_fused_rms_norm")(_norm(2, 99, per_element=4))  # no mean to subtract
+
+
+@register_flops("aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional")
+def _batch_norm(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    training = bool(_arg(args, kwargs, 5, "training", True))
+    affine = sum(1 for i in (1, 2) if args[i] is not None)
+    # NB: in eval the running statistics are used: subtract and scale only.
+    per_element = 5 if training else 2
+    return (per_element + affine) * args[0].numel(), 0
+
+
+@register_flops("aten::_native_batch_norm_legit_no_training")
+def _batch_norm_eval(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    affine = sum(1 for i in (1, 2) if args[i] is not None)
+    return (2 + affine) * args[0].numel(), 0
+
+
+def _norm_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # NB: approximated as twice the forward's 5 per element, plus the weight and bias
+    # gradients (a multiply-add and an add per element).
+    return 12 * args[0].numel(), 0
+
+
+register_flops(
+    "aten::native_layer_norm_backward", "aten::native_batch_norm_backward",
+    "aten::native_group_norm_backward", "aten::_fused_rms_norm_backward",
+)(_norm_backward)
+
+
+# -- pooling -------------------------------------------------------------------------
+
+
+def _kernel_numel(kernel: Any, dims: int) -> int:
+    if isinstance(kernel, int):
+        return kernel**dims
+    values = list(kernel)
+    if len(values) == 1:
+        values = values * dims
+    return math.prod(values)
+
+
+def _pool(dims: int) -> Formula:
+    """One comparison (max) or add (avg) per window element, per output element."""
+
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        return _out_numel(out) * _kernel_numel(_arg(args, kwargs, 1, "kernel_size"), dims), 0
+
+    return formula
+
+
+register_flops("aten::max_pool1d_with_indices", "aten::max_pool1d", "aten::avg_pool1d")(_pool(1))
+register_flops("aten::max_pool2d_with_indices", "aten::max_pool2d", "aten::avg_pool2d")(_pool(2))
+register_flops("aten::max_pool3d_with_indices", "aten::max_pool3d", "aten::avg_pool3d")(_pool(3))
+
+
+@register_flops(
+    "aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool3d", "aten::adaptive_max_pool2d",
+    "aten::adaptive_max_pool3d", "aten::adaptive_max_pool1d",
+)
+def _adaptive_pool(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # Each input element is read into (about) one window: one add/compare each.
+    return args[0].numel(), 0
+
+
+@register_flops(
+    "aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
+    "aten::avg_pool2d_backward", "aten::avg_pool3d_backward", "aten::_adaptive_avg_pool2d_backward",
+    "aten::_adaptive_avg_pool3d_backward", "aten::adaptive_max_pool2d_backward",
+    "aten::adaptive_max_pool3d_backward",
+)
+def _pool_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # Gradients are accumulated into the input's shape: one add per input element.
+    return _out_numel(out), 0
+
+
+# -- reductions ------------------------------------------------------------------------
+
+
+def _reduction(per_input_element: int, per_output_element: int = 0) -> Formula:
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        return per_input_element * args[0].numel() + per_output_element * _out_numel(out), 0
+
+    return formula
+
+
+register_flops(
+    "aten::sum", "aten::prod", "aten::amax", "aten::amin", "aten::max", "aten::min", "aten::argmax",
+    "aten::argmin", "aten::cumsum", "aten::cumprod", "aten::logsumexp", "aten::any", "aten::all",
+    "aten::norm", "aten::linalg_vector_norm", "aten::topk", "aten::sort",
+)(_reduction(1))
+register_flops("aten::mean")(_reduction(1, 1))  # the sum, then one divide per output
+# var/std: mean, then subtract and square-accumulate (2) per element, one divide per output.
+register_flops("aten::var", "aten::std", "aten::var_mean", "aten::std_mean")(_reduction(3, 1))
+
+
+# -- embedding, scatter, interpolation ---------------------------------------------------
+
+
+@register_flops("aten::embedding_dense_backward", "aten::embedding_backward")
+def _embedding_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # Each gradient row is added into its token's row: one add per grad element.
+    return args[0].numel(), 0
+
+
+@register_flops("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_")
+def _scatter_add(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    source = args[3] if len(args) > 3 else kwargs.get("src", kwargs.get("source"))
+    return (source.numel() if isinstance(source, torch.Tensor) else 0), 0
+
+
+@register_flops("aten::index_put", "aten::index_put_", "aten::_index_put_impl_")
+def _index_put(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
+    return (args[2].numel() if accumulate else 0), 0
+
+
+# A linear interpolation is 3 FLOPs (sub, mul, add); n-linear needs 2**n - 1 of them.
+register_flops("aten::upsample_linear1d")(_per_output_element(3))
+register_flops("aten::upsample_bilinear2d", "aten::_upsample_bilinear2d_aa")(_per_output_element(9))
+register_flops("aten::upsample_trilinear3d")(_per_output_element(21))
+register_flops("aten::upsample_bicubic2d")(_per_output_element(2 * 16))  # 16 taps, multiply-add each
+
+
+# -- free: views, copies, creation, selection, random numbers -------------------------
+
+declare_free(
+    [
+        # views and reshapes
+        "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::t",
+        "aten::transpose", "aten::permute", "aten::expand", "aten::expand_as", "aten::squeeze",
+        "aten::unsqueeze", "aten::slice", "aten::select", "aten::split", "aten::split_with_sizes",
+        "aten::unbind", "aten::chunk", "aten::narrow", "aten::alias", "aten::detach",
+        "aten::as_strided", "aten::unfold", "aten::view_as_real", "aten::view_as_complex",
+        "aten::movedim", "aten::flatten", "aten::unflatten", "aten::diagonal", "aten::numpy_T",
+        "aten::_unsafe_split", "aten::squeeze_", "aten::unsqueeze_", "aten::t_", "aten::transpose_",
+        # copies and layout
+        "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::copy_", "aten::cat",
+        "aten::stack", "aten::repeat", "aten::flip", "aten::roll", "aten::pad",
+        "aten::constant_pad_nd", "aten::reflection_pad2d", "aten::replication_pad2d",
+        "aten::lift_fresh", "aten::lift_fresh_copy", "aten::_local_scalar_dense",
+        "aten::select_backward", "aten::slice_backward", "aten::index_select", "aten::gather",
+        "aten::index", "aten::take", "aten::masked_select", "aten::nonzero", "aten::resize_",
+        "aten::set_", "aten::upsample_nearest1d", "aten::upsample_nearest2d",
+        "aten::upsample_nearest3d", "aten::_upsample_nearest_exact2d", "aten::pixel_shuffle",
+        "aten::pixel_unshuffle", "aten::im2col", "aten::col2im", "aten::embedding",
+        "aten::_embedding_bag", "aten::scatter", "aten::scatter_",
+        # creation
+        "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::zeros", "aten::zeros_like",
+        "aten::ones", "aten::ones_like", "aten::full", "aten::full_like", "aten::arange",
+        "aten::linspace", "aten::scalar_tensor", "aten::new_zeros", "aten::new_ones",
+        "aten::new_empty", "aten::new_empty_strided", "aten::new_full", "aten::fill_",
+        "aten::zero_", "aten::eye", "aten::tril", "aten::triu", "aten::tril_", "aten::triu_",
+        "aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::_assert_async",
+        "aten::_assert_tensor_metadata", "aten::sym_constrain_range_for_size",
+        # random numbers are not floating-point arithmetic on data
+        "aten::bernoulli", "aten::bernoulli_", "aten::rand", "aten::randn", "aten::randint",
+        "aten::rand_like", "aten::randn_like", "aten::normal_", "aten::uniform_", "aten::randperm",
+        "aten::multinomial",
+    ]
+)  # fmt: skip
+
+
+# -- nn.MultiheadAttention's fused inference path ------------------------------------------
+
+
+@register_flops("aten::_native_multi_head_attention")
+def _native_mha(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """In-projections of q, k, v, the two attention matmuls, the out-projection.
+
+    ``(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+    proj_bias, ...)``; inputs are ``(B, L, E)`` or unbatched ``(L, E)``.
+    """
+    query, key = args[0], args[1]
+    embed_dim, num_heads = int(args[3]), int(args[4])
+    batch = query.shape[0] if query.dim() == 3 else 1
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    macs = (
+        batch * q_len * embed_dim * embed_dim  # q projection
+        + 2 * batch * kv_len * embed_dim * embed_dim  # k and v projections
+        + 2 * batch * q_len * kv_len * embed_dim  # q @ k^T and attn @ v, all heads
+        + batch * q_len * embed_dim * embed_dim  # out projection
+    )
+    bias = 0
+    if args[6] is not None:
+        bias += batch * (q_len + 2 * kv_len) * embed_dim
+    if args[8] is not None:
+        bias += batch * q_len * embed_dim
+    softmax = 3 * batch * num_heads * q_len * kv_len
+    return 2 * macs + bias + softmax, macs
