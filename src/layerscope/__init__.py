@@ -27,8 +27,10 @@ __all__ = [
     "Profile",
     "Profiler",
     "check_tree",
+    "count_flops",
     "load",
     "profile",
+    "register_flops",
 ]
 
 from layerscope.check import InvariantError, check_tree
@@ -37,14 +39,19 @@ from layerscope.io import load
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 if TYPE_CHECKING:
-    from layerscope.session import Profiler, profile
+    from layerscope.flops import register_flops
+    from layerscope.session import Profiler, count_flops, profile
 
 
 def __getattr__(name: str) -> Any:
     # The capture layer imports torch: load it on first use, so reading and rendering
     # saved profiles (`layerscope show`) stays fast and torch-free.
-    if name in ("profile", "Profiler"):
+    if name in ("profile", "Profiler", "count_flops"):
         from layerscope import session
 
         return getattr(session, name)
+    if name == "register_flops":
+        from layerscope.flops import register_flops
+
+        return register_flops
     raise AttributeError(f"module 'layerscope' has no attribute {name!r}")

@@ -132,6 +132,8 @@ def build_profile(raw: RawCapture) -> Profile:
     """The :class:`Profile` for ``raw``; its invariants hold by construction."""
     n = len(raw.modules)
     passes = [_walk_pass(events, n) for events in raw.timing_passes]
+    # An untimed capture (count_flops) still knows how often each module ran.
+    call_passes = passes or ([_walk_pass(raw.op_pass, n)] if raw.op_pass is not None else [])
     if raw.op_pass is not None:
         ops, outside = _attribute_ops(raw.op_pass, n, raw.has_device_time)
     else:
@@ -150,7 +152,7 @@ def build_profile(raw: RawCapture) -> Profile:
                 type=info.type,
                 parent=info.parent,
                 depth=info.depth,
-                calls=_median([p.calls[index] for p in passes]) if info.selected else 0,
+                calls=_median([p.calls[index] for p in call_passes]) if info.selected else 0,
                 params=info.params,
                 profiled=info.selected,
                 forward=PhaseStats(
@@ -163,6 +165,7 @@ def build_profile(raw: RawCapture) -> Profile:
                 ),
                 ops=module_ops,
                 unsupported_ops=_unsupported(module_ops),
+                extra_repr=info.extra_repr,
                 input_shapes=shapes[0],
                 output_shapes=shapes[1],
             )

@@ -27,6 +27,8 @@ examples:
   layerscope profile transformers:BertModel --repeat 3 -o bert.json
   layerscope profile mymodels.py:build --input 8x3x224x224 --device cuda
   layerscope profile mymodels.py:build --inputs mymodels.py:sample_batch
+  layerscope profile zoo:resnet18 --format model
+  layerscope flops zoo:vit_b_16 --depth 2
 """
 
 
@@ -44,7 +46,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool) -> None:
+def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool = True) -> None:
     from layerscope.render import formats
 
     if spec:
@@ -57,11 +59,14 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool) -> None:
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
     parser.add_argument("--batch-size", type=_positive, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
-    parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
-    parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
-    parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
+    if timed:
+        parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
+        parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
+        parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
+        parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes and FLOPs")
+    else:
+        parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or meta to count without allocating (default cpu)")
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
-    parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops and shapes")
     parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
     parser.add_argument("--show-ops", action="store_true", help="nest each module's aten ops under it")
     parser.add_argument("--format", choices=formats(), help="output format (default: from -o's extension, else text)")
@@ -94,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Profile the built-in {DEMO_SPEC} on a random 1x3x224x224 image.",
     )
     _add_run_options(demo, spec=False)
+
+    flops = sub.add_parser(
+        "flops", help="count FLOPs, MACs and params in one pass, without timing",
+        epilog=EPILOG + "  layerscope flops transformers:LlamaForCausalLM --device meta --depth 2\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Count FLOPs, MACs, bytes and params per module from one forward pass. "
+        "With --device meta the model is built on the meta device and nothing is allocated, "
+        "so models too large for this machine can be counted.",
+    )
+    _add_run_options(flops, spec=True, timed=False)
 
     sub.add_parser("zoo", help="list the built-in models", description="List the built-in models.")
     return parser
@@ -138,7 +153,7 @@ def _move(value: Any, device: Any, dtype: Any) -> Any:
     return value
 
 
-def _run_profile(args: argparse.Namespace, spec: str) -> int:
+def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import torch
 
     import layerscope
@@ -157,7 +172,8 @@ def _run_profile(args: argparse.Namespace, spec: str) -> int:
     if shapes and args.inputs:
         raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
 
-    resolved = resolve_model(spec, batch_size=max(1, args.batch_size))
+    # On the meta device the model is built there directly: a 7B model allocates nothing.
+    resolved = resolve_model(spec, batch_size=max(1, args.batch_size), device=device if device.type == "meta" else None)
     if args.inputs:
         inputs = resolve_inputs(args.inputs)
     elif shapes:
@@ -176,11 +192,16 @@ def _run_profile(args: argparse.Namespace, spec: str) -> int:
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
-    with _progress_bar(sys.stderr.isatty()) as report:
-        prof = layerscope.profile(
-            model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
-            paths=args.paths, record_ops=not args.no_ops, progress=report,
-        )
+    if count_only:
+        prof = layerscope.count_flops(model, inputs, paths=args.paths)
+    else:
+        if device.type == "meta":
+            raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
+        with _progress_bar(sys.stderr.isatty()) as report:
+            prof = layerscope.profile(
+                model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
+                paths=args.paths, record_ops=not args.no_ops, progress=report,
+            )
     prof.meta["spec"] = resolved.label
     text = render(prof, fmt, depth=args.depth, show_ops=args.show_ops)
     if args.output:
@@ -230,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.depth is None:
                 args.depth = 2
             return _run_profile(args, DEMO_SPEC)
+        if args.command == "flops":
+            return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)
     except LayerscopeError as exc:
         if debug:

@@ -77,3 +77,14 @@ def shape(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {shape(v) if v is not None else '-'}" for k, v in value.items()) + "}"
     return str(value)
+
+
+def rate(flops: int | None, time_ns: int | None) -> str:
+    """FLOPs per second with a unit: ``12.50 GFLOP/s``, ``1.20 TFLOP/s``."""
+    if not flops or not time_ns:
+        return ""
+    per_second = flops * 1e9 / time_ns
+    for unit, scale in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6), ("KFLOP/s", 1e3)):
+        if per_second >= scale:
+            return f"{per_second / scale:.2f} {unit}"
+    return f"{per_second:.0f} FLOP/s"

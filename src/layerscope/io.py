@@ -83,6 +83,7 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
                     backward=None if entry.get("backward") is None else PhaseStats.from_dict(entry["backward"]),
                     ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
                     unsupported_ops=dict(entry.get("unsupported_ops") or {}),
+                    extra_repr=str(entry.get("extra_repr") or ""),
                     input_shapes=entry.get("input_shapes"),
                     output_shapes=entry.get("output_shapes"),
                 )

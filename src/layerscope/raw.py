@@ -36,6 +36,7 @@ class ModuleInfo:
     depth: int
     params: int
     selected: bool = True
+    extra_repr: str = ""
 
 
 @dataclass

@@ -113,6 +113,41 @@ def profile(
     return build_profile(raw)
 
 
+def count_flops(
+    model: nn.Module,
+    inputs: Any = None,
+    *,
+    paths: Sequence[str] | None = None,
+    no_grad: bool = True,
+) -> Profile:
+    """FLOPs, MACs, bytes, params and shapes from one forward pass, without timing.
+
+    Works on the meta device: build the model under ``with torch.device("meta"):`` and
+    pass meta inputs to count a model too large to run (nothing is allocated).
+    """
+    require_module(model)
+    args, kwargs = split_inputs(inputs)
+    check_signature(model, args, kwargs)
+    modules, infos, param_bytes = module_table(model, paths)
+    device = model_device(model)
+    recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"))
+    grad = torch.no_grad() if no_grad else contextlib.nullcontext()
+    with exclusive(model), grad, recorder.detail_pass():
+        model(*args, **kwargs)
+    raw = RawCapture(
+        modules=infos,
+        op_pass=recorder.op_pass,
+        module_shapes=recorder.module_shapes,
+        param_bytes=param_bytes,
+        meta=_meta(
+            model, device, mode="count", timed=False, no_grad=no_grad,
+            paths=None if paths is None else list(paths),
+            inputs=[shapes_of(list(args)), shapes_of(kwargs)],
+        ),
+    )
+    return build_profile(raw)
+
+
 class Profiler:
     """Profile whatever runs in a ``with`` block, once::
 
@@ -146,7 +181,9 @@ class Profiler:
     def __enter__(self) -> Profiler:
         if self._stack is not None:
             raise ProfilerStateError("this Profiler is already running; use a new one for each block")
-        modules, self._infos, self._param_bytes = module_table(self.model, self._paths)
+        modules, self._infos, self._param_bytes = module_table(
+            self.model, self._paths, with_repr=self._record_ops
+        )
         self._device = model_device(self.model)
         self._recorder = Recorder(
             modules, [i.selected for i in self._infos], device=self._device, clock=self._clock

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import re
@@ -111,8 +112,13 @@ def _load_callable(spec: str, what: str) -> Callable[..., Any]:
     return obj
 
 
-def resolve_model(spec: str, *, batch_size: int = 1) -> Resolved:
-    """Build the model a SPEC names, with its default inputs where it has some."""
+def resolve_model(spec: str, *, batch_size: int = 1, device: torch.device | None = None) -> Resolved:
+    """Build the model a SPEC names, with its default inputs where it has some.
+
+    With ``device`` the model is constructed under ``torch.device(device)`` (for the
+    meta device: no memory is allocated for its weights).
+    """
+    building = torch.device(device) if device is not None else contextlib.nullcontext()
     kind, _, name = spec.partition(":")
     if kind == "zoo":
         from layerscope import zoo
@@ -121,12 +127,15 @@ def resolve_model(spec: str, *, batch_size: int = 1) -> Resolved:
             entry = zoo.get(name)
         except KeyError as exc:
             raise SpecError(str(exc.args[0])) from None
-        return Resolved(entry.build(), entry.example_inputs(batch_size), f"zoo:{entry.name}")
+        with building:
+            model = entry.build()
+        return Resolved(model, entry.example_inputs(batch_size), f"zoo:{entry.name}")
     if kind == "transformers":
-        return _resolve_transformers(name, batch_size)
+        return _resolve_transformers(name, batch_size, building)
     factory = _load_callable(spec, "model")
     try:
-        model = factory()
+        with building:
+            model = factory()
     except Exception as exc:
         raise SpecError(f"model SPEC {spec!r}: calling it raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
@@ -152,7 +161,7 @@ def resolve_inputs(spec: str) -> Any:
     return inputs
 
 
-def _resolve_transformers(class_name: str, batch_size: int) -> Resolved:
+def _resolve_transformers(class_name: str, batch_size: int, building: Any) -> Resolved:
     try:
         import transformers
     except ImportError:
@@ -169,7 +178,8 @@ def _resolve_transformers(class_name: str, batch_size: int) -> Resolved:
     if config_class is None:
         raise SpecError(f"transformers.{class_name} names no config_class to build it from")
     config = config_class()
-    model = cls(config)  # random weights from the default config: nothing is downloaded
+    with building:
+        model = cls(config)  # random weights from the default config: nothing is downloaded
     return Resolved(model, default_transformers_inputs(model, batch_size), f"transformers:{class_name}")
 
 

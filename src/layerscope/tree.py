@@ -102,6 +102,7 @@ class ModuleNode:
     backward: PhaseStats | None = None
     ops: list[OpStats] = field(default_factory=list)
     unsupported_ops: dict[str, int] = field(default_factory=dict)
+    extra_repr: str = ""
     input_shapes: Any = None
     output_shapes: Any = None
     children: list[ModuleNode] = field(default_factory=list, repr=False)
@@ -135,6 +136,7 @@ class ModuleNode:
             "output_shapes": self.output_shapes,
             "ops": [op.to_dict() for op in self.ops],
             "unsupported_ops": dict(self.unsupported_ops),
+            "extra_repr": self.extra_repr,
         }
 
 

@@ -75,4 +75,4 @@ def render(profile: Profile, fmt: str = "text", **options: Any) -> str:
 
 
 # Filling the registry: each module registers itself on import.
-from layerscope.render import json_doc, text  # noqa: E402,F401
+from layerscope.render import json_doc, model, text  # noqa: E402,F401

@@ -30,6 +30,19 @@ def _has_device(profile: Profile) -> bool:
     return profile.root.forward.device_time_ns is not None
 
 
+def _has_flops(profile: Profile) -> bool:
+    return profile.root.forward.flops is not None
+
+
+def _busy_ns(stats: Any) -> int | None:
+    """The time FLOP/s divide by: device time on an accelerator, else CPU time."""
+    return stats.device_time_ns if stats.device_time_ns is not None else stats.cpu_time_ns
+
+
+def _is_timed(profile: Profile) -> bool:
+    return bool(profile.meta.get("timed", True))
+
+
 def _timed(getter: Callable[[ModuleNode], int | None]) -> Callable[[ModuleNode, Profile], str]:
     return lambda node, profile: fmt.time_ns(getter(node)) if node.profiled else ""
 
@@ -40,16 +53,19 @@ COLUMNS: list[Column] = [
         "Self CPU",
         _timed(lambda n: n.forward.self_cpu_time_ns),
         lambda o, p: fmt.time_ns(o.self_cpu_time_ns),
+        shown=_is_timed,
     ),
     Column(
         "CPU total",
         _timed(lambda n: n.forward.cpu_time_ns),
         lambda o, p: fmt.time_ns(o.cpu_time_ns),
+        shown=_is_timed,
     ),
     Column(
         "CPU %",
         lambda n, p: fmt.percent(n.forward.cpu_time_ns, p.root.forward.cpu_time_ns) if n.profiled else "",
         lambda o, p: fmt.percent(o.cpu_time_ns, p.root.forward.cpu_time_ns),
+        shown=_is_timed,
     ),
     Column(
         "Self Device",
@@ -62,6 +78,24 @@ COLUMNS: list[Column] = [
         _timed(lambda n: n.forward.device_time_ns),
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
+    ),
+    Column(
+        "FLOPs",
+        lambda n, p: fmt.count(n.forward.flops) if n.profiled else "",
+        lambda o, p: fmt.count(o.flops) if o.flops is not None else "?",
+        shown=_has_flops,
+    ),
+    Column(
+        "MACs",
+        lambda n, p: fmt.count(n.forward.macs) if n.profiled else "",
+        lambda o, p: fmt.count(o.macs) if o.macs is not None else "?",
+        shown=_has_flops,
+    ),
+    Column(
+        "FLOP/s",
+        lambda n, p: fmt.rate(n.forward.flops, _busy_ns(n.forward)) if n.profiled else "",
+        lambda o, p: fmt.rate(o.flops, o.device_time_ns if o.device_time_ns is not None else o.cpu_time_ns),
+        shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
     Column("Params", lambda n, p: fmt.count(n.params_total), lambda o, p: ""),
     Column("Calls", lambda n, p: str(n.calls) if n.profiled else "", lambda o, p: str(o.calls)),
@@ -104,14 +138,20 @@ def _header_line(profile: Profile) -> str:
         parts.append(f"{passes} after {meta.get('warmup')} warm-up")
     elif meta.get("mode") == "context":
         parts.append("one profiled run")
+    elif meta.get("mode") == "count":
+        parts.append("counted in one pass, not timed")
     return "  ·  ".join(parts)
 
 
 def _footer(profile: Profile) -> list[str]:
     root = profile.root
+    flops = ""
+    if root.forward.flops is not None:
+        flops = f"   FLOPs: {fmt.count(root.forward.flops)}   MACs: {fmt.count(root.forward.macs)}"
     lines = [
         f"Params: {fmt.count(root.params_total)} ({fmt.nbytes(profile.param_bytes)})"
-        f"   Forward CPU total: {fmt.time_ns(root.forward.cpu_time_ns)}"
+        f"{flops}"
+        + (f"   Forward CPU total: {fmt.time_ns(root.forward.cpu_time_ns)}" if _is_timed(profile) else "")
         + (
             f"   Device total: {fmt.time_ns(root.forward.device_time_ns)}"
             if root.forward.device_time_ns is not None
@@ -125,6 +165,10 @@ def _footer(profile: Profile) -> list[str]:
             f"median {fmt.time_ns(passes[(len(passes) - 1) // 2])}, max {fmt.time_ns(passes[-1])} "
             "(the tree adds up per-module medians)"
         )
+    unsupported = profile.unsupported_ops()
+    if unsupported:
+        listed = ", ".join(f"{name} x{calls}" for name, calls in unsupported.items())
+        lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
     outside = profile.meta.get("unattributed_ops") or 0
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")

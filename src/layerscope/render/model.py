@@ -1,0 +1,90 @@
+"""The annotated model print: the ``nn.Module`` repr with each module's figures.
+
+Each module line carries params, MACs, FLOPs, time and FLOP/s, with percentages of the
+whole model, followed by the module's own ``extra_repr``. A summary and the top module
+types per depth come first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerscope import fmt
+from layerscope.render import register_renderer
+from layerscope.transforms import max_depth, top_by_depth
+from layerscope.tree import ModuleNode, Profile
+
+
+def _busy_ns(node: ModuleNode) -> int | None:
+    fwd = node.forward
+    return fwd.device_time_ns if fwd.device_time_ns is not None else fwd.cpu_time_ns
+
+
+def _figures(node: ModuleNode, root: ModuleNode, timed: bool) -> str:
+    parts = [f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"]
+    fwd = node.forward
+    if fwd.macs is not None:
+        parts.append(f"{fmt.count(fwd.macs)} = {fmt.percent(fwd.macs, root.forward.macs) or '0.0%'} MACs")
+        parts.append(f"{fmt.count(fwd.flops)} FLOPs")
+    if node.profiled and timed:
+        busy, root_busy = _busy_ns(node), _busy_ns(root)
+        parts.append(f"{fmt.time_ns(busy)} = {fmt.percent(busy, root_busy) or '0.0%'} time")
+        rate = fmt.rate(fwd.flops, busy)
+        if rate:
+            parts.append(rate)
+    return ", ".join(parts)
+
+
+def _lines(node: ModuleNode, root: ModuleNode, depth: int | None, timed: bool) -> list[str]:
+    indent = "  " * node.depth
+    label = node.type if node.path == "" else f"({node.name}): {node.type}"
+    body = _figures(node, root, timed) + (f", {node.extra_repr}" if node.extra_repr else "")
+    children = node.children if depth is None or node.depth < depth else []
+    if not children:
+        return [f"{indent}{label}({body})"]
+    lines = [f"{indent}{label}(", f"{indent}  {body}"]
+    for child in children:
+        lines.extend(_lines(child, root, depth, timed))
+    lines.append(f"{indent})")
+    return lines
+
+
+def _summary(profile: Profile, top_k: int) -> list[str]:
+    root = profile.root
+    fwd = root.forward
+    lines = [
+        f"Model: {profile.meta.get('model', root.type)}   device: {profile.meta.get('device', 'cpu')}",
+        f"Params: {fmt.count(root.params_total)} ({fmt.nbytes(profile.param_bytes)})",
+    ]
+    if fwd.macs is not None:
+        lines.append(f"Forward MACs: {fmt.count(fwd.macs)}   FLOPs: {fmt.count(fwd.flops)}")
+    timed = bool(profile.meta.get("timed", True))
+    if timed:
+        lines.append(f"Forward time: {fmt.time_ns(_busy_ns(root))}   FLOP/s: {fmt.rate(fwd.flops, _busy_ns(root)) or '-'}")
+    lines.append("")
+    metrics = [("params", fmt.count)]
+    if fwd.macs is not None:
+        metrics.insert(0, ("macs", fmt.count))
+    if timed:
+        metrics.append(("cpu_time_ns", fmt.time_ns))
+    for depth in range(1, max_depth(profile) + 1):
+        for metric, show in metrics:
+            top = top_by_depth(profile, metric, depth, top_k)
+            if not top:
+                continue
+            label = {"macs": "MACs", "params": "params", "cpu_time_ns": "CPU time"}[metric]
+            listed = ", ".join(f"{kind}: {show(value)}" for kind, value in top)
+            lines.append(f"Top {len(top)} module types by {label} at depth {depth}: {listed}")
+    return lines
+
+
+@register_renderer("model", description="the nn.Module repr annotated with params, MACs, time and FLOP/s")
+def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3, **_: Any) -> str:
+    out = _summary(profile, top_k)
+    out.append("")
+    out.extend(_lines(profile.root, profile.root, depth, bool(profile.meta.get("timed", True))))
+    unsupported = profile.unsupported_ops()
+    if unsupported:
+        out.append("")
+        out.append("Ops with no FLOP formula: " + ", ".join(f"{n} x{c}" for n, c in unsupported.items()))
+    return "\n".join(out) + "\n"

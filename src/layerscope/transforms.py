@@ -1,0 +1,39 @@
+"""Pure functions over a Profile: aggregations the renderers and users share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from layerscope.tree import ModuleNode, Profile
+
+#: Metrics ``top_by_depth`` can rank by: name -> value of a node (None: not measured).
+METRICS: dict[str, Callable[[ModuleNode], int | None]] = {
+    "flops": lambda n: n.forward.flops,
+    "macs": lambda n: n.forward.macs,
+    "params": lambda n: n.params_total,
+    "cpu_time_ns": lambda n: n.forward.cpu_time_ns if n.profiled else None,
+    "device_time_ns": lambda n: n.forward.device_time_ns if n.profiled else None,
+}
+
+
+def top_by_depth(profile: Profile, metric: str, depth: int, k: int = 3) -> list[tuple[str, int]]:
+    """The ``k`` module types with the largest summed ``metric`` among modules at
+    ``depth``, largest first (ties by type name): ``[("Conv2d", 1234), ...]``."""
+    try:
+        value_of = METRICS[metric]
+    except KeyError:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}") from None
+    sums: dict[str, int] = {}
+    for node in profile.nodes():
+        if node.depth != depth:
+            continue
+        value = value_of(node)
+        if value is None:
+            continue
+        sums[node.type] = sums.get(node.type, 0) + value
+    ranked = sorted(sums.items(), key=lambda item: (-item[1], item[0]))
+    return ranked[:k]
+
+
+def max_depth(profile: Profile) -> int:
+    return max(node.depth for node in profile.nodes())
