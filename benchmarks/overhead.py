@@ -121,9 +121,12 @@ class _quiet_stderr:
         os.close(self._saved)
 
 
-def measure(name: str, rounds: int) -> dict[str, float]:
+def measure(
+    name: str, rounds: int, make_variants: Callable[..., dict[str, Callable[[], None]]] | None = None
+) -> dict[str, float]:
+    """Median ns of each variant over ``rounds`` interleaved rounds (the order rotates)."""
     model, inputs = MODELS[name]()
-    runs = variants(model, inputs)
+    runs = (make_variants or variants)(model, inputs)
     samples: dict[str, list[int]] = {k: [] for k in runs}
     order = list(runs)
     with torch.no_grad():

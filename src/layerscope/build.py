@@ -67,10 +67,9 @@ def _walk_pass(events: list[tuple[Any, ...]], n_modules: int) -> _PassTotals:
     return _PassTotals(calls, self_cpu, self_dev, top_level)
 
 
-def _shape_key(shapes: Any) -> Any:
-    if isinstance(shapes, list):
-        return tuple(_shape_key(s) for s in shapes)
-    return shapes
+def _shape_key(shapes: Any) -> str:
+    # Shapes are nested lists of ints: their text is a faithful, fast, hashable key.
+    return repr(shapes)
 
 
 def _attribute_ops(

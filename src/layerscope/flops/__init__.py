@@ -113,7 +113,12 @@ def count_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
     nbytes = _tensor_bytes(args) + _tensor_bytes(list(kwargs.values())) + _tensor_bytes(out)
     if formula is None:
         return None, None, nbytes
-    flops, macs = formula(args, kwargs, out)
+    try:
+        flops, macs = formula(args, kwargs, out)
+    except Exception:
+        # A formula that cannot read this call's arguments must never break the user's
+        # forward: the op is reported as unsupported instead.
+        return None, None, nbytes
     return int(flops), int(macs), nbytes
 
 

@@ -45,9 +45,25 @@ def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None)
 # -- matrix products, convolution, attention: torch's formulas ------------------------
 
 
+def _shapes(value: Any) -> Any:
+    """Tensors replaced by their shapes, as torch's shape-wrapped formulas expect."""
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, (tuple, list)):
+        return type(value)(_shapes(v) for v in value)
+    return value
+
+
 def _torch_backed(fn: Callable[..., int], extra: Callable[[Args, Kwargs, Any], int] | None = None) -> Formula:
+    # torch wraps shape formulas in a pytree map that costs more than the formula; call
+    # the function underneath with shapes from a cheap map. Raw formulas take tensors.
+    shape_formula = getattr(fn, "__wrapped__", None)
+
     def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
-        counted = int(fn(*args, out_val=out, **kwargs))
+        if shape_formula is not None:
+            counted = int(shape_formula(*_shapes(args), out_shape=_shapes(out), **{k: _shapes(v) for k, v in kwargs.items()}))
+        else:
+            counted = int(fn(*args, out_val=out, **kwargs))
         # torch counts 2 FLOPs per multiply-accumulate.
         macs = counted // 2
         return counted + (extra(args, kwargs, out) if extra else 0), macs
@@ -62,6 +78,11 @@ def _bias_add(args: Args, kwargs: Kwargs, out: Any) -> int:
 
 def _conv_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
     return _out_numel(out) if _arg(args, kwargs, 2, "bias") is not None else 0
+
+
+def _slow_conv_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
+    # _slow_conv2d_forward(self, weight, kernel_size, bias, stride, padding)
+    return _out_numel(out) if _arg(args, kwargs, 3, "bias") is not None else 0
 
 
 def _conv_backward_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
@@ -90,9 +111,8 @@ _EXTRAS: dict[str, Callable[[Args, Kwargs, Any], int]] = {
     "aten::baddbmm": _bias_add,
     "aten::convolution": _conv_bias,
     "aten::_convolution": _conv_bias,
-    "aten::cudnn_convolution": _conv_bias,
+    # aten::cudnn_convolution takes no bias (it is added by a separate op).
     "aten::convolution_overrideable": _conv_bias,
-    "aten::_slow_conv2d_forward": _conv_bias,
     "aten::convolution_backward": _conv_backward_bias,
     "aten::_scaled_dot_product_efficient_attention": _softmax_on_scores,
     "aten::_scaled_dot_product_flash_attention": _softmax_on_scores,
@@ -102,10 +122,41 @@ _EXTRAS: dict[str, Callable[[Args, Kwargs, Any], int]] = {
     "aten::_scaled_dot_product_cudnn_attention_backward": _softmax_backward_on_scores,
 }
 
+def _matmul_macs(a: torch.Tensor, b: torch.Tensor) -> int:
+    """(..., m, k) @ (..., k, n): batch * m * k * n multiply-accumulates."""
+    return math.prod(a.shape[:-1]) * a.shape[-1] * b.shape[-1]
+
+
+def _mm(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    macs = _matmul_macs(args[0], args[1])
+    return 2 * macs, macs
+
+
+def _addmm(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    macs = _matmul_macs(args[1], args[2])
+    return 2 * macs + _out_numel(out), macs
+
+
+# The matrix products are counted here directly, with the same arithmetic as torch's
+# formulas: torch's addmm formula calls its own pytree-wrapped mm formula, which costs
+# ~20x the arithmetic on every call. The agreement tests hold them equal.
+def _slow_conv2d(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # _slow_conv2d_forward(self, weight, kernel_size, bias, stride, padding): torch maps
+    # it to its generic conv formula, whose argument order it does not have.
+    weight = args[1]
+    macs = _out_numel(out) * math.prod(weight.shape[1:])
+    return 2 * macs + _slow_conv_bias(args, kwargs, out), macs
+
+
+_FAST: dict[str, Formula] = {
+    "aten::mm": _mm, "aten::bmm": _mm, "aten::addmm": _addmm, "aten::baddbmm": _addmm,
+    "aten::_slow_conv2d_forward": _slow_conv2d,
+}  # fmt: skip
+
 for _packet, _fn in torch_flops.flop_registry.items():
     _name = getattr(_packet, "_qualified_op_name", None)
     if _name:
-        register_flops(_name)(_torch_backed(_fn, _EXTRAS.get(_name)))
+        register_flops(_name)(_FAST.get(_name) or _torch_backed(_fn, _EXTRAS.get(_name)))
 
 
 # NB: torch 2.13's counter has no formula for the CPU attention kernels and counts
@@ -335,7 +386,8 @@ declare_free(
         "aten::unbind", "aten::chunk", "aten::narrow", "aten::alias", "aten::detach",
         "aten::as_strided", "aten::unfold", "aten::view_as_real", "aten::view_as_complex",
         "aten::movedim", "aten::flatten", "aten::unflatten", "aten::diagonal", "aten::numpy_T",
-        "aten::_unsafe_split", "aten::squeeze_", "aten::unsqueeze_", "aten::t_", "aten::transpose_",
+        "aten::unsafe_split", "aten::unsafe_chunk",
+        "aten::unsafe_split_with_sizes", "aten::squeeze_", "aten::unsqueeze_", "aten::t_", "aten::transpose_",
         # copies and layout
         "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::copy_", "aten::cat",
         "aten::stack", "aten::repeat", "aten::flip", "aten::roll", "aten::pad",
@@ -390,3 +442,53 @@ def _native_mha(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
         bias += batch * q_len * embed_dim
     softmax = 3 * batch * num_heads * q_len * kv_len
     return 2 * macs + bias + softmax, macs
+
+
+# -- recurrent layers on CPU (oneDNN) -------------------------------------------------------
+
+
+@register_flops("aten::mkldnn_rnn_layer")
+def _mkldnn_rnn_layer(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """One layer and direction of nn.LSTM/GRU/RNN run by oneDNN.
+
+    ``(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size,
+    ...)``: every step multiplies the input by ``w_ih`` and the hidden state by ``w_hh``.
+    NB: besides the MACs, 2 FLOPs per gate pre-activation for the two bias adds and 3
+    per gate pre-activation for the activation and state update.
+    """
+    inputs, w_ih, w_hh = args[0], args[1], args[2]
+    steps_times_batch = math.prod(inputs.shape[:-1])
+    macs = steps_times_batch * (w_ih.numel() + w_hh.numel())
+    gate_values = steps_times_batch * w_ih.shape[0]
+    return 2 * macs + 5 * gate_values, macs
+
+
+# -- vector products and losses ------------------------------------------------------------
+
+
+@register_flops("aten::mv")
+def _mv(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    macs = args[0].numel()  # (m, n) @ (n,): m * n multiply-accumulates
+    return 2 * macs, macs
+
+
+@register_flops("aten::dot", "aten::vdot")
+def _dot(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    macs = args[0].numel()
+    return 2 * macs, macs
+
+
+register_flops("aten::celu", "aten::celu_", "aten::log_sigmoid_forward")(_per_output_element(1))
+register_flops("aten::log_sigmoid_backward")(_per_output_element(2))
+
+
+@register_flops("aten::mse_loss")
+def _mse_loss(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # subtract, square, accumulate: 3 per element (the final mean's divide ignored)
+    return 3 * args[0].numel(), 0
+
+
+@register_flops("aten::nll_loss_forward", "aten::nll_loss2d_forward")
+def _nll_loss(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # one gathered log-probability per target, negated and accumulated
+    return 2 * args[1].numel(), 0

@@ -1,0 +1,309 @@
+"""layerscope's FLOP pass agrees with ``torch.utils.flop_counter`` on real models.
+
+Where torch has a formula, layerscope uses it, and its MACs are half of torch's count
+(torch counts 2 FLOPs per multiply-accumulate and nothing else). So, module by module,
+``2 * node.forward.macs`` equals ``FlopCounterMode``'s count for that module, exactly.
+
+torch 2.13's counter lacks two ops that layerscope counts, so the counter is given them
+through ``custom_mapping``:
+
+- ``aten::_scaled_dot_product_flash_attention_for_cpu``, the CPU kernel behind
+  ``F.scaled_dot_product_attention`` (the zoo's gpt and every transformers model here);
+- ``aten::_native_multi_head_attention``, ``nn.MultiheadAttention``'s fused inference
+  path (the zoo's vit_b_16 takes it in eval under ``no_grad``).
+
+Without them the counter reads lower than layerscope by exactly those ops' FLOPs.
+
+Module keys: FlopCounterMode names the root by its type and every other module
+``f"{root type}.{named_modules() path}"``. A module that is never called (a ModuleList,
+say, or MultiheadAttention's ``out_proj`` on the fused path) has no counter entry, while
+layerscope holds its children's totals structurally; those are checked separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+import layerscope
+from layerscope import zoo
+from layerscope.tree import ModuleNode, Profile
+
+CPU_SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
+NATIVE_MHA = "aten::_native_multi_head_attention"
+
+
+def _cpu_sdpa_flop(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    # Custom mappings are shape-wrapped: every tensor argument arrives as its shape.
+    return sdpa_flop_count(query, key, value)
+
+
+def _native_mha_flop(
+    query: Any,
+    key: Any,
+    value: Any,
+    embed_dim: int,
+    num_heads: int,
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
+) -> int:
+    """2 FLOPs per MAC of the matrix products, as torch counts them (formulas.py's
+    ``_native_mha``): q and out projections (q_len * E * E each), k and v projections
+    (kv_len * E * E each), q @ k^T and attn @ v (q_len * kv_len * E each, over all heads)."""
+    batch = query[0] if len(query) == 3 else 1
+    q_len, kv_len = query[-2], key[-2]
+    macs = batch * (
+        2 * q_len * embed_dim * embed_dim
+        + 2 * kv_len * embed_dim * embed_dim
+        + 2 * q_len * kv_len * embed_dim
+    )
+    return 2 * macs
+
+
+TORCH_LACKS = {
+    CPU_SDPA: (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, _cpu_sdpa_flop),
+    NATIVE_MHA: (torch.ops.aten._native_multi_head_attention, _native_mha_flop),
+}
+CUSTOM_MAPPING = dict(TORCH_LACKS.values())
+
+# Which of those ops each model runs (every other model runs neither).
+USES_OPS_TORCH_LACKS = {
+    "gpt": {CPU_SDPA},
+    "vit_b_16": {NATIVE_MHA},
+    "bert": {CPU_SDPA},
+    "gpt2": {CPU_SDPA},
+    "llama": {CPU_SDPA},
+    "t5": {CPU_SDPA},
+    "vit": {CPU_SDPA},
+}
+
+
+# -- models -----------------------------------------------------------------------------
+
+
+def _token_ids() -> torch.Tensor:
+    return torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _bert() -> tuple[nn.Module, Any]:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    return BertModel(config), {"input_ids": _token_ids()}
+
+
+def _gpt2() -> tuple[nn.Module, Any]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=128, bos_token_id=0, eos_token_id=0,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    return GPT2LMHeadModel(config), {"input_ids": _token_ids()}
+
+
+def _llama() -> tuple[nn.Module, Any]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # 4 query heads share 2 key/value heads: grouped-query attention.
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=1000, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config), {"input_ids": _token_ids()}
+
+
+def _t5() -> tuple[nn.Module, Any]:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(
+        d_model=64, d_ff=128, num_layers=2, num_heads=2, vocab_size=1000, d_kv=32, attn_implementation="sdpa"
+    )
+    ids = _token_ids()
+    return T5ForConditionalGeneration(config), {"input_ids": ids, "decoder_input_ids": ids}
+
+
+def _vit() -> tuple[nn.Module, Any]:
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, image_size=32,
+        patch_size=8, attn_implementation="sdpa",
+    )  # fmt: skip
+    pixels = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return ViTModel(config), {"pixel_values": pixels}
+
+
+def _zoo(name: str) -> Callable[[], tuple[nn.Module, Any]]:
+    def build() -> tuple[nn.Module, Any]:
+        entry = zoo.get(name)
+        return entry.build(), entry.example_inputs(1)
+
+    return build
+
+
+BUILDERS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {name: _zoo(name) for name in zoo.names()}
+BUILDERS.update(bert=_bert, gpt2=_gpt2, llama=_llama, t5=_t5, vit=_vit)
+MODELS = sorted(BUILDERS)
+
+
+# -- running both counters -----------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    model: nn.Module
+    inputs: Any
+    profile: Profile
+    _counts: dict[bool, dict[str, dict[Any, int]]] = field(default_factory=dict)
+
+    def flop_counts(self, with_mapping: bool = True) -> dict[str, dict[Any, int]]:
+        """FlopCounterMode's counts for one forward, run as ``profile`` runs it (under
+        ``no_grad``), with or without ``CUSTOM_MAPPING``; each is measured once."""
+        if with_mapping not in self._counts:
+            counter = FlopCounterMode(display=False, custom_mapping=CUSTOM_MAPPING if with_mapping else None)
+            with torch.no_grad(), counter:
+                if isinstance(self.inputs, dict):
+                    self.model(**self.inputs)
+                elif isinstance(self.inputs, (tuple, list)):
+                    self.model(*self.inputs)
+                else:
+                    self.model(self.inputs)
+            self._counts[with_mapping] = counter.get_flop_counts()
+        return self._counts[with_mapping]
+
+    def key(self, node: ModuleNode) -> str:
+        root = type(self.model).__name__
+        return root if node.path == "" else f"{root}.{node.path}"
+
+
+@pytest.fixture(scope="module")
+def measure() -> Any:
+    """``measure(name)``: the model, its inputs and its profile, built once per module."""
+    cache: dict[str, Measured] = {}
+
+    def get(name: str) -> Measured:
+        if name not in cache:
+            model, inputs = BUILDERS[name]()
+            model.eval()
+            profile = layerscope.profile(model, inputs, warmup=0, repeat=1)
+            cache[name] = Measured(model, inputs, profile)
+        return cache[name]
+
+    yield get
+    cache.clear()
+
+
+# -- tests ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_profile_is_sound_and_every_op_has_a_formula(measure: Any, name: str) -> None:
+    profile = measure(name).profile
+    layerscope.check_tree(profile)
+    assert profile.unsupported_ops() == {}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_called_modules_agree_with_flop_counter(measure: Any, name: str) -> None:
+    measured = measure(name)
+    counts = measured.flop_counts()
+    called = [node for node in measured.profile.nodes() if node.calls > 0]
+    assert called and called[0].path == ""
+
+    mismatches = []
+    for node in called:
+        theirs = sum(counts.get(measured.key(node), {}).values())
+        if 2 * node.forward.macs != theirs:
+            mismatches.append((node.path, 2 * node.forward.macs, theirs))
+    assert mismatches == [], f"(path, 2 * layerscope macs, FlopCounterMode flops): {mismatches[:5]}"
+    assert measured.profile.root.forward.macs > 0
+
+    # Every module the counter saw is a called module of the profile (so no count was
+    # compared against a misspelt key, which would read as an empty one).
+    keys = {measured.key(node) for node in called}
+    assert set(counts) - {"Global"} <= keys
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_uncalled_modules_hold_their_childrens_sum(measure: Any, name: str) -> None:
+    measured = measure(name)
+    counts = measured.flop_counts()
+    for node in measured.profile.nodes():
+        if node.calls > 0:
+            continue
+        assert measured.key(node) not in counts, f"{node.path!r} has no calls but the counter saw it run"
+        assert node.forward.self_macs == 0, node.path
+        assert node.forward.macs == sum(child.forward.macs for child in node.children), node.path
+
+
+def test_uncalled_modules_are_the_expected_ones(measure: Any) -> None:
+    # The check above is vacuous for a model with no uncalled modules; these have some.
+    uncalled = {name: {n.path for n in measure(name).profile.nodes() if n.calls == 0} for name in MODELS}
+    assert uncalled["gpt"] == {"blocks"}
+    assert uncalled["llama"] == {"model.layers"}
+    t5_module_lists = {"encoder.block", "encoder.block.0.layer", "decoder.block", "decoder.block.1.layer"}
+    assert t5_module_lists <= uncalled["t5"]
+    # The fused path computes the out-projection itself: 12 encoder layers, 12 unused out_proj.
+    assert uncalled["vit_b_16"] == {
+        f"encoder.layers.encoder_layer_{i}.self_attention.out_proj" for i in range(12)
+    }
+    assert measure("t5").profile["encoder.block"].forward.macs > 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_counter_without_custom_mapping_misses_exactly_the_ops_torch_lacks(measure: Any, name: str) -> None:
+    """torch 2.13's counter counts the CPU attention kernels as 0: on the attention
+    models it reads lower than layerscope, by exactly those ops' 2 * macs."""
+    measured = measure(name)
+    ops = [op for node in measured.profile.nodes() for op in node.ops if op.name in TORCH_LACKS]
+    assert {op.name for op in ops} == USES_OPS_TORCH_LACKS.get(name, set())
+
+    plain = measured.flop_counts(with_mapping=False)
+    theirs = sum(plain.get(type(measured.model).__name__, {}).values())
+    ours = 2 * measured.profile.root.forward.macs
+    assert ours - theirs == 2 * sum(op.macs or 0 for op in ops)
+    if ops:
+        assert theirs < ours
+
+
+def test_native_mha_mapping_matches_hand_arithmetic(measure: Any) -> None:
+    # vit_b_16 at batch 1: 197 tokens (14 * 14 patches + class token), E = 768.
+    # q, k, v, out projections 4 * 197 * 768 * 768 = 464,781,312
+    # q @ k^T and attn @ v     2 * 197 * 197 * 768 =  59,610,624
+    # total                                         = 524,391,936
+    attention = measure("vit_b_16").profile["encoder.layers.encoder_layer_0.self_attention"]
+    assert attention.forward.macs == 4 * 197 * 768 * 768 + 2 * 197 * 197 * 768 == 524_391_936
+    assert _native_mha_flop((1, 197, 768), (1, 197, 768), (1, 197, 768), 768, 12) == 2 * 524_391_936
+
+
+def test_alexnet_and_lenet5_anchor_macs(measure: Any) -> None:
+    # AlexNet (torchvision layout), 3x224x224, batch 1:
+    #   conv1 64*3*11*11 * 55*55   =  70,276,800
+    #   conv2 192*64*5*5 * 27*27   = 223,948,800
+    #   conv3 384*192*3*3 * 13*13  = 112,140,288
+    #   conv4 256*384*3*3 * 13*13  = 149,520,384
+    #   conv5 256*256*3*3 * 13*13  =  99,680,256
+    #   fc6   9216*4096            =  37,748,736
+    #   fc7   4096*4096            =  16,777,216
+    #   fc8   4096*1000            =   4,096,000
+    #   total                      = 714,188,480  (torchvision publishes 0.71 "GFLOPS")
+    assert measure("alexnet").profile.root.forward.macs == 714_188_480
+    # LeNet-5, 1x32x32, batch 1:
+    #   conv1 6*1*5*5 * 28*28   = 117,600
+    #   conv2 16*6*5*5 * 10*10  = 240,000
+    #   fc1   400*120           =  48,000
+    #   fc2   120*84            =  10,080
+    #   fc3   84*10             =     840
+    #   total                   = 416,520
+    assert measure("lenet5").profile.root.forward.macs == 416_520
