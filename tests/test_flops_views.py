@@ -94,3 +94,30 @@ def test_cli_profile_refuses_meta(tmp_path: Path) -> None:
     run = _cli("profile", "zoo:lenet5", "--device", "meta", cwd=tmp_path)
     assert run.returncode == 2
     assert "layerscope flops" in run.stderr
+
+
+def test_mfu_column_hand_computed(fake_clock) -> None:
+    entry = zoo.get("lenet5")
+    prof = layerscope.profile(
+        entry.build().eval(), entry.example_inputs(1), warmup=1, repeat=3, clock=fake_clock, peak_tflops=0.1
+    )
+    assert prof.meta["peak_flops_per_s"] == 100_000_000_000
+    root_line = prof.render("text").splitlines()[4]
+    # 852,370 FLOPs in 27 fake µs = 31.57 GFLOP/s; of a 0.1 TFLOP/s peak: 31.6%
+    assert prof.root.forward.flops == 852_370 and prof.root.forward.cpu_time_ns == 27_000
+    assert "31.57 GFLOP/s" in root_line and "31.6%" in root_line
+    assert "31.6% of peak" in prof.render("model")
+
+
+def test_bad_peak_is_refused_before_running() -> None:
+    import pytest
+
+    calls = []
+    model = torch.nn.Linear(2, 2)
+    handle = model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="peak_tflops must be a positive"):
+            layerscope.profile(model, torch.ones(1, 2), peak_tflops=0)
+    finally:
+        handle.remove()
+    assert calls == []

@@ -64,6 +64,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
         parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
         parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes and FLOPs")
+        parser.add_argument(
+            "--peak-tflops", type=float, metavar="TFLOPS",
+            help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs",
+        )
     else:
         parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or meta to count without allocating (default cpu)")
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
@@ -168,6 +172,9 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for, but this torch sees no CUDA device")
     dtype = parse_dtype(args.dtype) if args.dtype else None
+    peak = getattr(args, "peak_tflops", None)
+    if peak is not None and not peak > 0:
+        raise UsageError(f"--peak-tflops must be a positive number of TFLOP/s, got {peak}")
     shapes = [parse_shape(s) for s in args.input]
     if shapes and args.inputs:
         raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
@@ -201,6 +208,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
             prof = layerscope.profile(
                 model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
                 paths=args.paths, record_ops=not args.no_ops, progress=report,
+                peak_tflops=args.peak_tflops,
             )
     prof.meta["spec"] = resolved.label
     text = render(prof, fmt, depth=args.depth, show_ops=args.show_ops)

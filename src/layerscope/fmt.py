@@ -88,3 +88,17 @@ def rate(flops: int | None, time_ns: int | None) -> str:
         if per_second >= scale:
             return f"{per_second / scale:.2f} {unit}"
     return f"{per_second:.0f} FLOP/s"
+
+
+def mfu(flops: int | None, time_ns: int | None, peak_flops_per_s: int | None) -> str:
+    """Achieved FLOP/s as a percentage of the hardware peak: ``41.3%``."""
+    if not flops or not time_ns or not peak_flops_per_s:
+        return ""
+    return f"{100.0 * flops * 1e9 / time_ns / peak_flops_per_s:.1f}%"
+
+
+def intensity(flops: int | None, nbytes: int | None) -> str:
+    """Arithmetic intensity, FLOPs per byte moved: ``12.5 FLOP/B``."""
+    if flops is None or not nbytes:
+        return ""
+    return f"{flops / nbytes:.2f} FLOP/B"

@@ -48,6 +48,7 @@ def profile(
     no_grad: bool = True,
     progress: Progress | None = None,
     clock: Clock | None = None,
+    peak_tflops: float | None = None,
 ) -> Profile:
     """Profile ``model``'s forward pass on ``inputs``, layer by layer.
 
@@ -57,7 +58,8 @@ def profile(
     records each module's aten ops and shapes (kept apart so op recording does not
     inflate the module times). ``paths`` limits profiling to those ``named_modules()``
     subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does.
-    ``clock`` replaces ``time.perf_counter_ns`` (tests use a fake one).
+    ``clock`` replaces ``time.perf_counter_ns`` (tests use a fake one). ``peak_tflops``
+    is the hardware's peak for MFU (% of peak per module); on common GPUs it is known.
 
     The model is left as it was: hooks are removed and modes exited even if it raises,
     and its exception reaches the caller unchanged.
@@ -71,6 +73,7 @@ def profile(
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
+    peak_flops_per_s = _peak(peak_tflops, device, model_dtype(model))
     recorder = Recorder(modules, [i.selected for i in infos], device=device, clock=clock)
     report = progress or (lambda stage, done, total: None)
 
@@ -108,9 +111,20 @@ def profile(
             no_grad=no_grad,
             paths=None if paths is None else list(paths),
             inputs=[shapes_of(list(args)), shapes_of(kwargs)],
+            peak_flops_per_s=peak_flops_per_s,
         ),
     )
     return build_profile(raw)
+
+
+def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
+    if peak_tflops is not None:
+        if not peak_tflops > 0:
+            raise ValueError(f"peak_tflops must be a positive number of TFLOP/s, got {peak_tflops!r}")
+        return int(peak_tflops * 1e12)
+    from layerscope.capture.peaks import known_peak_flops_per_s
+
+    return known_peak_flops_per_s(device, dtype)
 
 
 def count_flops(

@@ -20,7 +20,7 @@ def _busy_ns(node: ModuleNode) -> int | None:
     return fwd.device_time_ns if fwd.device_time_ns is not None else fwd.cpu_time_ns
 
 
-def _figures(node: ModuleNode, root: ModuleNode, timed: bool) -> str:
+def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: int | None) -> str:
     parts = [f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"]
     fwd = node.forward
     if fwd.macs is not None:
@@ -32,19 +32,24 @@ def _figures(node: ModuleNode, root: ModuleNode, timed: bool) -> str:
         rate = fmt.rate(fwd.flops, busy)
         if rate:
             parts.append(rate)
+        mfu = fmt.mfu(fwd.flops, busy, peak)
+        if mfu:
+            parts.append(f"{mfu} of peak")
+    if fwd.flops and fwd.bytes:
+        parts.append(fmt.intensity(fwd.flops, fwd.bytes))
     return ", ".join(parts)
 
 
-def _lines(node: ModuleNode, root: ModuleNode, depth: int | None, timed: bool) -> list[str]:
+def _lines(node: ModuleNode, root: ModuleNode, depth: int | None, timed: bool, peak: int | None) -> list[str]:
     indent = "  " * node.depth
     label = node.type if node.path == "" else f"({node.name}): {node.type}"
-    body = _figures(node, root, timed) + (f", {node.extra_repr}" if node.extra_repr else "")
+    body = _figures(node, root, timed, peak) + (f", {node.extra_repr}" if node.extra_repr else "")
     children = node.children if depth is None or node.depth < depth else []
     if not children:
         return [f"{indent}{label}({body})"]
     lines = [f"{indent}{label}(", f"{indent}  {body}"]
     for child in children:
-        lines.extend(_lines(child, root, depth, timed))
+        lines.extend(_lines(child, root, depth, timed, peak))
     lines.append(f"{indent})")
     return lines
 
@@ -82,7 +87,8 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
 def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3, **_: Any) -> str:
     out = _summary(profile, top_k)
     out.append("")
-    out.extend(_lines(profile.root, profile.root, depth, bool(profile.meta.get("timed", True))))
+    timed = bool(profile.meta.get("timed", True))
+    out.extend(_lines(profile.root, profile.root, depth, timed, profile.meta.get("peak_flops_per_s")))
     unsupported = profile.unsupported_ops()
     if unsupported:
         out.append("")

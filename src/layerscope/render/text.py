@@ -97,6 +97,12 @@ COLUMNS: list[Column] = [
         lambda o, p: fmt.rate(o.flops, o.device_time_ns if o.device_time_ns is not None else o.cpu_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
+    Column(
+        "MFU",
+        lambda n, p: fmt.mfu(n.forward.flops, _busy_ns(n.forward), p.meta.get("peak_flops_per_s")) if n.profiled else "",
+        lambda o, p: fmt.mfu(o.flops, o.device_time_ns if o.device_time_ns is not None else o.cpu_time_ns, p.meta.get("peak_flops_per_s")),
+        shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
+    ),
     Column("Params", lambda n, p: fmt.count(n.params_total), lambda o, p: ""),
     Column("Calls", lambda n, p: str(n.calls) if n.profiled else "", lambda o, p: str(o.calls)),
 ]

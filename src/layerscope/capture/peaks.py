@@ -1,0 +1,34 @@
+"""Peak dense FLOP/s of common accelerators, for MFU (% of peak) when the user gives none.
+
+Vendor datasheet figures for dense math (no structured sparsity), per dtype. A device or
+dtype not listed gets no automatic peak; ``--peak-tflops`` always overrides.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# name fragment (lower case, matched in order) -> {dtype: dense TFLOP/s}
+_PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("h200", {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
+    ("h100 pcie", {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0}),
+    ("h100", {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
+    ("a100", {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}),
+    ("l40s", {"bfloat16": 362.0, "float16": 362.0, "float32": 91.6}),
+    ("l4", {"bfloat16": 121.0, "float16": 121.0, "float32": 30.3}),
+    ("a10", {"bfloat16": 125.0, "float16": 125.0, "float32": 31.2}),
+    ("v100", {"float16": 125.0, "float32": 15.7}),
+    ("t4", {"float16": 65.0, "float32": 8.1}),
+]
+
+
+def known_peak_flops_per_s(device: torch.device, dtype: str | None) -> int | None:
+    """The datasheet peak for ``device`` at ``dtype`` in FLOP/s, or None if unknown."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device).lower()
+    for fragment, table in _PEAK_TFLOPS:
+        if fragment in name:
+            tflops = table.get(dtype or "float32")
+            return int(tflops * 1e12) if tflops else None
+    return None
