@@ -45,6 +45,11 @@ class PhaseStats:
     bytes: int | None = None
     self_bytes: int | None = None
 
+    @property
+    def busy_time_ns(self) -> int | None:
+        """The time rates divide by: device time on an accelerator, else CPU time."""
+        return self.device_time_ns if self.device_time_ns is not None else self.cpu_time_ns
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -69,6 +74,11 @@ class OpStats:
     flops: int | None = None
     macs: int | None = None
     bytes: int | None = None
+
+    @property
+    def busy_time_ns(self) -> int | None:
+        """The time rates divide by: device time on an accelerator, else CPU time."""
+        return self.device_time_ns if self.device_time_ns is not None else self.cpu_time_ns
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -153,6 +163,11 @@ class Profile:
         self._index = {node.path: node for node in self.root.walk()}
 
     # -- reading -------------------------------------------------------------------
+    @property
+    def timed(self) -> bool:
+        """False for an untimed count (``count_flops``): its time fields are all zero."""
+        return bool(self.meta.get("timed", True))
+
     def nodes(self) -> Iterator[ModuleNode]:
         """Every module node, depth first, in ``named_modules()`` order."""
         return self.root.walk()

@@ -15,11 +15,6 @@ from layerscope.transforms import max_depth, top_by_depth
 from layerscope.tree import ModuleNode, Profile
 
 
-def _busy_ns(node: ModuleNode) -> int | None:
-    fwd = node.forward
-    return fwd.device_time_ns if fwd.device_time_ns is not None else fwd.cpu_time_ns
-
-
 def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: int | None) -> str:
     parts = [f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"]
     fwd = node.forward
@@ -27,7 +22,7 @@ def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: int | None) 
         parts.append(f"{fmt.count(fwd.macs)} = {fmt.percent(fwd.macs, root.forward.macs) or '0.0%'} MACs")
         parts.append(f"{fmt.count(fwd.flops)} FLOPs")
     if node.profiled and timed:
-        busy, root_busy = _busy_ns(node), _busy_ns(root)
+        busy, root_busy = node.forward.busy_time_ns, root.forward.busy_time_ns
         parts.append(f"{fmt.time_ns(busy)} = {fmt.percent(busy, root_busy) or '0.0%'} time")
         rate = fmt.rate(fwd.flops, busy)
         if rate:
@@ -63,9 +58,9 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
     ]
     if fwd.macs is not None:
         lines.append(f"Forward MACs: {fmt.count(fwd.macs)}   FLOPs: {fmt.count(fwd.flops)}")
-    timed = bool(profile.meta.get("timed", True))
+    timed = profile.timed
     if timed:
-        lines.append(f"Forward time: {fmt.time_ns(_busy_ns(root))}   FLOP/s: {fmt.rate(fwd.flops, _busy_ns(root)) or '-'}")
+        lines.append(f"Forward time: {fmt.time_ns(root.forward.busy_time_ns)}   FLOP/s: {fmt.rate(fwd.flops, root.forward.busy_time_ns) or '-'}")
     lines.append("")
     metrics = [("params", fmt.count)]
     if fwd.macs is not None:
@@ -87,7 +82,7 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
 def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3, **_: Any) -> str:
     out = _summary(profile, top_k)
     out.append("")
-    timed = bool(profile.meta.get("timed", True))
+    timed = profile.timed
     out.extend(_lines(profile.root, profile.root, depth, timed, profile.meta.get("peak_flops_per_s")))
     unsupported = profile.unsupported_ops()
     if unsupported:

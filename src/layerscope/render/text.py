@@ -34,13 +34,8 @@ def _has_flops(profile: Profile) -> bool:
     return profile.root.forward.flops is not None
 
 
-def _busy_ns(stats: Any) -> int | None:
-    """The time FLOP/s divide by: device time on an accelerator, else CPU time."""
-    return stats.device_time_ns if stats.device_time_ns is not None else stats.cpu_time_ns
-
-
 def _is_timed(profile: Profile) -> bool:
-    return bool(profile.meta.get("timed", True))
+    return profile.timed
 
 
 def _timed(getter: Callable[[ModuleNode], int | None]) -> Callable[[ModuleNode, Profile], str]:
@@ -93,14 +88,14 @@ COLUMNS: list[Column] = [
     ),
     Column(
         "FLOP/s",
-        lambda n, p: fmt.rate(n.forward.flops, _busy_ns(n.forward)) if n.profiled else "",
-        lambda o, p: fmt.rate(o.flops, o.device_time_ns if o.device_time_ns is not None else o.cpu_time_ns),
+        lambda n, p: fmt.rate(n.forward.flops, n.forward.busy_time_ns) if n.profiled else "",
+        lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
     Column(
         "MFU",
-        lambda n, p: fmt.mfu(n.forward.flops, _busy_ns(n.forward), p.meta.get("peak_flops_per_s")) if n.profiled else "",
-        lambda o, p: fmt.mfu(o.flops, o.device_time_ns if o.device_time_ns is not None else o.cpu_time_ns, p.meta.get("peak_flops_per_s")),
+        lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.get("peak_flops_per_s")) if n.profiled else "",
+        lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.get("peak_flops_per_s")),
         shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
     ),
     Column("Params", lambda n, p: fmt.count(n.params_total), lambda o, p: ""),
