@@ -335,7 +335,7 @@ def test_param_bytes_follow_each_parameters_dtype() -> None:
     # [0]: 20 x 4 bytes; [1]: 20 x 2 bytes; [2]: own bias 4 x 4 bytes.
     assert prof.param_bytes == 80 + 40 + 16
     assert prof[""].params_total == 44
-    assert [n.calls for n in prof.nodes()] == [0, 0, 0, 0]
+    assert [n.calls for n in prof.modules()] == [0, 0, 0, 0]
     check_tree(prof.profile)
 
 
@@ -348,7 +348,8 @@ def test_profiler_reads_like_a_profile() -> None:
     assert prof["child"] is prof.profile["child"]
     assert str(prof) == prof.profile.render("text")
     assert "child" in str(prof)
-    assert [n.path for n in prof.nodes()] == ["", "child"]
+    assert [n.path for n in prof.modules()] == ["", "child"]
+    assert [n.path for n in prof.nodes()] == ["", "child", "<other>"]
     assert prof.meta["mode"] == "context"
     assert prof["child"].input_shapes == [[2, 4]]
     assert prof["child"].output_shapes == [2, 4]
@@ -403,17 +404,20 @@ def test_fake_clock_profiler_block_counts_ops_in_module_times(fake_clock: Any) -
     with layerscope.Profiler(model, clock=fake_clock) as prof:
         model(X)
     check_tree(prof.profile)
-    # One pass holds modules and ops: enter root (1), enter child (2), mul (3, 4),
-    # exit child (5), add (6, 7), exit root (8).
-    #   child: 5-2 = 3000 self = total
-    #   root:  8-1 = 7000 total, minus 3000 -> 4000 self
+    # One pass holds modules and ops: step starts (1), enter root (2), enter child (3),
+    # mul (4, 5), exit child (6), add (7, 8), exit root (9), step ends (10).
+    #   child: 6-3 = 3000 self = total
+    #   root:  9-2 = 7000 total, minus 3000 -> 4000 self
+    #   <other>: the step's 10-1 = 9000 minus the model's 7000 -> 2000
     assert prof["child"].forward.cpu_time_ns == 3000
     assert prof[""].forward.self_cpu_time_ns == 4000
     assert prof[""].forward.cpu_time_ns == 7000
     assert [(op.name, op.cpu_time_ns) for op in prof["child"].ops] == [("aten::mul", 1000)]
     assert [(op.name, op.cpu_time_ns) for op in prof[""].ops] == [("aten::add", 1000)]
     assert prof.meta["pass_cpu_time_ns"] == [7000]
-    assert fake_clock.now == 8 * STEP
+    assert [(p.path, p.forward.cpu_time_ns) for p in prof.parts] == [("<other>", 2000)]
+    assert prof.step_time_ns == 9000
+    assert fake_clock.now == 10 * STEP
 
 
 def test_fake_clock_profiler_without_ops(fake_clock: Any) -> None:
@@ -421,11 +425,13 @@ def test_fake_clock_profiler_without_ops(fake_clock: Any) -> None:
     with layerscope.Profiler(model, record_ops=False, clock=fake_clock) as prof:
         model(X)
     check_tree(prof.profile)
-    # Same as a timing pass: 1000 child, 3000 root, no ops at all.
+    # Same as a timing pass: 1000 child, 3000 root, no ops at all; the step's marks
+    # add two clock reads around it, and its 5000 less the model's 3000 is <other>.
     assert prof["child"].forward.cpu_time_ns == 1000
     assert prof[""].forward.cpu_time_ns == 3000
     assert op_calls(prof.profile) == 0
-    assert fake_clock.now == 4 * STEP
+    assert prof.step_time_ns == 5000
+    assert fake_clock.now == 6 * STEP
 
 
 # -- raw capture -> tree, with hand-written event streams ------------------------------
@@ -573,8 +579,9 @@ def test_build_unbalanced_stream_left_open_and_stray_exit() -> None:
     prof = build(stream, op_pass=stream)
     assert prof["a"].calls == 1
     assert cpu(prof, "a") == (20, 20)
-    assert prof["c"].calls == 0
-    assert prof.root.calls == 0
+    # Calls are counted when entered: root and c started a call each.
+    assert prof["c"].calls == 1
+    assert prof.root.calls == 1
 
 
 def test_build_without_passes_or_op_pass() -> None:

@@ -29,13 +29,14 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import layerscope
 from layerscope import zoo
 from layerscope.tree import ModuleNode, Profile
 
 CPU_SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
+CPU_SDPA_BACKWARD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
 NATIVE_MHA = "aten::_native_multi_head_attention"
 
 
@@ -67,8 +68,18 @@ def _native_mha_flop(
     return 2 * macs
 
 
+def _cpu_sdpa_backward_flop(
+    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
 TORCH_LACKS = {
     CPU_SDPA: (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, _cpu_sdpa_flop),
+    CPU_SDPA_BACKWARD: (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        _cpu_sdpa_backward_flop,
+    ),
     NATIVE_MHA: (torch.ops.aten._native_multi_head_attention, _native_mha_flop),
 }
 CUSTOM_MAPPING = dict(TORCH_LACKS.values())

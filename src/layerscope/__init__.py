@@ -28,17 +28,21 @@ __all__ = [
     "Profiler",
     "check_tree",
     "count_flops",
+    "label",
     "load",
     "profile",
     "register_flops",
+    "schedule",
 ]
 
 from layerscope.check import InvariantError, check_tree
 from layerscope.errors import LayerscopeError
 from layerscope.io import load
+from layerscope.schedule import schedule
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 if TYPE_CHECKING:
+    from layerscope.capture.label import label
     from layerscope.flops import register_flops
     from layerscope.session import Profiler, count_flops, profile
 
@@ -50,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from layerscope import session
 
         return getattr(session, name)
+    if name == "label":
+        from layerscope.capture.label import label
+
+        return label
     if name == "register_flops":
         from layerscope.flops import register_flops
 

@@ -1,70 +1,69 @@
 """Derive the module tree from a raw capture. Pure: no torch, no clock.
 
-Per pass, a module's *self* time is the time inside its calls minus the time of the
-module calls nested directly in them (its dynamic children). Across passes the self
-times' median is taken per module, and every *total* is then derived as
-``self + sum(children totals)`` over the static ``named_modules()`` tree. So the
-invariants hold exactly, and a module called from outside its structural parent is
-still counted under its structural parent (see docs/design.md).
+One walk per pass (``walk_pass``) turns an event stream into self times per node and
+phase, and op tables:
+
+- **Forward.** A frame (module call or label) owns the time inside it minus the time of
+  frames and backward work nested directly in it (its dynamic children).
+- **Backward.** Each backward op belongs to the node whose forward created the autograd
+  node being executed: autograd numbers the nodes it creates in order, and a module's
+  forward creates the numbers between its ENTER and EXIT events. Gradient accumulation
+  (nodes without a number) belongs to the module owning the parameter. An op's *slot*
+  runs from its start to the next backward op's start, so the engine's work between ops
+  is charged to the op before it.
+- **Recompute.** Module calls during backward (activation checkpointing) are frames of
+  phase ``recompute``, never counted as forward.
+- **The step.** A pass with STEP marks is a whole step: work outside the model becomes
+  top-level *parts* (``<loss>``, ``<optimizer:NAME>``, ``<zero_grad>``, labels, and
+  ``<other>`` for the rest), so every nanosecond of the step's wall time is in exactly
+  one node.
+
+Across passes, ``profile()`` takes each node's median self time (``median_low``, an
+observed value) and a training-loop ``Profiler`` sums its steps; either way totals are
+then derived as ``self + sum(children)`` over the static tree, so the invariants hold
+exactly (see docs/design.md).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Any
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any, Union
 
-from layerscope.raw import ENTER, EXIT, OP, RawCapture
-from layerscope.tree import ADDITIVE_PHASE_METRICS, ModuleNode, OpStats, PhaseStats, Profile, link
+from layerscope.raw import ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, NO_SEQ, OP, STEP, RawCapture
+from layerscope.tree import ADDITIVE_PHASE_METRICS, PHASES, ModuleNode, OpStats, PhaseStats, Profile, link
+
+#: A node while building: a module index, or the path of a label or step part.
+Key = Union[int, str]
+
+OTHER = "<other>"
+LOSS = "<loss>"
 
 
 @dataclass
-class _PassTotals:
-    calls: list[int]
-    self_cpu_ns: list[int]
-    self_device_ns: list[int]
-    top_level_cpu_ns: int
+class Dynamic:
+    """A node that is not a module: a user label, or a part of the step."""
+
+    path: str
+    parent: Key | None
+    kind: str
+    name: str
 
 
-def _walk_pass(events: list[tuple[Any, ...]], n_modules: int) -> _PassTotals:
-    calls = [0] * n_modules
-    self_cpu = [0] * n_modules
-    self_dev = [0] * n_modules
-    top_level = 0
-    # Each frame: [module index, t_enter, child cpu ns, device t_enter, child device ns]
-    stack: list[list[Any]] = []
+@dataclass
+class PassResult:
+    """What one pass (or training step) adds up to, before any tree exists."""
 
-    def close(t: int, dev_t: int | None) -> None:
-        nonlocal top_level
-        index, t_enter, child_cpu, dev_enter, child_dev = stack.pop()
-        duration = max(0, t - t_enter)
-        calls[index] += 1
-        self_cpu[index] += max(0, duration - child_cpu)
-        dev_duration = 0
-        if dev_enter is not None and dev_t is not None:
-            dev_duration = max(0, dev_t - dev_enter)
-            self_dev[index] += max(0, dev_duration - child_dev)
-        if stack:
-            stack[-1][2] += duration
-            stack[-1][4] += dev_duration
-        else:
-            top_level += duration
-
-    for event in events:
-        kind = event[0]
-        if kind == ENTER:
-            stack.append([event[2], event[1], 0, event[3], 0])
-        elif kind == EXIT:
-            index = event[2]
-            # Exits match their enters (forward hooks run even when forward raises). If
-            # one did not, a frame left open is closed at the same time as its caller,
-            # and an exit with no open frame is ignored.
-            if not any(frame[0] == index for frame in stack):
-                continue
-            while stack[-1][0] != index:
-                close(event[1], event[3])
-            close(event[1], event[3])
-    return _PassTotals(calls, self_cpu, self_dev, top_level)
+    self_cpu: dict[tuple[Key, str], int] = field(default_factory=dict)
+    self_dev: dict[tuple[Key, str], int] = field(default_factory=dict)
+    calls: dict[Key, int] = field(default_factory=dict)
+    dynamic: dict[str, Dynamic] = field(default_factory=dict)
+    ops: dict[tuple[Key, str, str, str], OpStats] = field(default_factory=dict)
+    wall_ns: int | None = None
+    top_level_ns: int = 0
+    outside_ops: int = 0
+    phases: set[str] = field(default_factory=set)
 
 
 def _shape_key(shapes: Any) -> str:
@@ -72,53 +71,220 @@ def _shape_key(shapes: Any) -> str:
     return repr(shapes)
 
 
-def _attribute_ops(
-    events: list[tuple[Any, ...]], n_modules: int, has_device: bool
-) -> tuple[list[list[OpStats]], int]:
-    """Aggregate op events per innermost running module; count those outside any."""
-    per_module: list[dict[tuple[str, Any], OpStats]] = [{} for _ in range(n_modules)]
-    stack: list[int] = []
-    outside = 0
-    for event in events:
+def _label_path(parent_path: str | None, name: str, kind: str) -> str:
+    if kind == "optimizer":
+        return f"<optimizer:{name}>"
+    if kind in ("zero_grad", "loss"):
+        return f"<{kind}>"
+    if parent_path is None:
+        return f"<{name}>"
+    return f"{parent_path}[{name}]"
+
+
+def walk_pass(
+    events: list[tuple[Any, ...]],
+    paths: list[str],
+    *,
+    has_device: bool = False,
+    collect_ops: bool = False,
+) -> PassResult:
+    """Self times, calls and (with ``collect_ops``) op tables of one event stream."""
+    result = PassResult()
+    self_cpu = result.self_cpu
+    self_dev = result.self_dev
+    calls = result.calls
+    dynamic = result.dynamic
+    # Each frame: [key, t_enter, child ns, device t_enter, child device ns, phase]
+    frames: list[list[Any]] = []
+    seq_starts: list[int] = []
+    seq_owners: list[Key] = []
+    model_ran = False
+    backward_ran = False
+    t_first: int | None = None
+    t_last: int | None = None
+    accounted = 0
+
+    def path_of(key: Key) -> str:
+        return paths[key] if isinstance(key, int) else key
+
+    def charge(key: Key, phase: str, ns: int, dev: int | None) -> None:
+        result.phases.add(phase)
+        self_cpu[(key, phase)] = self_cpu.get((key, phase), 0) + ns
+        if dev is not None:
+            self_dev[(key, phase)] = self_dev.get((key, phase), 0) + dev
+
+    def top_owner() -> str:
+        return LOSS if model_ran and not backward_ran else OTHER
+
+    def note_seq(seq: int | None, owner: Key) -> None:
+        # Autograd nodes numbered from ``seq`` on are created by ``owner`` (until the
+        # next note). Numbers from another thread's counter (lower) are ignored.
+        if seq is None:
+            return
+        if seq_starts and seq_starts[-1] == seq:
+            seq_owners[-1] = owner
+        elif not seq_starts or seq > seq_starts[-1]:
+            seq_starts.append(seq)
+            seq_owners.append(owner)
+
+    def close(t: int, dev_t: int | None) -> None:
+        nonlocal accounted, model_ran
+        key, t_enter, child_cpu, dev_enter, child_dev, phase = frames.pop()
+        duration = max(0, t - t_enter)
+        dev_duration = None
+        if dev_enter is not None and dev_t is not None:
+            dev_duration = max(0, dev_t - dev_enter)
+        charge(key, phase, max(0, duration - child_cpu), None if dev_duration is None else max(0, dev_duration - child_dev))
+        if frames:
+            frames[-1][2] += duration
+            frames[-1][4] += dev_duration or 0
+        else:
+            accounted += duration
+            if isinstance(key, int) and phase == "forward":
+                model_ran = True
+                result.top_level_ns += duration
+
+    def ensure_dynamic(parent: Key | None, name: str, kind: str) -> str:
+        path = _label_path(None if parent is None else path_of(parent), name, kind)
+        if path not in dynamic:
+            # Step parts sit at the top level, wherever they were entered from.
+            top = kind in ("optimizer", "zero_grad", "loss") or parent is None
+            dynamic[path] = Dynamic(path, None if top else parent, kind, name)
+        return path
+
+    def backward_owner(grad: tuple[int, int | None]) -> Key:
+        seq, owner = grad
+        if owner is not None:
+            return owner
+        if seq is None or seq < 0 or seq == NO_SEQ:
+            return OTHER
+        at = bisect_right(seq_starts, seq) - 1
+        return seq_owners[at] if at >= 0 else OTHER
+
+    def add_op(key: Key, phase: str, event: tuple[Any, ...]) -> None:
+        t0, t1, name, shapes, dev_ns = event[1:6]
+        if name is None:
+            return
+        flops, macs, nbytes = event[6:9] if len(event) >= 9 else (None, None, 0)
+        table_key = (key, phase, name, _shape_key(shapes))
+        op = result.ops.get(table_key)
+        if op is None:
+            op = result.ops[table_key] = OpStats(
+                name=name,
+                phase=phase,
+                input_shapes=shapes,
+                device_time_ns=0 if has_device else None,
+                self_device_time_ns=0 if has_device else None,
+                flops=None if flops is None else 0,
+                macs=None if macs is None else 0,
+                bytes=0,
+            )
+        op.calls += 1
+        if flops is not None and op.flops is not None:
+            op.flops += flops
+            op.macs = (op.macs or 0) + (macs or 0)
+        op.bytes = (op.bytes or 0) + (nbytes or 0)
+        elapsed = max(0, t1 - t0)
+        # Ops are seen at the dispatcher, one level deep: self time is total time.
+        op.cpu_time_ns += elapsed
+        op.self_cpu_time_ns += elapsed
+        if has_device and dev_ns is not None:
+            op.device_time_ns = (op.device_time_ns or 0) + dev_ns
+            op.self_device_time_ns = (op.self_device_time_ns or 0) + dev_ns
+
+    n_events = len(events)
+    for i in range(n_events):
+        event = events[i]
         kind = event[0]
         if kind == ENTER:
-            stack.append(event[2])
+            index = event[2]
+            in_bwd = len(event) > 5 and event[5]
+            note_seq(event[4] if len(event) > 4 else None, index)
+            if not in_bwd:
+                calls[index] = calls.get(index, 0) + 1
+            frames.append([index, event[1], 0, event[3], 0, "recompute" if in_bwd else "forward"])
         elif kind == EXIT:
-            if event[2] in stack:
-                while stack.pop() != event[2]:
-                    pass
-        elif kind == OP:
-            if not stack:
-                outside += 1
+            index = event[2]
+            # Exits match their enters (forward hooks run even when forward raises). If
+            # one did not, a frame left open is closed at the same time as its caller,
+            # and an exit with no open frame is ignored.
+            if not any(frame[0] == index for frame in frames):
                 continue
-            t0, t1, name, shapes, dev_ns = event[1:6]
-            flops, macs, nbytes = event[6:9] if len(event) >= 9 else (None, None, 0)
-            table = per_module[stack[-1]]
-            key = (name, _shape_key(shapes))
-            op = table.get(key)
-            if op is None:
-                op = table[key] = OpStats(
-                    name=name,
-                    input_shapes=shapes,
-                    device_time_ns=0 if has_device else None,
-                    self_device_time_ns=0 if has_device else None,
-                    flops=None if flops is None else 0,
-                    macs=None if macs is None else 0,
-                    bytes=0,
-                )
-            op.calls += 1
-            if flops is not None and op.flops is not None:
-                op.flops += flops
-                op.macs = (op.macs or 0) + (macs or 0)
-            op.bytes = (op.bytes or 0) + (nbytes or 0)
-            elapsed = max(0, t1 - t0)
-            # Ops are seen at the dispatcher, one level deep: self time is total time.
-            op.cpu_time_ns += elapsed
-            op.self_cpu_time_ns += elapsed
-            if has_device and dev_ns is not None:
-                op.device_time_ns = (op.device_time_ns or 0) + dev_ns
-                op.self_device_time_ns = (op.self_device_time_ns or 0) + dev_ns
-    return [list(table.values()) for table in per_module], outside
+            while frames[-1][0] != index:
+                close(event[1], event[3])
+            close(event[1], event[3])
+            note_seq(event[4] if len(event) > 4 else None, frames[-1][0] if frames else top_owner())
+        elif kind == LABEL_ENTER:
+            _, t, name, label_kind, dev_t, seq, in_bwd = event
+            path = ensure_dynamic(frames[-1][0] if frames else None, name, label_kind)
+            note_seq(seq, path)
+            if not in_bwd:
+                calls[path] = calls.get(path, 0) + 1
+            frames.append([path, t, 0, dev_t, 0, "recompute" if in_bwd else "forward"])
+        elif kind == LABEL_EXIT:
+            _, t, dev_t, seq, _in_bwd = event
+            if not any(isinstance(frame[0], str) for frame in frames):
+                continue
+            while not isinstance(frames[-1][0], str):
+                close(t, dev_t)
+            close(t, dev_t)
+            note_seq(seq, frames[-1][0] if frames else top_owner())
+        elif kind == OP:
+            grad = event[9] if len(event) > 9 else None
+            if grad is not None and not (frames and frames[-1][5] == "recompute"):
+                # Backward work: owned by whoever created the autograd node.
+                backward_ran = True
+                key = backward_owner(grad)
+                if isinstance(key, str) and key not in dynamic:
+                    dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
+                t0 = event[1]
+                following = events[i + 1] if i + 1 < n_events else None
+                if following is not None and following[0] == OP and len(following) > 9 and following[9] is not None:
+                    end = max(following[1], event[2])
+                else:
+                    end = event[2]
+                slot = max(0, end - t0)
+                charge(key, "backward", slot, event[5] if has_device else None)
+                if frames:
+                    frames[-1][2] += slot
+                    if has_device:
+                        frames[-1][4] += event[5] or 0
+                else:
+                    accounted += slot
+                if collect_ops:
+                    add_op(key, "backward", event)
+            elif frames:
+                if collect_ops:
+                    add_op(frames[-1][0], frames[-1][5], event)
+            else:
+                # Forward work outside every frame: the loss (after the model's forward,
+                # before backward) or other glue. Without step marks it is outside the tree.
+                if t_first is None:
+                    result.outside_ops += 1
+                    continue
+                key = top_owner()
+                if key not in dynamic:
+                    dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
+                elapsed = max(0, event[2] - event[1])
+                charge(key, "forward", elapsed, event[5] if has_device else None)
+                accounted += elapsed
+                if collect_ops:
+                    add_op(key, "forward", event)
+        elif kind == STEP:
+            if t_first is None:
+                t_first = event[1]
+            t_last = event[1]
+    if frames and t_last is not None:
+        while frames:
+            close(t_last, None)
+    if t_first is not None and t_last is not None:
+        result.wall_ns = t_last - t_first
+        dynamic.setdefault(OTHER, Dynamic(OTHER, None, "other", "other"))
+        charge(OTHER, "forward", max(0, result.wall_ns - accounted), None)
+    return result
+
+
+# -- combining passes ---------------------------------------------------------------------
 
 
 def _median(values: list[int]) -> int:
@@ -127,56 +293,230 @@ def _median(values: list[int]) -> int:
     return int(statistics.median_low(values)) if values else 0
 
 
+class Accumulator:
+    """Sums training steps into one running total, so a long run keeps no raw events."""
+
+    def __init__(self) -> None:
+        self.total = PassResult()
+        self.steps = 0
+        self.step_times_ns: list[int] = []
+
+    def add(self, result: PassResult) -> None:
+        total = self.total
+        for table, other in ((total.self_cpu, result.self_cpu), (total.self_dev, result.self_dev)):
+            for k, v in other.items():
+                table[k] = table.get(k, 0) + v
+        for k, v in result.calls.items():
+            total.calls[k] = total.calls.get(k, 0) + v
+        for path, dyn in result.dynamic.items():
+            total.dynamic.setdefault(path, dyn)
+        for k, op in result.ops.items():
+            mine = total.ops.get(k)
+            if mine is None:
+                total.ops[k] = op
+            else:
+                _merge_op(mine, op)
+        total.phases |= result.phases
+        total.outside_ops += result.outside_ops
+        total.top_level_ns += result.top_level_ns
+        if result.wall_ns is not None:
+            self.step_times_ns.append(result.wall_ns)
+            total.wall_ns = (total.wall_ns or 0) + result.wall_ns
+        self.steps += 1
+
+
+def _merge_op(into: OpStats, other: OpStats) -> None:
+    into.calls += other.calls
+    into.cpu_time_ns += other.cpu_time_ns
+    into.self_cpu_time_ns += other.self_cpu_time_ns
+    if into.device_time_ns is not None:
+        into.device_time_ns += other.device_time_ns or 0
+        into.self_device_time_ns = (into.self_device_time_ns or 0) + (other.self_device_time_ns or 0)
+    if into.flops is not None and other.flops is not None:
+        into.flops += other.flops
+        into.macs = (into.macs or 0) + (other.macs or 0)
+    elif other.flops is None:
+        into.flops = into.macs = None
+    into.bytes = (into.bytes or 0) + (other.bytes or 0)
+
+
+def _median_result(passes: list[PassResult]) -> PassResult:
+    """Per node and phase, the median self time over passes (0 where a pass lacked it)."""
+    out = PassResult()
+    keys = {k for p in passes for k in p.self_cpu}
+    for k in keys:
+        out.self_cpu[k] = _median([p.self_cpu.get(k, 0) for p in passes])
+    dev_keys = {k for p in passes for k in p.self_dev}
+    for k in dev_keys:
+        out.self_dev[k] = _median([p.self_dev.get(k, 0) for p in passes])
+    call_keys = {k for p in passes for k in p.calls}
+    for k in call_keys:
+        out.calls[k] = _median([p.calls.get(k, 0) for p in passes])
+    for p in passes:
+        for path, dyn in p.dynamic.items():
+            out.dynamic.setdefault(path, dyn)
+        out.phases |= p.phases
+    return out
+
+
+# -- the tree ------------------------------------------------------------------------------
+
+
 def build_profile(raw: RawCapture) -> Profile:
-    """The :class:`Profile` for ``raw``; its invariants hold by construction."""
-    n = len(raw.modules)
-    passes = [_walk_pass(events, n) for events in raw.timing_passes]
-    # An untimed capture (count_flops) still knows how often each module ran.
-    call_passes = passes or ([_walk_pass(raw.op_pass, n)] if raw.op_pass is not None else [])
+    """The :class:`Profile` for ``raw`` (median over its timing passes)."""
+    paths = [info.path for info in raw.modules]
+    passes = [walk_pass(events, paths, has_device=raw.has_device_time) for events in raw.timing_passes]
+    op_result = None
     if raw.op_pass is not None:
-        ops, outside = _attribute_ops(raw.op_pass, n, raw.has_device_time)
-    else:
-        ops, outside = [[] for _ in range(n)], 0
+        op_result = walk_pass(raw.op_pass, paths, has_device=raw.has_device_time, collect_ops=True)
+    times = _median_result(passes) if passes else PassResult()
+    # An untimed capture (count_flops) still knows how often each module ran.
+    if not passes and op_result is not None:
+        times.calls = dict(op_result.calls)
+        times.dynamic = dict(op_result.dynamic)
+        times.phases = set(op_result.phases)
+    meta = dict(raw.meta)
+    if passes:
+        meta["pass_cpu_time_ns"] = [p.top_level_ns for p in passes]
+        walls = [p.wall_ns for p in passes if p.wall_ns is not None]
+        if walls:
+            meta["step_times_ns"] = walls
+    return assemble(raw, times, op_result, meta)
+
+
+def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = True) -> Profile:
+    """The :class:`Profile` of training steps summed by an :class:`Accumulator`;
+    ``counted`` says whether ops (and FLOPs) were recorded."""
+    meta = dict(raw.meta)
+    meta["steps"] = steps.steps
+    meta["pass_cpu_time_ns"] = [steps.total.top_level_ns]
+    if steps.step_times_ns:
+        meta["step_times_ns"] = list(steps.step_times_ns)
+    return assemble(raw, steps.total, steps.total if counted else None, meta)
+
+
+def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any]) -> Profile:
+    """Nodes from per-node self figures, totals derived bottom-up."""
+    has_device = raw.has_device_time
+    counted = op_result is not None
+    phases = set(times.phases) | (op_result.phases if op_result is not None else set())
+    if op_result is not None:
+        for path, dyn in op_result.dynamic.items():
+            times.dynamic.setdefault(path, dyn)
+
+    ops_by_key: dict[Key, list[OpStats]] = {}
+    if op_result is not None:
+        for (key, _phase, _name, _shapes), op in op_result.ops.items():
+            ops_by_key.setdefault(key, []).append(op)
+
+    def phase_stats(key: Key, phase: str, selected: bool) -> PhaseStats | None:
+        if phase != "forward" and phase not in phases:
+            return None
+        own_ops = [op for op in ops_by_key.get(key, []) if op.phase == phase] if selected else []
+        self_dev = times.self_dev.get((key, phase), 0) if has_device and selected else None
+        return PhaseStats(
+            self_cpu_time_ns=times.self_cpu.get((key, phase), 0) if selected else 0,
+            self_device_time_ns=self_dev,
+            device_time_ns=0 if has_device else None,
+            self_flops=sum(op.flops or 0 for op in own_ops) if counted else None,
+            self_macs=sum(op.macs or 0 for op in own_ops) if counted else None,
+            self_bytes=sum(op.bytes or 0 for op in own_ops) if counted else None,
+        )
+
+    def make(key: Key, **fields: Any) -> ModuleNode:
+        selected = fields.pop("selected", True)
+        ops = ops_by_key.get(key, []) if selected else []
+        node = ModuleNode(
+            calls=times.calls.get(key, 0) if selected else 0,
+            profiled=selected,
+            forward=phase_stats(key, "forward", selected) or PhaseStats(),
+            backward=phase_stats(key, "backward", selected),
+            recompute=phase_stats(key, "recompute", selected),
+            ops=ops,
+            unsupported_ops=_unsupported(ops),
+            **fields,
+        )
+        return node
 
     nodes: list[ModuleNode] = []
     for index, info in enumerate(raw.modules):
-        self_cpu = _median([p.self_cpu_ns[index] for p in passes])
-        self_dev = _median([p.self_device_ns[index] for p in passes]) if raw.has_device_time else None
         shapes = raw.module_shapes.get(index, (None, None))
-        module_ops = ops[index] if info.selected else []
-        counted = raw.op_pass is not None
         nodes.append(
-            ModuleNode(
+            make(
+                index,
+                selected=info.selected,
                 path=info.path,
                 type=info.type,
                 parent=info.parent,
                 depth=info.depth,
-                calls=_median([p.calls[index] for p in call_passes]) if info.selected else 0,
                 params=info.params,
-                profiled=info.selected,
-                forward=PhaseStats(
-                    self_cpu_time_ns=self_cpu if info.selected else 0,
-                    self_device_time_ns=(self_dev if info.selected else 0) if raw.has_device_time else None,
-                    device_time_ns=0 if raw.has_device_time else None,
-                    self_flops=sum(op.flops or 0 for op in module_ops) if counted else None,
-                    self_macs=sum(op.macs or 0 for op in module_ops) if counted else None,
-                    self_bytes=sum(op.bytes or 0 for op in module_ops) if counted else None,
-                ),
-                ops=module_ops,
-                unsupported_ops=_unsupported(module_ops),
                 extra_repr=info.extra_repr,
                 input_shapes=shapes[0],
                 output_shapes=shapes[1],
             )
         )
+    # Labels hang under the module (or label) they ran in, after its modules; step parts
+    # are top-level trees of their own.
+    paths = [info.path for info in raw.modules]
+    model_nodes = {node.path: node for node in nodes}
+    dynamic_nodes: dict[str, ModuleNode] = {}
+    parts: list[ModuleNode] = []
+    model_labels: set[str] = set()
+    pending = list(times.dynamic.values())
+    while pending:
+        waiting = []
+        for dyn in pending:
+            parent_path = None
+            if dyn.parent is not None:
+                parent_path = paths[dyn.parent] if isinstance(dyn.parent, int) else dyn.parent
+            parent_node = None
+            if parent_path is not None:
+                parent_node = model_nodes.get(parent_path) or dynamic_nodes.get(parent_path)
+                if parent_node is None:
+                    waiting.append(dyn)
+                    continue
+            node = make(
+                dyn.path,
+                path=dyn.path,
+                type=dyn.name if dyn.kind == "optimizer" else dyn.kind,
+                kind=dyn.kind,
+                parent=parent_path,
+                depth=0 if parent_node is None else parent_node.depth + 1,
+            )
+            dynamic_nodes[dyn.path] = node
+            if parent_node is None:
+                parts.append(node)
+            elif parent_path in model_nodes or parent_path in model_labels:
+                nodes.append(node)
+                model_labels.add(dyn.path)
+            else:
+                parent_node.children.append(node)
+        if len(waiting) == len(pending):  # orphans (a walk never makes them): top level
+            for dyn in waiting:
+                dyn.parent = None
+        pending = waiting
     root = link(nodes)
-    _sum_up(root)
+    parts.sort(key=_part_order)
+    for tree in [root, *parts]:
+        _sum_up(tree)
 
-    meta = dict(raw.meta)
-    meta["unattributed_ops"] = outside
-    if passes:
-        meta["pass_cpu_time_ns"] = [p.top_level_cpu_ns for p in passes]
-    return Profile(root=root, meta=meta, param_bytes=raw.param_bytes)
+    meta["unattributed_ops"] = times.outside_ops if op_result is None else op_result.outside_ops
+    if parts:
+        meta["step_time_ns"] = sum(
+            getattr(node, phase).self_cpu_time_ns
+            for tree in [root, *parts]
+            for node in tree.walk()
+            for phase in PHASES
+            if getattr(node, phase) is not None
+        )
+    return Profile(root=root, meta=meta, param_bytes=raw.param_bytes, parts=parts)
+
+
+_PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "other": 4}
+
+
+def _part_order(node: ModuleNode) -> tuple[int, str]:
+    return (_PART_RANK.get(node.kind, 0), "")
 
 
 def _unsupported(ops: list[OpStats]) -> dict[str, int]:
@@ -191,9 +531,18 @@ def _sum_up(root: ModuleNode) -> None:
     """Derive totals bottom-up (iteratively: real models nest deeper than recursion likes)."""
     for node in reversed(list(root.walk())):
         node.params_total = node.params + sum(c.params_total for c in node.children)
-        fwd = node.forward
-        fwd.cpu_time_ns = fwd.self_cpu_time_ns + sum(c.forward.cpu_time_ns for c in node.children)
-        for total_name, self_name in ADDITIVE_PHASE_METRICS[1:]:
-            own = getattr(fwd, self_name)
-            if own is not None:
-                setattr(fwd, total_name, own + sum(getattr(c.forward, total_name) or 0 for c in node.children))
+        for phase in PHASES:
+            stats = getattr(node, phase)
+            if stats is None:
+                continue
+            for total_name, self_name in ADDITIVE_PHASE_METRICS:
+                own = getattr(stats, self_name)
+                if own is None:
+                    setattr(stats, total_name, None)
+                    continue
+                kids = 0
+                for child in node.children:
+                    child_stats = getattr(child, phase)
+                    if child_stats is not None:
+                        kids += getattr(child_stats, total_name) or 0
+                setattr(stats, total_name, own + kids)

@@ -7,7 +7,7 @@ corrupted file), never something to render.
 
 from __future__ import annotations
 
-from layerscope.tree import ADDITIVE_PHASE_METRICS, ModuleNode, Profile
+from layerscope.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile
 
 
 class InvariantError(AssertionError):
@@ -53,36 +53,51 @@ def tree_problems(profile: Profile) -> list[str]:
     root = profile.root
     if root.path != "" or root.parent is not None or root.depth != 0:
         problems.append("the root must have path '', parent null and depth 0")
+    if root.kind != "module":
+        problems.append("the root must be a module")
     seen: set[str] = set()
-    self_sums: dict[str, int] = {}
-    for node in root.walk():
-        if node.path in seen:
-            problems.append(f"duplicate path {node.path!r}")
-        seen.add(node.path)
-        for child in node.children:
-            if child.parent != node.path or child.depth != node.depth + 1:
-                problems.append(f"{child.path!r}: parent/depth do not match its place in the tree")
-        if node.calls < 0 or node.params < 0:
-            problems.append(f"{node.path!r}: negative calls or params")
-        if node.params_total != node.params + sum(c.params_total for c in node.children):
-            problems.append(f"{node.path!r}: params_total != params + children")
-        if not node.profiled and (node.calls or node.forward.self_cpu_time_ns or node.ops):
-            problems.append(f"{node.path!r}: not profiled but carries figures")
-        for phase in ("forward", "backward"):
-            problems.extend(_phase_problems(node, phase))
-        for op in node.ops:
-            if op.calls <= 0 or op.cpu_time_ns < 0 or op.self_cpu_time_ns < 0:
-                problems.append(f"{node.path!r}: op {op.name} has non-positive calls or negative time")
-            if op.self_cpu_time_ns > op.cpu_time_ns:
-                problems.append(f"{node.path!r}: op {op.name} self time exceeds its total")
-        for phase in ("forward", "backward"):
-            stats = getattr(node, phase)
-            if stats is not None:
+    all_self = 0
+    for part in profile.parts:
+        if part.parent is not None or part.depth != 0 or part.kind == "module":
+            problems.append(f"step part {part.path!r} must be a top-level non-module node")
+    for tree in [root, *profile.parts]:
+        self_sums: dict[str, int] = {}
+        for node in tree.walk():
+            if node.path in seen:
+                problems.append(f"duplicate path {node.path!r}")
+            seen.add(node.path)
+            if node.kind not in NODE_KINDS:
+                problems.append(f"{node.path!r}: unknown kind {node.kind!r}")
+            for child in node.children:
+                if child.parent != node.path or child.depth != node.depth + 1:
+                    problems.append(f"{child.path!r}: parent/depth do not match its place in the tree")
+                if child.kind == "module" and node.kind != "module":
+                    problems.append(f"{child.path!r}: a module cannot sit under a {node.kind} node")
+            if node.calls < 0 or node.params < 0:
+                problems.append(f"{node.path!r}: negative calls or params")
+            if node.params_total != node.params + sum(c.params_total for c in node.children):
+                problems.append(f"{node.path!r}: params_total != params + children")
+            if not node.profiled and (node.calls or node.forward.self_cpu_time_ns or node.ops):
+                problems.append(f"{node.path!r}: not profiled but carries figures")
+            for phase in PHASES:
+                problems.extend(_phase_problems(node, phase))
+            for op in node.ops:
+                if op.calls <= 0 or op.cpu_time_ns < 0 or op.self_cpu_time_ns < 0:
+                    problems.append(f"{node.path!r}: op {op.name} has non-positive calls or negative time")
+                if op.self_cpu_time_ns > op.cpu_time_ns:
+                    problems.append(f"{node.path!r}: op {op.name} self time exceeds its total")
+                if getattr(node, op.phase, None) is None:
+                    problems.append(f"{node.path!r}: op {op.name} is in phase {op.phase!r}, which the node lacks")
+            for phase, stats in node.phases():
                 self_sums[phase] = self_sums.get(phase, 0) + stats.self_cpu_time_ns
-    for phase, total in self_sums.items():
-        root_stats = getattr(root, phase)
-        if root_stats is not None and root_stats.cpu_time_ns != total:
-            problems.append(f"root {phase} cpu_time_ns != sum of all self times ({total})")
+        for phase, total in self_sums.items():
+            tree_stats = getattr(tree, phase)
+            all_self += total
+            if tree_stats is not None and tree_stats.cpu_time_ns != total:
+                problems.append(f"{tree.path!r} {phase} cpu_time_ns != sum of its tree's self times ({total})")
+    step = profile.meta.get("step_time_ns")
+    if step is not None and step != all_self:
+        problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
     return problems
 
 

@@ -57,7 +57,7 @@ def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **o
 def profile_from_dict(doc: Any, source: str = "document") -> Any:
     """Rebuild a :class:`Profile` from a ``layerscope/1`` dict, checking its invariants."""
     from layerscope.check import InvariantError, check_tree
-    from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
+    from layerscope.tree import ModuleNode, Profile, link
 
     if not isinstance(doc, dict) or "schema" not in doc:
         raise SchemaError(f"{source} is not a layerscope profile (no 'schema' field)")
@@ -67,29 +67,20 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
             f"{source} has schema {schema!r}; this layerscope reads {SCHEMA!r} only"
         )
     try:
-        nodes = []
-        for entry in doc["modules"]:
-            nodes.append(
-                ModuleNode(
-                    path=entry["path"],
-                    type=entry["type"],
-                    parent=entry["parent"],
-                    depth=entry["depth"],
-                    calls=entry["calls"],
-                    params=entry["params"],
-                    params_total=entry["params_total"],
-                    profiled=entry.get("profiled", True),
-                    forward=PhaseStats.from_dict(entry["forward"]),
-                    backward=None if entry.get("backward") is None else PhaseStats.from_dict(entry["backward"]),
-                    ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
-                    unsupported_ops=dict(entry.get("unsupported_ops") or {}),
-                    extra_repr=str(entry.get("extra_repr") or ""),
-                    input_shapes=entry.get("input_shapes"),
-                    output_shapes=entry.get("output_shapes"),
-                )
-            )
+        nodes = [_node_from_dict(entry) for entry in doc["modules"]]
         root = link(nodes)
-        profile = Profile(root=root, meta=dict(doc.get("meta", {})), param_bytes=doc["totals"]["param_bytes"])
+        parts: list[ModuleNode] = []
+        by_path: dict[str, ModuleNode] = {}
+        for entry in doc.get("parts") or []:
+            node = _node_from_dict(entry)
+            if node.parent is None:
+                parts.append(node)
+            else:
+                by_path[node.parent].children.append(node)
+            by_path[node.path] = node
+        profile = Profile(
+            root=root, meta=dict(doc.get("meta", {})), param_bytes=doc["totals"]["param_bytes"], parts=parts
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SchemaError(f"{source} is a damaged layerscope profile: {type(exc).__name__}: {exc}") from None
     try:
@@ -100,6 +91,34 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
         # A number stored as a string or null: the tree cannot even be checked.
         raise SchemaError(f"{source} is a damaged layerscope profile: a field has the wrong type ({exc})") from None
     return profile
+
+
+def _node_from_dict(entry: dict[str, Any]) -> Any:
+    from layerscope.tree import ModuleNode, OpStats, PhaseStats
+
+    def phase(name: str) -> Any:
+        data = entry.get(name)
+        return None if data is None else PhaseStats.from_dict(data)
+
+    return ModuleNode(
+        path=entry["path"],
+        type=entry["type"],
+        parent=entry["parent"],
+        depth=entry["depth"],
+        calls=entry["calls"],
+        params=entry["params"],
+        params_total=entry["params_total"],
+        profiled=entry.get("profiled", True),
+        forward=PhaseStats.from_dict(entry["forward"]),
+        backward=phase("backward"),
+        recompute=phase("recompute"),
+        kind=str(entry.get("kind") or "module"),
+        ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
+        unsupported_ops=dict(entry.get("unsupported_ops") or {}),
+        extra_repr=str(entry.get("extra_repr") or ""),
+        input_shapes=entry.get("input_shapes"),
+        output_shapes=entry.get("output_shapes"),
+    )
 
 
 def load(path: str | os.PathLike[str]) -> Any:

@@ -5,12 +5,26 @@ or serialised, and ``layerscope.build`` derives the tree from it without torch.
 
 An event stream is a list of tuples, one of:
 
-- ``(ENTER, t_ns, module_index, device_t_ns)``
-- ``(EXIT, t_ns, module_index, device_t_ns)``
-- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes)``
+- ``(ENTER, t_ns, module_index, device_t_ns, seq, in_backward)``
+- ``(EXIT, t_ns, module_index, device_t_ns, seq, in_backward)``
+- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes, grad)``
+- ``(LABEL_ENTER, t_ns, name, kind, device_t_ns, seq, in_backward)``
+- ``(LABEL_EXIT, t_ns, device_t_ns, seq, in_backward)``
+- ``(STEP, t_ns)``: the first and last events of a pass or training step
+
+``seq`` is autograd's sequence number when the event happened: the autograd nodes a
+module's forward creates have numbers in ``[seq at ENTER, seq at EXIT)``, which is how
+backward work is traced back to the module that caused it. ``in_backward`` is true when
+the event happened while autograd's engine ran (a checkpointed module recomputing).
+
+``grad`` is None for an op run in forward; in backward it is ``(node_seq, owner)``: the
+sequence number of the autograd node being executed, and for a node that accumulates a
+parameter's gradient (which has no sequence number) the index of the module owning the
+parameter. Label kinds are ``label`` (``record_function``/``layerscope.label``),
+``optimizer``, ``zero_grad`` and ``loss``.
 
 ``flops``/``macs`` are None for an op with no FLOP formula (unsupported); an event
-written without the last three fields counts as an op without FLOP information.
+written without the trailing fields counts as a forward op without FLOP information.
 
 ``t_ns`` come from one monotonic host clock; ``device_t_ns`` are offsets on the device
 timeline (``None`` when nothing ran on an accelerator).
@@ -24,6 +38,12 @@ from typing import Any
 ENTER = 0
 EXIT = 1
 OP = 2
+LABEL_ENTER = 3
+LABEL_EXIT = 4
+STEP = 5
+
+#: Autograd's sequence number for nodes that have none (gradient accumulation).
+NO_SEQ = 2**64 - 1
 
 
 @dataclass

@@ -4,7 +4,9 @@ wraps the user's own code for one run. Both end in a :class:`~layerscope.tree.Pr
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,12 +14,14 @@ import torch
 from torch import nn
 
 from layerscope import __version__
-from layerscope.build import build_profile
+from layerscope.build import Accumulator, build_from_steps, build_profile, walk_pass
 from layerscope.capture.inputs import check_signature, shapes_of, split_inputs
 from layerscope.capture.modules import model_device, model_dtype, module_table, require_module
 from layerscope.capture.recorder import Clock, Recorder, exclusive
+from layerscope.capture.training import grads_restored, loss_of
 from layerscope.errors import ProfilerStateError
-from layerscope.raw import RawCapture
+from layerscope.raw import ENTER, OP, RawCapture
+from layerscope.schedule import Action
 from layerscope.tree import Profile
 
 #: ``progress(stage, done, total)``: stage is "warmup", "measure" or "ops".
@@ -45,19 +49,29 @@ def profile(
     repeat: int = 5,
     paths: Sequence[str] | None = None,
     record_ops: bool = True,
-    no_grad: bool = True,
+    no_grad: bool | None = None,
+    backward: bool = False,
+    loss_fn: Callable[[Any], Any] | None = None,
     progress: Progress | None = None,
     clock: Clock | None = None,
     peak_tflops: float | None = None,
 ) -> Profile:
-    """Profile ``model``'s forward pass on ``inputs``, layer by layer.
+    """Profile ``model``'s forward pass (and with ``backward=True`` its backward) on
+    ``inputs``, layer by layer.
 
     ``inputs`` is a Tensor, a tuple/list of positional arguments, or a dict of keyword
     arguments. ``warmup`` unmeasured passes run first, then ``repeat`` timing passes
     (per-module medians are reported), then, with ``record_ops``, one more pass that
     records each module's aten ops and shapes (kept apart so op recording does not
     inflate the module times). ``paths`` limits profiling to those ``named_modules()``
-    subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does.
+    subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does
+    (the default without ``backward``).
+
+    ``backward=True`` makes each pass a training step without the optimizer: forward,
+    the loss (``loss_fn(output)``, or the sum of the first floating-point tensor in the
+    output), then backward. Each module gets a ``backward`` phase, and the work outside
+    the model appears as the step's parts (``<loss>``, ``<other>``). Parameters'
+    ``.grad`` are restored afterwards.
     ``clock`` replaces ``time.perf_counter_ns`` (tests use a fake one). ``peak_tflops``
     is the hardware's peak for MFU (% of peak per module); on common GPUs it is known.
 
@@ -69,6 +83,10 @@ def profile(
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat must be an int >= 1, got {repeat!r}")
+    if no_grad is None:
+        no_grad = not backward
+    if backward and no_grad:
+        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
     args, kwargs = split_inputs(inputs)
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
@@ -77,22 +95,34 @@ def profile(
     recorder = Recorder(modules, [i.selected for i in infos], device=device, clock=clock)
     report = progress or (lambda stage, done, total: None)
 
-    grad = torch.no_grad() if no_grad else contextlib.nullcontext()
-    with exclusive(model), grad:
+    def step() -> None:
+        output = model(*args, **kwargs)
+        if backward:
+            with recorder.part("loss", "loss"):
+                loss = loss_of(output, loss_fn)
+            del output
+            with recorder.backward_ops():
+                loss.backward()
+
+    grad = torch.no_grad() if no_grad else (torch.enable_grad() if backward else contextlib.nullcontext())
+    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
         for n in range(warmup):
+            clear_grads()
             if record_ops and n == warmup - 1:
                 with recorder.warm_detail_pass():
-                    model(*args, **kwargs)
+                    step()
             else:
-                model(*args, **kwargs)
+                step()
             report("warmup", n + 1, warmup)
         for n in range(repeat):
-            with recorder.timing_pass():
-                model(*args, **kwargs)
+            clear_grads()
+            with recorder.timing_pass(steps=backward):
+                step()
             report("measure", n + 1, repeat)
         if record_ops:
-            with recorder.detail_pass():
-                model(*args, **kwargs)
+            clear_grads()
+            with recorder.detail_pass(steps=backward):
+                step()
             report("ops", 1, 1)
 
     raw = RawCapture(
@@ -109,12 +139,26 @@ def profile(
             warmup=warmup,
             repeat=repeat,
             no_grad=no_grad,
+            backward=backward,
             paths=None if paths is None else list(paths),
             inputs=[shapes_of(list(args)), shapes_of(kwargs)],
             peak_flops_per_s=peak_flops_per_s,
         ),
     )
     return build_profile(raw)
+
+
+def _has_work(events: list[Any]) -> bool:
+    """Whether a step did anything (the step left open after the last ``step()`` did not)."""
+    return any(event[0] in (ENTER, OP) for event in events)
+
+
+def _rank() -> int:
+    """This process's rank in a distributed job (0 when there is none)."""
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
@@ -163,15 +207,28 @@ def count_flops(
 
 
 class Profiler:
-    """Profile whatever runs in a ``with`` block, once::
+    """Profile whatever runs in a ``with`` block: inference, or whole training steps::
 
         with layerscope.Profiler(model) as prof:
-            model(x)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step(); opt.zero_grad()
         print(prof)
 
-    Ops and shapes are recorded in the same run as the times (``record_ops=False``
-    gives the leanest timing). After the block ``prof`` reads like a ``Profile``. If the
-    block raises, what was captured up to then is still kept and readable.
+    Every module gets its forward and backward figures; the loss, each optimizer's
+    ``step``, ``zero_grad``, user labels and everything else (``<other>``) become the
+    step's top-level parts, which add up to the step's wall time.
+
+    In a training loop, call ``prof.step()`` after each step. Steps are summed; the
+    profile keeps each step's wall time (``meta["step_times_ns"]``). With
+    ``schedule=layerscope.schedule(...)`` only the active steps of each cycle are
+    recorded and ``on_ready(profile)`` receives each cycle's profile; idle steps install
+    nothing. Raw events are folded into running totals at every step, so memory stays
+    flat on long runs.
+
+    ``record_ops=False`` records module forward times only (no dispatch mode: no ops,
+    FLOPs, labels or backward attribution), the leanest timing. If the block raises,
+    what was captured up to then is kept, marked ``meta["complete"] = False``.
     """
 
     def __init__(
@@ -181,20 +238,37 @@ class Profiler:
         paths: Sequence[str] | None = None,
         record_ops: bool = True,
         clock: Clock | None = None,
+        schedule: Callable[[int], Any] | None = None,
+        on_ready: Callable[[Profile], Any] | None = None,
     ) -> None:
         self.model = require_module(model)
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
+        if on_ready is not None and not callable(on_ready):
+            raise TypeError(f"on_ready must be a callable taking a Profile, got {on_ready!r}")
         self._paths = paths
         self._record_ops = record_ops
         self._clock = clock
+        self._schedule = schedule
+        self._on_ready = on_ready
         self._stack: contextlib.ExitStack | None = None
+        self._step_stack: contextlib.ExitStack | None = None
+        self._step_events: list[Any] | None = None
         self._recorder: Recorder | None = None
         self._infos: list[Any] = []
         self._param_bytes = 0
         self._profile: Profile | None = None
+        self._steps = Accumulator()
+        self._step = 0
+        self._cycle_first: int | None = None
+        self._cycle_last: int | None = None
+        self._step_action = Action.NONE
+        self._delivered = 0
 
+    # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
-        if self._stack is not None:
-            raise ProfilerStateError("this Profiler is already running; use a new one for each block")
+        if self._stack is not None or self._profile is not None:
+            raise ProfilerStateError("this Profiler has already run; use a new one for each block")
         modules, self._infos, self._param_bytes = module_table(
             self.model, self._paths, with_repr=self._record_ops
         )
@@ -205,47 +279,131 @@ class Profiler:
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(exclusive(self.model))
-            if self._record_ops:
-                stack.enter_context(self._recorder.detail_pass(also_timing=True))
-            else:
-                stack.enter_context(self._recorder.timing_pass())
+            self._stack = stack
+            self._begin_step()
         except BaseException:
+            self._stack = None
             stack.close()
             raise
-        self._stack = stack
         return self
 
-    def __exit__(self, *exc_info: Any) -> bool:
-        assert self._stack is not None and self._recorder is not None
+    def _action(self, step: int) -> Action:
+        if self._schedule is None:
+            return Action.RECORD
+        action = self._schedule(step)
+        return Action[action.name] if not isinstance(action, Action) else action
+
+    def _begin_step(self) -> None:
+        assert self._recorder is not None
+        action = self._action(self._step)
+        if action is Action.NONE:
+            return
+        stack = contextlib.ExitStack()
+        self._step_events = stack.enter_context(self._recorder.step_pass(detailed=self._record_ops))
+        self._step_stack = stack
+        self._step_action = action
+
+    def _end_step(self) -> None:
+        """Close the running step's pass and fold its events into the running totals."""
+        stack, events = self._step_stack, self._step_events
+        self._step_stack = self._step_events = None
+        if stack is None or events is None:
+            return
         try:
-            self._stack.__exit__(*exc_info)
+            stack.close()
         finally:
-            self._stack = None
-            self._profile = build_profile(
-                RawCapture(
-                    modules=self._infos,
-                    timing_passes=self._recorder.timing_passes,
-                    op_pass=self._recorder.op_pass,
-                    module_shapes=self._recorder.module_shapes,
-                    has_device_time=self._recorder.has_device_time,
-                    param_bytes=self._param_bytes,
-                    meta=_meta(
-                        self.model,
-                        self._device,
-                        mode="context",
-                        warmup=0,
-                        repeat=1,
-                        paths=None if self._paths is None else list(self._paths),
-                    ),
+            # The step left open after the last step() call usually ran nothing: drop it
+            # (but keep a lone step, so a block where nothing ran still has a profile).
+            keep = _has_work(events) or (self._step == 0 and self._schedule is None)
+            if self._step_action is not Action.WARMUP and keep:
+                assert self._recorder is not None
+                paths = [info.path for info in self._infos]
+                result = walk_pass(
+                    events, paths, has_device=self._recorder.has_device_time, collect_ops=self._record_ops
                 )
+                self._steps.add(result)
+                if self._cycle_first is None:
+                    self._cycle_first = self._step
+                self._cycle_last = self._step
+
+    def step(self) -> None:
+        """Mark the end of a training step (call it once per step, after ``opt.step()``)."""
+        if self._stack is None:
+            raise ProfilerStateError(
+                "step() called outside a running Profiler: call it inside the "
+                "`with layerscope.Profiler(model) as prof:` block, once per training step"
             )
+        action = self._step_action if self._step_stack is not None else Action.NONE
+        self._end_step()
+        if action is Action.RECORD_AND_SAVE:
+            self._deliver(complete=True)
+        self._step += 1
+        self._begin_step()
+
+    def _deliver(self, *, complete: bool) -> Profile | None:
+        if not self._steps.steps:
+            return None
+        profile = self._build(complete=complete)
+        self._steps = Accumulator()
+        self._cycle_first = None
+        self._profile = profile
+        self._delivered += 1
+        if self._on_ready is not None:
+            self._on_ready(profile)
+        return profile
+
+    def _build(self, *, complete: bool) -> Profile:
+        assert self._recorder is not None
+        raw = RawCapture(
+            modules=self._infos,
+            module_shapes=self._recorder.module_shapes,
+            has_device_time=self._recorder.has_device_time,
+            param_bytes=self._param_bytes,
+            meta=_meta(
+                self.model,
+                self._device,
+                mode="context",
+                paths=None if self._paths is None else list(self._paths),
+                step_range=[self._cycle_first, self._cycle_last],
+                complete=complete,
+                schedule=None if self._schedule is None else str(self._schedule),
+                rank=_rank(),
+            ),
+        )
+        return build_from_steps(raw, self._steps, counted=self._record_ops)
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        assert self._stack is not None
+        failed = exc_info[0] is not None
+        try:
+            self._end_step()
+        finally:
+            try:
+                self._stack.close()
+            finally:
+                self._stack = None
+                # Without a schedule the block is one cycle; with one, steps recorded
+                # since the last delivered cycle are a cycle cut short.
+                complete = not failed and self._schedule is None
+                try:
+                    self._deliver(complete=complete)
+                except Exception as exc:
+                    if not failed:
+                        raise
+                    warnings.warn(f"layerscope: on_ready failed while the block was raising: {exc!r}", stacklevel=2)
         return False
 
     # -- the Profile reading API ------------------------------------------------------
     @property
     def profile(self) -> Profile:
+        """The last profile built: the whole block, or the last cycle with a schedule."""
         if self._profile is None:
-            state = "still running" if self._stack is not None else "not started"
+            if self._stack is not None:
+                state = "still running"
+            elif self._recorder is not None:
+                state = "finished without recording a step (the schedule never reached an active step)"
+            else:
+                state = "not started"
             raise ProfilerStateError(f"the Profiler is {state}; read it after its with-block ends")
         return self._profile
 

@@ -24,6 +24,14 @@ ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
     ("bytes", "self_bytes"),
 )
 
+#: The phases a node's work is split into. ``recompute`` is forward work run again
+#: during backward (activation checkpointing); it is never counted as ``forward``.
+PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
+
+#: Node kinds: modules of the model, user labels (``record_function``/``layerscope.label``)
+#: and the parts of a training step outside the model.
+NODE_KINDS: tuple[str, ...] = ("module", "label", "loss", "optimizer", "zero_grad", "other")
+
 
 @dataclass
 class PhaseStats:
@@ -91,7 +99,10 @@ class OpStats:
 
 @dataclass
 class ModuleNode:
-    """One ``nn.Module``, at its first ``named_modules()`` path (``""`` is the root).
+    """One ``nn.Module``, at its first ``named_modules()`` path (``""`` is the root), or
+    a node of another ``kind``: a user label (path ``"encoder[name]"``, under the module
+    it ran in, or ``"<name>"`` at the top level) or a part of the training step outside
+    the model (``"<loss>"``, ``"<optimizer:Adam>"``, ``"<zero_grad>"``, ``"<other>"``).
 
     ``params`` counts the parameters this module owns directly, each unique parameter
     counted once in the whole tree (a tied weight belongs to the first module, in
@@ -110,6 +121,8 @@ class ModuleNode:
     profiled: bool = True
     forward: PhaseStats = field(default_factory=PhaseStats)
     backward: PhaseStats | None = None
+    recompute: PhaseStats | None = None
+    kind: str = "module"
     ops: list[OpStats] = field(default_factory=list)
     unsupported_ops: dict[str, int] = field(default_factory=dict)
     extra_repr: str = ""
@@ -119,8 +132,19 @@ class ModuleNode:
 
     @property
     def name(self) -> str:
-        """The last component of the path (the root's is its type)."""
+        """The last component of the path (the root's is its type; a label's, its label)."""
+        if self.kind != "module":
+            if self.path.endswith("]"):
+                return self.path[self.path.rindex("[") + 1 : -1]
+            return self.path.strip("<>")
         return self.path.rsplit(".", 1)[-1] if self.path else self.type
+
+    def phases(self) -> Iterator[tuple[str, PhaseStats]]:
+        """``(phase name, stats)`` for each phase this node has figures for."""
+        for phase in PHASES:
+            stats = getattr(self, phase)
+            if stats is not None:
+                yield phase, stats
 
     def walk(self) -> Iterator[ModuleNode]:
         """This node and its descendants, depth first, children in registration order."""
@@ -142,6 +166,8 @@ class ModuleNode:
             "profiled": self.profiled,
             "forward": self.forward.to_dict(),
             "backward": None if self.backward is None else self.backward.to_dict(),
+            "recompute": None if self.recompute is None else self.recompute.to_dict(),
+            "kind": self.kind,
             "input_shapes": self.input_shapes,
             "output_shapes": self.output_shapes,
             "ops": [op.to_dict() for op in self.ops],
@@ -157,10 +183,13 @@ class Profile:
     root: ModuleNode
     meta: dict[str, Any] = field(default_factory=dict)
     param_bytes: int = 0
+    #: Top-level parts of a training step outside the model (loss, optimizer, labels,
+    #: other), each the root of its own small tree; empty for a forward-only profile.
+    parts: list[ModuleNode] = field(default_factory=list)
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._index = {node.path: node for node in self.root.walk()}
+        self._index = {node.path: node for node in self.nodes()}
 
     # -- reading -------------------------------------------------------------------
     @property
@@ -169,8 +198,26 @@ class Profile:
         return bool(self.meta.get("timed", True))
 
     def nodes(self) -> Iterator[ModuleNode]:
-        """Every module node, depth first, in ``named_modules()`` order."""
+        """Every node, depth first: the model's tree in ``named_modules()`` order, then
+        the step's parts."""
+        yield from self.root.walk()
+        for part in self.parts:
+            yield from part.walk()
+
+    def modules(self) -> Iterator[ModuleNode]:
+        """The model's own nodes only (modules and the labels inside them)."""
         return self.root.walk()
+
+    @property
+    def has_backward(self) -> bool:
+        return self.root.backward is not None
+
+    @property
+    def step_time_ns(self) -> int | None:
+        """The step's wall time, which the model's phases and the parts add up to
+        exactly; None for a forward-only profile."""
+        value = self.meta.get("step_time_ns")
+        return None if value is None else int(value)
 
     def node(self, path: str) -> ModuleNode:
         """The node at ``path`` (``""`` is the root); KeyError names close matches."""
@@ -205,6 +252,9 @@ class Profile:
             "unsupported_ops": self.unsupported_ops(),
             "forward": self.root.forward.to_dict(),
             "backward": None if self.root.backward is None else self.root.backward.to_dict(),
+            "recompute": None if self.root.recompute is None else self.root.recompute.to_dict(),
+            "parts": {part.path: part_total(part) for part in self.parts},
+            "step_time_ns": self.step_time_ns,
         }
 
     # -- output --------------------------------------------------------------------
@@ -215,7 +265,8 @@ class Profile:
             "schema": SCHEMA,
             "meta": dict(self.meta),
             "totals": self.totals,
-            "modules": [node.to_dict() for node in self.nodes()],
+            "modules": [node.to_dict() for node in self.modules()],
+            "parts": [node.to_dict() for part in self.parts for node in part.walk()],
         }
 
     def render(self, fmt: str = "text", **options: Any) -> str:
@@ -236,6 +287,11 @@ class Profile:
 
     def __str__(self) -> str:
         return self.render("text")
+
+
+def part_total(node: ModuleNode) -> int:
+    """CPU time of a node over all its phases (a step part's share of the step)."""
+    return sum(stats.cpu_time_ns for _, stats in node.phases())
 
 
 def link(nodes: list[ModuleNode]) -> ModuleNode:

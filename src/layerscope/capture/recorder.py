@@ -3,10 +3,16 @@
 Two kinds of pass:
 
 - a *timing pass* installs two global module hooks that append ``(kind, clock(),
-  index)`` and nothing else, so the measured forward stays close to the plain one;
+  index, ...)`` and nothing else, so the measured forward stays close to the plain one;
 - a *detail pass* also records each module's input/output shapes on its first call,
   and enters a ``TorchDispatchMode`` that times every aten op and keeps its input
   shapes as plain lists.
+
+Backward work is seen by the same dispatch mode (autograd's engine runs ops under it
+too): for each op it notes the autograd node being executed, which ``build`` traces back
+to the module whose forward created it. A *light* mode does only that, and sees labels
+(``record_function`` ranges, which reach the dispatcher as ``profiler::`` ops), without
+shapes or FLOPs.
 
 Everything is undone in ``finally`` blocks: the hook handles are removed and the mode
 is exited even when the model raises. State lives here, never on the user's modules.
@@ -28,9 +34,28 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.errors import ProfilerStateError
 from layerscope.flops import count_op
-from layerscope.raw import ENTER, EXIT, OP
+from layerscope.raw import ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, NO_SEQ, OP, STEP
 
 Clock = Callable[[], int]
+
+# Autograd's thread-local sequence counter, the graph task running (-1 outside backward)
+# and the node being executed: how backward work is traced back to its module.
+_next_seq: Callable[[], int | None] = getattr(torch._C._autograd, "_get_sequence_nr", lambda: None)
+_graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+_current_node: Callable[[], Any] = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+_OPTIMIZER_STEP = "Optimizer.step#"
+_OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
+
+
+def label_kind(name: str) -> tuple[str, str]:
+    """``(kind, name)`` of a ``record_function`` range: torch's optimizers label their
+    ``step`` and ``zero_grad`` (``"Optimizer.step#Adam.step"``); the rest are labels."""
+    if name.startswith(_OPTIMIZER_STEP):
+        return "optimizer", name[len(_OPTIMIZER_STEP) :].split(".", 1)[0]
+    if name.startswith(_OPTIMIZER_ZERO_GRAD):
+        return "zero_grad", "zero_grad"
+    return "label", name
 
 # Models a recorder is attached to right now, by id; nesting two on one model would
 # make each see the other's hooks and double-count, so it is refused.
@@ -83,7 +108,11 @@ class CudaTimer:
 
 
 class _OpMode(TorchDispatchMode):
-    """Times each aten op and records its name, input shapes, FLOPs, MACs and bytes."""
+    """Times each aten op; with ``record`` also its input shapes, FLOPs, MACs and bytes.
+
+    It also turns ``record_function`` ranges into label events, and tags each op run by
+    autograd's engine with the node being executed (see ``layerscope.raw``).
+    """
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -92,32 +121,73 @@ class _OpMode(TorchDispatchMode):
         # (it reads a clock and appends to a list), so the guard buys nothing.
         return False
 
-    def __init__(self, append: Callable[[tuple[Any, ...]], None], clock: Clock, timer: CudaTimer | None):
+    def __init__(
+        self,
+        append: Callable[[tuple[Any, ...]], None],
+        clock: Clock,
+        timer: CudaTimer | None,
+        *,
+        record: bool = True,
+        param_owner: dict[int, int] | None = None,
+    ):
         super().__init__()
         self._append = append
         self._clock = clock
         self._timer = timer
+        self._record = record
+        self._param_owner = param_owner or {}
         self._names: dict[Any, str] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        shapes = op_input_shapes(args)
-        timer = self._timer
-        mark0 = timer.mark() if timer is not None else None
-        t0 = self._clock()
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        t1 = self._clock()
-        device = (mark0, timer.mark()) if timer is not None else None
+    def _name(self, func: Any) -> str:
         name = self._names.get(func)
         if name is None:
             name = self._names[func] = func._schema.name
-        flops, macs, nbytes = count_op(name, args, kwargs, out)
-        self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes))
+        return name
+
+    def _label(self, name: str, func: Any, args: Any, kwargs: Any) -> Any:
+        timer = self._timer
+        if name.startswith("profiler::_record_function_enter"):
+            out = func(*args, **kwargs)
+            kind, label = label_kind(str(args[0]))
+            mark = timer.mark() if timer is not None else None
+            self._append((LABEL_ENTER, self._clock(), label, kind, mark, _next_seq(), _graph_task() != -1))
+            return out
+        mark = timer.mark() if timer is not None else None
+        self._append((LABEL_EXIT, self._clock(), mark, _next_seq(), _graph_task() != -1))
+        return func(*args, **kwargs)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = self._names.get(func) or self._name(func)
+        if name.startswith("profiler::_record_function_"):
+            return self._label(name, func, args, kwargs)
+        node = _current_node()
+        grad = None
+        if node is not None:
+            seq = node._sequence_nr()
+            owner = None
+            if seq == NO_SEQ:
+                variable = getattr(node, "variable", None)
+                owner = self._param_owner.get(id(variable))
+            grad = (seq, owner)
+        shapes = op_input_shapes(args) if self._record else None
+        timer = self._timer
+        mark0 = timer.mark() if timer is not None else None
+        t0 = self._clock()
+        out = func(*args, **kwargs)
+        t1 = self._clock()
+        device = (mark0, timer.mark()) if timer is not None else None
+        if self._record:
+            flops, macs, nbytes = count_op(name, args, kwargs, out)
+        else:
+            flops = macs = None
+            nbytes = 0
+        self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad))
         return out
 
 
 class Recorder:
-    """Records module and op events for one model, one pass at a time."""
+    """Records module, label and op events for one model, one pass at a time."""
 
     def __init__(
         self,
@@ -128,11 +198,19 @@ class Recorder:
         clock: Clock | None = None,
     ) -> None:
         self._index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
+        # Gradient accumulation has no sequence number: its work goes to the parameter's owner.
+        self._param_owner: dict[int, int] = {}
+        for i, (m, keep) in enumerate(zip(modules, selected)):
+            if keep:
+                for p in m.parameters(recurse=False):
+                    self._param_owner.setdefault(id(p), i)
         self._clock: Clock = clock or time.perf_counter_ns
         self._timer = CudaTimer(device) if device.type == "cuda" else None
         self.timing_passes: list[list[tuple[Any, ...]]] = []
         self.op_pass: list[tuple[Any, ...]] | None = None
         self.module_shapes: dict[int, tuple[Any, Any]] = {}
+        self._events: list[tuple[Any, ...]] | None = None
+        self._mode_depth = 0
 
     @property
     def has_device_time(self) -> bool:
@@ -144,17 +222,19 @@ class Recorder:
         append = events.append
         clock = self._clock
         timer = self._timer
+        seq = _next_seq
+        task = _graph_task
         if timer is None:
 
             def pre(module: nn.Module, args: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((ENTER, clock(), i, None))
+                    append((ENTER, clock(), i, None, seq(), task() != -1))
 
             def post(module: nn.Module, args: Any, output: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((EXIT, clock(), i, None))
+                    append((EXIT, clock(), i, None, seq(), task() != -1))
 
         else:
             mark = timer.mark
@@ -162,12 +242,12 @@ class Recorder:
             def pre(module: nn.Module, args: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((ENTER, clock(), i, mark()))
+                    append((ENTER, clock(), i, mark(), seq(), task() != -1))
 
             def post(module: nn.Module, args: Any, output: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((EXIT, clock(), i, mark()))
+                    append((EXIT, clock(), i, mark(), seq(), task() != -1))
 
         return pre, post
 
@@ -186,13 +266,19 @@ class Recorder:
 
         return post
 
+    def _mode(self, events: list[tuple[Any, ...]], *, record: bool) -> _OpMode:
+        return _OpMode(events.append, self._clock, self._timer, record=record, param_owner=self._param_owner)
+
     @contextmanager
-    def _pass(self, detailed: bool) -> Iterator[list[tuple[Any, ...]]]:
+    def _pass(self, detailed: bool, *, steps: bool = False) -> Iterator[list[tuple[Any, ...]]]:
         events: list[tuple[Any, ...]] = []
         pre, post = self._timing_hooks(events)
         if detailed:
             post = self._detail_post(post)
+        outer_events = self._events
         with ExitStack() as stack:
+            self._events = events
+            stack.callback(setattr, self, "_events", outer_events)
             pre_handle = nn_module.register_module_forward_pre_hook(pre)
             stack.callback(pre_handle.remove)
             # always_call so a forward that raises still closes its frame; with_kwargs
@@ -205,25 +291,72 @@ class Recorder:
                 flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
                 if flags is not None:
                     stack.callback(flags.pop, post_handle.id, None)
+            if steps:
+                events.append((STEP, self._clock()))
             if detailed:
-                stack.enter_context(_OpMode(events.append, self._clock, self._timer))
+                stack.enter_context(self._mode(events, record=True))
+                self._mode_depth += 1
+                stack.callback(self._leave_mode)
             try:
                 yield events
             finally:
                 # Keep what was captured even if the pass raised: results are never lost.
                 stack.close()
+                if steps:
+                    events.append((STEP, self._clock()))
                 self._resolve_device(events)
+
+    def _leave_mode(self) -> None:
+        self._mode_depth -= 1
+
+    @contextmanager
+    def backward_ops(self) -> Iterator[None]:
+        """See backward work (and labels) in a timing pass: a light op mode, unless the
+        pass already runs the full one."""
+        if self._mode_depth or self._events is None:
+            yield
+            return
+        self._mode_depth += 1
+        try:
+            with self._mode(self._events, record=False):
+                yield
+        finally:
+            self._mode_depth -= 1
+
+    @contextmanager
+    def part(self, kind: str, name: str) -> Iterator[None]:
+        """Mark a part of the step run by layerscope itself (the loss of ``profile``)."""
+        events = self._events
+        if events is None:
+            yield
+            return
+        timer = self._timer
+        mark = timer.mark if timer is not None else (lambda: None)
+        events.append((LABEL_ENTER, self._clock(), name, kind, mark(), _next_seq(), _graph_task() != -1))
+        try:
+            yield
+        finally:
+            events.append((LABEL_EXIT, self._clock(), mark(), _next_seq(), _graph_task() != -1))
 
     def _resolve_device(self, events: list[tuple[Any, ...]]) -> None:
         if self._timer is None:
             return
         offsets = self._timer.resolve()
+
+        def at(mark: int | None) -> int | None:
+            return None if mark is None else offsets[mark]
+
         for n, event in enumerate(events):
-            if event[0] == OP:
+            kind = event[0]
+            if kind == OP:
                 start, end = event[5]
                 events[n] = (*event[:5], max(0, offsets[end] - offsets[start]), *event[6:])
-            else:
-                events[n] = (*event[:3], offsets[event[3]])
+            elif kind in (ENTER, EXIT):
+                events[n] = (*event[:3], at(event[3]), *event[4:])
+            elif kind == LABEL_ENTER:
+                events[n] = (*event[:4], at(event[4]), *event[5:])
+            elif kind == LABEL_EXIT:
+                events[n] = (event[0], event[1], at(event[2]), *event[3:])
 
     @contextmanager
     def warm_detail_pass(self) -> Iterator[None]:
@@ -238,21 +371,27 @@ class Recorder:
             self.module_shapes = shapes
 
     @contextmanager
-    def timing_pass(self) -> Iterator[None]:
-        with self._pass(detailed=False) as events:
+    def timing_pass(self, *, steps: bool = False) -> Iterator[None]:
+        with self._pass(detailed=False, steps=steps) as events:
             try:
                 yield
             finally:
                 self.timing_passes.append(events)
 
     @contextmanager
-    def detail_pass(self, *, also_timing: bool = False) -> Iterator[None]:
+    def detail_pass(self, *, also_timing: bool = False, steps: bool = False) -> Iterator[None]:
         """A pass that records ops and shapes; ``also_timing`` makes it the timed pass too
         (a ``Profiler`` block runs the user's code once, so it is both)."""
-        with self._pass(detailed=True) as events:
+        with self._pass(detailed=True, steps=steps) as events:
             try:
                 yield
             finally:
                 self.op_pass = events
                 if also_timing:
                     self.timing_passes.append(events)
+
+    @contextmanager
+    def step_pass(self, *, detailed: bool) -> Iterator[list[tuple[Any, ...]]]:
+        """One training step of a ``Profiler``: its events, marked as a whole step."""
+        with self._pass(detailed=detailed, steps=True) as events:
+            yield events
