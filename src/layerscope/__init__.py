@@ -54,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from layerscope import session
 
         return getattr(session, name)
+    if name == "handlers":
+        import layerscope.handlers
+
+        return layerscope.handlers
     if name == "label":
         from layerscope.capture.label import label
 
