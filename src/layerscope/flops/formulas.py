@@ -488,6 +488,20 @@ def _mse_loss(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     return 3 * args[0].numel(), 0
 
 
+@register_flops("aten::mse_loss_backward")
+def _mse_loss_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # grad_input = 2 * (input - target) * grad / n: subtract, and two multiplies (the
+    # constant 2/n folded into one), per input element
+    return 3 * args[1].numel(), 0
+
+
+@register_flops("aten::nll_loss_backward", "aten::nll_loss2d_backward")
+def _nll_loss_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # a zero-filled gradient with minus the (scaled) output gradient scattered to one
+    # entry per target: 1 per target
+    return args[2].numel(), 0
+
+
 @register_flops("aten::nll_loss_forward", "aten::nll_loss2d_forward")
 def _nll_loss(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     # one gathered log-probability per target, negated and accumulated

@@ -12,7 +12,7 @@ from typing import Any
 
 from layerscope import fmt
 from layerscope.render import register_renderer
-from layerscope.tree import ModuleNode, OpStats, Profile
+from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,66 @@ def _timed(getter: Callable[[ModuleNode], int | None]) -> Callable[[ModuleNode, 
     return lambda node, profile: fmt.time_ns(getter(node)) if node.profiled else ""
 
 
+def _phase_time(phase: str, total: bool) -> Callable[[ModuleNode, Profile], str]:
+    def cell(node: ModuleNode, profile: Profile) -> str:
+        stats = getattr(node, phase)
+        if not node.profiled or stats is None:
+            return ""
+        return fmt.time_ns(stats.cpu_time_ns if total else stats.self_cpu_time_ns)
+
+    return cell
+
+
+def _op_phase_time(phase: str) -> Callable[[OpStats, Profile], str]:
+    return lambda o, p: fmt.time_ns(o.cpu_time_ns) if o.phase == phase else ""
+
+
+def _phase_flops(phase: str) -> Callable[[ModuleNode, Profile], str]:
+    def cell(node: ModuleNode, profile: Profile) -> str:
+        stats = getattr(node, phase)
+        return fmt.count(stats.flops) if node.profiled and stats is not None else ""
+
+    return cell
+
+
+def _op_phase_flops(phase: str) -> Callable[[OpStats, Profile], str]:
+    def cell(o: OpStats, p: Profile) -> str:
+        if o.phase != phase:
+            return ""
+        return fmt.count(o.flops) if o.flops is not None else "?"
+
+    return cell
+
+
+def _calls(node: ModuleNode, profile: Profile) -> str:
+    # Modules always show their calls; the implicit parts (loss, other) have none.
+    if not node.profiled or (node.kind != "module" and not node.calls):
+        return ""
+    return str(node.calls)
+
+
+def _whole(profile: Profile) -> int:
+    """What "CPU %" is a share of: the step when there is one, else the forward."""
+    return profile.step_time_ns or profile.root.forward.cpu_time_ns
+
+
+def _has_recompute(profile: Profile) -> bool:
+    return profile.root.recompute is not None
+
+
+def _step_share(node: ModuleNode, profile: Profile) -> str:
+    if not node.profiled:
+        return ""
+    return fmt.percent(part_total(node), profile.step_time_ns or 0)
+
+
+def _step_rate(node: ModuleNode, profile: Profile) -> str:
+    flops = sum(stats.flops or 0 for _, stats in node.phases())
+    busy = sum(stats.busy_time_ns or 0 for _, stats in node.phases())
+    return fmt.rate(flops, busy) if node.profiled else ""
+
+
+#: Columns of a forward-only profile.
 COLUMNS: list[Column] = [
     Column("Type", lambda n, p: n.type, lambda o, p: "", align="<"),
     Column(
@@ -58,8 +118,8 @@ COLUMNS: list[Column] = [
     ),
     Column(
         "CPU %",
-        lambda n, p: fmt.percent(n.forward.cpu_time_ns, p.root.forward.cpu_time_ns) if n.profiled else "",
-        lambda o, p: fmt.percent(o.cpu_time_ns, p.root.forward.cpu_time_ns),
+        lambda n, p: fmt.percent(n.forward.cpu_time_ns, _whole(p)) if n.profiled else "",
+        lambda o, p: fmt.percent(o.cpu_time_ns, _whole(p)),
         shown=_is_timed,
     ),
     Column(
@@ -98,8 +158,45 @@ COLUMNS: list[Column] = [
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.get("peak_flops_per_s")),
         shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
     ),
-    Column("Params", lambda n, p: fmt.count(n.params_total), lambda o, p: ""),
-    Column("Calls", lambda n, p: str(n.calls) if n.profiled else "", lambda o, p: str(o.calls)),
+    Column("Params", lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    Column("Calls", _calls, lambda o, p: str(o.calls)),
+]
+
+#: Columns of a profile with backward: forward, backward (and recompute) side by side.
+STEP_COLUMNS: list[Column] = [
+    Column("Type", lambda n, p: n.type, lambda o, p: "", align="<"),
+    Column("Fwd self", _phase_time("forward", False), _op_phase_time("forward"), shown=_is_timed),
+    Column("Fwd total", _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
+    Column("Bwd self", _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
+    Column("Bwd total", _phase_time("backward", True), _op_phase_time("backward"), shown=_is_timed),
+    Column(
+        "Recompute",
+        _phase_time("recompute", True),
+        _op_phase_time("recompute"),
+        shown=lambda p: _is_timed(p) and _has_recompute(p),
+    ),
+    Column(
+        "Step %",
+        _step_share,
+        lambda o, p: fmt.percent(o.cpu_time_ns, p.step_time_ns or 0),
+        shown=lambda p: _is_timed(p) and bool(p.step_time_ns),
+    ),
+    Column(
+        "Device total",
+        lambda n, p: fmt.time_ns(sum(s.device_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
+        lambda o, p: fmt.time_ns(o.device_time_ns),
+        shown=_has_device,
+    ),
+    Column("Fwd FLOPs", _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
+    Column("Bwd FLOPs", _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
+    Column(
+        "FLOP/s",
+        _step_rate,
+        lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
+        shown=lambda p: _has_flops(p) and _is_timed(p),
+    ),
+    Column("Params", lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    Column("Calls", _calls, lambda o, p: str(o.calls)),
 ]
 
 _SHAPES = Column("Input shapes", lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
@@ -125,6 +222,8 @@ def _rows(
             visit(child, inner, n == len(children) - 1, False)
 
     visit(profile.root, "", True, True)
+    for part in profile.parts:
+        visit(part, "", True, True)
     return rows
 
 
@@ -159,8 +258,9 @@ def _footer(profile: Profile) -> list[str]:
             else ""
         )
     ]
+    lines.extend(_step_lines(profile))
     passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
-    if len(passes) > 1:
+    if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
             f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
             f"median {fmt.time_ns(passes[(len(passes) - 1) // 2])}, max {fmt.time_ns(passes[-1])} "
@@ -176,6 +276,40 @@ def _footer(profile: Profile) -> list[str]:
     return lines
 
 
+def _step_lines(profile: Profile) -> list[str]:
+    step = profile.step_time_ns
+    if step is None:
+        return []
+    root = profile.root
+    shares = [("forward", root.forward.cpu_time_ns)]
+    if root.backward is not None:
+        shares.append(("backward", root.backward.cpu_time_ns))
+    if root.recompute is not None:
+        shares.append(("recompute", root.recompute.cpu_time_ns))
+    shares.extend((part.name, part_total(part)) for part in profile.parts)
+    parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
+    steps = profile.meta.get("steps")
+    walls = sorted(profile.meta.get("step_times_ns") or [])
+    if steps is not None:
+        head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
+    else:
+        head = f"Step (per-part medians): {fmt.time_ns(step)} = {parts}"
+    lines = [head]
+    if root.backward is not None and root.backward.flops is not None:
+        lines.append(
+            f"Model FLOPs: forward {fmt.count(root.forward.flops)}, backward {fmt.count(root.backward.flops)}"
+            + (f", recompute {fmt.count(root.recompute.flops)}" if root.recompute is not None else "")
+        )
+    if len(walls) > 1:
+        lines.append(
+            f"Step wall time over {len(walls)} steps: min {fmt.time_ns(walls[0])}, "
+            f"median {fmt.time_ns(walls[(len(walls) - 1) // 2])}, max {fmt.time_ns(walls[-1])}"
+        )
+    if profile.meta.get("complete") is False:
+        lines.append("Incomplete: the run stopped before this cycle's last active step")
+    return lines
+
+
 def _align(text: str, width: int, align: str) -> str:
     return text.ljust(width) if align == "<" else text.rjust(width)
 
@@ -185,7 +319,8 @@ def render_text(
     profile: Profile, *, depth: int | None = None, show_ops: bool = False, **_: Any
 ) -> str:
     """The module tree as a table; ``depth`` hides deeper modules, ``show_ops`` nests ops."""
-    columns = [c for c in COLUMNS if c.shown(profile)]
+    table = STEP_COLUMNS if profile.has_backward else COLUMNS
+    columns = [c for c in table if c.shown(profile)]
     if show_ops:
         columns.append(_SHAPES)
     headers = ["Module"] + [c.header for c in columns]
