@@ -417,3 +417,40 @@ def test_checkpoint_recompute_is_marked_not_double_counted(mode: str) -> None:
     assert ckpt["a"].recompute.flops == 0 and ckpt["b"].recompute.flops == 0
     assert ckpt.root.recompute.flops == ckpt["block"].recompute.flops
     assert ckpt["block"].recompute.cpu_time_ns > 0
+
+
+def test_step_profile_round_trips_through_json(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model = _Labelled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.Profiler(model) as prof:
+        with layerscope.label("data"):
+            x = torch.randn(2, 4)
+        model(x).sum().backward()
+        opt.step()
+    path = tmp_path / "step.json"
+    prof.save(str(path))
+    loaded = layerscope.load(str(path))
+    assert loaded.to_dict() == prof.to_dict()
+    assert [p.path for p in loaded.parts] == [p.path for p in prof.parts]
+    assert loaded["[scale][inner]"].kind == "label"
+    assert loaded.render("text") == prof.render("text")
+
+
+@pytest.mark.parametrize("impl", [{"foreach": False}, {"foreach": True}, {"fused": True}])
+@pytest.mark.parametrize(("optimizer", "per_element"), [("Adam", 10), ("AdamW", 11), ("SGD", 1)])
+def test_optimizer_flops_by_hand_for_every_implementation(impl: dict[str, bool], optimizer: str, per_element: int) -> None:
+    # Linear 4->3 without bias: one parameter tensor of 12 elements.
+    #   SGD   p -= lr * g: 1 per element (the add_ with alpha, as unfused code counts it)
+    #   Adam  lerp 2, scale 1 + addcmul 2, sqrt 1, bias correction 1, eps 1, addcdiv 2 = 10
+    #   AdamW Adam's 10 + decoupled weight decay 1 = 11
+    # Adam(W) also add 1 to each parameter's step counter.
+    model = _chain(4, 3)
+    opt = getattr(torch.optim, optimizer)(model.parameters(), lr=0.1, **impl)
+    with layerscope.Profiler(model) as prof:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    part = prof[f"<optimizer:{optimizer}>"]
+    step_counter = 0 if optimizer == "SGD" else 1
+    assert part.forward.flops == per_element * 12 + step_counter
+    assert prof.unsupported_ops() == {}

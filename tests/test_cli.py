@@ -408,3 +408,30 @@ def test_unwritable_output_path(workdir: Path) -> None:
     assert "'/nonexistent-dir'" in lines[0] and "does not exist" in lines[0]
     # Said once: the CLI's prefix and io.write_atomic's message must not both say it.
     assert lines[0].count("cannot write") == 1, lines[0]
+
+
+def test_profile_backward_writes_both_phases_and_the_step(tmp_path: Path) -> None:
+    out = tmp_path / "mlp.json"
+    run = run_cli("profile", "zoo:mlp", "--backward", *FAST, "-o", str(out), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    prof = layerscope.load(out)
+    assert prof.has_backward
+    assert prof["layers.0"].backward.macs > 0
+    assert [p.path for p in prof.parts] == ["<loss>", "<other>"]
+    assert prof.step_time_ns == sum(
+        stats.self_cpu_time_ns for node in prof.nodes() for _, stats in node.phases()
+    )
+
+
+def test_flops_backward_counts_both_phases(tmp_path: Path) -> None:
+    run = run_cli("flops", "zoo:mlp", "--backward", "--format", "json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    root = doc["modules"][0]
+    # zoo:mlp is Linear 64->256->256->10 at batch 1:
+    #   forward  64*256 + 256*256 + 256*10             =  84,480 MACs
+    #   backward 64*256 (first layer: weight gradient only, its input needs none)
+    #            + 2*256*256 + 2*256*10                 = 152,576 MACs
+    assert root["forward"]["macs"] == 84_480
+    assert root["backward"]["macs"] == 152_576
+    assert doc["meta"]["timed"] is False and doc["totals"]["step_time_ns"] is None

@@ -501,7 +501,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         _sum_up(tree)
 
     meta["unattributed_ops"] = times.outside_ops if op_result is None else op_result.outside_ops
-    if parts:
+    if parts and meta.get("timed", True):
         meta["step_time_ns"] = sum(
             getattr(node, phase).self_cpu_time_ns
             for tree in [root, *parts]

@@ -28,6 +28,7 @@ examples:
   layerscope profile mymodels.py:build --input 8x3x224x224 --device cuda
   layerscope profile mymodels.py:build --inputs mymodels.py:sample_batch
   layerscope profile zoo:resnet18 --format model
+  layerscope profile zoo:gpt --backward --depth 2
   layerscope flops zoo:vit_b_16 --depth 2
 """
 
@@ -70,6 +71,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         )
     else:
         parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or meta to count without allocating (default cpu)")
+    parser.add_argument(
+        "--backward", action="store_true",
+        help="run backward too (loss: sum of the first float output): forward and backward per module",
+    )  # fmt: skip
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
     parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
     parser.add_argument("--show-ops", action="store_true", help="nest each module's aten ops under it")
@@ -200,7 +205,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     if count_only:
-        prof = layerscope.count_flops(model, inputs, paths=args.paths)
+        prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward)
     else:
         if device.type == "meta":
             raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
@@ -208,7 +213,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
             prof = layerscope.profile(
                 model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
                 paths=args.paths, record_ops=not args.no_ops, progress=report,
-                peak_tflops=args.peak_tflops,
+                peak_tflops=args.peak_tflops, backward=args.backward,
             )
     prof.meta["spec"] = resolved.label
     text = render(prof, fmt, depth=args.depth, show_ops=args.show_ops)

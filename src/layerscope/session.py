@@ -176,29 +176,43 @@ def count_flops(
     inputs: Any = None,
     *,
     paths: Sequence[str] | None = None,
-    no_grad: bool = True,
+    no_grad: bool | None = None,
+    backward: bool = False,
+    loss_fn: Callable[[Any], Any] | None = None,
 ) -> Profile:
-    """FLOPs, MACs, bytes, params and shapes from one forward pass, without timing.
+    """FLOPs, MACs, bytes, params and shapes from one pass, without timing; with
+    ``backward=True`` the pass is forward, loss and backward, as in ``profile``.
 
     Works on the meta device: build the model under ``with torch.device("meta"):`` and
     pass meta inputs to count a model too large to run (nothing is allocated).
     """
     require_module(model)
+    if no_grad is None:
+        no_grad = not backward
+    if backward and no_grad:
+        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
     args, kwargs = split_inputs(inputs)
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
     recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"))
-    grad = torch.no_grad() if no_grad else contextlib.nullcontext()
-    with exclusive(model), grad, recorder.detail_pass():
-        model(*args, **kwargs)
+    grad = torch.no_grad() if no_grad else (torch.enable_grad() if backward else contextlib.nullcontext())
+    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
+        clear_grads()
+        with recorder.detail_pass(steps=backward):
+            output = model(*args, **kwargs)
+            if backward:
+                with recorder.part("loss", "loss"):
+                    loss = loss_of(output, loss_fn)
+                del output
+                loss.backward()
     raw = RawCapture(
         modules=infos,
         op_pass=recorder.op_pass,
         module_shapes=recorder.module_shapes,
         param_bytes=param_bytes,
         meta=_meta(
-            model, device, mode="count", timed=False, no_grad=no_grad,
+            model, device, mode="count", timed=False, no_grad=no_grad, backward=backward,
             paths=None if paths is None else list(paths),
             inputs=[shapes_of(list(args)), shapes_of(kwargs)],
         ),
@@ -334,11 +348,14 @@ class Profiler:
                 "`with layerscope.Profiler(model) as prof:` block, once per training step"
             )
         action = self._step_action if self._step_stack is not None else Action.NONE
-        self._end_step()
-        if action is Action.RECORD_AND_SAVE:
-            self._deliver(complete=True)
-        self._step += 1
-        self._begin_step()
+        try:
+            self._end_step()
+            if action is Action.RECORD_AND_SAVE:
+                self._deliver(complete=True)
+        finally:
+            # Even if on_ready raised (and the loop goes on), the next step is the next.
+            self._step += 1
+            self._begin_step()
 
     def _deliver(self, *, complete: bool) -> Profile | None:
         if not self._steps.steps:

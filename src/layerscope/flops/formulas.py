@@ -482,6 +482,52 @@ register_flops("aten::celu", "aten::celu_", "aten::log_sigmoid_forward")(_per_ou
 register_flops("aten::log_sigmoid_backward")(_per_output_element(2))
 
 
+# -- optimizers: multi-tensor (foreach) and fused kernels ------------------------------
+
+
+def _list_numel(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return sum(t.numel() for t in value if isinstance(t, torch.Tensor))
+    return value.numel() if isinstance(value, torch.Tensor) else 0
+
+
+def _foreach(flops_per_element: int) -> Formula:
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        # One elementwise op over a list of tensors: per element of the first list.
+        return flops_per_element * _list_numel(args[0]), 0
+
+    return formula
+
+
+for _names, _cost in (
+    (("add", "sub", "mul", "div", "sqrt", "neg", "abs", "exp", "log", "reciprocal", "sign", "pow",
+      "maximum", "minimum", "clamp_min", "clamp_max", "sigmoid", "tanh", "rsqrt"), 1),
+    (("lerp", "addcmul", "addcdiv", "norm"), 2),
+):  # fmt: skip
+    register_flops(*[f"aten::_foreach_{n}{tail}" for n in _names for tail in ("", "_")])(_foreach(_cost))
+
+
+@register_flops("aten::_fused_adam_", "aten::_fused_adam")
+def _fused_adam(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """Adam per parameter element, as its unfused form counts it: the first moment's
+    lerp (2), the second's scale and addcmul (1 + 2), sqrt (1), bias correction (1), eps
+    (1) and the addcdiv update (2) = 10."""
+    return 10 * _list_numel(args[0]), 0
+
+
+@register_flops("aten::_fused_adamw_", "aten::_fused_adamw")
+def _fused_adamw(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """AdamW: Adam's 10 per element plus 1 for the decoupled weight decay."""
+    return 11 * _list_numel(args[0]), 0
+
+
+@register_flops("aten::_fused_sgd_", "aten::_fused_sgd")
+def _fused_sgd(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """SGD per parameter element: the update ``p -= lr * g`` counted as one FLOP, as
+    ``aten::add_`` counts it unfused (momentum and weight decay are ignored)."""
+    return _list_numel(args[0]), 0
+
+
 @register_flops("aten::mse_loss")
 def _mse_loss(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     # subtract, square, accumulate: 3 per element (the final mean's divide ignored)

@@ -277,10 +277,16 @@ def _footer(profile: Profile) -> list[str]:
 
 
 def _step_lines(profile: Profile) -> list[str]:
+    root = profile.root
+    flops: list[str] = []
+    if root.backward is not None and root.backward.flops is not None:
+        flops.append(
+            f"Model FLOPs: forward {fmt.count(root.forward.flops)}, backward {fmt.count(root.backward.flops)}"
+            + (f", recompute {fmt.count(root.recompute.flops)}" if root.recompute is not None else "")
+        )
     step = profile.step_time_ns
     if step is None:
-        return []
-    root = profile.root
+        return flops
     shares = [("forward", root.forward.cpu_time_ns)]
     if root.backward is not None:
         shares.append(("backward", root.backward.cpu_time_ns))
@@ -294,12 +300,7 @@ def _step_lines(profile: Profile) -> list[str]:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
         head = f"Step (per-part medians): {fmt.time_ns(step)} = {parts}"
-    lines = [head]
-    if root.backward is not None and root.backward.flops is not None:
-        lines.append(
-            f"Model FLOPs: forward {fmt.count(root.forward.flops)}, backward {fmt.count(root.backward.flops)}"
-            + (f", recompute {fmt.count(root.recompute.flops)}" if root.recompute is not None else "")
-        )
+    lines = [head, *flops]
     if len(walls) > 1:
         lines.append(
             f"Step wall time over {len(walls)} steps: min {fmt.time_ns(walls[0])}, "

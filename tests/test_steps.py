@@ -1,0 +1,455 @@
+"""Training loops: ``Profiler.step()``, schedules, ``on_ready`` and the cycle files.
+
+A real loop (forward, loss, backward, optimizer step, zero_grad) runs under a
+``Profiler``; steps are summed into one profile per cycle, idle steps install nothing,
+warm-up steps are thrown away, and a run that raises keeps (and writes) what it had.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+import layerscope
+from layerscope.check import check_tree
+from layerscope.errors import ProfilerStateError
+from layerscope.handlers import save_json
+from layerscope.tree import Profile
+from test_no_side_effects import Raiser, assert_unchanged, snapshot
+
+X = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+Y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    # The loss is computed outside the model, between its forward and backward.
+    loss = F.mse_loss(model(X), Y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def module_calls(profile: Profile) -> dict[str, int]:
+    return {node.path: node.calls for node in profile.modules()}
+
+
+# -- a schedule over a training loop ----------------------------------------------------
+
+
+def test_schedule_delivers_each_cycle_at_its_last_active_step() -> None:
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    delivered: list[tuple[int, Profile]] = []
+    loop = {"step": -1}
+
+    def on_ready(profile: Profile) -> None:
+        delivered.append((loop["step"], profile))
+
+    # wait=1, warmup=1, active=2: cycles of 4 steps. Cycle 1: step 0 idle, 1 warm-up,
+    # 2 recorded, 3 recorded and saved (delivered in step 3's step() call). Cycle 2: the
+    # same at steps 4..7. repeat=2 ends the schedule at step 0 + 2 * 4 = 8, so steps 8..11
+    # are idle. Each cycle keeps 2 steps: every module ran once per kept step, 2 calls.
+    sched = layerscope.schedule(wait=1, warmup=1, active=2, repeat=2)
+    with layerscope.Profiler(model, schedule=sched, on_ready=on_ready) as prof:
+        for step in range(12):
+            loop["step"] = step
+            train_step(model, opt)
+            prof.step()
+
+    assert [at for at, _ in delivered] == [3, 7]
+    profiles = [profile for _, profile in delivered]
+    assert [p.meta["step_range"] for p in profiles] == [[2, 3], [6, 7]]
+    assert prof.profile is profiles[-1]
+    for profile in profiles:
+        check_tree(profile)
+        meta = profile.meta
+        assert meta["steps"] == 2
+        assert meta["complete"] is True
+        assert meta["rank"] == 0
+        assert meta["schedule"] == str(sched)
+        assert len(meta["step_times_ns"]) == 2
+        assert profile.step_time_ns == sum(meta["step_times_ns"])
+        assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2}
+        assert "<optimizer:Adam>" in {part.path for part in profile.parts}
+        assert profile["<optimizer:Adam>"].calls == 2
+
+
+# -- without a schedule ---------------------------------------------------------------
+
+
+def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
+    steps = 5
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    delivered: list[Profile] = []
+    loop_done = False
+
+    def on_ready(profile: Profile) -> None:
+        assert loop_done, "without a schedule the profile is delivered at block exit only"
+        delivered.append(profile)
+
+    with layerscope.Profiler(model, on_ready=on_ready) as prof:
+        for _ in range(steps):
+            train_step(model, opt)
+            prof.step()
+        loop_done = True
+
+    assert len(delivered) == 1
+    profile = check_tree(delivered[0])
+    assert prof.profile is profile
+    meta = profile.meta
+    assert meta["steps"] == steps
+    assert len(meta["step_times_ns"]) == steps
+    assert all(t > 0 for t in meta["step_times_ns"])
+    assert meta["step_range"] == [0, steps - 1]
+    assert meta["complete"] is True
+    assert meta["schedule"] is None
+    # The step's parts and the model's phases add up to the steps' wall time exactly
+    # (check_tree checks the first equality).
+    total_self = sum(stats.self_cpu_time_ns for node in profile.nodes() for _, stats in node.phases())
+    assert profile.step_time_ns == total_self == sum(meta["step_times_ns"])
+
+    assert module_calls(profile) == {"": steps, "0": steps, "1": steps, "2": steps}
+    parts = {part.path: part for part in profile.parts}
+    assert {"<loss>", "<optimizer:SGD>", "<zero_grad>", "<other>"} <= set(parts)
+    assert parts["<loss>"].kind == "loss"
+    assert "aten::mse_loss" in {op.name for op in parts["<loss>"].ops}
+    assert parts["<optimizer:SGD>"].kind == "optimizer"
+    assert parts["<optimizer:SGD>"].calls == steps
+    assert parts["<optimizer:SGD>"].forward.flops > 0  # the parameter updates
+    assert parts["<zero_grad>"].calls == steps
+
+    for node in profile.modules():
+        assert node.backward is not None, node.path
+    first, last = profile["0"], profile["2"]
+    for linear in (first, last):
+        assert linear.type == "Linear"
+        assert linear.forward.macs > 0
+        assert linear.backward.macs > 0
+    # The first Linear's input needs no gradient, so its backward computes the weight
+    # gradient only (as many MACs as its forward); the last one also computes its
+    # input's gradient (twice its forward).
+    assert first.backward.macs == first.forward.macs
+    assert last.backward.macs == 2 * last.forward.macs
+
+
+# -- idle and warm-up steps ------------------------------------------------------------
+
+
+class Probe(nn.Module):
+    """Notes, on each call, how many global module hooks and dispatch modes are live."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(
+            (
+                len(nn_module._global_forward_pre_hooks),
+                len(nn_module._global_forward_hooks),
+                torch._C._len_torch_dispatch_stack(),
+            )
+        )
+        return x
+
+
+def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
+    torch.manual_seed(0)
+    probe = Probe()
+    model = nn.Sequential(nn.Linear(8, 16), probe, nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = layerscope.schedule(wait=1, warmup=1, active=2, repeat=2)
+    actions = [sched(step).name for step in range(12)]
+    assert actions == ["NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE"] * 2 + ["NONE"] * 4
+    baseline = (
+        len(nn_module._global_forward_pre_hooks),
+        len(nn_module._global_forward_hooks),
+        torch._C._len_torch_dispatch_stack(),
+    )
+    delivered: list[Profile] = []
+    with layerscope.Profiler(model, schedule=sched, on_ready=delivered.append) as prof:
+        for step in range(12):
+            train_step(model, opt)
+            if actions[step] == "WARMUP":
+                train_step(model, opt)  # extra work that must not show up anywhere
+            prof.step()
+
+    calls_per_step = [1 if a != "WARMUP" else 2 for a in actions]
+    assert len(probe.seen) == sum(calls_per_step) == 14
+    seen = iter(probe.seen)
+    for step, action in enumerate(actions):
+        for _ in range(calls_per_step[step]):
+            pre, post, modes = next(seen)
+            if action == "NONE":
+                assert (pre, post, modes) == baseline, f"step {step} is idle but profiling was on"
+            else:
+                # The probe does see profiling when it is on: one pre hook, one forward
+                # hook, one op-recording mode.
+                assert (pre, post, modes) == (baseline[0] + 1, baseline[1] + 1, baseline[2] + 1), step
+
+    # Warm-up steps (1 and 5, each with two forwards) were measured, then discarded.
+    assert [p.meta["step_range"] for p in delivered] == [[2, 3], [6, 7]]
+    for profile in delivered:
+        check_tree(profile)
+        assert profile.meta["steps"] == 2
+        assert len(profile.meta["step_times_ns"]) == 2
+        assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
+        assert profile["<optimizer:SGD>"].calls == 2
+        assert profile["<zero_grad>"].calls == 2
+    assert prof.profile is delivered[-1]
+
+
+# -- misuse ----------------------------------------------------------------------------
+
+
+def test_step_outside_a_running_block_is_refused() -> None:
+    model = mlp()
+    prof = layerscope.Profiler(model)
+    with pytest.raises(ProfilerStateError, match=r"step\(\) called outside a running Profiler"):
+        prof.step()
+    with prof:
+        model(X)
+        prof.step()
+    with pytest.raises(ProfilerStateError, match=r"step\(\)"):
+        prof.step()
+    # The refused calls changed nothing: one step was recorded.
+    assert prof.meta["steps"] == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"), [({"active": 0}, "active"), ({"wait": -1}, "wait"), ({"repeat": -2}, "repeat")]
+)
+def test_invalid_schedules_are_value_errors(bad: dict[str, int], named: str) -> None:
+    with pytest.raises(ValueError, match=rf"schedule: {named} must be an int >= "):
+        layerscope.schedule(**bad)
+
+
+# -- a run that raises -----------------------------------------------------------------
+
+
+def test_exception_mid_step_keeps_delivered_cycles_and_the_partial_one(tmp_path: Path) -> None:
+    boom = ValueError("boom")
+    # One forward per step: Raiser's 8th call is step 7's forward (0-based).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Raiser(boom, raise_on=8), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handler = save_json(tmp_path)
+    delivered: list[Profile] = []
+
+    def on_ready(profile: Profile) -> None:
+        delivered.append(profile)
+        handler(profile)
+
+    # Cycles as in the first test: [2, 3] is delivered at step 3; the second cycle has
+    # recorded step 6 when step 7 raises halfway through its forward.
+    sched = layerscope.schedule(wait=1, warmup=1, active=2, repeat=2)
+    before = snapshot(model)
+    ran: list[int] = []
+    with pytest.raises(ValueError) as excinfo:
+        with layerscope.Profiler(model, schedule=sched, on_ready=on_ready) as prof:
+            for step in range(12):
+                ran.append(step)
+                train_step(model, opt)
+                prof.step()
+    assert excinfo.value is boom
+    assert excinfo.type is ValueError
+    assert ran[-1] == 7
+    # No hooks left (on the modules or global), same state_dict keys, same training
+    # flags, no dispatch mode, grad mode as it was.
+    assert_unchanged(before, snapshot(model))
+    assert model.training
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "layerscope_steps2-3_rank0.json",
+        "layerscope_steps6-7_rank0_incomplete.json",
+    ]
+    complete = check_tree(layerscope.load(str(tmp_path / "layerscope_steps2-3_rank0.json")))
+    assert complete.meta["complete"] is True
+    assert complete.meta["steps"] == 2
+    assert module_calls(complete) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
+
+    partial = check_tree(layerscope.load(str(tmp_path / "layerscope_steps6-7_rank0_incomplete.json")))
+    assert partial.meta["complete"] is False
+    assert partial.meta["step_range"] == [6, 7]
+    assert partial.meta["steps"] == 2  # step 6 whole, step 7 up to the exception
+    assert partial.step_time_ns == sum(partial.meta["step_times_ns"])
+    # Step 7 entered the raiser (its frame closed by the always-called hook), never the
+    # last Linear.
+    assert module_calls(partial) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 1}
+    assert [p.meta["complete"] for p in delivered] == [True, False]
+    assert prof.profile is delivered[-1]
+
+
+def test_keyboard_interrupt_leaves_delivered_files_intact(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handler = save_json(tmp_path)
+    written: dict[str, str] = {}
+
+    def on_ready(profile: Profile) -> None:
+        path = handler(profile)
+        written[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    # repeat=0: cycles of 4 forever; [2, 3] and [6, 7] are delivered, and Ctrl-C comes in
+    # step 10 (the first active step of the third cycle) between its loss and backward.
+    sched = layerscope.schedule(wait=1, warmup=1, active=2)
+    stop = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt) as excinfo:
+        with layerscope.Profiler(model, schedule=sched, on_ready=on_ready) as prof:
+            for step in range(20):
+                loss = F.mse_loss(model(X), Y)
+                if step == 10:
+                    raise stop
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+    assert excinfo.value is stop
+
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "layerscope_steps10-10_rank0_incomplete.json",
+        "layerscope_steps2-3_rank0.json",
+        "layerscope_steps6-7_rank0.json",
+    ]
+    for name in names:
+        # Each file is exactly as it was written, and loads (load checks the tree too).
+        assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == written[name]
+        profile = check_tree(layerscope.load(str(tmp_path / name)))
+        assert profile.meta["complete"] is not name.endswith("_incomplete.json")
+    partial = layerscope.load(str(tmp_path / "layerscope_steps10-10_rank0_incomplete.json"))
+    assert partial.meta["steps"] == 1
+    assert module_calls(partial) == {"": 1, "0": 1, "1": 1, "2": 1}
+
+
+# -- long runs -------------------------------------------------------------------------
+
+
+def _container_sizes(prof: Any) -> dict[str, int]:
+    """Length of every list/dict/set/tuple held by the Profiler, its recorder, its step
+    accumulator and the accumulator's running totals."""
+    owners = {
+        "prof": prof,
+        "recorder": prof._recorder,
+        "steps": prof._steps,
+        "total": prof._steps.total,
+    }
+    return {
+        f"{owner}.{name}": len(value)
+        for owner, obj in owners.items()
+        for name, value in vars(obj).items()
+        if isinstance(value, (list, dict, set, frozenset, tuple))
+    }
+
+
+def _long_run(steps: int) -> tuple[dict[str, int], int, Profile]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    with layerscope.Profiler(model) as prof:
+        for _ in range(steps):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+        # Still inside the block: what the Profiler holds after `steps` steps (leaving
+        # the block hands the totals over to the profile and starts a new accumulator).
+        assert prof._steps.steps == steps
+        sizes = _container_sizes(prof)
+        op_calls = sum(op.calls for op in prof._steps.total.ops.values())
+    return sizes, op_calls, prof.profile
+
+
+def test_long_runs_keep_running_totals_not_raw_events() -> None:
+    short_sizes, short_calls, short = _long_run(50)
+    long_sizes, long_calls, long = _long_run(300)
+    # Only the per-step wall times grow with the run (O(steps) ints, by design); every
+    # other container the Profiler holds has the same size after 50 and 300 steps: the
+    # op table has one entry per (node, phase, op, shapes), not one per call.
+    assert short_sizes.pop("steps.step_times_ns") == 50
+    assert long_sizes.pop("steps.step_times_ns") == 300
+    assert long_sizes == short_sizes
+    assert short_sizes["total.ops"] > 0
+    assert max(long_sizes.values()) < 50
+    # The entries count calls: every step ran the same ops.
+    assert long_calls == 6 * short_calls
+    for profile, steps in ((short, 50), (long, 300)):
+        check_tree(profile)
+        assert profile.meta["steps"] == steps
+        assert len(profile.meta["step_times_ns"]) == steps
+        assert profile["2"].calls == steps
+
+
+# -- exact times with a fake clock -----------------------------------------------------
+
+
+def test_step_times_from_a_fake_clock(fake_clock: Any) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.ones(2, 4)
+    with layerscope.Profiler(model, record_ops=False, clock=fake_clock) as prof:
+        model(x)
+        prof.step()
+        model(x)
+        prof.step()
+    # Every clock read advances 1000 ns; with record_ops=False the clock is read only by
+    # the step marks and the module enter/exit hooks (no op mode):
+    #   enter: step 0 opens                   STEP    1000
+    #   model(x): ENTER ''  2000, ENTER '0'  3000, EXIT '0'  4000,
+    #             ENTER '1' 5000, EXIT '1'   6000, EXIT ''   7000
+    #   step(): step 0 closes                 STEP    8000  -> 8000 - 1000 = 7000
+    #           step 1 opens                  STEP    9000
+    #   model(x): 10000 .. 15000 as above
+    #   step(): step 1 closes                 STEP   16000  -> 16000 - 9000 = 7000
+    #           step 2 opens                  STEP   17000
+    #   exit:   step 2 closes                 STEP   18000  (nothing ran: dropped)
+    assert fake_clock.now == 18000
+    profile = check_tree(prof.profile)
+    assert profile.meta["steps"] == 2
+    assert profile.meta["step_times_ns"] == [7000, 7000]
+    assert profile.meta["step_range"] == [0, 1]
+    assert profile.step_time_ns == 14000
+    # Per step: '' spans 2000..7000 (5000 ns) of which '0' and '1' take 1000 ns each,
+    # so 3000 ns self; the 2000 ns of the step outside the model are <other>.
+    assert profile[""].forward.cpu_time_ns == 2 * 5000
+    assert profile[""].forward.self_cpu_time_ns == 2 * 3000
+    assert profile["0"].forward.cpu_time_ns == 2 * 1000
+    assert profile["1"].forward.cpu_time_ns == 2 * 1000
+    assert [part.path for part in profile.parts] == ["<other>"]
+    assert profile["<other>"].forward.self_cpu_time_ns == 2 * 2000
+    assert module_calls(profile) == {"": 2, "0": 2, "1": 2}
+
+
+def test_on_ready_raising_inside_step_does_not_shift_later_steps() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    got: list[list[int]] = []
+
+    def on_ready(profile: Any) -> None:
+        got.append(profile.meta["step_range"])
+        if len(got) == 1:
+            raise OSError("disk full")
+
+    with layerscope.Profiler(model, schedule=layerscope.schedule(active=2), on_ready=on_ready) as prof:
+        for _ in range(8):
+            model(x)
+            try:
+                prof.step()
+            except OSError:
+                pass
+    # Cycles of 2 active steps: [0, 1], [2, 3], [4, 5], [6, 7]; the first handler call
+    # failed, and the steps after it are still numbered as the loop ran them.
+    assert got == [[0, 1], [2, 3], [4, 5], [6, 7]]
