@@ -72,6 +72,7 @@ def snapshot(model: nn.Module) -> dict[str, Any]:
         state[f"module {path!r} __dict__"] = {name: _contents(value) for name, value in attrs.items()}
         state[f"module {path!r} training"] = module.training
     state["state_dict keys"] = list(model.state_dict().keys())
+    state["parameter grads"] = [(name, id(p.grad)) for name, p in model.named_parameters()]
     for name in GLOBAL_HOOK_DICTS:
         state[f"torch {name}"] = _contents(getattr(nn_module, name))
     state["torch.nn.functional"] = {name: id(value) for name, value in vars(F).items()}
@@ -308,6 +309,35 @@ def test_profile_zoo_model_leaves_no_trace(name: str) -> None:
     with unchanged(model):
         first_child = next(path for path, _ in model.named_modules() if path)
         check_tree(layerscope.profile(model, inputs, warmup=0, repeat=1, paths=[first_child]))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "mixed"])
+def test_profile_backward_leaves_no_trace(mode: str) -> None:
+    model = everything(mode)
+    model.head.weight.grad = torch.ones_like(model.head.weight)  # a gradient the user had
+    with unchanged(model):
+        prof = layerscope.profile(model, X4, backward=True, warmup=1, repeat=2)
+    check_tree(prof)
+    assert prof["blocks.0.fc"].backward.macs > 0
+    assert bool((model.head.weight.grad == 1).all())
+
+
+def test_profile_backward_raising_in_backward_cleans_up() -> None:
+    class BackwardBoom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.fc(x)
+            out.register_hook(_raise_value_error)  # raises while autograd runs backward
+            return out
+
+    model = BackwardBoom()
+    with unchanged(model):
+        with pytest.raises(ValueError, match="boom"):
+            layerscope.profile(model, X4, backward=True, warmup=0, repeat=1)
+    assert model.fc.weight.grad is None
 
 
 # -- Profiler --------------------------------------------------------------------------
