@@ -503,11 +503,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
     meta["unattributed_ops"] = times.outside_ops if op_result is None else op_result.outside_ops
     if parts and meta.get("timed", True):
         meta["step_time_ns"] = sum(
-            getattr(node, phase).self_cpu_time_ns
-            for tree in [root, *parts]
-            for node in tree.walk()
-            for phase in PHASES
-            if getattr(node, phase) is not None
+            stats.self_cpu_time_ns for tree in [root, *parts] for node in tree.walk() for _, stats in node.phases()
         )
     return Profile(root=root, meta=meta, param_bytes=raw.param_bytes, parts=parts)
 
@@ -515,8 +511,9 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
 _PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "other": 4}
 
 
-def _part_order(node: ModuleNode) -> tuple[int, str]:
-    return (_PART_RANK.get(node.kind, 0), "")
+def _part_order(node: ModuleNode) -> int:
+    # Labels first, in the order they ran (the sort is stable), then the fixed parts.
+    return _PART_RANK.get(node.kind, 0)
 
 
 def _unsupported(ops: list[OpStats]) -> dict[str, int]:

@@ -83,10 +83,7 @@ def profile(
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat must be an int >= 1, got {repeat!r}")
-    if no_grad is None:
-        no_grad = not backward
-    if backward and no_grad:
-        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
+    no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
@@ -96,15 +93,8 @@ def profile(
     report = progress or (lambda stage, done, total: None)
 
     def step() -> None:
-        output = model(*args, **kwargs)
-        if backward:
-            with recorder.part("loss", "loss"):
-                loss = loss_of(output, loss_fn)
-            del output
-            with recorder.backward_ops():
-                loss.backward()
+        _run_step(model, args, kwargs, recorder, backward=backward, loss_fn=loss_fn)
 
-    grad = torch.no_grad() if no_grad else (torch.enable_grad() if backward else contextlib.nullcontext())
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
         for n in range(warmup):
             clear_grads()
@@ -148,6 +138,36 @@ def profile(
     return build_profile(raw)
 
 
+def _grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
+    """``no_grad`` resolved (its default follows ``backward``) and the grad mode to run in."""
+    if no_grad is None:
+        no_grad = not backward
+    if backward and no_grad:
+        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
+    if no_grad:
+        return True, torch.no_grad()
+    return False, torch.enable_grad() if backward else contextlib.nullcontext()
+
+
+def _run_step(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    recorder: Recorder,
+    *,
+    backward: bool,
+    loss_fn: Callable[[Any], Any] | None,
+) -> None:
+    """One pass: forward, and with ``backward`` the loss (a step part) and backward."""
+    output = model(*args, **kwargs)
+    if backward:
+        with recorder.part("loss", "loss"):
+            loss = loss_of(output, loss_fn)
+        del output
+        with recorder.backward_ops():
+            loss.backward()
+
+
 def _has_work(events: list[Any]) -> bool:
     """Whether a step did anything (the step left open after the last ``step()`` did not)."""
     return any(event[0] in (ENTER, OP) for event in events)
@@ -187,25 +207,16 @@ def count_flops(
     pass meta inputs to count a model too large to run (nothing is allocated).
     """
     require_module(model)
-    if no_grad is None:
-        no_grad = not backward
-    if backward and no_grad:
-        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
+    no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
     recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"))
-    grad = torch.no_grad() if no_grad else (torch.enable_grad() if backward else contextlib.nullcontext())
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
         clear_grads()
         with recorder.detail_pass(steps=backward):
-            output = model(*args, **kwargs)
-            if backward:
-                with recorder.part("loss", "loss"):
-                    loss = loss_of(output, loss_fn)
-                del output
-                loss.backward()
+            _run_step(model, args, kwargs, recorder, backward=backward, loss_fn=loss_fn)
     raw = RawCapture(
         modules=infos,
         op_pass=recorder.op_pass,
