@@ -81,7 +81,12 @@ def tree_problems(profile: Profile) -> list[str]:
                 problems.append(f"{node.path!r}: not profiled but carries figures")
             for phase in PHASES:
                 problems.extend(_phase_problems(node, phase))
+            for phase, stats in node.phases():
+                if stats.peak_bytes is not None and stats.peak_bytes < 0:
+                    problems.append(f"{node.path!r} {phase}: negative peak_bytes")
             for op in node.ops:
+                if op.alloc_bytes is not None and (op.alloc_bytes < 0 or op.self_alloc_bytes != op.alloc_bytes):
+                    problems.append(f"{node.path!r}: op {op.name} alloc bytes negative or self != total")
                 if op.calls <= 0 or op.cpu_time_ns < 0 or op.self_cpu_time_ns < 0:
                     problems.append(f"{node.path!r}: op {op.name} has non-positive calls or negative time")
                 if op.self_cpu_time_ns > op.cpu_time_ns:
@@ -98,6 +103,34 @@ def tree_problems(profile: Profile) -> list[str]:
     step = profile.meta.get("step_time_ns")
     if step is not None and step != all_self:
         problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
+    problems.extend(_memory_problems(profile))
+    return problems
+
+
+def _memory_problems(profile: Profile) -> list[str]:
+    """The step's peak is the sum of its categories, is reached on the timeline, and is
+    at least every phase's peak and the live memory at the start."""
+    memory = profile.memory
+    if memory is None:
+        return []
+    problems: list[str] = []
+    peak = memory["peak_bytes"]
+    categories = memory.get("peak_categories") or {}
+    if any(v < 0 for v in categories.values()) or sum(categories.values()) != peak:
+        problems.append(f"memory: peak_bytes={peak} != sum of peak_categories {categories}")
+    for where, value in (memory.get("peak_by_phase") or {}).items():
+        if value > peak:
+            problems.append(f"memory: peak of {where} ({value}) exceeds the step's peak ({peak})")
+    if memory.get("baseline_bytes", 0) > peak:
+        problems.append("memory: the live memory at the start exceeds the peak")
+    timeline = memory.get("timeline") or {}
+    if timeline.get("bytes") and max(timeline["bytes"]) != peak:
+        problems.append(f"memory: the timeline's highest point ({max(timeline['bytes'])}) is not the peak ({peak})")
+    if len(timeline.get("bytes") or []) != len(timeline.get("t_ns") or []):
+        problems.append("memory: timeline t_ns and bytes differ in length")
+    root = profile.root.forward
+    if root.peak_bytes is not None and root.peak_bytes > peak:
+        problems.append("memory: the forward's peak exceeds the step's")
     return problems
 
 

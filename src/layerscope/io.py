@@ -79,7 +79,11 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
                 by_path[node.parent].children.append(node)
             by_path[node.path] = node
         profile = Profile(
-            root=root, meta=dict(doc.get("meta", {})), param_bytes=doc["totals"]["param_bytes"], parts=parts
+            root=root,
+            meta=dict(doc.get("meta", {})),
+            param_bytes=doc["totals"]["param_bytes"],
+            parts=parts,
+            memory=_memory_from_dict(doc.get("memory")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SchemaError(f"{source} is a damaged layerscope profile: {type(exc).__name__}: {exc}") from None
@@ -91,6 +95,14 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
         # A number stored as a string or null: the tree cannot even be checked.
         raise SchemaError(f"{source} is a damaged layerscope profile: a field has the wrong type ({exc})") from None
     return profile
+
+
+def _memory_from_dict(data: Any) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("peak_bytes"), int):
+        raise TypeError("'memory' must be an object with an integer 'peak_bytes'")
+    return dict(data)
 
 
 def _node_from_dict(entry: dict[str, Any]) -> Any:

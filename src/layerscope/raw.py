@@ -7,10 +7,25 @@ An event stream is a list of tuples, one of:
 
 - ``(ENTER, t_ns, module_index, device_t_ns, seq, in_backward)``
 - ``(EXIT, t_ns, module_index, device_t_ns, seq, in_backward)``
-- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes, grad)``
+- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes, grad, allocs)``
 - ``(LABEL_ENTER, t_ns, name, kind, device_t_ns, seq, in_backward)``
 - ``(LABEL_EXIT, t_ns, device_t_ns, seq, in_backward)``
 - ``(STEP, t_ns)``: the first and last events of a pass or training step
+
+With memory tracking, also:
+
+- ``(FREE, t_ns, serial)``: a tracked storage was freed
+- ``(SAVED, serial)``: autograd saved storage ``serial`` for backward (an activation)
+- ``(GRAD, t_ns, owner, nbytes, serial)``: a gradient of ``nbytes`` was written for a
+  parameter of module ``owner``; ``serial`` is the gradient's storage (None if untracked)
+- ``(ADOPT, t_ns, serial, nbytes, category, since_start)``: memory that was live before
+  it was seen (parameters, existing gradients, optimizer state, inputs); ``serial`` is
+  None for memory that is not tracked further; ``since_start`` says it was live from the
+  first event of the pass on
+- ``(OPTIM, t_ns, name, state_bytes_by_key, ident)``: an optimizer's state after its
+  step (``ident`` tells two optimizers of one class apart)
+- ``(DEVICE_MEM, allocated_peak_bytes, reserved_at_peak_bytes)``: the accelerator's
+  caching allocator at its highest point of the pass, sampled after each op
 
 ``seq`` is autograd's sequence number when the event happened: the autograd nodes a
 module's forward creates have numbers in ``[seq at ENTER, seq at EXIT)``, which is how
@@ -22,6 +37,11 @@ sequence number of the autograd node being executed, and for a node that accumul
 parameter's gradient (which has no sequence number) the index of the module owning the
 parameter. Label kinds are ``label`` (``record_function``/``layerscope.label``),
 ``optimizer``, ``zero_grad`` and ``loss``.
+
+``allocs`` lists ``(serial, nbytes)`` for each storage the op allocated (its outputs'
+storages that were neither inputs nor already tracked); storages are numbered by a
+``serial`` unique within the pass, and counted at their full size, once, however many
+views share them.
 
 ``flops``/``macs`` are None for an op with no FLOP formula (unsupported); an event
 written without the trailing fields counts as a forward op without FLOP information.
@@ -41,6 +61,15 @@ OP = 2
 LABEL_ENTER = 3
 LABEL_EXIT = 4
 STEP = 5
+FREE = 6
+SAVED = 7
+GRAD = 8
+ADOPT = 9
+OPTIM = 10
+DEVICE_MEM = 11
+
+#: Memory categories of the live bytes at the step's peak.
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 
 #: Autograd's sequence number for nodes that have none (gradient accumulation).
 NO_SEQ = 2**64 - 1
@@ -75,4 +104,6 @@ class RawCapture:
     module_shapes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     has_device_time: bool = False
     param_bytes: int = 0
+    #: Model-level memory known without running it: bytes by dtype of parameters and buffers.
+    memory_static: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from layerscope import __version__
-from layerscope.build import Accumulator, build_from_steps, build_profile, walk_pass
+from layerscope.build import Accumulator, build_from_steps, build_profile, parent_indices, walk_pass
 from layerscope.capture.inputs import check_signature, shapes_of, split_inputs
+from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import model_device, model_dtype, module_table, require_module
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of
@@ -49,6 +50,7 @@ def profile(
     repeat: int = 5,
     paths: Sequence[str] | None = None,
     record_ops: bool = True,
+    memory: bool = True,
     no_grad: bool | None = None,
     backward: bool = False,
     loss_fn: Callable[[Any], Any] | None = None,
@@ -65,7 +67,9 @@ def profile(
     records each module's aten ops and shapes (kept apart so op recording does not
     inflate the module times). ``paths`` limits profiling to those ``named_modules()``
     subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does
-    (the default without ``backward``).
+    (the default without ``backward``). ``memory`` tracks memory in that same pass
+    (allocations, peaks and activations per module, the step's peak and its culprit;
+    see ``Profile.memory``); it does not touch the timed passes.
 
     ``backward=True`` makes each pass a training step without the optimizer: forward,
     the loss (``loss_fn(output)``, or the sum of the first floating-point tensor in the
@@ -89,7 +93,8 @@ def profile(
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
     peak_flops_per_s = _peak(peak_tflops, device, model_dtype(model))
-    recorder = Recorder(modules, [i.selected for i in infos], device=device, clock=clock)
+    recorder = Recorder(modules, [i.selected for i in infos], device=device, clock=clock, memory=memory)
+    recorder.memory_inputs = list(tensors_in((args, kwargs)))
     report = progress or (lambda stage, done, total: None)
 
     def step() -> None:
@@ -122,6 +127,7 @@ def profile(
         module_shapes=recorder.module_shapes,
         has_device_time=recorder.has_device_time,
         param_bytes=param_bytes,
+        memory_static=model_memory(model) if memory and record_ops else {},
         meta=_meta(
             model,
             device,
@@ -199,9 +205,11 @@ def count_flops(
     no_grad: bool | None = None,
     backward: bool = False,
     loss_fn: Callable[[Any], Any] | None = None,
+    memory: bool = True,
 ) -> Profile:
     """FLOPs, MACs, bytes, params and shapes from one pass, without timing; with
     ``backward=True`` the pass is forward, loss and backward, as in ``profile``.
+    ``memory`` also tracks memory in that pass, as ``profile`` does.
 
     Works on the meta device: build the model under ``with torch.device("meta"):`` and
     pass meta inputs to count a model too large to run (nothing is allocated).
@@ -212,7 +220,8 @@ def count_flops(
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
-    recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"))
+    recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory)
+    recorder.memory_inputs = list(tensors_in((args, kwargs)))
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
         clear_grads()
         with recorder.detail_pass(steps=backward):
@@ -222,6 +231,7 @@ def count_flops(
         op_pass=recorder.op_pass,
         module_shapes=recorder.module_shapes,
         param_bytes=param_bytes,
+        memory_static=model_memory(model) if memory else {},
         meta=_meta(
             model, device, mode="count", timed=False, no_grad=no_grad, backward=backward,
             paths=None if paths is None else list(paths),
@@ -252,7 +262,10 @@ class Profiler:
     flat on long runs.
 
     ``record_ops=False`` records module forward times only (no dispatch mode: no ops,
-    FLOPs, labels or backward attribution), the leanest timing. If the block raises,
+    FLOPs, memory, labels or backward attribution), the leanest timing; ``memory=False``
+    keeps ops but not memory. Memory sizes (peaks, activations, gradients, the timeline)
+    are those of the cycle's step with the highest peak; allocated and freed bytes are
+    summed over its steps like time and FLOPs. If the block raises,
     what was captured up to then is kept, marked ``meta["complete"] = False``.
     """
 
@@ -262,6 +275,7 @@ class Profiler:
         *,
         paths: Sequence[str] | None = None,
         record_ops: bool = True,
+        memory: bool = True,
         clock: Clock | None = None,
         schedule: Callable[[int], Any] | None = None,
         on_ready: Callable[[Profile], Any] | None = None,
@@ -273,6 +287,7 @@ class Profiler:
             raise TypeError(f"on_ready must be a callable taking a Profile, got {on_ready!r}")
         self._paths = paths
         self._record_ops = record_ops
+        self._memory = memory and record_ops
         self._clock = clock
         self._schedule = schedule
         self._on_ready = on_ready
@@ -299,8 +314,9 @@ class Profiler:
         )
         self._device = model_device(self.model)
         self._recorder = Recorder(
-            modules, [i.selected for i in self._infos], device=self._device, clock=self._clock
+            modules, [i.selected for i in self._infos], device=self._device, clock=self._clock, memory=self._memory
         )
+        self._parents = parent_indices(self._infos)
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(exclusive(self.model))
@@ -344,7 +360,11 @@ class Profiler:
                 assert self._recorder is not None
                 paths = [info.path for info in self._infos]
                 result = walk_pass(
-                    events, paths, has_device=self._recorder.has_device_time, collect_ops=self._record_ops
+                    events,
+                    paths,
+                    has_device=self._recorder.has_device_time,
+                    collect_ops=self._record_ops,
+                    parents=self._parents,
                 )
                 self._steps.add(result)
                 if self._cycle_first is None:
@@ -387,6 +407,7 @@ class Profiler:
             module_shapes=self._recorder.module_shapes,
             has_device_time=self._recorder.has_device_time,
             param_bytes=self._param_bytes,
+            memory_static=model_memory(self.model) if self._memory else {},
             meta=_meta(
                 self.model,
                 self._device,

@@ -22,6 +22,10 @@ ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
     ("flops", "self_flops"),
     ("macs", "self_macs"),
     ("bytes", "self_bytes"),
+    ("alloc_bytes", "self_alloc_bytes"),
+    ("freed_bytes", "self_freed_bytes"),
+    ("activation_bytes", "self_activation_bytes"),
+    ("grad_bytes", "self_grad_bytes"),
 )
 
 #: The phases a node's work is split into. ``recompute`` is forward work run again
@@ -40,6 +44,13 @@ class PhaseStats:
     ``device_*`` fields are ``None`` when the model did not run on an accelerator;
     ``flops``/``macs``/``bytes`` are ``None`` when no op pass was recorded. Ops with no
     FLOP formula add nothing to ``flops`` and are listed in ``unsupported_ops``.
+
+    Memory fields (``None`` when memory was not tracked) count logical storage bytes:
+    ``alloc_bytes``/``freed_bytes`` were allocated/freed while the node ran;
+    ``peak_bytes`` is the highest live memory reached while it ran, above the live
+    memory when it started (not additive); ``activation_bytes`` is what its forward
+    allocated and left alive for backward (saved tensors); ``grad_bytes`` is the
+    gradients written for its parameters in backward.
     """
 
     cpu_time_ns: int = 0
@@ -52,6 +63,15 @@ class PhaseStats:
     self_macs: int | None = None
     bytes: int | None = None
     self_bytes: int | None = None
+    alloc_bytes: int | None = None
+    self_alloc_bytes: int | None = None
+    freed_bytes: int | None = None
+    self_freed_bytes: int | None = None
+    peak_bytes: int | None = None
+    activation_bytes: int | None = None
+    self_activation_bytes: int | None = None
+    grad_bytes: int | None = None
+    self_grad_bytes: int | None = None
 
     @property
     def busy_time_ns(self) -> int | None:
@@ -82,6 +102,11 @@ class OpStats:
     flops: int | None = None
     macs: int | None = None
     bytes: int | None = None
+    #: Storage bytes the op allocated (its new outputs); ops do not nest, so self == total.
+    alloc_bytes: int | None = None
+    self_alloc_bytes: int | None = None
+    #: Storage bytes freed while the op ran.
+    freed_bytes: int | None = None
 
     @property
     def busy_time_ns(self) -> int | None:
@@ -186,6 +211,9 @@ class Profile:
     #: Top-level parts of a training step outside the model (loss, optimizer, labels,
     #: other), each the root of its own small tree; empty for a forward-only profile.
     parts: list[ModuleNode] = field(default_factory=list)
+    #: Model-level memory (None when not tracked): parameter, buffer and optimizer-state
+    #: bytes, the step's peak with its culprit and categories, and a timeline.
+    memory: dict[str, Any] | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -267,6 +295,7 @@ class Profile:
             "totals": self.totals,
             "modules": [node.to_dict() for node in self.modules()],
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],
+            "memory": self.memory,
         }
 
     def render(self, fmt: str = "text", **options: Any) -> str:

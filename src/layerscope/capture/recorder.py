@@ -32,6 +32,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from layerscope.capture.inputs import op_input_shapes, shapes_of
+from layerscope.capture.memory import StorageTracker, optimizer_hooks, storage_bytes
 from layerscope.errors import ProfilerStateError
 from layerscope.flops import count_op
 from layerscope.raw import ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, NO_SEQ, OP, STEP
@@ -43,6 +44,9 @@ Clock = Callable[[], int]
 _next_seq: Callable[[], int | None] = getattr(torch._C._autograd, "_get_sequence_nr", lambda: None)
 _graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _current_node: Callable[[], Any] = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+#: Ops returning a tensor made outside the dispatcher (``torch.tensor(...)``): new memory.
+_FRESH = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
@@ -129,6 +133,7 @@ class _OpMode(TorchDispatchMode):
         *,
         record: bool = True,
         param_owner: dict[int, int] | None = None,
+        tracker: StorageTracker | None = None,
     ):
         super().__init__()
         self._append = append
@@ -136,6 +141,7 @@ class _OpMode(TorchDispatchMode):
         self._timer = timer
         self._record = record
         self._param_owner = param_owner or {}
+        self._tracker = tracker
         self._names: dict[Any, str] = {}
 
     def _name(self, func: Any) -> str:
@@ -163,6 +169,8 @@ class _OpMode(TorchDispatchMode):
             return self._label(name, func, args, kwargs)
         node = _current_node()
         grad = None
+        tracker = self._tracker
+        variable = None
         if node is not None:
             seq = node._sequence_nr()
             owner = None
@@ -170,6 +178,8 @@ class _OpMode(TorchDispatchMode):
                 variable = getattr(node, "variable", None)
                 owner = self._param_owner.get(id(variable))
             grad = (seq, owner)
+            if tracker is not None:
+                tracker.backward_node(node, _graph_task())
         shapes = op_input_shapes(args) if self._record else None
         timer = self._timer
         mark0 = timer.mark() if timer is not None else None
@@ -182,7 +192,10 @@ class _OpMode(TorchDispatchMode):
         else:
             flops = macs = None
             nbytes = 0
-        self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad))
+        allocs = tracker.allocated(out, args, kwargs, name in _FRESH) if tracker is not None else None
+        self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs))
+        if variable is not None and tracker is not None and grad is not None and grad[1] is not None:
+            tracker.gradient(grad[1], variable, out)
         return out
 
 
@@ -196,8 +209,16 @@ class Recorder:
         *,
         device: torch.device,
         clock: Clock | None = None,
+        memory: bool = False,
     ) -> None:
         self._index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
+        self._device = device
+        self.memory = memory
+        #: Tensors live before each memory pass that are not the model's (profile's inputs).
+        self.memory_inputs: list[torch.Tensor] = []
+        self._params = [p for m in modules for p in m.parameters(recurse=False)]
+        self._state_tensors = self._params + [b for m in modules for b in m.buffers(recurse=False)]
+        self._tracker: StorageTracker | None = None
         # Gradient accumulation has no sequence number: its work goes to the parameter's owner.
         self._param_owner: dict[int, int] = {}
         for i, (m, keep) in enumerate(zip(modules, selected)):
@@ -258,7 +279,12 @@ class Recorder:
         def post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
             timed_post(module, args, output)
             i = index_get(id(module))
-            if i is not None and i not in shapes:
+            if i is None:
+                return
+            tracker = self._tracker
+            if tracker is not None and torch.is_grad_enabled():
+                tracker.module_output(output)
+            if i not in shapes:
                 inputs = shapes_of(list(args))
                 if kwargs:
                     inputs.append(shapes_of(kwargs))
@@ -267,7 +293,26 @@ class Recorder:
         return post
 
     def _mode(self, events: list[tuple[Any, ...]], *, record: bool) -> _OpMode:
-        return _OpMode(events.append, self._clock, self._timer, record=record, param_owner=self._param_owner)
+        return _OpMode(
+            events.append,
+            self._clock,
+            self._timer,
+            record=record,
+            param_owner=self._param_owner,
+            tracker=self._tracker if record else None,
+        )
+
+    def _start_memory(self, stack: ExitStack, events: list[tuple[Any, ...]]) -> None:
+        """Track storages for this pass: what is live already, then every op's."""
+        tracker = StorageTracker(events.append, self._clock, self._device)
+        self._tracker = tracker
+        stack.callback(setattr, self, "_tracker", None)
+        stack.callback(tracker.close)
+        tracker.begin(_next_seq())
+        tracker.constant(storage_bytes(self._state_tensors), "parameters")
+        tracker.adopt((p.grad for p in self._params if p.grad is not None), "gradients", since_start=True)
+        tracker.adopt(self.memory_inputs, "other", since_start=True)
+        optimizer_hooks(stack, tracker)
 
     @contextmanager
     def _pass(self, detailed: bool, *, steps: bool = False) -> Iterator[list[tuple[Any, ...]]]:
@@ -293,6 +338,8 @@ class Recorder:
                     stack.callback(flags.pop, post_handle.id, None)
             if steps:
                 events.append((STEP, self._clock()))
+            if detailed and self.memory:
+                self._start_memory(stack, events)
             if detailed:
                 stack.enter_context(self._mode(events, record=True))
                 self._mode_depth += 1

@@ -38,6 +38,27 @@ def _is_timed(profile: Profile) -> bool:
     return profile.timed
 
 
+def _has_memory(profile: Profile) -> bool:
+    return profile.root.forward.peak_bytes is not None
+
+
+def _has_activations(profile: Profile) -> bool:
+    return bool(profile.root.forward.activation_bytes)
+
+
+def _mem(getter: Callable[[ModuleNode], int | None]) -> Callable[[ModuleNode, Profile], str]:
+    return lambda node, profile: fmt.nbytes(getter(node)) if node.profiled else ""
+
+
+def _peak_any_phase(node: ModuleNode) -> int | None:
+    peaks = [stats.peak_bytes for _, stats in node.phases() if stats.peak_bytes is not None]
+    return max(peaks) if peaks else None
+
+
+def _op_alloc(o: OpStats, p: Profile) -> str:
+    return fmt.nbytes(o.alloc_bytes) if o.alloc_bytes is not None else ""
+
+
 def _timed(getter: Callable[[ModuleNode], int | None]) -> Callable[[ModuleNode, Profile], str]:
     return lambda node, profile: fmt.time_ns(getter(node)) if node.profiled else ""
 
@@ -158,6 +179,9 @@ COLUMNS: list[Column] = [
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.get("peak_flops_per_s")),
         shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
     ),
+    Column("Alloc", _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
+    Column("Peak mem", _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
+    Column("Activations", _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
     Column("Params", lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
     Column("Calls", _calls, lambda o, p: str(o.calls)),
 ]
@@ -194,6 +218,14 @@ STEP_COLUMNS: list[Column] = [
         _step_rate,
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
+    ),
+    Column("Activations", _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_memory),
+    Column("Peak mem", _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
+    Column(
+        "Alloc",
+        _mem(lambda n: sum(s.alloc_bytes or 0 for _, s in n.phases())),
+        _op_alloc,
+        shown=_has_memory,
     ),
     Column("Params", lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
     Column("Calls", _calls, lambda o, p: str(o.calls)),
@@ -259,6 +291,7 @@ def _footer(profile: Profile) -> list[str]:
         )
     ]
     lines.extend(_step_lines(profile))
+    lines.extend(_memory_lines(profile))
     passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
@@ -308,6 +341,34 @@ def _step_lines(profile: Profile) -> list[str]:
         )
     if profile.meta.get("complete") is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
+    return lines
+
+
+def _memory_lines(profile: Profile) -> list[str]:
+    memory = profile.memory
+    if not memory:
+        return []
+
+    def by_dtype(table: dict[str, int]) -> str:
+        return ", ".join(f"{fmt.nbytes(n)} {dtype}" for dtype, n in table.items())
+
+    held = [f"parameters {by_dtype(memory.get('param_bytes_by_dtype') or {}) or '0 B'}"]
+    if memory.get("buffer_bytes_by_dtype"):
+        held.append(f"buffers {by_dtype(memory['buffer_bytes_by_dtype'])}")
+    for name, state in (memory.get("optimizer_state_bytes") or {}).items():
+        held.append(f"{name} state {fmt.nbytes(state['total'])}")
+    lines = ["Memory: " + "; ".join(held)]
+    at = memory.get("peak_at")
+    where = f" in {at['path'] or profile.root.type} ({at['phase']})" if at else ""
+    categories = memory.get("peak_categories") or {}
+    split = " + ".join(f"{name.replace('_', ' ')} {fmt.nbytes(n)}" for name, n in categories.items() if n)
+    lines.append(f"Peak memory: {fmt.nbytes(memory['peak_bytes'])}{where}" + (f" = {split}" if split else ""))
+    device = memory.get("device")
+    if device:
+        lines.append(
+            f"Caching allocator at its peak: {fmt.nbytes(device['allocated_peak_bytes'])} allocated, "
+            f"{fmt.nbytes(device['reserved_at_peak_bytes'])} reserved"
+        )
     return lines
 
 

@@ -28,10 +28,26 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from layerscope.raw import ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, NO_SEQ, OP, STEP, RawCapture
+from layerscope.build.memory import MemoryResult, MemoryWalk, scan
+from layerscope.raw import (
+    ADOPT,
+    DEVICE_MEM,
+    ENTER,
+    EXIT,
+    FREE,
+    GRAD,
+    LABEL_ENTER,
+    LABEL_EXIT,
+    NO_SEQ,
+    OP,
+    OPTIM,
+    STEP,
+    RawCapture,
+)
 from layerscope.tree import ADDITIVE_PHASE_METRICS, PHASES, ModuleNode, OpStats, PhaseStats, Profile, link
 
 #: A node while building: a module index, or the path of a label or step part.
@@ -64,6 +80,7 @@ class PassResult:
     top_level_ns: int = 0
     outside_ops: int = 0
     phases: set[str] = field(default_factory=set)
+    memory: MemoryResult | None = None
 
 
 def _shape_key(shapes: Any) -> str:
@@ -87,14 +104,18 @@ def walk_pass(
     *,
     has_device: bool = False,
     collect_ops: bool = False,
+    parents: list[int | None] | None = None,
 ) -> PassResult:
-    """Self times, calls and (with ``collect_ops``) op tables of one event stream."""
+    """Self times, calls and (with ``collect_ops``) op tables of one event stream, and
+    its memory when it holds memory events. ``parents`` (each module's parent index)
+    lets backward memory peaks cover a module's ancestors too."""
     result = PassResult()
     self_cpu = result.self_cpu
     self_dev = result.self_dev
     calls = result.calls
     dynamic = result.dynamic
-    # Each frame: [key, t_enter, child ns, device t_enter, child device ns, phase]
+    # Each frame: [key, t_enter, child ns, device t_enter, child device ns, phase,
+    #              live bytes at enter, highest live bytes while open]
     frames: list[list[Any]] = []
     seq_starts: list[int] = []
     seq_owners: list[Key] = []
@@ -106,6 +127,32 @@ def walk_pass(
 
     def path_of(key: Key) -> str:
         return paths[key] if isinstance(key, int) else key
+
+    facts = scan(events)
+    mem = None if facts is None else MemoryWalk(facts, _ancestry(parents), _span_rule(parents))
+    pending_frees: list[tuple[int, int]] = []
+
+    def live() -> int:
+        return mem.live if mem is not None else 0
+
+    def top_site(create: bool = True) -> tuple[Key, str] | None:
+        # Where work outside any frame or backward chain is charged: the step's parts.
+        # A free alone does not make a <loss> part; it goes to <other> instead.
+        if t_first is None:
+            return None
+        key = top_owner()
+        if key not in dynamic:
+            if not create:
+                key = OTHER
+            dynamic.setdefault(key, Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1]))
+        return (key, "forward")
+
+    def site_now() -> tuple[Key, str] | None:
+        if frames:
+            return (frames[-1][0], frames[-1][5])
+        if mem is not None and mem.chain:
+            return (mem.chain[-1][0], "backward")
+        return top_site(create=False)
 
     def charge(key: Key, phase: str, ns: int, dev: int | None) -> None:
         result.phases.add(phase)
@@ -129,7 +176,10 @@ def walk_pass(
 
     def close(t: int, dev_t: int | None) -> None:
         nonlocal accounted, model_ran
-        key, t_enter, child_cpu, dev_enter, child_dev, phase = frames.pop()
+        frame = frames.pop()
+        key, t_enter, child_cpu, dev_enter, child_dev, phase = frame[:6]
+        if mem is not None:
+            mem.frame_closed(frame, t, frames)
         duration = max(0, t - t_enter)
         dev_duration = None
         if dev_enter is not None and dev_t is not None:
@@ -161,7 +211,18 @@ def walk_pass(
         at = bisect_right(seq_starts, seq) - 1
         return seq_owners[at] if at >= 0 else OTHER
 
-    def add_op(key: Key, phase: str, event: tuple[Any, ...]) -> None:
+    def op_memory(site: tuple[Key, str] | None, event: tuple[Any, ...]) -> tuple[int, int]:
+        """Bytes the op allocated, and bytes freed while it ran."""
+        if mem is None:
+            return 0, 0
+        freed = sum(n for t, n in pending_frees if t >= event[1])
+        pending_frees.clear()
+        allocs = event[10] if len(event) > 10 else None
+        if not allocs:
+            return 0, freed
+        return mem.allocate(allocs, site, event[2], frames), freed
+
+    def add_op(key: Key, phase: str, event: tuple[Any, ...], memory: tuple[int, int] = (0, 0)) -> None:
         t0, t1, name, shapes, dev_ns = event[1:6]
         if name is None:
             return
@@ -178,8 +239,15 @@ def walk_pass(
                 flops=None if flops is None else 0,
                 macs=None if macs is None else 0,
                 bytes=0,
+                alloc_bytes=0 if mem is not None else None,
+                self_alloc_bytes=0 if mem is not None else None,
+                freed_bytes=0 if mem is not None else None,
             )
         op.calls += 1
+        if mem is not None:
+            op.alloc_bytes = (op.alloc_bytes or 0) + memory[0]
+            op.self_alloc_bytes = (op.self_alloc_bytes or 0) + memory[0]
+            op.freed_bytes = (op.freed_bytes or 0) + memory[1]
         if flops is not None and op.flops is not None:
             op.flops += flops
             op.macs = (op.macs or 0) + (macs or 0)
@@ -202,7 +270,9 @@ def walk_pass(
             note_seq(event[4] if len(event) > 4 else None, index)
             if not in_bwd:
                 calls[index] = calls.get(index, 0) + 1
-            frames.append([index, event[1], 0, event[3], 0, "recompute" if in_bwd else "forward"])
+                if mem is not None and not frames:
+                    mem.end_backward(event[1])
+            frames.append([index, event[1], 0, event[3], 0, "recompute" if in_bwd else "forward", live(), live()])
         elif kind == EXIT:
             index = event[2]
             # Exits match their enters (forward hooks run even when forward raises). If
@@ -220,7 +290,9 @@ def walk_pass(
             note_seq(seq, path)
             if not in_bwd:
                 calls[path] = calls.get(path, 0) + 1
-            frames.append([path, t, 0, dev_t, 0, "recompute" if in_bwd else "forward"])
+                if mem is not None and not frames:
+                    mem.end_backward(t)
+            frames.append([path, t, 0, dev_t, 0, "recompute" if in_bwd else "forward", live(), live()])
         elif kind == LABEL_EXIT:
             _, t, dev_t, seq, _in_bwd = event
             if not any(isinstance(frame[0], str) for frame in frames):
@@ -237,6 +309,9 @@ def walk_pass(
                 key = backward_owner(grad)
                 if isinstance(key, str) and key not in dynamic:
                     dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
+                if mem is not None and not frames:
+                    mem.backward_owner(key, event[1])
+                memory = op_memory((key, "backward"), event)
                 t0 = event[1]
                 following = events[i + 1] if i + 1 < n_events else None
                 if following is not None and following[0] == OP and len(following) > 9 and following[9] is not None:
@@ -252,36 +327,107 @@ def walk_pass(
                 else:
                     accounted += slot
                 if collect_ops:
-                    add_op(key, "backward", event)
+                    add_op(key, "backward", event, memory)
             elif frames:
+                memory = op_memory((frames[-1][0], frames[-1][5]), event)
                 if collect_ops:
-                    add_op(frames[-1][0], frames[-1][5], event)
+                    add_op(frames[-1][0], frames[-1][5], event, memory)
             else:
                 # Forward work outside every frame: the loss (after the model's forward,
                 # before backward) or other glue. Without step marks it is outside the tree.
-                if t_first is None:
+                if mem is not None:
+                    mem.end_backward(event[1])
+                site = top_site()
+                memory = op_memory(site, event)
+                if site is None:
                     result.outside_ops += 1
                     continue
-                key = top_owner()
-                if key not in dynamic:
-                    dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
+                key = site[0]
                 elapsed = max(0, event[2] - event[1])
                 charge(key, "forward", elapsed, event[5] if has_device else None)
                 accounted += elapsed
                 if collect_ops:
-                    add_op(key, "forward", event)
+                    add_op(key, "forward", event, memory)
         elif kind == STEP:
             if t_first is None:
                 t_first = event[1]
             t_last = event[1]
+        elif mem is not None:
+            if kind == FREE:
+                nbytes = mem.free(event[2], site_now(), event[1])
+                if nbytes:
+                    pending_frees.append((event[1], nbytes))
+            elif kind == ADOPT:
+                mem.adopt(event, site_now(), frames)
+            elif kind in (GRAD, OPTIM, DEVICE_MEM):
+                mem.other_event(event)
     if frames and t_last is not None:
         while frames:
             close(t_last, None)
+    if mem is not None:
+        t_base = t_first if t_first is not None else _first_time(events)
+        result.memory = mem.finish(t_last if t_last is not None else _last_time(events), t_base, path_of)
     if t_first is not None and t_last is not None:
         result.wall_ns = t_last - t_first
         dynamic.setdefault(OTHER, Dynamic(OTHER, None, "other", "other"))
         charge(OTHER, "forward", max(0, result.wall_ns - accounted), None)
     return result
+
+
+def parent_indices(modules: list[Any]) -> list[int | None]:
+    """Each module's parent as an index into ``modules`` (None for the root)."""
+    index = {info.path: n for n, info in enumerate(modules)}
+    return [None if info.parent is None else index.get(info.parent) for info in modules]
+
+
+def _first_time(events: list[tuple[Any, ...]]) -> int:
+    for event in events:
+        if event[0] in (ENTER, EXIT, OP, LABEL_ENTER, LABEL_EXIT, STEP):
+            return int(event[1])
+    return 0
+
+
+def _last_time(events: list[tuple[Any, ...]]) -> int:
+    for event in reversed(events):
+        if event[0] in (ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, STEP):
+            return int(event[1])
+        if event[0] == OP:
+            return int(event[2])
+    return 0
+
+
+def _ancestry(parents: list[int | None] | None) -> Callable[[Key], list[Key]]:
+    """``key`` and its ancestors, outermost first (a part or label stands alone)."""
+    memo: dict[Key, list[Key]] = {}
+
+    def chain(key: Key) -> list[Key]:
+        found = memo.get(key)
+        if found is None:
+            found = [key]
+            if isinstance(key, int) and parents is not None:
+                up = parents[key]
+                while up is not None:
+                    found.append(up)
+                    up = parents[up]
+            found.reverse()
+            memo[key] = found
+        return found
+
+    return chain
+
+
+def _span_rule(parents: list[int | None] | None) -> Callable[[Key, bool], bool]:
+    """Which frames the memory timeline draws: the model and its children, and the
+    step's parts."""
+    def worthy(key: Key, top_level: bool) -> bool:
+        if isinstance(key, int):
+            if parents is None:
+                return top_level
+            up = parents[key]
+            return up is None or parents[up] is None
+        return top_level
+
+    return worthy
 
 
 # -- combining passes ---------------------------------------------------------------------
@@ -317,6 +463,10 @@ class Accumulator:
             else:
                 _merge_op(mine, op)
         total.phases |= result.phases
+        if result.memory is not None:
+            if total.memory is None:
+                total.memory = MemoryResult()
+            total.memory.merge(result.memory)
         total.outside_ops += result.outside_ops
         total.top_level_ns += result.top_level_ns
         if result.wall_ns is not None:
@@ -338,6 +488,10 @@ def _merge_op(into: OpStats, other: OpStats) -> None:
     elif other.flops is None:
         into.flops = into.macs = None
     into.bytes = (into.bytes or 0) + (other.bytes or 0)
+    if into.alloc_bytes is not None and other.alloc_bytes is not None:
+        into.alloc_bytes += other.alloc_bytes
+        into.self_alloc_bytes = (into.self_alloc_bytes or 0) + (other.self_alloc_bytes or 0)
+        into.freed_bytes = (into.freed_bytes or 0) + (other.freed_bytes or 0)
 
 
 def _median_result(passes: list[PassResult]) -> PassResult:
@@ -368,7 +522,9 @@ def build_profile(raw: RawCapture) -> Profile:
     passes = [walk_pass(events, paths, has_device=raw.has_device_time) for events in raw.timing_passes]
     op_result = None
     if raw.op_pass is not None:
-        op_result = walk_pass(raw.op_pass, paths, has_device=raw.has_device_time, collect_ops=True)
+        op_result = walk_pass(
+            raw.op_pass, paths, has_device=raw.has_device_time, collect_ops=True, parents=parent_indices(raw.modules)
+        )
     times = _median_result(passes) if passes else PassResult()
     # An untimed capture (count_flops) still knows how often each module ran.
     if not passes and op_result is not None:
@@ -399,6 +555,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
     """Nodes from per-node self figures, totals derived bottom-up."""
     has_device = raw.has_device_time
     counted = op_result is not None
+    memory = op_result.memory if op_result is not None else None
     phases = set(times.phases) | (op_result.phases if op_result is not None else set())
     if op_result is not None:
         for path, dyn in op_result.dynamic.items():
@@ -414,7 +571,22 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
             return None
         own_ops = [op for op in ops_by_key.get(key, []) if op.phase == phase] if selected else []
         self_dev = times.self_dev.get((key, phase), 0) if has_device and selected else None
+        mem: dict[str, int | None] = {}
+        if memory is not None:
+            site = (key, phase)
+            mem = {
+                "self_alloc_bytes": memory.alloc.get(site, 0),
+                "alloc_bytes": 0,
+                "self_freed_bytes": memory.freed.get(site, 0),
+                "freed_bytes": 0,
+                "peak_bytes": memory.peak.get(site, 0),
+                "self_activation_bytes": memory.activation.get(site, 0),
+                "activation_bytes": 0,
+                "self_grad_bytes": memory.grad.get(site, 0),
+                "grad_bytes": 0,
+            }
         return PhaseStats(
+            **mem,
             self_cpu_time_ns=times.self_cpu.get((key, phase), 0) if selected else 0,
             self_device_time_ns=self_dev,
             device_time_ns=0 if has_device else None,
@@ -505,7 +677,38 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         meta["step_time_ns"] = sum(
             stats.self_cpu_time_ns for tree in [root, *parts] for node in tree.walk() for _, stats in node.phases()
         )
-    return Profile(root=root, meta=meta, param_bytes=raw.param_bytes, parts=parts)
+    return Profile(
+        root=root,
+        meta=meta,
+        param_bytes=raw.param_bytes,
+        parts=parts,
+        memory=_memory_summary(raw, memory, paths),
+    )
+
+
+def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> dict[str, Any] | None:
+    """The model-level memory of a profile (``Profile.memory``)."""
+    if memory is None:
+        return None
+    at = memory.peak_at
+    return {
+        **raw.memory_static,
+        "optimizer_state_bytes": {
+            name: {"total": sum(by_key.values()), "by_key": dict(sorted(by_key.items()))}
+            for name, by_key in sorted(memory.optimizers.items())
+        },
+        "baseline_bytes": memory.baseline_bytes,
+        "peak_bytes": memory.peak_bytes,
+        "peak_at": None if at is None else {
+            "path": paths[at[0]] if isinstance(at[0], int) else at[0],
+            "phase": at[1],
+            "t_ns": memory.peak_t_ns,
+        },
+        "peak_categories": dict(memory.peak_categories),
+        "peak_by_phase": dict(sorted(memory.peak_by_phase.items())),
+        "timeline": memory.timeline,
+        "device": memory.device,
+    }
 
 
 _PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "other": 4}

@@ -1,0 +1,296 @@
+"""Where memory is measured: the storages a pass allocates, frees and saves for backward.
+
+Memory is counted in *logical* bytes: a storage's full size, once, however many views
+share it, the same way on every device. The op mode hands each op's outputs to
+:class:`StorageTracker`, which numbers every storage the op allocated (an output storage
+that was not one of its inputs and is not tracked yet) and holds a weak reference to it;
+when the storage dies the reference's callback records a FREE. Nothing is kept alive:
+the tracker holds no tensor and no storage, and forgets everything when the pass ends.
+
+Activations are read from the autograd graph, never by hooking autograd: after a module's
+forward (and when backward starts) the tracker walks the graph nodes created in the pass
+and reads what each node saved (``node._raw_saved_*``, which does not unpack, so
+activation checkpointing's saved objects are never recomputed) and records SAVED for the
+storages it tracks. Saved parameters and inputs the pass did not allocate are not
+activations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerscope.raw import ADOPT, DEVICE_MEM, FREE, GRAD, NO_SEQ, OPTIM, SAVED
+
+Append = Callable[[tuple[Any, ...]], None]
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in an op's output or a module's output (tuples, lists, dicts)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        return
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+
+
+def _storage(tensor: torch.Tensor) -> Any:
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # sparse, nested or a subclass without a plain storage
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        storage = _storage(tensor)
+        if storage is None or storage._cdata in seen:
+            continue
+        seen.add(storage._cdata)
+        total += storage.nbytes()
+    return total
+
+
+def bytes_by_dtype(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
+    """Bytes of the distinct storages behind ``tensors``, by dtype (``"float32"``...)."""
+    seen: set[int] = set()
+    out: dict[str, int] = {}
+    for tensor in tensors:
+        storage = _storage(tensor)
+        if storage is None or storage._cdata in seen:
+            continue
+        seen.add(storage._cdata)
+        name = str(tensor.dtype).replace("torch.", "")
+        out[name] = out.get(name, 0) + storage.nbytes()
+    return dict(sorted(out.items()))
+
+
+def model_memory(model: nn.Module) -> dict[str, Any]:
+    """Parameter and buffer bytes of ``model`` by dtype (each storage once)."""
+    return {
+        "param_bytes_by_dtype": bytes_by_dtype(model.parameters()),
+        "buffer_bytes_by_dtype": bytes_by_dtype(model.buffers()),
+    }
+
+
+class StorageTracker:
+    """The storages of one pass, by serial number; see the module docstring."""
+
+    def __init__(self, append: Append, clock: Callable[[], int], device: torch.device) -> None:
+        self._append = append
+        self._clock = clock
+        self._serial_of: dict[int, int] = {}  # storage address -> serial
+        self._refs: dict[int, tuple[Any, int, int]] = {}  # id(weakref) -> (ref, address, serial)
+        self._next = 0
+        self._active = True
+        self._min_seq = 0
+        self._walked: set[int] = set()
+        self._saved_names: dict[type, tuple[str, ...]] = {}
+        self._graph_task = -1
+        self._cuda = device if device.type == "cuda" and torch.cuda.is_available() else None
+        self._device_peak = 0
+        self._device_reserved = 0
+
+    # -- storages -----------------------------------------------------------------
+    def _on_free(self, ref: Any) -> None:
+        entry = self._refs.pop(id(ref), None)
+        if entry is None or not self._active:
+            return
+        _, address, serial = entry
+        if self._serial_of.get(address) == serial:
+            del self._serial_of[address]
+        self._append((FREE, self._clock(), serial))
+
+    def _track(self, storage: Any, address: int) -> int:
+        serial = self._next
+        self._next += 1
+        ref = weakref.ref(storage, self._on_free)
+        self._refs[id(ref)] = (ref, address, serial)
+        self._serial_of[address] = serial
+        return serial
+
+    def serial(self, tensor: torch.Tensor) -> int | None:
+        storage = _storage(tensor)
+        return None if storage is None else self._serial_of.get(storage._cdata)
+
+    def allocated(self, out: Any, args: Any, kwargs: Any, fresh: bool = False) -> tuple[tuple[int, int], ...] | None:
+        """``(serial, nbytes)`` of each storage ``out`` holds that the op allocated;
+        ``fresh`` ops (``aten::lift_fresh``) return a tensor just made outside the
+        dispatcher (``torch.tensor(...)``): its storage is new though it is an input."""
+        found: list[tuple[int, int]] | None = None
+        inputs: set[int] | None = set() if fresh else None
+        for tensor in tensors_in(out):
+            storage = _storage(tensor)
+            if storage is None:
+                continue
+            address = storage._cdata
+            if address in self._serial_of:
+                continue
+            nbytes = storage.nbytes()
+            if not nbytes:
+                continue
+            if inputs is None:
+                inputs = {s._cdata for t in tensors_in((args, kwargs)) if (s := _storage(t)) is not None}
+            if address in inputs:
+                continue  # a view of an input (a parameter, say): nothing new
+            if found is None:
+                found = []
+            found.append((self._track(storage, address), nbytes))
+        if self._cuda is not None:
+            self._sample_device()
+        return None if found is None else tuple(found)
+
+    def adopt(self, tensors: Iterable[torch.Tensor], category: str, *, since_start: bool) -> None:
+        """Record memory that was live before the tracker saw it, tracked from now on."""
+        now = self._clock()
+        for tensor in tensors:
+            storage = _storage(tensor)
+            if storage is None or storage._cdata in self._serial_of or not storage.nbytes():
+                continue
+            serial = self._track(storage, storage._cdata)
+            self._append((ADOPT, now, serial, storage.nbytes(), category, since_start))
+
+    def constant(self, nbytes: int, category: str) -> None:
+        """Memory live for the whole pass that is not tracked further (the parameters)."""
+        self._append((ADOPT, self._clock(), None, nbytes, category, True))
+
+    # -- gradients and optimizer state ------------------------------------------------
+    def gradient(self, owner: int, variable: torch.Tensor, out: Any) -> None:
+        """A parameter's gradient was accumulated by the op that returned ``out``."""
+        serial = None
+        for tensor in tensors_in(out):
+            serial = self.serial(tensor)
+            break
+        nbytes = variable.numel() * variable.element_size()
+        self._append((GRAD, self._clock(), owner, nbytes, serial))
+
+    def optimizer_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        # State that exists before this step and was not allocated in the pass was live
+        # from its start (the moments of earlier steps).
+        self.adopt(_state_tensors(optimizer), "optimizer_state", since_start=True)
+
+    def optimizer_post(self, optimizer: torch.optim.Optimizer) -> None:
+        by_key: dict[str, int] = {}
+        seen: set[int] = set()
+        for state in optimizer.state.values():
+            if not isinstance(state, dict):
+                continue
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                storage = _storage(value)
+                if storage is None or storage._cdata in seen:
+                    continue
+                seen.add(storage._cdata)
+                by_key[str(key)] = by_key.get(str(key), 0) + storage.nbytes()
+        self._append((OPTIM, self._clock(), type(optimizer).__name__, by_key, id(optimizer)))
+
+    # -- activations --------------------------------------------------------------------
+    def begin(self, min_seq: int | None) -> None:
+        """Start of the pass: only autograd nodes numbered from ``min_seq`` on are new."""
+        self._min_seq = min_seq if min_seq is not None else 0
+
+    def _names(self, node: Any) -> tuple[str, ...]:
+        kind = type(node)
+        names = self._saved_names.get(kind)
+        if names is None:
+            names = self._saved_names[kind] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+        return names
+
+    def walk_saved(self, roots: Iterable[Any]) -> None:
+        """Record SAVED for the tracked storages saved by nodes reachable from ``roots``."""
+        stack = [node for node in roots if node is not None]
+        serial_of = self._serial_of
+        walked = self._walked
+        while stack:
+            node = stack.pop()
+            try:
+                seq = node._sequence_nr()
+            except (AttributeError, RuntimeError):
+                continue
+            if seq == NO_SEQ or seq < self._min_seq or seq in walked:
+                continue
+            walked.add(seq)
+            for name in self._names(node):
+                try:
+                    saved = getattr(node, name)
+                except RuntimeError:
+                    continue  # already released (a second backward through the graph)
+                for item in saved if isinstance(saved, (tuple, list)) else (saved,):
+                    try:
+                        data = item.data
+                    except (AttributeError, RuntimeError):
+                        continue
+                    if isinstance(data, torch.Tensor):
+                        storage = _storage(data)
+                        if storage is not None:
+                            serial = serial_of.get(storage._cdata)
+                            if serial is not None:
+                                self._append((SAVED, serial))
+            for next_node, _ in node.next_functions:
+                if next_node is not None:
+                    stack.append(next_node)
+
+    def module_output(self, output: Any) -> None:
+        self.walk_saved(t.grad_fn for t in tensors_in(output) if t.grad_fn is not None)
+
+    def backward_node(self, node: Any, graph_task: int) -> None:
+        """Called for each op autograd's engine runs: the first one of a backward walks
+        the graph from there (the loss's nodes, and any the forward walks missed)."""
+        if graph_task != self._graph_task:
+            self._graph_task = graph_task
+            self.walk_saved((node,))
+
+    # -- the caching allocator (CUDA) ------------------------------------------------------
+    def _sample_device(self) -> None:
+        allocated = torch.cuda.memory_allocated(self._cuda)
+        if allocated > self._device_peak:
+            self._device_peak = allocated
+            self._device_reserved = torch.cuda.memory_reserved(self._cuda)
+
+    def close(self) -> None:
+        """End of the pass: report the allocator's peak and forget every storage."""
+        if self._cuda is not None:
+            self._sample_device()
+            self._append((DEVICE_MEM, self._device_peak, self._device_reserved))
+        self._active = False
+        self._refs.clear()
+        self._serial_of.clear()
+        self._walked.clear()
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    for state in optimizer.state.values():
+        if isinstance(state, dict):
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    yield value
+
+
+def optimizer_hooks(stack: ExitStack, tracker: StorageTracker) -> None:
+    """Watch every optimizer's ``step`` for the pass (global hooks, removed on exit)."""
+    from torch.optim import optimizer as optim_module
+
+    register_pre = getattr(optim_module, "register_optimizer_step_pre_hook", None)
+    register_post = getattr(optim_module, "register_optimizer_step_post_hook", None)
+    if register_pre is None or register_post is None:
+        return
+    pre = register_pre(lambda opt, args, kwargs: tracker.optimizer_pre(opt))
+    stack.callback(pre.remove)
+    post = register_post(lambda opt, args, kwargs: tracker.optimizer_post(opt))
+    stack.callback(post.remove)
