@@ -39,3 +39,68 @@ def test_profiler_block_on_cuda() -> None:
     layerscope.check_tree(prof.profile)
     assert prof.root.forward.device_time_ns > 0
     assert prof["blocks.0.attn"].forward.device_time_ns > 0
+
+
+def _chain_on_cuda() -> torch.nn.Sequential:
+    # Every tensor is a multiple of 512 bytes, the caching allocator's rounding, so its
+    # figures and layerscope's logical bytes can be compared exactly.
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU()
+    ).cuda()
+
+
+def test_module_memory_agrees_with_memory_allocated_deltas() -> None:
+    model = _chain_on_cuda()
+    x = torch.randn(8, 64, device="cuda")
+    model(x).sum().backward()  # cuBLAS workspaces exist before anything is measured
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    # Reference: memory_allocated() before and after each module's forward, from hooks
+    # registered (and removed) by this test.
+    deltas: dict[str, int] = {}
+    before: dict[str, int] = {}
+    names = {m: n for n, m in model.named_modules()}
+    handles = [
+        m.register_forward_pre_hook(lambda mod, args: before.__setitem__(names[mod], torch.cuda.memory_allocated()))
+        for m in model
+    ] + [
+        m.register_forward_hook(
+            lambda mod, args, out: deltas.__setitem__(names[mod], torch.cuda.memory_allocated() - before[names[mod]])
+        )
+        for m in model
+    ]
+    out = model(x)
+    for handle in handles:
+        handle.remove()
+    del out
+    prof = layerscope.check_tree(layerscope.profile(model, x, no_grad=False, warmup=1, repeat=1))
+    for path, delta in deltas.items():
+        stats = prof[path].forward
+        assert stats.alloc_bytes - stats.freed_bytes == delta, path
+
+
+def test_step_peak_agrees_with_max_memory_allocated() -> None:
+    model = _chain_on_cuda()
+    x = torch.randn(8, 64, device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()
+
+    step()
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with layerscope.Profiler(model) as prof:
+        step()
+    torch.cuda.synchronize()
+    memory = layerscope.check_tree(prof.profile).memory
+    allocator_peak = torch.cuda.max_memory_allocated()
+    # The allocator, sampled after each op, never exceeds its own high-water mark...
+    assert memory["device"]["allocated_peak_bytes"] <= allocator_peak
+    assert memory["device"]["reserved_at_peak_bytes"] >= memory["device"]["allocated_peak_bytes"]
+    # ...and the logical growth above the step's start is the allocator's growth.
+    assert memory["peak_bytes"] - memory["baseline_bytes"] == allocator_peak - start

@@ -272,12 +272,18 @@ def test_failure_after_the_write_leaves_the_old_file(
     assert layerscope.load(saved).to_dict() == zoo_profile.to_dict()
 
 
-@pytest.mark.parametrize("text", [b"bytes, not text", None], ids=["bytes", "none"])
+@pytest.mark.parametrize("text", [12, None], ids=["int", "none"])
 def test_write_atomic_with_text_that_is_not_text(saved: Path, text: Any) -> None:
     old = saved.read_bytes()
     with pytest.raises(TypeError):
         layerscope.io.write_atomic(saved, text)
     assert saved.read_bytes() == old
+    assert leftovers(saved.parent) == []
+
+
+def test_write_atomic_writes_bytes_as_they_are(saved: Path) -> None:
+    layerscope.io.write_atomic(saved, b"\x89PNG\r\n")
+    assert saved.read_bytes() == b"\x89PNG\r\n"
     assert leftovers(saved.parent) == []
 
 

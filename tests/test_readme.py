@@ -27,6 +27,16 @@ def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "alexnet.json").exists()
 
 
+def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for doc in ("memory.md",):
+        path = README.parent / "docs" / doc
+        blocks = re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
+        assert blocks, f"docs/{doc} has no Python example"
+        for block in blocks:
+            exec(compile(block, str(path), "exec"), {"__name__": "__docs__"})
+
+
 def _cli_lines() -> list[list[str]]:
     lines = []
     for block in _blocks("bash"):
@@ -37,12 +47,19 @@ def _cli_lines() -> list[list[str]]:
     return lines
 
 
+@pytest.fixture(scope="module")
+def shell_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for all the README's command lines, run in order, as a reader would:
+    a line may read the file an earlier one wrote."""
+    return tmp_path_factory.mktemp("readme_shell")
+
+
 @pytest.mark.parametrize("argv", _cli_lines(), ids=lambda argv: " ".join(argv))
-def test_readme_cli_lines_run(argv: list[str], tmp_path: Path) -> None:
+def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     env = dict(os.environ)
     result = subprocess.run(
         [sys.executable, "-m", "layerscope", *argv],
-        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+        cwd=shell_dir, capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr

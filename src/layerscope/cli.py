@@ -33,6 +33,18 @@ examples:
 """
 
 
+PLOT_MEMORY_EPILOG = """\
+examples:
+  layerscope profile zoo:gpt --backward --repeat 1 -o gpt.json
+  layerscope plot-memory gpt.json -o gpt_memory.png
+  layerscope plot-memory run.json -o memory.png --title "GPT-2 training step"
+
+In Python: prof.save("run.json") after a layerscope.Profiler(model) block around a
+training step, or layerscope.plot.plot_memory(profile, "memory.png") directly.
+Profiles made with memory=False or record_ops=False have no timeline to draw.
+"""
+
+
 class UsageError(LayerscopeError):
     """Bad command-line use: exit status 2."""
 
@@ -64,7 +76,7 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
         parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
-        parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes and FLOPs")
+        parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes, FLOPs and memory")
         parser.add_argument(
             "--peak-tflops", type=float, metavar="TFLOPS",
             help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs",
@@ -74,6 +86,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
     parser.add_argument(
         "--backward", action="store_true",
         help="run backward too (loss: sum of the first float output): forward and backward per module",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-memory", action="store_true",
+        help="do not track memory (allocations, peaks, activations per module; the step's peak)",
     )  # fmt: skip
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
     parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
@@ -120,6 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(flops, spec=True, timed=False)
 
     sub.add_parser("zoo", help="list the built-in models", description="List the built-in models.")
+
+    plot = sub.add_parser(
+        "plot-memory", help="draw a saved profile's memory timeline as a PNG (needs matplotlib)",
+        epilog=PLOT_MEMORY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Draw the memory timeline of a profile saved as JSON, as a PNG:\n"
+        "live bytes over one step, the baseline, the peak with the module and phase it\n"
+        "happened in, the model's top-level modules and the step's parts (loss, optimizer)\n"
+        "as bars, and what the peak is made of (parameters, gradients, optimizer state,\n"
+        "activations, other). Needs matplotlib: pip install 'layerscope[plot]'.",
+    )
+    plot.add_argument("profile", metavar="PROFILE", help="a profile saved as JSON (profile -o x.json, Profile.save)")
+    plot.add_argument("-o", "--output", metavar="OUT.png", required=True, help="the PNG to write (atomically)")
+    plot.add_argument("--title", help="the picture's title (default: '<model> memory over one step')")
+    plot.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
 
 
@@ -205,14 +235,14 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     if count_only:
-        prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward)
+        prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
     else:
         if device.type == "meta":
             raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
         with _progress_bar(sys.stderr.isatty()) as report:
             prof = layerscope.profile(
                 model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
-                paths=args.paths, record_ops=not args.no_ops, progress=report,
+                paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
                 peak_tflops=args.peak_tflops, backward=args.backward,
             )
     prof.meta["spec"] = resolved.label
@@ -241,6 +271,35 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: it is a folder; give a file name")
 
 
+def _plot_memory(args: argparse.Namespace) -> int:
+    import layerscope
+
+    if not args.output.lower().endswith(".png"):
+        raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
+    try:
+        profile = layerscope.load(args.profile)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:  # a folder, no permission
+        raise UsageError(f"cannot read {args.profile!r}: {exc.strerror or exc}") from exc
+    from layerscope.plot import memory_timeline, plot_memory
+
+    try:
+        memory_timeline(profile)
+    except ValueError as exc:
+        raise UsageError(f"{args.profile}: {exc}") from exc
+    _check_writable(args.output)
+    try:
+        plot_memory(profile, args.output, title=args.title)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        print(f"layerscope: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"layerscope: wrote the memory timeline to {args.output}", file=sys.stderr)
+    return 0
+
+
 def _list_zoo() -> int:
     from layerscope import zoo
 
@@ -264,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.depth is None:
                 args.depth = 2
             return _run_profile(args, DEMO_SPEC)
+        if args.command == "plot-memory":
+            return _plot_memory(args)
         if args.command == "flops":
             return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)

@@ -13,8 +13,9 @@ from layerscope.errors import SchemaError
 SCHEMA = "layerscope/1"
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
+    """Write ``text`` (str, as UTF-8, or bytes) to ``path`` so that readers see the old
+    file or the whole new one.
 
     The text goes to a temporary file in the same folder, is flushed to disk, then
     renamed over ``path``: a failed run never leaves a half-written file behind.
@@ -34,8 +35,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
             os.umask(umask)
             mode = 0o666 & ~umask
         os.chmod(tmp_name, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from layerscope.build.memory import MemoryResult, MemoryWalk, scan
+from layerscope.build.memory import MemoryResult, MemoryWalk, is_part, scan
 from layerscope.raw import (
     ADOPT,
     DEVICE_MEM,
@@ -129,7 +129,7 @@ def walk_pass(
         return paths[key] if isinstance(key, int) else key
 
     facts = scan(events)
-    mem = None if facts is None else MemoryWalk(facts, _ancestry(parents), _span_rule(parents))
+    mem = None if facts is None else MemoryWalk(facts, _ancestry(parents), _span_rule(parents, calls))
     pending_frees: list[tuple[int, int]] = []
 
     def live() -> int:
@@ -215,8 +215,10 @@ def walk_pass(
         """Bytes the op allocated, and bytes freed while it ran."""
         if mem is None:
             return 0, 0
-        freed = sum(n for t, n in pending_frees if t >= event[1])
-        pending_frees.clear()
+        freed = 0
+        if pending_frees:
+            freed = sum(n for t, n in pending_frees if t >= event[1])
+            pending_frees.clear()
         allocs = event[10] if len(event) > 10 else None
         if not allocs:
             return 0, freed
@@ -416,16 +418,23 @@ def _ancestry(parents: list[int | None] | None) -> Callable[[Key], list[Key]]:
     return chain
 
 
-def _span_rule(parents: list[int | None] | None) -> Callable[[Key, bool], bool]:
-    """Which frames the memory timeline draws: the model and its children, and the
-    step's parts."""
+def _span_rule(parents: list[int | None] | None, calls: dict[Key, int]) -> Callable[[Key, bool], bool]:
+    """Which frames the memory timeline draws: the step's parts, the model, and the
+    modules right under it, counting only modules that were called (the blocks of a
+    ``ModuleList`` the model loops over are right under it)."""
     def worthy(key: Key, top_level: bool) -> bool:
-        if isinstance(key, int):
-            if parents is None:
-                return top_level
-            up = parents[key]
-            return up is None or parents[up] is None
-        return top_level
+        if not isinstance(key, int):
+            return top_level
+        if parents is None:
+            return top_level
+        if not calls.get(key):
+            return False
+        called_above = 0
+        up = parents[key]
+        while up is not None:
+            called_above += 1 if calls.get(up) else 0
+            up = parents[up]
+        return called_above <= 1
 
     return worthy
 
@@ -701,7 +710,9 @@ def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[st
         "peak_bytes": memory.peak_bytes,
         "peak_at": None if at is None else {
             "path": paths[at[0]] if isinstance(at[0], int) else at[0],
-            "phase": at[1],
+            # A step part (<optimizer:Adam>, ...) has no forward: only its backward work
+            # (the loss's) names a phase.
+            "phase": None if is_part(at[0]) and at[1] == "forward" else at[1],
             "t_ns": memory.peak_t_ns,
         },
         "peak_categories": dict(memory.peak_categories),

@@ -53,6 +53,22 @@ def _storage(tensor: torch.Tensor) -> Any:
         return None  # sparse, nested or a subclass without a plain storage
 
 
+def _input_storages(args: Any, kwargs: Any) -> set[int]:
+    """Addresses of the storages of an op's tensor arguments (flat, or in lists)."""
+    found: set[int] = set()
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            storage = _storage(value)
+            if storage is not None:
+                found.add(storage._cdata)
+        elif isinstance(value, (tuple, list, dict)):
+            for tensor in tensors_in(value):
+                storage = _storage(tensor)
+                if storage is not None:
+                    found.add(storage._cdata)
+    return found
+
+
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
     seen: set[int] = set()
@@ -132,20 +148,30 @@ class StorageTracker:
         """``(serial, nbytes)`` of each storage ``out`` holds that the op allocated;
         ``fresh`` ops (``aten::lift_fresh``) return a tensor just made outside the
         dispatcher (``torch.tensor(...)``): its storage is new though it is an input."""
+        # Called for every op: the common shapes (one tensor, a flat tuple) go first.
+        if type(out) is torch.Tensor:
+            outputs: Any = (out,)
+        elif type(out) is tuple and all(type(t) is torch.Tensor or t is None for t in out):
+            outputs = out
+        else:
+            outputs = tuple(tensors_in(out))
         found: list[tuple[int, int]] | None = None
         inputs: set[int] | None = set() if fresh else None
-        for tensor in tensors_in(out):
+        serial_of = self._serial_of
+        for tensor in outputs:
+            if tensor is None:
+                continue
             storage = _storage(tensor)
             if storage is None:
                 continue
             address = storage._cdata
-            if address in self._serial_of:
+            if address in serial_of:
                 continue
             nbytes = storage.nbytes()
             if not nbytes:
                 continue
             if inputs is None:
-                inputs = {s._cdata for t in tensors_in((args, kwargs)) if (s := _storage(t)) is not None}
+                inputs = _input_storages(args, kwargs)
             if address in inputs:
                 continue  # a view of an input (a parameter, say): nothing new
             if found is None:

@@ -359,7 +359,9 @@ def _memory_lines(profile: Profile) -> list[str]:
         held.append(f"{name} state {fmt.nbytes(state['total'])}")
     lines = ["Memory: " + "; ".join(held)]
     at = memory.get("peak_at")
-    where = f" in {at['path'] or profile.root.type} ({at['phase']})" if at else ""
+    where = ""
+    if at:
+        where = f" in {at['path'] or profile.root.type}" + (f" ({at['phase']})" if at["phase"] else "")
     categories = memory.get("peak_categories") or {}
     split = " + ".join(f"{name.replace('_', ' ')} {fmt.nbytes(n)}" for name, n in categories.items() if n)
     lines.append(f"Peak memory: {fmt.nbytes(memory['peak_bytes'])}{where}" + (f" = {split}" if split else ""))

@@ -1,0 +1,307 @@
+"""Pictures of a profile: the memory timeline of one step as a PNG (needs matplotlib).
+
+``plot_memory(profile, "memory.png")`` draws live bytes over the step (a step line), the
+baseline, the peak with the module and phase it happened in, the model's top-level
+modules and the step's parts (loss, optimizer, ...) as bars along the bottom, and the
+peak's breakdown by category. matplotlib is imported only here, and only its
+object-oriented API is used (no pyplot, no global state), so plotting works in
+threads, notebooks and on machines without a display.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+from layerscope import fmt
+from layerscope.io import write_atomic
+
+#: The PNG's size: FIGSIZE inches at DPI dots per inch (1200 x 720 pixels).
+FIGSIZE = (12.0, 7.2)
+DPI = 100
+
+PHASE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#55A868"}
+#: Step parts that are neither forward nor backward (optimizer step, zero_grad, ...).
+PART_COLOUR = "#8172B3"
+LINE_COLOUR = "#222222"
+PEAK_COLOUR = "#C44E52"
+
+CATEGORIES = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("activations", "activations"),
+    ("other", "other"),
+)
+
+NO_TIMELINE = (
+    "this profile has no memory timeline: it was made with memory tracking off "
+    "(memory=False, or record_ops=False / --no-ops); profile again with memory on, the default "
+    "(layerscope.profile(model, inputs), layerscope.Profiler(model) or layerscope profile SPEC -o x.json)"
+)
+NO_MATPLOTLIB = "plot-memory needs matplotlib: pip install 'layerscope[plot]'"
+
+
+def plot_memory(profile: Any, path: str | os.PathLike[str], *, title: str | None = None) -> None:
+    """Draw ``profile``'s memory timeline and write it to ``path`` as a PNG.
+
+    The file is always a PNG, whatever ``path``'s extension, and is written
+    atomically (a temporary file in the same folder, renamed over ``path``).
+    ``title`` defaults to "<model> memory over one step".
+
+    Raises ``ValueError`` if the profile has no memory timeline (it was made with
+    ``memory=False`` or ``record_ops=False``) and ``ImportError`` without matplotlib.
+    """
+    png = render_memory_png(profile, title=title)
+    write_atomic(path, png)
+
+
+def memory_timeline(profile: Any) -> dict[str, Any]:
+    """``profile.memory["timeline"]``, or a ``ValueError`` saying how to get one."""
+    memory = getattr(profile, "memory", None)
+    timeline = memory.get("timeline") if isinstance(memory, dict) else None
+    if not isinstance(timeline, dict) or not timeline.get("t_ns") or not timeline.get("bytes"):
+        raise ValueError(NO_TIMELINE)
+    return timeline
+
+
+def render_memory_png(profile: Any, *, title: str | None = None) -> bytes:
+    """The PNG bytes :func:`plot_memory` writes."""
+    timeline = memory_timeline(profile)
+    memory = profile.memory
+    try:
+        # The package itself first: a cached submodule would otherwise slip past a
+        # matplotlib that is missing (or blocked in sys.modules).
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(NO_MATPLOTLIB) from None
+
+    model = str(profile.meta.get("model") or "model")
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    _draw(fig, memory, timeline, model, title if title is not None else f"{model} memory over one step")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": "layerscope"})
+    return buf.getvalue()
+
+
+# -- drawing ----------------------------------------------------------------------------
+
+
+def _byte_unit(peak: int) -> tuple[str, float]:
+    for name, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if peak >= size:
+            return name, float(size)
+    return "B", 1.0
+
+
+def _span_label(path: str, model: str) -> str:
+    return model if path == "" else path
+
+
+def _span_colour(path: str, phase: str) -> str:
+    if path.startswith("<") and path != "<loss>" and phase == "forward":
+        return PART_COLOUR  # an optimizer step or zero_grad is not a forward pass
+    return PHASE_COLOURS.get(phase, PART_COLOUR)
+
+
+def _lanes(spans: list[tuple[int, int, str, str]]) -> list[int]:
+    """Greedy lanes: each span goes in the first lane free at its start."""
+    ends: list[int] = []
+    lanes = []
+    for start, end, _, _ in spans:
+        for i, last in enumerate(ends):
+            if last <= start:
+                ends[i] = end
+                lanes.append(i)
+                break
+        else:
+            ends.append(end)
+            lanes.append(len(ends) - 1)
+    return lanes
+
+
+def _draw(fig: Any, memory: dict[str, Any], timeline: dict[str, Any], model: str, title: str) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    t_ns = [int(t) for t in timeline["t_ns"]]
+    live = [int(b) for b in timeline["bytes"]]
+    raw_spans = [(int(s[0]), int(s[1]), str(s[2]), str(s[3])) for s in timeline.get("spans") or []]
+    baseline = memory.get("baseline_bytes")
+    peak = memory.get("peak_bytes")
+    if not isinstance(peak, int):
+        peak = max(live)
+    peak_at = memory.get("peak_at") or {}
+    peak_t = peak_at.get("t_ns")
+    if not isinstance(peak_t, int):
+        peak_t = t_ns[live.index(max(live))]
+
+    unit, scale = _byte_unit(max([peak, *live]))
+    end_ns = max([t_ns[-1], *(s[1] for s in raw_spans), 1])
+    xs = [t / 1e6 for t in t_ns] + [end_ns / 1e6]
+    ys = [b / scale for b in live] + [live[-1] / scale]
+
+    # Top-level step tier (the model root and the step's parts) over the root's children.
+    step_tier = sorted((s for s in raw_spans if s[2] == "" or s[2].startswith("<")), key=lambda s: s[:2])
+    module_tier = sorted((s for s in raw_spans if not (s[2] == "" or s[2].startswith("<"))), key=lambda s: s[:2])
+    step_lanes = _lanes(step_tier)
+    module_lanes = _lanes(module_tier)
+    n_step = max(step_lanes, default=-1) + 1
+    n_module = max(module_lanes, default=-1) + 1
+    n_rows = max(1, n_step + n_module)
+
+    grid = fig.add_gridspec(
+        2, 1, height_ratios=[5.0, 0.55 * n_rows + 0.4], hspace=0.06,
+        left=0.075, right=0.985, top=0.875, bottom=0.085 + 0.06,
+    )
+    ax = fig.add_subplot(grid[0])
+    bars = fig.add_subplot(grid[1], sharex=ax)
+
+    # Faint background shading for the model's forward / backward and the step parts.
+    for start, end, path, phase in step_tier:
+        ax.axvspan(start / 1e6, end / 1e6, color=_span_colour(path, phase), alpha=0.07, lw=0)
+
+    ax.fill_between(xs, ys, step="post", color=LINE_COLOUR, alpha=0.08, lw=0)
+    ax.step(xs, ys, where="post", color=LINE_COLOUR, lw=1.4)
+    if isinstance(baseline, int):
+        ax.axhline(baseline / scale, color="#555555", ls="--", lw=1.1)
+
+    px, py = peak_t / 1e6, peak / scale
+    ax.plot([px], [py], "o", color=PEAK_COLOUR, ms=8, zorder=5)
+    where = peak_at.get("path")
+    if where is None:
+        culprit = "(culprit unknown)"
+    else:
+        culprit = _span_label(str(where), model) if where == "" else str(where)
+        phase = peak_at.get("phase")
+        # Step parts run outside any forward or backward: their "phase" says nothing.
+        if phase and not (str(where).startswith("<") and phase == "forward"):
+            culprit += f" ({phase})"
+    x_left, x_right = 0.0, end_ns / 1e6 * 1.012  # room for a peak at the very end
+    on_right = px > (x_left + x_right) / 2
+    ax.annotate(
+        f"peak {fmt.nbytes(peak)}\nin {culprit}\nat {fmt.time_ns(peak_t)}",
+        xy=(px, py), xytext=(-14 if on_right else 14, 8), textcoords="offset points",
+        ha="right" if on_right else "left", va="bottom", fontsize=9.5, color=PEAK_COLOUR, zorder=6,
+        bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": PEAK_COLOUR, "alpha": 0.92},
+        arrowprops={"arrowstyle": "-", "color": PEAK_COLOUR, "lw": 0.8},
+        parse_math=False,
+    )
+
+    ax.set_xlim(x_left, x_right)
+    # Headroom above the highest point for the peak's note (~60 px), so it hides no data.
+    axes_px = ax.get_window_extent(fig.canvas.get_renderer()).height
+    ax.set_ylim(0, (max(py, *ys) or 1.0) / max(1.0 - 64.0 / axes_px, 0.5))
+    ax.set_ylabel(f"live memory ({unit})")
+    ax.grid(True, axis="y", color="#dddddd", lw=0.6)
+    ax.tick_params(labelbottom=False)
+    ax.set_title(title, fontsize=13, pad=30, parse_math=False)
+
+    # Bars: step tier on top, modules below.
+    rows = [(s, lane) for s, lane in zip(step_tier, step_lanes)]
+    rows += [(s, n_step + lane) for s, lane in zip(module_tier, module_lanes)]
+    _draw_bars(fig, bars, rows, n_rows, model)
+    bars.set_ylim(-0.6, n_rows - 0.4)
+    ticks, names = [], []
+    if n_step:
+        ticks.append(n_rows - 1 - (n_step - 1) / 2)
+        names.append("step")
+    if n_module:
+        ticks.append((n_module - 1) / 2)
+        names.append("modules")
+    bars.set_yticks(ticks, names)
+    bars.tick_params(axis="y", length=0)
+    bars.set_xlabel("time since the step started (ms)")
+    for side in ("top", "right"):
+        bars.spines[side].set_visible(False)
+        ax.spines[side].set_visible(False)
+
+    handles = [
+        Line2D([], [], color=LINE_COLOUR, lw=1.4, label="live bytes"),
+        Line2D([], [], color="#555555", ls="--", lw=1.1, label="baseline (step start)"),
+        Line2D([], [], color=PEAK_COLOUR, marker="o", ls="", ms=7, label="peak"),
+    ]
+    phases = {s[3] for s in raw_spans if _span_colour(s[2], s[3]) != PART_COLOUR}
+    for phase in ("forward", "backward", "recompute"):
+        if phase in phases:
+            handles.append(Patch(color=PHASE_COLOURS[phase], alpha=0.55, label=phase))
+    if any(_span_colour(s[2], s[3]) == PART_COLOUR for s in raw_spans):
+        handles.append(Patch(color=PART_COLOUR, alpha=0.55, label="optimizer / other step parts"))
+    ax.legend(
+        handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles),
+        frameon=False, fontsize=9, borderaxespad=0.2, handlelength=1.8, columnspacing=1.4,
+    )
+
+    fig.text(0.075, 0.025, _breakdown(memory, peak, baseline), fontsize=9.5, ha="left", va="bottom",
+             linespacing=1.5, parse_math=False)
+
+
+def _draw_bars(fig: Any, bars: Any, rows: list[Any], n_rows: int, model: str) -> None:
+    """One bar per span, named inside when it fits, else beside it in a free gap of its
+    row, else left unnamed (its colour and place still say what it is)."""
+    renderer = fig.canvas.get_renderer()
+    box = bars.get_window_extent(renderer)
+    left_px, right_px = box.x0, box.x1
+    placed: list[tuple[int, str, float, float]] = []
+    taken: dict[int, list[tuple[float, float]]] = {}
+    for (start, end, path, phase), row in rows:
+        y = n_rows - 1 - row
+        colour = _span_colour(path, phase)
+        x0, width = start / 1e6, max(end - start, 0) / 1e6
+        bars.barh(y, width, left=x0, height=0.72, color=colour, alpha=0.55, ec=colour, lw=0.8)
+        a = bars.transData.transform((x0, y))[0]
+        b = bars.transData.transform((x0 + width, y))[0]
+        taken.setdefault(y, []).append((a, b))
+        placed.append((y, _span_label(path, model), a, b))
+
+    def free(y: int, lo: float, hi: float) -> bool:
+        return lo >= left_px and hi <= right_px and all(hi <= a or lo >= b for a, b in taken[y])
+
+    outside = []
+    for y, label, a, b in placed:
+        middle = bars.transData.inverted().transform(((a + b) / 2, 0))[0]
+        for name, size in _label_candidates(label):
+            text = bars.text(middle, y, name, ha="center", va="center", fontsize=size, parse_math=False)
+            if text.get_window_extent(renderer).width <= (b - a) - 4:
+                break
+            text.remove()
+        else:
+            text = bars.text(0, y, label, fontsize=8, parse_math=False)
+            outside.append((y, label, a, b, text.get_window_extent(renderer).width))
+            text.remove()
+    for y, label, a, b, width_px in outside:
+        gap = 3.0
+        for lo, hi, align in ((b + gap, b + gap + width_px, "left"), (a - gap - width_px, a - gap, "right")):
+            if free(y, lo - 1, hi + 1):
+                x = bars.transData.inverted().transform((lo if align == "left" else hi, 0))[0]
+                bars.text(x, y, label, ha=align, va="center", fontsize=8, color="#333333", parse_math=False)
+                taken[y].append((lo, hi))
+                break
+
+
+def _label_candidates(label: str) -> list[tuple[str, float]]:
+    """Names to try inside a bar, longest first: the label, smaller, then its last part
+    ("AdamW" for "<optimizer:AdamW>", "dense" for "encoder.layer.0.dense")."""
+    short = label.strip("<>").rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    candidates = [(label, 8.5), (label, 7.5)]
+    if short and short != label:
+        candidates.append((short, 7.5))
+    return candidates
+
+
+def _breakdown(memory: dict[str, Any], peak: int, baseline: Any) -> str:
+    categories = memory.get("peak_categories") or {}
+    parts = []
+    for key, name in CATEGORIES:
+        value = categories.get(key)
+        if isinstance(value, int):
+            share = f" ({100 * value / peak:.0f}%)" if peak else ""
+            parts.append(f"{name} {fmt.nbytes(value)}{share}")
+    head = f"At the peak, {fmt.nbytes(peak)}"
+    if isinstance(baseline, int):
+        head += f" ({fmt.nbytes(peak - baseline)} above the baseline {fmt.nbytes(baseline)})"
+    return head + (":\n" + "   ·   ".join(parts) if parts else ": no breakdown recorded")

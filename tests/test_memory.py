@@ -1,0 +1,499 @@
+"""Memory per module and for the step: hand arithmetic on real models, agreement with
+torch.profiler's own allocation events, categories at the peak, optimizer state, and
+the walk over hand-written event streams.
+
+Memory is logical storage bytes: a float32 tensor of shape (4, 16) is 4 * 16 * 4 = 256
+bytes, whatever the allocator rounds it to. Activations are credited to the module whose
+forward *allocated* the storage that autograd saved (see docs/memory.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
+from torch.utils.checkpoint import checkpoint
+
+import layerscope
+from layerscope import check_tree
+from layerscope.build import build_profile
+from layerscope.build.memory import TIMELINE_POINTS
+from layerscope.raw import ADOPT, ENTER, EXIT, FREE, GRAD, OP, SAVED, STEP, ModuleInfo, RawCapture
+from layerscope.tree import Profile
+
+F32 = 4
+
+
+def _chain() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4), nn.ReLU()
+    )
+
+
+B = 4
+X = torch.randn(B, 8)
+
+
+def _forward_with_grad(model: nn.Module, inputs: Any) -> Profile:
+    # One forward in grad mode, as training does, without backward.
+    return check_tree(layerscope.profile(model, inputs, no_grad=False, warmup=0, repeat=1))
+
+
+# -- activations, by hand ------------------------------------------------------------------
+
+
+def test_linear_relu_chain_activations_by_hand() -> None:
+    prof = _forward_with_grad(_chain(), X)
+    # What autograd saves, per op:
+    #   Linear(i, o): its input (for the weight's gradient) and its weight (a parameter);
+    #   ReLU: its result (threshold_backward(grad, result)).
+    # Each Linear's output feeds a ReLU, which saves its *result*, so a Linear's output
+    # is freed once the ReLU ran: Linears keep nothing they allocated (their weights
+    # predate the pass, and their inputs are the previous ReLU's result, counted there).
+    # Each ReLU's result is saved (by itself, and by the next Linear as its input): it
+    # is counted once, for the ReLU that allocated it.
+    expected = {
+        "0": 0,
+        "1": B * 16 * F32,  # 256
+        "2": 0,
+        "3": B * 32 * F32,  # 512
+        "4": 0,
+        "5": B * 4 * F32,  # 64
+    }
+    for path, nbytes in expected.items():
+        assert prof[path].forward.activation_bytes == nbytes, path
+        assert prof[path].forward.self_activation_bytes == nbytes, path
+    assert prof.root.forward.activation_bytes == 256 + 512 + 64
+    assert prof.root.forward.self_activation_bytes == 0
+
+
+def test_linear_relu_chain_allocations_and_peaks_by_hand() -> None:
+    prof = _forward_with_grad(_chain(), X)
+    # Every layer allocates its output: (4,16), (4,16), (4,32), (4,32), (4,4), (4,4).
+    allocs = [256, 256, 512, 512, 64, 64]
+    for n, nbytes in enumerate(allocs):
+        stats = prof[str(n)].forward
+        assert (stats.alloc_bytes, stats.self_alloc_bytes, stats.peak_bytes) == (nbytes, nbytes, nbytes)
+    root = prof.root.forward
+    assert root.alloc_bytes == sum(allocs) == 1664
+    assert root.self_alloc_bytes == 0
+    # Sequential drops each Linear's output when the next layer returns: the frees happen
+    # in the root's own frame. Live bytes over the forward, from 0:
+    #   +256 = 256, +256 = 512, -256 = 256, +512 = 768, +512 = 1280, -512 = 768,
+    #   +64 = 832, +64 = 896, -64 = 832 -> peak 1280 above the start.
+    assert root.self_freed_bytes == root.freed_bytes == 256 + 512 + 64
+    assert root.peak_bytes == 1280
+    # Per op: addmm allocates the output; t is a view of the weight and allocates nothing.
+    [t, addmm] = prof["0"].ops
+    assert (t.name, t.alloc_bytes) == ("aten::t", 0)
+    assert (addmm.name, addmm.alloc_bytes, addmm.self_alloc_bytes) == ("aten::addmm", 256, 256)
+
+
+def test_no_grad_keeps_no_activations() -> None:
+    prof = check_tree(layerscope.profile(_chain(), X, warmup=0, repeat=1))  # no_grad by default
+    assert prof.meta["no_grad"] is True
+    assert all(node.forward.activation_bytes == 0 for node in prof.modules())
+    # The same allocations are made; only nothing is kept for backward.
+    assert prof.root.forward.alloc_bytes == 1664
+    with torch.inference_mode():
+        inference = check_tree(layerscope.profile(_chain(), X, no_grad=False, warmup=0, repeat=1))
+    assert inference.root.forward.activation_bytes == 0
+
+
+def _torch_profiler_growth(call: Any) -> tuple[int, Any]:
+    """Net bytes allocated during ``call()`` by torch.profiler's allocation events: every
+    event's self memory (allocations minus frees inside each op, and those outside ops)."""
+    with torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = call()
+    return sum(event.self_cpu_memory_usage for event in prof.events()), out
+
+
+def test_root_activations_equal_live_growth_of_the_forward() -> None:
+    # After a forward in grad mode, what is still live is what autograd keeps, plus the
+    # output. The chain ends in a ReLU, whose result (the output) is saved: the growth
+    # is exactly the activations.
+    model = _chain()
+    growth, out = _torch_profiler_growth(lambda: model(X))
+    assert growth == _forward_with_grad(model, X).root.forward.activation_bytes == 832
+    del out
+
+
+def test_transformers_bert_activations_equal_live_growth() -> None:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=500)
+    model = BertModel(config)
+    ids = torch.randint(0, 500, (2, 16))
+    growth, out = _torch_profiler_growth(lambda: model(input_ids=ids))
+    prof = _forward_with_grad(model, {"input_ids": ids})
+    # BERT's outputs are both saved (the pooler reads the first token of the last hidden
+    # state; its tanh saves the pooled output), so the growth is the activations.
+    assert prof.root.forward.activation_bytes == growth > 0
+    # The attention blocks hold most of it; per layer the figures are identical.
+    layer0 = prof["encoder.layer.0"].forward.activation_bytes
+    assert layer0 == prof["encoder.layer.1"].forward.activation_bytes > 0
+    del out
+
+
+# -- the training step ---------------------------------------------------------------------
+
+
+def _adam_steps(model: nn.Module, inputs: torch.Tensor, steps: int, **options: Any) -> Profile:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with layerscope.Profiler(model, **options) as prof:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(inputs).sum().backward()
+            opt.step()
+            prof.step()
+    return check_tree(prof.profile)
+
+
+def test_adam_state_is_two_moments_of_the_parameters() -> None:
+    model = _chain()
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * F32 for p in params)  # 8*16+16 + 16*32+32 + 32*4+4 = 820 floats
+    assert param_bytes == 820 * F32
+    prof = _adam_steps(model, X, 1)
+    state = prof.memory["optimizer_state_bytes"]["Adam"]
+    assert state["by_key"]["exp_avg"] == state["by_key"]["exp_avg_sq"] == param_bytes
+    # Adam also keeps one float32 step counter per parameter tensor.
+    assert state["by_key"]["step"] == len(params) * F32
+    assert state["total"] == 2 * param_bytes + len(params) * F32
+    assert prof.memory["param_bytes_by_dtype"] == {"float32": param_bytes}
+
+
+def test_step_peak_and_its_categories() -> None:
+    model = _chain()
+    prof = _adam_steps(model, X, 1)
+    memory = prof.memory
+    param_bytes = 820 * F32
+    state = memory["optimizer_state_bytes"]["Adam"]["total"]
+    # The first step's peak is in Adam's step: parameters, their gradients and the new
+    # state are all live, plus the step's temporaries.
+    assert memory["peak_at"]["path"] == "<optimizer:Adam>"
+    assert memory["peak_at"]["phase"] is None  # a step part has no forward or backward
+    categories = memory["peak_categories"]
+    assert categories["parameters"] == param_bytes
+    assert categories["gradients"] == param_bytes
+    assert categories["optimizer_state"] == state
+    assert categories["activations"] == 0  # backward released them
+    assert sum(categories.values()) == memory["peak_bytes"]
+    # The step's peak is at least the forward's.
+    assert memory["peak_bytes"] >= memory["peak_by_phase"]["forward"]
+    assert memory["peak_bytes"] >= memory["baseline_bytes"] + prof.root.forward.peak_bytes
+    # Gradients written per module are its parameters' bytes.
+    assert prof["0"].backward.grad_bytes == (8 * 16 + 16) * F32
+    assert prof.root.backward.grad_bytes == param_bytes
+    assert prof["1"].backward.grad_bytes == 0
+
+
+def test_later_steps_count_existing_state_from_the_start() -> None:
+    # Profiled from the second step on, Adam's state predates the step: it is live for
+    # the whole step, so it is in the baseline and in every category split.
+    model = _chain()
+    opt = torch.optim.Adam(model.parameters())
+    model(X).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    with layerscope.Profiler(model) as prof:
+        model(X).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    memory = check_tree(prof.profile).memory
+    state = memory["optimizer_state_bytes"]["Adam"]["total"]
+    assert memory["baseline_bytes"] == 820 * F32 + state
+    assert memory["peak_categories"]["optimizer_state"] == state
+
+
+def test_cycle_sizes_come_from_one_step_and_flows_add_up() -> None:
+    one = _adam_steps(_chain(), X, 1)
+    three = _adam_steps(_chain(), X, 3)
+    # The first step (Adam allocating its state) has the cycle's highest peak.
+    assert three.memory["peak_bytes"] == one.memory["peak_bytes"]
+    for node in three.modules():
+        single = one[node.path]
+        assert node.forward.activation_bytes == single.forward.activation_bytes
+        assert node.forward.peak_bytes == single.forward.peak_bytes
+        # Allocations are summed over the steps, like time and FLOPs.
+        assert node.forward.alloc_bytes == 3 * single.forward.alloc_bytes
+
+
+def test_training_step_activations_are_freed_in_backward() -> None:
+    prof = check_tree(layerscope.profile(_chain(), X, backward=True, warmup=0, repeat=1))
+    # The forward's saved tensors are freed as backward consumes them: every ReLU
+    # result is freed in backward (charged to whichever module's backward is running).
+    assert prof.root.forward.activation_bytes == 832
+    assert prof.root.backward.freed_bytes >= 832
+    timeline = prof.memory["timeline"]
+    assert max(timeline["bytes"]) == prof.memory["peak_bytes"]
+    assert {span[2] for span in timeline["spans"]} >= {"", "<loss>"}
+    # The model's spans have phases; <loss> (a step part) has none in forward.
+    assert {span[3] for span in timeline["spans"] if span[2] != "<loss>"} == {"forward", "backward"}
+    assert [span[3] for span in timeline["spans"] if span[2] == "<loss>"] == [None, "backward"]
+
+
+def test_checkpointed_block_keeps_nothing_and_recomputes() -> None:
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 8), nn.ReLU())
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(checkpoint(self.block, x, use_reentrant=False))
+
+    torch.manual_seed(0)
+    prof = check_tree(layerscope.profile(Checkpointed(), X, backward=True, warmup=0, repeat=1))
+    # Under checkpointing the block's inner layers save nothing: their tensors are
+    # recomputed in backward, where the block allocates them again. What the block
+    # keeps is its output, which the head's Linear saves as its input (credited to the
+    # ReLU that allocated it).
+    for inner in ("block.0", "block.1", "block.2"):
+        assert prof[inner].forward.activation_bytes == 0
+    assert prof["block.3"].forward.activation_bytes == B * 8 * F32
+    assert prof["block"].forward.activation_bytes == B * 8 * F32
+    assert prof["block"].forward.alloc_bytes == (B * 64 + B * 64 + B * 8 + B * 8) * F32
+    assert prof["block"].recompute is not None
+    assert prof["block"].recompute.alloc_bytes >= (B * 64) * F32
+    assert prof.root.forward.activation_bytes == B * 8 * F32 + prof["head"].forward.activation_bytes
+
+
+def test_meta_device_gives_the_same_figures() -> None:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=500)
+    torch.manual_seed(0)
+    cpu = layerscope.count_flops(BertModel(config), {"input_ids": torch.randint(0, 500, (2, 16))}, backward=True)
+    with torch.device("meta"):
+        meta_model = BertModel(config)
+    meta = layerscope.count_flops(meta_model, {"input_ids": torch.zeros(2, 16, dtype=torch.long, device="meta")}, backward=True)
+    check_tree(cpu)
+    check_tree(meta)
+    assert meta.memory["peak_bytes"] == cpu.memory["peak_bytes"]
+    for node in cpu.modules():
+        other = meta[node.path]
+        assert other.forward.activation_bytes == node.forward.activation_bytes
+        assert other.forward.peak_bytes == node.forward.peak_bytes
+
+
+def test_memory_off() -> None:
+    prof = check_tree(layerscope.profile(_chain(), X, warmup=0, repeat=1, memory=False))
+    assert prof.memory is None
+    assert prof.root.forward.peak_bytes is None and prof.root.forward.alloc_bytes is None
+    assert all(op.alloc_bytes is None for op in prof.root.ops)
+    assert "Peak memory" not in prof.render("text")
+
+
+def test_nothing_outlives_the_pass() -> None:
+    # No optimizer hook stays registered, and a storage freed after the profile is not
+    # recorded anywhere (the weak references died with the pass).
+    from torch.optim import optimizer as optim_module
+
+    model = _chain()
+    prof = _adam_steps(model, X, 1)
+    assert not optim_module._global_optimizer_pre_hooks
+    assert not optim_module._global_optimizer_post_hooks
+    before = copy.deepcopy(prof.to_dict())
+    kept = model(X)
+    del kept
+    assert prof.to_dict() == before
+
+
+def test_memory_round_trips_through_json(tmp_path: Any) -> None:
+    prof = _adam_steps(_chain(), X, 2)
+    path = tmp_path / "mem.json"
+    prof.save(str(path))
+    loaded = layerscope.load(str(path))
+    assert loaded.to_dict() == prof.to_dict()
+    assert loaded.memory["peak_bytes"] == prof.memory["peak_bytes"]
+
+
+def test_text_shows_memory() -> None:
+    text = _adam_steps(_chain(), X, 1).render("text")
+    assert "Activations" in text and "Peak mem" in text
+    assert "Peak memory: " in text and "in <optimizer:Adam> = parameters" in text
+    assert "Adam state 6.43 KiB" in text  # 2 * 3280 + 6 * 4 = 6584 bytes
+
+
+# -- the walk, on hand-written event streams -----------------------------------------------
+
+MODULES = [
+    ModuleInfo(path="", type="Root", parent=None, depth=0, params=0),
+    ModuleInfo(path="a", type="A", parent="", depth=1, params=0),
+    ModuleInfo(path="b", type="B", parent="", depth=1, params=0),
+]
+ROOT, A, BB = range(3)
+
+
+def _op(t0: int, t1: int, allocs: Any = None, grad: Any = None) -> tuple[Any, ...]:
+    return (OP, t0, t1, "aten::x", [], None, 0, 0, 0, grad, allocs)
+
+
+def _build(events: list[tuple[Any, ...]]) -> Profile:
+    raw = RawCapture(modules=copy.deepcopy(MODULES), op_pass=events, meta={"timed": False})
+    return check_tree(build_profile(raw))
+
+
+def test_walk_forward_by_hand() -> None:
+    events = [
+        (STEP, 0),
+        (ADOPT, 0, None, 1000, "parameters", True),
+        (ENTER, 10, ROOT, None, 0, False),
+        (ENTER, 20, A, None, 0, False),
+        _op(30, 40, ((0, 100),)),  # a allocates 100: live 1100
+        (EXIT, 50, A, None, 1, False),
+        (ENTER, 60, BB, None, 1, False),
+        _op(70, 80, ((1, 50),)),  # b allocates 50: live 1150
+        (FREE, 85, 0),  # b frees a's 100: live 1050
+        (EXIT, 90, BB, None, 2, False),
+        (EXIT, 100, ROOT, None, 2, False),
+        (SAVED, 1),
+        (STEP, 200),
+    ]
+    prof = _build(events)
+    a, b, root = prof["a"].forward, prof["b"].forward, prof.root.forward
+    assert (a.alloc_bytes, a.freed_bytes, a.peak_bytes, a.activation_bytes) == (100, 0, 100, 0)
+    assert (b.alloc_bytes, b.freed_bytes, b.peak_bytes, b.activation_bytes) == (50, 100, 50, 50)
+    assert (root.alloc_bytes, root.self_alloc_bytes, root.freed_bytes, root.peak_bytes) == (150, 0, 100, 150)
+    memory = prof.memory
+    assert memory["baseline_bytes"] == 1000
+    assert memory["peak_bytes"] == 1150
+    assert memory["peak_at"] == {"path": "b", "phase": "forward", "t_ns": 80}
+    assert memory["peak_categories"] == {
+        "parameters": 1000, "gradients": 0, "optimizer_state": 0, "activations": 50, "other": 100,
+    }  # fmt: skip
+    assert memory["timeline"]["t_ns"] == [0, 40, 80, 85]
+    assert memory["timeline"]["bytes"] == [1000, 1100, 1150, 1050]
+    assert memory["timeline"]["spans"] == [[10, 100, "", "forward"], [20, 50, "a", "forward"], [60, 90, "b", "forward"]]
+
+
+def test_walk_backward_chain_by_hand() -> None:
+    # Forward: a creates autograd nodes 0..4, b nodes 5..9. Backward runs b's node 7
+    # then a's node 2, then the accumulation of a's parameter.
+    events = [
+        (STEP, 0),
+        (ENTER, 0, ROOT, None, 0, False),
+        (ENTER, 1, A, None, 0, False),
+        (EXIT, 2, A, None, 5, False),
+        (ENTER, 3, BB, None, 5, False),
+        (EXIT, 4, BB, None, 10, False),
+        (EXIT, 5, ROOT, None, 10, False),
+        _op(10, 20, ((0, 300),), grad=(7, None)),  # b's backward allocates 300
+        (FREE, 25, 0),
+        _op(30, 40, ((1, 200),), grad=(2, None)),  # a's backward allocates 200
+        _op(50, 60, None, grad=(2**64 - 1, A)),  # a's parameter's gradient...
+        (GRAD, 60, A, 200, 1),  # ...is that storage
+        (STEP, 100),
+    ]
+    prof = _build(events)
+    a, b, root = prof["a"].backward, prof["b"].backward, prof.root.backward
+    assert (b.alloc_bytes, b.peak_bytes) == (300, 300)
+    # The free at 25 happens during b's slot (before a's first op at 30).
+    assert b.freed_bytes == 300
+    assert (a.alloc_bytes, a.peak_bytes, a.grad_bytes) == (200, 200, 200)
+    # The root's backward spans both: live 0 -> 300 -> 0 -> 200.
+    assert (root.alloc_bytes, root.peak_bytes, root.grad_bytes) == (500, 300, 200)
+    memory = prof.memory
+    assert memory["peak_at"]["path"] == "b" and memory["peak_at"]["phase"] == "backward"
+    assert memory["peak_categories"]["other"] == 300
+    # a's backward op and its gradient's accumulation share a row (same name, shapes).
+    [op] = [o for o in prof["a"].ops if o.phase == "backward"]
+    assert (op.calls, op.alloc_bytes) == (2, 200)
+    spans = memory["timeline"]["spans"]
+    assert [10, 30, "b", "backward"] in spans and [30, 100, "a", "backward"] in spans
+    assert [10, 100, "", "backward"] in spans
+
+
+def test_walk_categorises_gradients_from_their_allocation() -> None:
+    events = [
+        (STEP, 0),
+        (ENTER, 0, ROOT, None, 0, False),
+        (ENTER, 1, A, None, 0, False),
+        (EXIT, 2, A, None, 5, False),
+        (EXIT, 3, ROOT, None, 5, False),
+        _op(10, 20, ((0, 64),), grad=(2, None)),
+        _op(20, 30, None, grad=(2**64 - 1, A)),
+        (GRAD, 30, A, 64, 0),
+        (STEP, 40),
+    ]
+    memory = _build(events).memory
+    assert memory["peak_categories"]["gradients"] == 64
+    assert memory["peak_categories"]["other"] == 0
+
+
+def test_walk_counts_frees_during_an_op_on_the_op() -> None:
+    events = [
+        (STEP, 0),
+        (ENTER, 0, ROOT, None, 0, False),
+        _op(1, 2, ((0, 40),)),
+        (FREE, 4, 0),  # freed while the next op ran (4 is inside 3..5)
+        _op(3, 5, ((1, 10),)),
+        (EXIT, 9, ROOT, None, 0, False),
+        (STEP, 10),
+    ]
+    prof = _build(events)
+    [row] = prof.root.ops  # both are aten::x with the same shapes: one row
+    assert (row.calls, row.alloc_bytes, row.freed_bytes) == (2, 50, 40)
+    assert prof.root.forward.peak_bytes == 40
+
+
+def test_walk_timeline_is_bounded_and_keeps_the_peak() -> None:
+    events: list[tuple[Any, ...]] = [(STEP, 0), (ENTER, 0, ROOT, None, 0, False)]
+    t = 1
+    for serial in range(5000):
+        size = 1000 if serial == 3333 else 10
+        events.append(_op(t, t + 1, ((serial, size),)))
+        events.append((FREE, t + 2, serial))
+        t += 3
+    events += [(EXIT, t, ROOT, None, 0, False), (STEP, t + 1)]
+    memory = _build(events).memory
+    timeline = memory["timeline"]
+    assert timeline["points_recorded"] == 1 + 2 * 5000
+    assert len(timeline["bytes"]) <= TIMELINE_POINTS
+    assert memory["peak_bytes"] == max(timeline["bytes"]) == 1000
+    assert timeline["t_ns"] == sorted(timeline["t_ns"])
+
+
+def test_walk_without_memory_events_has_no_memory() -> None:
+    prof = _build([(STEP, 0), (ENTER, 0, ROOT, None, 0, False), _op(0, 1), (EXIT, 1, ROOT, None, 0, False), (STEP, 2)])
+    assert prof.memory is None
+    assert prof.root.forward.alloc_bytes is None
+
+
+def test_autograd_still_catches_in_place_changes_to_saved_tensors() -> None:
+    # Activations are read from the graph, not through saved-tensor hooks (which would
+    # turn off autograd's version check): modifying a saved tensor still raises.
+    class Clobbers(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.sigmoid(x)  # sigmoid saves its result
+            y.mul_(2)
+            return y
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        layerscope.profile(Clobbers(), x, backward=True, warmup=0, repeat=1)
+
+
+def test_torch_func_inside_a_model_works_with_memory() -> None:
+    class UsesFunc(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            slope = torch.func.grad(lambda a: torch.sigmoid(a).sum())(x.detach())
+            return self.lin(x) * slope
+
+    # Saved-tensor hooks would make torch.func refuse to run ("saved tensor hooks are
+    # disabled"); reading the graph leaves it alone.
+    prof = check_tree(layerscope.profile(UsesFunc(), torch.randn(2, 3), backward=True, warmup=0, repeat=1))
+    assert prof["lin"].forward.alloc_bytes == 2 * 3 * F32
+    assert prof["lin"].backward.grad_bytes == (3 * 3 + 3) * F32
