@@ -1,0 +1,315 @@
+"""The memory side of a pass walk: live bytes, who allocated and freed them, peaks, the
+category of every live byte, and a timeline. Pure: no torch.
+
+``walk_pass`` drives one :class:`MemoryWalk` alongside its frames. Memory is *live*
+bytes: what was live before the pass (ADOPT) plus what ops allocated, minus what was
+freed. The walk knows where it is at each moment (the innermost frame, or the module
+whose backward is running) and charges allocations and frees there.
+
+- **Peaks.** A frame's peak is the highest live reached while it was open, relative to
+  live when it opened. In backward, the modules whose ops run form a chain (the owner
+  and its ancestors), opened and closed as the owner changes, with peaks measured the
+  same way.
+- **Categories.** A storage is an activation if autograd saved it (SAVED), a gradient if
+  it became a parameter's gradient (GRAD), optimizer state if the optimizer allocated it
+  and it outlived the pass; else ``other``. Known from a first scan, a category holds from
+  the storage's allocation on.
+- **Activations** are credited to the frame that allocated the storage: a module's
+  ``activation_bytes`` is what its forward allocated and left alive for backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from layerscope.raw import ADOPT, DEVICE_MEM, FREE, GRAD, MEMORY_CATEGORIES, OP, OPTIM, SAVED
+
+Key = Union[int, str]
+Site = tuple[Key, str]
+
+#: At most this many points in a pass's memory timeline (each bucket keeps its min and max).
+TIMELINE_POINTS = 2000
+#: At most this many module spans in the timeline.
+TIMELINE_SPANS = 2000
+
+
+def is_part(key: Key) -> bool:
+    """Whether ``key`` is a top-level part of the step (``<loss>``, ``<optimizer:Adam>``)."""
+    return isinstance(key, str) and key.startswith("<")
+
+
+@dataclass
+class MemoryResult:
+    """What one pass (or the peak step of a cycle) says about memory."""
+
+    alloc: dict[Site, int] = field(default_factory=dict)
+    freed: dict[Site, int] = field(default_factory=dict)
+    peak: dict[Site, int] = field(default_factory=dict)
+    activation: dict[Site, int] = field(default_factory=dict)
+    grad: dict[Site, int] = field(default_factory=dict)
+    op_alloc: dict[int, int] = field(default_factory=dict)
+    baseline_bytes: int = 0
+    peak_bytes: int = 0
+    peak_at: Site | None = None
+    peak_t_ns: int = 0
+    peak_categories: dict[str, int] = field(default_factory=dict)
+    #: Highest live bytes in each phase of the model, and in each part of the step.
+    peak_by_phase: dict[str, int] = field(default_factory=dict)
+    optimizers: dict[str, dict[str, int]] = field(default_factory=dict)
+    timeline: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, int] | None = None
+
+    def merge(self, other: MemoryResult) -> None:
+        """Fold in another step: flows add up, sizes come from the step with the highest peak."""
+        for mine, theirs in ((self.alloc, other.alloc), (self.freed, other.freed)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        if other.peak_bytes > self.peak_bytes or not self.peak_categories:
+            for name in (
+                "peak", "activation", "grad", "baseline_bytes", "peak_bytes", "peak_at", "peak_t_ns",
+                "peak_categories", "peak_by_phase", "optimizers", "timeline", "device",
+            ):
+                setattr(self, name, getattr(other, name))
+
+
+def scan(events: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+    """First look at a stream: None when it holds no memory events, else the storages
+    that were saved, became gradients or were freed, and what was live from the start."""
+    saved: set[int] = set()
+    grads: set[int] = set()
+    freed: set[int] = set()
+    initial: dict[str, int] = {}
+    found = False
+    for event in events:
+        kind = event[0]
+        if kind == OP:
+            found = found or bool(event[10] if len(event) > 10 else None)
+        elif kind in (OPTIM, DEVICE_MEM):
+            found = True
+        elif kind == FREE:
+            freed.add(event[2])
+        elif kind == SAVED:
+            saved.add(event[1])
+        elif kind == GRAD:
+            found = True
+            if event[4] is not None:
+                grads.add(event[4])
+        elif kind == ADOPT:
+            found = True
+            if event[5]:
+                initial[event[4]] = initial.get(event[4], 0) + event[3]
+    if not found:
+        return None
+    return {"saved": saved, "grads": grads, "freed": freed, "initial": initial}
+
+
+class MemoryWalk:
+    """Live-memory bookkeeping for one event stream; ``walk_pass`` calls it as it goes."""
+
+    def __init__(
+        self,
+        facts: dict[str, Any],
+        ancestors: Callable[[Key], list[Key]],
+        span_worthy: Callable[[Key, bool], bool],
+    ) -> None:
+        self.facts = facts
+        self.result = MemoryResult()
+        self._ancestors = ancestors
+        self._span_worthy = span_worthy
+        initial = facts["initial"]
+        self.cat_live = {name: initial.get(name, 0) for name in MEMORY_CATEGORIES}
+        self.live = sum(self.cat_live.values())
+        self.result.baseline_bytes = self.live
+        self._size: dict[int, int] = {}
+        self._cat: dict[int, str] = {}
+        self._site: dict[int, Site] = {}
+        self._all_sizes: dict[int, int] = {}
+        self._points: list[tuple[int, int]] = []
+        self._spans: list[tuple[int, int, Key, str]] = []
+        self._optim: dict[str, dict[Any, dict[str, int]]] = {}
+        # The backward chain: [key, live at open, max live, t open], outermost first.
+        self.chain: list[list[Any]] = []
+        self._snapshot(None, 0)
+        self.result.peak_bytes = self.live
+        self.result.peak_categories = dict(self.cat_live)
+
+    # -- live bytes ------------------------------------------------------------------------
+    def _snapshot(self, site: Site | None, t: int) -> None:
+        self._points.append((t, self.live))
+
+    def _raised(self, site: Site | None, t: int, frames: list[list[Any]]) -> None:
+        live = self.live
+        if frames:
+            top = frames[-1]
+            if live > top[7]:
+                top[7] = live
+        elif self.chain:
+            if live > self.chain[-1][2]:
+                self.chain[-1][2] = live
+        if site is not None:
+            # The model's phases by name; the step's parts (``<loss>``, ...) by path.
+            key, phase = site
+            where = key if is_part(key) else phase
+            if live > self.result.peak_by_phase.get(where, 0):
+                self.result.peak_by_phase[where] = live
+        if live > self.result.peak_bytes:
+            self.result.peak_bytes = live
+            self.result.peak_at = site
+            self.result.peak_t_ns = t
+            self.result.peak_categories = dict(self.cat_live)
+
+    def allocate(self, allocs: Any, site: Site | None, t: int, frames: list[list[Any]]) -> int:
+        """An op at ``site`` allocated ``allocs``; returns their bytes."""
+        facts = self.facts
+        total = 0
+        for serial, nbytes in allocs:
+            if serial in facts["saved"]:
+                category = "activations"
+            elif serial in facts["grads"]:
+                category = "gradients"
+            elif site is not None and is_part(site[0]) and site[0].startswith("<optimizer:") and serial not in facts["freed"]:
+                category = "optimizer_state"
+            else:
+                category = "other"
+            self._size[serial] = nbytes
+            self._all_sizes[serial] = nbytes
+            self._cat[serial] = category
+            self.cat_live[category] += nbytes
+            if site is not None:
+                self._site[serial] = site
+            total += nbytes
+        self.live += total
+        if site is not None:
+            self.result.alloc[site] = self.result.alloc.get(site, 0) + total
+        self._snapshot(site, t)
+        self._raised(site, t, frames)
+        return total
+
+    def free(self, serial: int, site: Site | None, t: int) -> int:
+        nbytes = self._size.pop(serial, None)
+        if nbytes is None:
+            return 0
+        self.live -= nbytes
+        self.cat_live[self._cat.pop(serial)] -= nbytes
+        if site is not None:
+            self.result.freed[site] = self.result.freed.get(site, 0) + nbytes
+        self._snapshot(site, t)
+        return nbytes
+
+    def adopt(self, event: tuple[Any, ...], site: Site | None, frames: list[list[Any]]) -> None:
+        _, t, serial, nbytes, category, since_start = event
+        if serial is not None:
+            self._size[serial] = nbytes
+            self._cat[serial] = category
+        if not since_start:
+            self.live += nbytes
+            self.cat_live[category] += nbytes
+            self._snapshot(site, t)
+            self._raised(site, t, frames)
+
+    def other_event(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == GRAD:
+            site = (event[2], "backward")
+            self.result.grad[site] = self.result.grad.get(site, 0) + event[3]
+        elif kind == OPTIM:
+            ident = event[5] if len(event) > 5 else None
+            self._optim.setdefault(event[2], {})[ident] = dict(event[3])
+        elif kind == DEVICE_MEM:
+            self.result.device = {"allocated_peak_bytes": event[1], "reserved_at_peak_bytes": event[2]}
+
+    # -- frames and the backward chain ------------------------------------------------------
+    def frame_closed(self, frame: list[Any], t: int, frames: list[list[Any]]) -> None:
+        """``frame`` (already popped) closed at ``t``; ``frames`` are the ones still open."""
+        key, t_enter, phase, at_enter, top = frame[0], frame[1], frame[5], frame[6], frame[7]
+        site = (key, phase)
+        self.result.peak[site] = max(self.result.peak.get(site, 0), top - at_enter)
+        if frames:
+            if top > frames[-1][7]:
+                frames[-1][7] = top
+        elif self.chain and top > self.chain[-1][2]:
+            self.chain[-1][2] = top
+        if self._span_worthy(key, not frames):
+            self._spans.append((t_enter, t, key, phase))
+
+    def backward_owner(self, key: Key, t: int) -> None:
+        """Backward work of ``key`` starts at ``t``: move the chain to it and its ancestors."""
+        if self.chain and self.chain[-1][0] == key:
+            return
+        wanted = self._ancestors(key)
+        keep = 0
+        while keep < len(self.chain) and keep < len(wanted) and self.chain[keep][0] == wanted[keep]:
+            keep += 1
+        self._close_chain(keep, t)
+        for k in wanted[keep:]:
+            self.chain.append([k, self.live, self.live, t])
+
+    def _close_chain(self, keep: int, t: int) -> None:
+        while len(self.chain) > keep:
+            key, at_open, top, t_open = self.chain.pop()
+            site = (key, "backward")
+            self.result.peak[site] = max(self.result.peak.get(site, 0), top - at_open)
+            if self.chain and top > self.chain[-1][2]:
+                self.chain[-1][2] = top
+            if self._span_worthy(key, not self.chain):
+                self._spans.append((t_open, t, key, "backward"))
+
+    def end_backward(self, t: int) -> None:
+        self._close_chain(0, t)
+
+    # -- the end ------------------------------------------------------------------------------
+    def finish(self, t_end: int | None, t_base: int, path_of: Callable[[Key], str]) -> MemoryResult:
+        if t_end is not None:
+            self.end_backward(t_end)
+        result = self.result
+        result.peak_t_ns = max(0, result.peak_t_ns - t_base)
+        for serial in self.facts["saved"]:
+            site = self._site.get(serial)
+            if site is not None:
+                result.activation[site] = result.activation.get(site, 0) + self._all_sizes[serial]
+        for name, instances in self._optim.items():
+            merged: dict[str, int] = {}
+            for by_key in instances.values():
+                for k, v in by_key.items():
+                    merged[k] = merged.get(k, 0) + v
+            result.optimizers[name] = merged
+        result.timeline = _timeline(self._points, self._spans, t_base, path_of)
+        return result
+
+
+def _timeline(
+    points: list[tuple[int, int]],
+    spans: list[tuple[int, int, Key, str]],
+    t_base: int,
+    path_of: Callable[[Key], str],
+) -> dict[str, Any]:
+    """Live bytes over the pass, at most ``TIMELINE_POINTS`` points (min and max of
+    each bucket, so the peak survives), and the spans of the top-level modules."""
+    kept = points
+    if len(points) > TIMELINE_POINTS:
+        buckets = TIMELINE_POINTS // 2
+        size = len(points) / buckets
+        kept = []
+        for b in range(buckets):
+            chunk = points[int(b * size) : int((b + 1) * size)]
+            if not chunk:
+                continue
+            low = min(chunk, key=lambda p: p[1])
+            high = max(chunk, key=lambda p: p[1])
+            kept.extend(sorted({low, high}))
+    spans = sorted(spans)
+    if len(spans) > TIMELINE_SPANS:
+        spans = spans[:TIMELINE_SPANS]
+    return {
+        "t_ns": [max(0, t - t_base) for t, _ in kept],
+        "bytes": [b for _, b in kept],
+        "points_recorded": len(points),
+        # A step part has no forward: only its backward work (the loss's) names a phase.
+        "spans": [
+            [max(0, s - t_base), max(0, e - t_base), path_of(k), None if is_part(k) and phase == "forward" else phase]
+            for s, e, k, phase in spans
+        ],
+    }
+
