@@ -7,7 +7,7 @@ An event stream is a list of tuples, one of:
 
 - ``(ENTER, t_ns, module_index, device_t_ns, seq, in_backward)``
 - ``(EXIT, t_ns, module_index, device_t_ns, seq, in_backward)``
-- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes, grad, allocs)``
+- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes, grad, allocs[, stack])``
 - ``(LABEL_ENTER, t_ns, name, kind, device_t_ns, seq, in_backward)``
 - ``(LABEL_EXIT, t_ns, device_t_ns, seq, in_backward)``
 - ``(STEP, t_ns)``: the first and last events of a pass or training step
@@ -42,6 +42,9 @@ parameter. Label kinds are ``label`` (``record_function``/``layerscope.label``),
 storages that were neither inputs nor already tracked); storages are numbered by a
 ``serial`` unique within the pass, and counted at their full size, once, however many
 views share them.
+
+``stack`` (only with ``with_stack``) is the user's Python frames calling the op,
+innermost first, as ``"file:line function"`` strings.
 
 ``flops``/``macs`` are None for an op with no FLOP formula (unsupported); an event
 written without the trailing fields counts as a forward op without FLOP information.

@@ -51,6 +51,7 @@ def profile(
     paths: Sequence[str] | None = None,
     record_ops: bool = True,
     memory: bool = True,
+    with_stack: bool = False,
     no_grad: bool | None = None,
     backward: bool = False,
     loss_fn: Callable[[Any], Any] | None = None,
@@ -69,7 +70,9 @@ def profile(
     subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does
     (the default without ``backward``). ``memory`` tracks memory in that same pass
     (allocations, peaks and activations per module, the step's peak and its culprit;
-    see ``Profile.memory``); it does not touch the timed passes.
+    see ``Profile.memory``); it does not touch the timed passes. ``with_stack`` keeps
+    the user's Python frames that called each op (``OpStats.stack``), so op tables can
+    be grouped by call site; it costs time in that pass only.
 
     ``backward=True`` makes each pass a training step without the optimizer: forward,
     the loss (``loss_fn(output)``, or the sum of the first floating-point tensor in the
@@ -93,7 +96,9 @@ def profile(
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
     peak_flops_per_s = _peak(peak_tflops, device, model_dtype(model))
-    recorder = Recorder(modules, [i.selected for i in infos], device=device, clock=clock, memory=memory)
+    recorder = Recorder(
+        modules, [i.selected for i in infos], device=device, clock=clock, memory=memory, with_stack=with_stack
+    )
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
     report = progress or (lambda stage, done, total: None)
 
@@ -263,7 +268,8 @@ class Profiler:
 
     ``record_ops=False`` records module forward times only (no dispatch mode: no ops,
     FLOPs, memory, labels or backward attribution), the leanest timing; ``memory=False``
-    keeps ops but not memory. Memory sizes (peaks, activations, gradients, the timeline)
+    keeps ops but not memory; ``with_stack=True`` keeps each op's Python call site
+    (``OpStats.stack``). Memory sizes (peaks, activations, gradients, the timeline)
     are those of the cycle's step with the highest peak; allocated and freed bytes are
     summed over its steps like time and FLOPs. If the block raises,
     what was captured up to then is kept, marked ``meta["complete"] = False``.
@@ -276,6 +282,7 @@ class Profiler:
         paths: Sequence[str] | None = None,
         record_ops: bool = True,
         memory: bool = True,
+        with_stack: bool = False,
         clock: Clock | None = None,
         schedule: Callable[[int], Any] | None = None,
         on_ready: Callable[[Profile], Any] | None = None,
@@ -288,6 +295,7 @@ class Profiler:
         self._paths = paths
         self._record_ops = record_ops
         self._memory = memory and record_ops
+        self._with_stack = with_stack and record_ops
         self._clock = clock
         self._schedule = schedule
         self._on_ready = on_ready
@@ -314,7 +322,12 @@ class Profiler:
         )
         self._device = model_device(self.model)
         self._recorder = Recorder(
-            modules, [i.selected for i in self._infos], device=self._device, clock=self._clock, memory=self._memory
+            modules,
+            [i.selected for i in self._infos],
+            device=self._device,
+            clock=self._clock,
+            memory=self._memory,
+            with_stack=self._with_stack,
         )
         self._parents = parent_indices(self._infos)
         stack = contextlib.ExitStack()

@@ -89,7 +89,7 @@ class PhaseStats:
 
 @dataclass
 class OpStats:
-    """One aten operator, aggregated per (module, phase, name, input shapes)."""
+    """One aten operator, aggregated per (module, phase, name, input shapes[, stack])."""
 
     name: str
     phase: str = "forward"
@@ -107,6 +107,8 @@ class OpStats:
     self_alloc_bytes: int | None = None
     #: Storage bytes freed while the op ran.
     freed_bytes: int | None = None
+    #: The user's Python frames that called it, innermost first (with ``with_stack``).
+    stack: list[str] | None = None
 
     @property
     def busy_time_ns(self) -> int | None:

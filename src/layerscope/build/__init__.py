@@ -75,7 +75,7 @@ class PassResult:
     self_dev: dict[tuple[Key, str], int] = field(default_factory=dict)
     calls: dict[Key, int] = field(default_factory=dict)
     dynamic: dict[str, Dynamic] = field(default_factory=dict)
-    ops: dict[tuple[Key, str, str, str], OpStats] = field(default_factory=dict)
+    ops: dict[tuple[Any, ...], OpStats] = field(default_factory=dict)
     wall_ns: int | None = None
     top_level_ns: int = 0
     outside_ops: int = 0
@@ -229,7 +229,8 @@ def walk_pass(
         if name is None:
             return
         flops, macs, nbytes = event[6:9] if len(event) >= 9 else (None, None, 0)
-        table_key = (key, phase, name, _shape_key(shapes))
+        stack = event[11] if len(event) > 11 else None
+        table_key = (key, phase, name, _shape_key(shapes), stack)
         op = result.ops.get(table_key)
         if op is None:
             op = result.ops[table_key] = OpStats(
@@ -244,6 +245,7 @@ def walk_pass(
                 alloc_bytes=0 if mem is not None else None,
                 self_alloc_bytes=0 if mem is not None else None,
                 freed_bytes=0 if mem is not None else None,
+                stack=None if stack is None else list(stack),
             )
         op.calls += 1
         if mem is not None:
@@ -572,7 +574,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
 
     ops_by_key: dict[Key, list[OpStats]] = {}
     if op_result is not None:
-        for (key, _phase, _name, _shapes), op in op_result.ops.items():
+        for (key, *_rest), op in op_result.ops.items():
             ops_by_key.setdefault(key, []).append(op)
 
     def phase_stats(key: Key, phase: str, selected: bool) -> PhaseStats | None:

@@ -20,6 +20,8 @@ is exited even when the model raises. State lives here, never on the user's modu
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -111,6 +113,24 @@ class CudaTimer:
         return offsets
 
 
+_SKIPPED_ROOTS = tuple(
+    os.path.dirname(module.__file__) + os.sep for module in (torch, sys.modules[__name__.split(".")[0]]) if module.__file__
+)
+
+
+def python_stack() -> tuple[str, ...]:
+    """The user's Python frames calling the current op, innermost first, as
+    ``"file:line function"`` (frames inside torch and layerscope are left out)."""
+    frames = []
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_filename.startswith(_SKIPPED_ROOTS):
+            frames.append(f"{code.co_filename}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return tuple(frames)
+
+
 class _OpMode(TorchDispatchMode):
     """Times each aten op; with ``record`` also its input shapes, FLOPs, MACs and bytes.
 
@@ -134,8 +154,10 @@ class _OpMode(TorchDispatchMode):
         record: bool = True,
         param_owner: dict[int, int] | None = None,
         tracker: StorageTracker | None = None,
+        with_stack: bool = False,
     ):
         super().__init__()
+        self._with_stack = with_stack
         self._append = append
         self._clock = clock
         self._timer = timer
@@ -193,7 +215,10 @@ class _OpMode(TorchDispatchMode):
             flops = macs = None
             nbytes = 0
         allocs = tracker.allocated(out, args, kwargs, name in _FRESH) if tracker is not None else None
-        self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs))
+        if self._with_stack:
+            self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs, python_stack()))
+        else:
+            self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs))
         if variable is not None and tracker is not None and grad is not None and grad[1] is not None:
             tracker.gradient(grad[1], variable, out)
         return out
@@ -210,7 +235,9 @@ class Recorder:
         device: torch.device,
         clock: Clock | None = None,
         memory: bool = False,
+        with_stack: bool = False,
     ) -> None:
+        self._with_stack = with_stack
         self._index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
         self._device = device
         self.memory = memory
@@ -300,6 +327,7 @@ class Recorder:
             record=record,
             param_owner=self._param_owner,
             tracker=self._tracker if record else None,
+            with_stack=self._with_stack and record,
         )
 
     def _start_memory(self, stack: ExitStack, events: list[tuple[Any, ...]]) -> None:
