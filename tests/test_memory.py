@@ -408,17 +408,24 @@ def test_walk_backward_chain_by_hand() -> None:
     [op] = [o for o in prof["a"].ops if o.phase == "backward"]
     assert (op.calls, op.alloc_bytes) == (2, 200)
     spans = memory["timeline"]["spans"]
-    assert [10, 30, "b", "backward"] in spans and [30, 100, "a", "backward"] in spans
-    assert [10, 100, "", "backward"] in spans
+    # Backward spans end where the last backward op does (60), not at the step's end.
+    assert [10, 30, "b", "backward"] in spans and [30, 60, "a", "backward"] in spans
+    assert [10, 60, "", "backward"] in spans
+
+
+# A step whose forward ran module a, which created autograd nodes 0..4.
+A_CREATES_NODES_0_TO_4 = [
+    (STEP, 0),
+    (ENTER, 0, ROOT, None, 0, False),
+    (ENTER, 1, A, None, 0, False),
+    (EXIT, 2, A, None, 5, False),
+    (EXIT, 3, ROOT, None, 5, False),
+]
 
 
 def test_walk_categorises_gradients_from_their_allocation() -> None:
     events = [
-        (STEP, 0),
-        (ENTER, 0, ROOT, None, 0, False),
-        (ENTER, 1, A, None, 0, False),
-        (EXIT, 2, A, None, 5, False),
-        (EXIT, 3, ROOT, None, 5, False),
+        *A_CREATES_NODES_0_TO_4,
         _op(10, 20, ((0, 64),), grad=(2, None)),
         _op(20, 30, None, grad=(2**64 - 1, A)),
         (GRAD, 30, A, 64, 0),
@@ -497,3 +504,18 @@ def test_torch_func_inside_a_model_works_with_memory() -> None:
     prof = check_tree(layerscope.profile(UsesFunc(), torch.randn(2, 3), backward=True, warmup=0, repeat=1))
     assert prof["lin"].forward.alloc_bytes == 2 * 3 * F32
     assert prof["lin"].backward.grad_bytes == (3 * 3 + 3) * F32
+
+
+def test_walk_backward_slots_run_past_memory_notes() -> None:
+    # A backward op's slot runs to the next backward op's start; the free recorded
+    # between them (autograd releasing saved tensors) must not cut it short.
+    events = [
+        *A_CREATES_NODES_0_TO_4,
+        _op(10, 20, ((0, 8),), grad=(2, None)),
+        (FREE, 25, 0),
+        _op(30, 40, None, grad=(3, None)),
+        (STEP, 50),
+    ]
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[events], op_pass=events)
+    prof = check_tree(build_profile(raw))
+    assert prof["a"].backward.self_cpu_time_ns == (30 - 10) + (40 - 30)

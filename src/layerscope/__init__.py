@@ -28,6 +28,7 @@ __all__ = [
     "Profiler",
     "check_tree",
     "count_flops",
+    "diff",
     "label",
     "load",
     "profile",
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 from layerscope.check import InvariantError, check_tree
+from layerscope.diff import diff
 from layerscope.errors import LayerscopeError
 from layerscope.io import load
 from layerscope.schedule import schedule

@@ -104,6 +104,30 @@ def tree_problems(profile: Profile) -> list[str]:
     if step is not None and step != all_self:
         problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
     problems.extend(_memory_problems(profile))
+    problems.extend(_trace_problems(profile))
+    return problems
+
+
+def _trace_problems(profile: Profile) -> list[str]:
+    """Spans are sorted, last no negative time, and name nodes and ops that exist."""
+    trace = profile.trace
+    if trace is None:
+        return []
+    problems: list[str] = []
+    previous = None
+    for span in trace["spans"]:
+        start, duration, path, phase, index = span
+        if duration < 0 or start < 0:
+            problems.append(f"trace: span {span} has a negative start or duration")
+        if previous is not None and start < previous:
+            problems.append("trace: spans are not sorted by start")
+        previous = start
+        if path not in profile or phase not in PHASES:
+            problems.append(f"trace: span {span} names no node or phase of this profile")
+        elif index >= len(profile[path].ops):
+            problems.append(f"trace: span {span} names op {index} of {path!r}, which has {len(profile[path].ops)}")
+        if len(problems) > 20:
+            break
     return problems
 
 

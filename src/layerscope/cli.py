@@ -45,6 +45,36 @@ Profiles made with memory=False or record_ops=False have no timeline to draw.
 """
 
 
+DIFF_DESCRIPTION = """\
+Compare two profiles saved as JSON, module by module and op by op: time, self time,
+FLOPs and memory in BASE and NEW and the change, largest change in self time first.
+With --fail-above it gates CI: exit 1 when the model or a module got slower by more
+than the threshold.
+"""
+
+DIFF_EPILOG = """\
+examples:
+  layerscope profile zoo:mlp -o base.json                  # before the change
+  layerscope profile zoo:mlp -o new.json                   # after it
+  layerscope diff base.json new.json                       # what moved, largest first
+  layerscope diff base.json new.json --fail-above 10%      # exit 1 if over 10% slower
+  layerscope diff base.json new.json --fail-above 0.1 --min-time 200us --limit 10
+  layerscope diff base.json new.json --format json -o diff.json
+
+Modules, labels and step parts are matched by path; ops by (module, phase, name,
+input shapes). Rows only in NEW are marked added, rows only in BASE removed.
+
+exit status:
+  0  nothing regressed above --fail-above (or no --fail-above given)
+  1  something did: the model's total time (the step's, or the forward's), or the
+     self time of a module at least --min-time in BASE or NEW; named after the table
+  2  bad input: a missing or damaged file, not a layerscope profile, a bad option
+
+In Python: layerscope.diff(layerscope.load("base.json"), layerscope.load("new.json"))
+and its .regressions(0.1).
+"""
+
+
 class UsageError(LayerscopeError):
     """Bad command-line use: exit status 2."""
 
@@ -78,6 +108,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
         parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes, FLOPs and memory")
         parser.add_argument(
+            "--with-stack", action="store_true",
+            help="keep each op's Python call site (for --format ops --group-by stack:N)",
+        )
+        parser.add_argument(
             "--peak-tflops", type=float, metavar="TFLOPS",
             help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs",
         )
@@ -94,9 +128,44 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
     parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
     parser.add_argument("--show-ops", action="store_true", help="nest each module's aten ops under it")
+    _add_op_table_options(parser)
+    parser.add_argument(
+        "--metric", choices=("time", "flops"),
+        help="what folded and speedscope output weigh stacks by (default: time, or flops for a count)",
+    )
+    parser.add_argument("--ops", action="store_true", help="csv: one row per aten op instead of per module")
     parser.add_argument("--format", choices=formats(), help="output format (default: from -o's extension, else text)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")  # fmt: skip
+
+
+def _add_op_table_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("operator table (--format ops)")
+    group.add_argument(
+        "--sort-by", metavar="METRIC",
+        help="sort ops by self_cpu_time (default), cpu_time, self_device_time, device_time, calls, "
+        "flops, macs, bytes, alloc_bytes, self_alloc_bytes or freed_bytes; descending",
+    )
+    group.add_argument(
+        "--group-by", metavar="KEY",
+        help="one row per name (default), shape, module, module_type, phase or stack:N "
+        "(N frames of the Python stack); combine with commas: module,shape",
+    )
+    group.add_argument("--limit", type=_positive, metavar="N", help="show the first N rows (Total still covers all)")
+    group.add_argument("--module", metavar="PATH", help="only the ops of this module's subtree")
+
+
+def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
+    """The operator table's render options, checked before a run that may take minutes
+    (whether the profile has the metric is known only after it)."""
+    from layerscope.ops import check_options
+
+    options = {"sort_by": args.sort_by, "group_by": args.group_by, "limit": args.limit, "module": args.module}
+    given = [f"--{name.replace('_', '-')}" for name, value in options.items() if value is not None]
+    if given and fmt != "ops":
+        raise UsageError(f"{', '.join(given)}: only for --format ops (the format here is {fmt})")
+    check_options(sort_by=args.sort_by, group_by=args.group_by)
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +219,26 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", metavar="OUT.png", required=True, help="the PNG to write (atomically)")
     plot.add_argument("--title", help="the picture's title (default: '<model> memory over one step')")
     plot.add_argument("--debug", action="store_true", help="show full tracebacks")
+
+    compare = sub.add_parser(
+        "diff", help="compare two saved profiles: what got slower, and where", description=DIFF_DESCRIPTION,
+        epilog=DIFF_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    compare.add_argument("base", metavar="BASE", help="the profile before the change (JSON)")
+    compare.add_argument("new", metavar="NEW", help="the profile after the change (JSON)")
+    compare.add_argument(
+        "--fail-above", metavar="THRESHOLD",
+        help="exit 1 if the model's total time or a module's self time grew by more than this: 10%% or 0.1",
+    )
+    compare.add_argument(
+        "--min-time", metavar="TIME",
+        help="noise floor: ignore modules whose self time is below this in both profiles "
+        "(50us, 1ms, 200ns; a bare number is ns; default 50us)",
+    )
+    compare.add_argument("--format", choices=("text", "json"), help="output format (default: from -o's extension, else text)")
+    compare.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    compare.add_argument("--limit", type=_positive, default=20, metavar="N", help="show at most N module and N op rows (default 20; 0 shows all)")
+    compare.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
 
 
@@ -232,6 +321,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     inputs = _move(inputs, device, dtype)
 
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
+    op_table_options = _op_table_options(args, fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     if count_only:
@@ -243,10 +333,12 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
             prof = layerscope.profile(
                 model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
                 paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
-                peak_tflops=args.peak_tflops, backward=args.backward,
+                peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
             )
     prof.meta["spec"] = resolved.label
-    text = render(prof, fmt, depth=args.depth, show_ops=args.show_ops)
+    text = render(
+        prof, fmt, depth=args.depth, show_ops=args.show_ops, metric=args.metric, ops=args.ops, **op_table_options
+    )
     if args.output:
         try:
             write_atomic(args.output, text)
@@ -271,17 +363,22 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: it is a folder; give a file name")
 
 
-def _plot_memory(args: argparse.Namespace) -> int:
+def _load_profile(path: str) -> Any:
+    """A saved profile; a missing or unreadable file is a usage error (exit 2)."""
     import layerscope
 
-    if not args.output.lower().endswith(".png"):
-        raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
     try:
-        profile = layerscope.load(args.profile)
+        return layerscope.load(path)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:  # a folder, no permission
-        raise UsageError(f"cannot read {args.profile!r}: {exc.strerror or exc}") from exc
+        raise UsageError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
+
+
+def _plot_memory(args: argparse.Namespace) -> int:
+    if not args.output.lower().endswith(".png"):
+        raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
+    profile = _load_profile(args.profile)
     from layerscope.plot import memory_timeline, plot_memory
 
     try:
@@ -298,6 +395,49 @@ def _plot_memory(args: argparse.Namespace) -> int:
         return 1
     print(f"layerscope: wrote the memory timeline to {args.output}", file=sys.stderr)
     return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing regressed above --fail-above, 1 when something did."""
+    import json
+
+    from layerscope.diff import DEFAULT_MIN_TIME_NS, diff, parse_duration_ns, parse_threshold
+    from layerscope.io import write_atomic
+    from layerscope.render.diff_text import regressions_line
+
+    try:
+        threshold = None if args.fail_above is None else parse_threshold(args.fail_above)
+    except ValueError as exc:
+        raise UsageError(f"--fail-above: {exc}") from None
+    try:
+        floor = DEFAULT_MIN_TIME_NS if args.min_time is None else parse_duration_ns(args.min_time)
+    except ValueError as exc:
+        raise UsageError(f"--min-time: {exc}") from None
+    fmt = args.format or ("json" if args.output and args.output.lower().endswith(".json") else "text")
+    if args.output:
+        _check_writable(args.output)
+    result = diff(_load_profile(args.base), _load_profile(args.new), min_time_ns=floor)
+    regressions = [] if threshold is None else result.regressions(threshold)
+    verdict = None if threshold is None else regressions_line(regressions, threshold)
+    if fmt == "json":
+        doc = result.to_dict()
+        if threshold is not None:
+            doc["fail_above"] = threshold
+            doc["regressions"] = [r.to_dict() for r in regressions]
+        text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    else:
+        text = result.render(limit=args.limit or None) + (f"\n{verdict}\n" if verdict else "")
+    if args.output:
+        try:
+            write_atomic(args.output, text)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.output!r}: {exc.strerror or exc}") from exc
+        print(f"layerscope: wrote the {fmt} diff to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    if verdict and (args.output or fmt == "json"):
+        print(verdict, file=sys.stderr)  # the report went elsewhere; a CI log still says why
+    return 1 if regressions else 0
 
 
 def _list_zoo() -> int:
@@ -325,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_profile(args, DEMO_SPEC)
         if args.command == "plot-memory":
             return _plot_memory(args)
+        if args.command == "diff":
+            return _diff(args)
         if args.command == "flops":
             return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)

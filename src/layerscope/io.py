@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from layerscope.errors import SchemaError
 SCHEMA = "layerscope/1"
 
 
-def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
-    """Write ``text`` (str, as UTF-8, or bytes) to ``path`` so that readers see the old
-    file or the whole new one.
+def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]) -> None:
+    """Write ``text`` (str, as UTF-8; bytes; or an iterable of str chunks, written as they
+    come so a big document never sits in memory whole) to ``path`` so that readers see
+    the old file or the whole new one.
 
     The text goes to a temporary file in the same folder, is flushed to disk, then
     renamed over ``path``: a failed run never leaves a half-written file behind.
@@ -35,9 +37,13 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
             os.umask(umask)
             mode = 0o666 & ~umask
         os.chmod(tmp_name, mode)
-        data = text.encode("utf-8") if isinstance(text, str) else text
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            if isinstance(text, (str, bytes)):
+                handle.write(text.encode("utf-8") if isinstance(text, str) else text)
+            else:
+                chunks = iter(text)
+                for chunk in chunks:
+                    handle.write(chunk.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
@@ -50,10 +56,10 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
 
 
 def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
-    from layerscope.render import format_for_path, render
+    from layerscope.render import format_for_path, render_chunks
 
     chosen = fmt or format_for_path(path, default="json")
-    write_atomic(path, render(profile, chosen, **options))
+    write_atomic(path, render_chunks(profile, chosen, **options))
 
 
 def profile_from_dict(doc: Any, source: str = "document") -> Any:
@@ -85,7 +91,8 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
             meta=dict(doc.get("meta", {})),
             param_bytes=doc["totals"]["param_bytes"],
             parts=parts,
-            memory=_memory_from_dict(doc.get("memory")),
+            memory=_optional_object(doc.get("memory"), "memory", "peak_bytes", int),
+            trace=_optional_object(doc.get("trace"), "trace", "spans", list),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SchemaError(f"{source} is a damaged layerscope profile: {type(exc).__name__}: {exc}") from None
@@ -99,11 +106,12 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
     return profile
 
 
-def _memory_from_dict(data: Any) -> dict[str, Any] | None:
+def _optional_object(data: Any, name: str, key: str, kind: type) -> dict[str, Any] | None:
+    """A top-level object of the document that may be absent (``memory``, ``trace``)."""
     if data is None:
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("peak_bytes"), int):
-        raise TypeError("'memory' must be an object with an integer 'peak_bytes'")
+    if not isinstance(data, dict) or not isinstance(data.get(key), kind):
+        raise TypeError(f"{name!r} must be an object with a {kind.__name__} {key!r}")
     return dict(data)
 
 

@@ -10,9 +10,12 @@ them into strings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from layerscope.ops import OpTable
 
 #: Metrics of a phase that add up through the tree: ``X == self_X + sum(child X)``.
 #: Each entry is ``(total_field, self_field)``.
@@ -216,6 +219,13 @@ class Profile:
     #: Model-level memory (None when not tracked): parameter, buffer and optimizer-state
     #: bytes, the step's peak with its culprit and categories, and a timeline.
     memory: dict[str, Any] | None = None
+    #: One run as spans on a timeline (None when no op pass ran): ``{"spans": [[start_ns,
+    #: duration_ns, path, phase, op_index], ...]}``, sorted by start, enclosing spans
+    #: first. ``op_index`` is an index into ``node(path).ops`` for an op, -1 for a module,
+    #: label or step part running (forward frames; in backward, the owner of the running
+    #: ops and its ancestors). ``profile()`` keeps its op pass (slower than its timed
+    #: passes); a ``Profiler`` its last recorded step.
+    trace: dict[str, Any] | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -274,6 +284,26 @@ class Profile:
                 merged[name] = merged.get(name, 0) + calls
         return dict(sorted(merged.items()))
 
+    def ops(
+        self,
+        *,
+        sort_by: str | None = None,
+        group_by: str | Sequence[str] | None = "name",
+        limit: int | None = None,
+        module: str | None = None,
+        phase: str | None = None,
+        stack_depth: int | None = None,
+    ) -> OpTable:
+        """Every node's aten ops in one table, grouped by ``group_by`` (name, shape,
+        module, module_type, phase, stack:N) and sorted by ``sort_by``, descending; see
+        ``layerscope.ops.op_table``."""
+        from layerscope.ops import op_table
+
+        return op_table(
+            self, sort_by=sort_by, group_by=group_by, limit=limit, module=module, phase=phase,
+            stack_depth=stack_depth,
+        )
+
     @property
     def totals(self) -> dict[str, Any]:
         return {
@@ -298,6 +328,7 @@ class Profile:
             "modules": [node.to_dict() for node in self.modules()],
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],
             "memory": self.memory,
+            "trace": self.trace,
         }
 
     def render(self, fmt: str = "text", **options: Any) -> str:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from layerscope.build.chain import BackwardChain
 from layerscope.build.memory import MemoryResult, MemoryWalk, is_part, scan
 from layerscope.raw import (
     ADOPT,
@@ -45,6 +46,7 @@ from layerscope.raw import (
     NO_SEQ,
     OP,
     OPTIM,
+    SAVED,
     STEP,
     RawCapture,
 )
@@ -81,6 +83,10 @@ class PassResult:
     outside_ops: int = 0
     phases: set[str] = field(default_factory=set)
     memory: MemoryResult | None = None
+    #: The pass as spans, when ops were collected: ``(t0, t1, key, phase, op_key)``, with
+    #: ``op_key`` the op's table key for an op and None for a frame or backward span.
+    trace: list[tuple[Any, ...]] | None = None
+    trace_start_ns: int = 0
 
 
 def _shape_key(shapes: Any) -> str:
@@ -128,9 +134,19 @@ def walk_pass(
     def path_of(key: Key) -> str:
         return paths[key] if isinstance(key, int) else key
 
+    chain = BackwardChain(_ancestry(parents))
+    # Backward spans end where their last op's slot ends, not at the event that closes them.
+    last_backward_end = 0
+    trace: list[tuple[Any, ...]] | None = [] if collect_ops else None
+    if trace is not None:
+        chain.closers.append(lambda entry, t, _open: trace.append((entry[1], t, entry[0], "backward", None)))
     facts = scan(events)
-    mem = None if facts is None else MemoryWalk(facts, _ancestry(parents), _span_rule(parents, calls))
+    mem = None if facts is None else MemoryWalk(facts, chain, _span_rule(parents, calls))
     pending_frees: list[tuple[int, int]] = []
+
+    def end_backward() -> None:
+        if chain.entries:
+            chain.close(last_backward_end)
 
     def live() -> int:
         return mem.live if mem is not None else 0
@@ -150,8 +166,9 @@ def walk_pass(
     def site_now() -> tuple[Key, str] | None:
         if frames:
             return (frames[-1][0], frames[-1][5])
-        if mem is not None and mem.chain:
-            return (mem.chain[-1][0], "backward")
+        owner = chain.owner
+        if owner is not None:
+            return (owner, "backward")
         return top_site(create=False)
 
     def charge(key: Key, phase: str, ns: int, dev: int | None) -> None:
@@ -180,6 +197,8 @@ def walk_pass(
         key, t_enter, child_cpu, dev_enter, child_dev, phase = frame[:6]
         if mem is not None:
             mem.frame_closed(frame, t, frames)
+        if trace is not None:
+            trace.append((t_enter, t, key, phase, None))
         duration = max(0, t - t_enter)
         dev_duration = None
         if dev_enter is not None and dev_t is not None:
@@ -231,6 +250,8 @@ def walk_pass(
         flops, macs, nbytes = event[6:9] if len(event) >= 9 else (None, None, 0)
         stack = event[11] if len(event) > 11 else None
         table_key = (key, phase, name, _shape_key(shapes), stack)
+        if trace is not None:
+            trace.append((t0, t1, key, phase, table_key))
         op = result.ops.get(table_key)
         if op is None:
             op = result.ops[table_key] = OpStats(
@@ -274,8 +295,8 @@ def walk_pass(
             note_seq(event[4] if len(event) > 4 else None, index)
             if not in_bwd:
                 calls[index] = calls.get(index, 0) + 1
-                if mem is not None and not frames:
-                    mem.end_backward(event[1])
+                if not frames:
+                    end_backward()
             frames.append([index, event[1], 0, event[3], 0, "recompute" if in_bwd else "forward", live(), live()])
         elif kind == EXIT:
             index = event[2]
@@ -294,8 +315,8 @@ def walk_pass(
             note_seq(seq, path)
             if not in_bwd:
                 calls[path] = calls.get(path, 0) + 1
-                if mem is not None and not frames:
-                    mem.end_backward(t)
+                if not frames:
+                    end_backward()
             frames.append([path, t, 0, dev_t, 0, "recompute" if in_bwd else "forward", live(), live()])
         elif kind == LABEL_EXIT:
             _, t, dev_t, seq, _in_bwd = event
@@ -313,16 +334,21 @@ def walk_pass(
                 key = backward_owner(grad)
                 if isinstance(key, str) and key not in dynamic:
                     dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
-                if mem is not None and not frames:
-                    mem.backward_owner(key, event[1])
+                if not frames:
+                    chain.move(key, event[1])
                 memory = op_memory((key, "backward"), event)
                 t0 = event[1]
-                following = events[i + 1] if i + 1 < n_events else None
+                # The next event that is not a memory note (frees happen between ops).
+                j = i + 1
+                while j < n_events and events[j][0] in _MEMORY_NOTES:
+                    j += 1
+                following = events[j] if j < n_events else None
                 if following is not None and following[0] == OP and len(following) > 9 and following[9] is not None:
                     end = max(following[1], event[2])
                 else:
                     end = event[2]
                 slot = max(0, end - t0)
+                last_backward_end = max(last_backward_end, end)
                 charge(key, "backward", slot, event[5] if has_device else None)
                 if frames:
                     frames[-1][2] += slot
@@ -339,8 +365,7 @@ def walk_pass(
             else:
                 # Forward work outside every frame: the loss (after the model's forward,
                 # before backward) or other glue. Without step marks it is outside the tree.
-                if mem is not None:
-                    mem.end_backward(event[1])
+                end_backward()
                 site = top_site()
                 memory = op_memory(site, event)
                 if site is None:
@@ -365,12 +390,17 @@ def walk_pass(
                 mem.adopt(event, site_now(), frames)
             elif kind in (GRAD, OPTIM, DEVICE_MEM):
                 mem.other_event(event)
+    end_backward()
     if frames and t_last is not None:
         while frames:
             close(t_last, None)
+    t_base = t_first if t_first is not None else _first_time(events)
     if mem is not None:
-        t_base = t_first if t_first is not None else _first_time(events)
-        result.memory = mem.finish(t_last if t_last is not None else _last_time(events), t_base, path_of)
+        result.memory = mem.finish(t_base, path_of)
+    if trace is not None:
+        trace.sort(key=_span_order)
+        result.trace = trace
+        result.trace_start_ns = t_base
     if t_first is not None and t_last is not None:
         result.wall_ns = t_last - t_first
         dynamic.setdefault(OTHER, Dynamic(OTHER, None, "other", "other"))
@@ -391,13 +421,13 @@ def _first_time(events: list[tuple[Any, ...]]) -> int:
     return 0
 
 
-def _last_time(events: list[tuple[Any, ...]]) -> int:
-    for event in reversed(events):
-        if event[0] in (ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, STEP):
-            return int(event[1])
-        if event[0] == OP:
-            return int(event[2])
-    return 0
+#: Events that note memory and take no time of their own.
+_MEMORY_NOTES = frozenset({FREE, SAVED, GRAD, ADOPT, OPTIM, DEVICE_MEM})
+
+
+def _span_order(span: tuple[Any, ...]) -> tuple[int, int, int]:
+    # By start; an enclosing span (longer) before the spans it holds; ops after frames.
+    return (span[0], -span[1], 0 if span[4] is None else 1)
 
 
 def _ancestry(parents: list[int | None] | None) -> Callable[[Key], list[Key]]:
@@ -474,6 +504,9 @@ class Accumulator:
             else:
                 _merge_op(mine, op)
         total.phases |= result.phases
+        if result.trace is not None:
+            # The trace is the last step's: a long run keeps one step of spans.
+            total.trace, total.trace_start_ns = result.trace, result.trace_start_ns
         if result.memory is not None:
             if total.memory is None:
                 total.memory = MemoryResult()
@@ -573,9 +606,12 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
             times.dynamic.setdefault(path, dyn)
 
     ops_by_key: dict[Key, list[OpStats]] = {}
+    op_index: dict[tuple[Any, ...], int] = {}
     if op_result is not None:
-        for (key, *_rest), op in op_result.ops.items():
-            ops_by_key.setdefault(key, []).append(op)
+        for table_key, op in op_result.ops.items():
+            listed = ops_by_key.setdefault(table_key[0], [])
+            op_index[table_key] = len(listed)
+            listed.append(op)
 
     def phase_stats(key: Key, phase: str, selected: bool) -> PhaseStats | None:
         if phase != "forward" and phase not in phases:
@@ -694,7 +730,21 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         param_bytes=raw.param_bytes,
         parts=parts,
         memory=_memory_summary(raw, memory, paths),
+        trace=_trace(op_result, op_index, paths),
     )
+
+
+def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> dict[str, Any] | None:
+    """``Profile.trace``: the op pass (a ``Profiler``'s last step) as spans."""
+    if op_result is None or op_result.trace is None:
+        return None
+    base = op_result.trace_start_ns
+    spans = []
+    for t0, t1, key, phase, op_key in op_result.trace:
+        path = paths[key] if isinstance(key, int) else key
+        index = -1 if op_key is None else op_index.get(op_key, -1)
+        spans.append([t0 - base, max(0, t1 - t0), path, phase, index])
+    return {"spans": spans}
 
 
 def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> dict[str, Any] | None:

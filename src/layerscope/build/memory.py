@@ -7,9 +7,7 @@ freed. The walk knows where it is at each moment (the innermost frame, or the mo
 whose backward is running) and charges allocations and frees there.
 
 - **Peaks.** A frame's peak is the highest live reached while it was open, relative to
-  live when it opened. In backward, the modules whose ops run form a chain (the owner
-  and its ancestors), opened and closed as the owner changes, with peaks measured the
-  same way.
+  live when it opened; the same for each entry of the backward chain (``chain.py``).
 - **Categories.** A storage is an activation if autograd saved it (SAVED), a gradient if
   it became a parameter's gradient (GRAD), optimizer state if the optimizer allocated it
   and it outlived the pass; else ``other``. Known from a first scan, a category holds from
@@ -22,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
+from layerscope.build.chain import BackwardChain, Entry, Key
 from layerscope.raw import ADOPT, DEVICE_MEM, FREE, GRAD, MEMORY_CATEGORIES, OP, OPTIM, SAVED
 
-Key = Union[int, str]
 Site = tuple[Key, str]
 
 #: At most this many points in a pass's memory timeline (each bucket keeps its min and max).
@@ -111,12 +109,14 @@ class MemoryWalk:
     def __init__(
         self,
         facts: dict[str, Any],
-        ancestors: Callable[[Key], list[Key]],
+        chain: BackwardChain,
         span_worthy: Callable[[Key, bool], bool],
     ) -> None:
         self.facts = facts
         self.result = MemoryResult()
-        self._ancestors = ancestors
+        self.chain = chain
+        chain.openers.append(self._chain_opened)
+        chain.closers.append(self._chain_closed)
         self._span_worthy = span_worthy
         initial = facts["initial"]
         self.cat_live = {name: initial.get(name, 0) for name in MEMORY_CATEGORIES}
@@ -129,8 +129,6 @@ class MemoryWalk:
         self._points: list[tuple[int, int]] = []
         self._spans: list[tuple[int, int, Key, str]] = []
         self._optim: dict[str, dict[Any, dict[str, int]]] = {}
-        # The backward chain: [key, live at open, max live, t open], outermost first.
-        self.chain: list[list[Any]] = []
         self._snapshot(None, 0)
         self.result.peak_bytes = self.live
         self.result.peak_categories = dict(self.cat_live)
@@ -145,9 +143,11 @@ class MemoryWalk:
             top = frames[-1]
             if live > top[7]:
                 top[7] = live
-        elif self.chain:
-            if live > self.chain[-1][2]:
-                self.chain[-1][2] = live
+        elif self.chain.entries:
+            # A chain entry's data: [live bytes when it opened, highest live bytes since].
+            data = self.chain.entries[-1][2]
+            if live > data[1]:
+                data[1] = live
         if site is not None:
             # The model's phases by name; the step's parts (``<loss>``, ...) by path.
             key, phase = site
@@ -229,40 +229,27 @@ class MemoryWalk:
         if frames:
             if top > frames[-1][7]:
                 frames[-1][7] = top
-        elif self.chain and top > self.chain[-1][2]:
-            self.chain[-1][2] = top
+        elif self.chain.entries:
+            data = self.chain.entries[-1][2]
+            if top > data[1]:
+                data[1] = top
         if self._span_worthy(key, not frames):
             self._spans.append((t_enter, t, key, phase))
 
-    def backward_owner(self, key: Key, t: int) -> None:
-        """Backward work of ``key`` starts at ``t``: move the chain to it and its ancestors."""
-        if self.chain and self.chain[-1][0] == key:
-            return
-        wanted = self._ancestors(key)
-        keep = 0
-        while keep < len(self.chain) and keep < len(wanted) and self.chain[keep][0] == wanted[keep]:
-            keep += 1
-        self._close_chain(keep, t)
-        for k in wanted[keep:]:
-            self.chain.append([k, self.live, self.live, t])
+    def _chain_opened(self, entry: Entry) -> None:
+        entry[2] = [self.live, self.live]
 
-    def _close_chain(self, keep: int, t: int) -> None:
-        while len(self.chain) > keep:
-            key, at_open, top, t_open = self.chain.pop()
-            site = (key, "backward")
-            self.result.peak[site] = max(self.result.peak.get(site, 0), top - at_open)
-            if self.chain and top > self.chain[-1][2]:
-                self.chain[-1][2] = top
-            if self._span_worthy(key, not self.chain):
-                self._spans.append((t_open, t, key, "backward"))
-
-    def end_backward(self, t: int) -> None:
-        self._close_chain(0, t)
+    def _chain_closed(self, entry: Entry, t: int, still_open: list[Entry]) -> None:
+        key, t_open, (at_open, top) = entry
+        site = (key, "backward")
+        self.result.peak[site] = max(self.result.peak.get(site, 0), top - at_open)
+        if still_open and top > still_open[-1][2][1]:
+            still_open[-1][2][1] = top
+        if self._span_worthy(key, not still_open):
+            self._spans.append((t_open, t, key, "backward"))
 
     # -- the end ------------------------------------------------------------------------------
-    def finish(self, t_end: int | None, t_base: int, path_of: Callable[[Key], str]) -> MemoryResult:
-        if t_end is not None:
-            self.end_backward(t_end)
+    def finish(self, t_base: int, path_of: Callable[[Key], str]) -> MemoryResult:
         result = self.result
         result.peak_t_ns = max(0, result.peak_t_ns - t_base)
         for serial in self.facts["saved"]:

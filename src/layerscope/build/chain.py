@@ -1,0 +1,58 @@
+"""The modules whose backward is running. Pure: no torch.
+
+Backward ops are not frames: each belongs to the module whose forward created its
+autograd node. While a module's backward ops run, that module and its ancestors are
+"running", outermost first: the *chain*. It moves as the owner changes (entries common to
+the old and new owner stay open), so its entries nest in time like frames do, and
+anything that needs backward spans (memory peaks, the timeline, the trace) listens to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Union
+
+Key = Union[int, str]
+
+#: An entry: ``[key, t_open, data]``; ``data`` belongs to whoever opened it (memory).
+Entry = list[Any]
+
+
+class BackwardChain:
+    """The owner of the running backward op and its ancestors, outermost first."""
+
+    def __init__(self, ancestors: Callable[[Key], list[Key]]) -> None:
+        self.entries: list[Entry] = []
+        self._ancestors = ancestors
+        #: ``opener(entry)`` after an entry opens; ``closer(entry, t, still_open)`` after
+        #: it closes at ``t`` (innermost first).
+        self.openers: list[Callable[[Entry], None]] = []
+        self.closers: list[Callable[[Entry, int, list[Entry]], None]] = []
+
+    @property
+    def owner(self) -> Key | None:
+        return self.entries[-1][0] if self.entries else None
+
+    def move(self, key: Key, t: int) -> None:
+        """Backward work of ``key`` starts at ``t``."""
+        entries = self.entries
+        if entries and entries[-1][0] == key:
+            return
+        wanted = self._ancestors(key)
+        keep = 0
+        while keep < len(entries) and keep < len(wanted) and entries[keep][0] == wanted[keep]:
+            keep += 1
+        self.close(t, keep=keep)
+        for k in wanted[keep:]:
+            entry: Entry = [k, t, None]
+            for opener in self.openers:
+                opener(entry)
+            entries.append(entry)
+
+    def close(self, t: int, *, keep: int = 0) -> None:
+        """Close all but the outermost ``keep`` entries at ``t``."""
+        entries = self.entries
+        while len(entries) > keep:
+            entry = entries.pop()
+            for closer in self.closers:
+                closer(entry, t, entries)

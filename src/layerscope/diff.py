@@ -1,0 +1,512 @@
+"""Compare two profiles: did my change make it slower, and where?
+
+``diff(base, new)`` matches the nodes of two :class:`~layerscope.tree.Profile` trees by
+path (modules, labels and step parts alike) and their ops by ``(module path, phase, op
+name, input shapes)``, and keeps, for each entry, the base and new value of each metric
+(a :class:`Change`). Rows are ordered by absolute impact: the size of the change in self
+time, largest first, ties by path. It is a transform like ``transforms.py``: plain
+Python, no torch, and no number is turned into a string here (``render/diff_text.py``
+does that).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
+
+__all__ = [
+    "DEFAULT_MIN_TIME_NS",
+    "Change",
+    "DiffRow",
+    "ProfileDiff",
+    "Regression",
+    "diff",
+    "parse_duration_ns",
+    "parse_threshold",
+    "profile_kind",
+]
+
+#: The default noise floor: a module whose self time is below this in both profiles is
+#: never reported as a regression, however large its relative change. CPU timings of a
+#: few microseconds move by tens of percent from run to run.
+DEFAULT_MIN_TIME_NS = 50_000
+
+_TIMES: tuple[str, ...] = ("time_ns", "self_time_ns", "device_time_ns", "self_device_time_ns")
+
+#: Metrics of an op row, in the order ``to_dict`` lists them.
+OP_METRICS: tuple[str, ...] = (*_TIMES, "flops", "macs", "alloc_bytes")
+
+#: Metrics of a node row. Times, FLOPs and allocations are sums over the compared
+#: phases; ``peak_bytes`` is the highest of them (peaks do not add).
+NODE_METRICS: tuple[str, ...] = (*OP_METRICS, "peak_bytes", "activation_bytes")
+
+#: The model-level summary, in the order it is shown.
+SUMMARY_METRICS: tuple[str, ...] = ("time_ns", "device_time_ns", "flops", "params", "peak_bytes")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One metric in both profiles; ``None`` where a side did not measure it."""
+
+    base: int | None
+    new: int | None
+
+    @property
+    def delta(self) -> int | None:
+        """``new - base``; None unless both were measured."""
+        if self.base is None or self.new is None:
+            return None
+        return self.new - self.base
+
+    @property
+    def relative(self) -> float | None:
+        """``delta / base`` (0.25 is 25% more); None when undefined (a side missing, or
+        a base of zero)."""
+        if self.base is None or self.new is None or self.base == 0:
+            return None
+        return (self.new - self.base) / self.base
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"base": self.base, "new": self.new, "delta": self.delta, "relative": self.relative}
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    """One node (``op is None``) or one op, as matched between the two profiles.
+
+    ``status`` is ``"matched"``, ``"added"`` (only in new) or ``"removed"`` (only in
+    base). ``type_base``/``type_new`` are the node's module types (None on the missing
+    side); they differ when a path now holds another kind of module.
+    """
+
+    path: str
+    kind: str
+    status: str
+    metrics: dict[str, Change]
+    type_base: str | None = None
+    type_new: str | None = None
+    op: str | None = None
+    phase: str | None = None
+    input_shapes: Any = None
+
+    def __getitem__(self, metric: str) -> Change:
+        return self.metrics[metric]
+
+    @property
+    def impact_ns(self) -> int:
+        """How much the self time moved, either way; an added or removed entry counts
+        its whole self time."""
+        change = self.metrics["self_time_ns"]
+        return abs((change.new or 0) - (change.base or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"path": self.path, "kind": self.kind, "status": self.status}
+        if self.op is None:
+            doc.update(type_base=self.type_base, type_new=self.type_new)
+        else:
+            doc.update(op=self.op, phase=self.phase, input_shapes=self.input_shapes)
+        doc["metrics"] = {name: change.to_dict() for name, change in self.metrics.items()}
+        return doc
+
+
+@dataclass(frozen=True)
+class Regression:
+    """Something that got slower by more than the threshold: the model's total time
+    (``path is None``) or one node's self time."""
+
+    path: str | None
+    metric: str
+    change: Change
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "metric": self.metric, **self.change.to_dict()}
+
+    def __str__(self) -> str:
+        from layerscope.render.diff_text import regression_text
+
+        return regression_text(self)
+
+
+@dataclass
+class ProfileDiff:
+    """What changed between ``base`` and ``new``; see :func:`diff`.
+
+    ``rows`` are the nodes and ``op_rows`` the ops, both largest self-time change first.
+    ``summary`` compares the whole model; ``warnings`` says what does not match (other
+    model, other mode, other device) and so what the comparison leaves out.
+    """
+
+    base: Profile = field(repr=False)
+    new: Profile = field(repr=False)
+    rows: list[DiffRow]
+    op_rows: list[DiffRow]
+    summary: dict[str, Change]
+    warnings: list[str]
+    #: The phases compared: those either profile has, or only ``forward`` when one is a
+    #: training step and the other not.
+    phases: tuple[str, ...]
+    #: What the summary's ``time_ns`` is: ``"step"`` or ``"forward"``.
+    total_kind: str
+    min_time_ns: int = DEFAULT_MIN_TIME_NS
+
+    @property
+    def timed(self) -> bool:
+        """False when a side was counted without timing: no time is compared."""
+        return self.base.timed and self.new.timed
+
+    def row(self, path: str) -> DiffRow:
+        """The node row at ``path``; KeyError if neither profile has it."""
+        for row in self.rows:
+            if row.path == path:
+                return row
+        raise KeyError(f"no module at path {path!r} in either profile")
+
+    def changed_ops(self) -> list[DiffRow]:
+        """The op rows that changed: added, removed, or with another self time or FLOPs
+        (``op_rows`` holds every op, most of which a change leaves alone)."""
+        return [
+            row
+            for row in self.op_rows
+            if row.status != "matched"
+            or any(row.metrics[name].delta not in (0, None) for name in ("self_time_ns", "flops"))
+        ]
+
+    def regressions(
+        self, threshold: float | str = 0.1, min_time_ns: int | str | None = None
+    ) -> list[Regression]:
+        """What got slower by more than ``threshold`` (``0.1`` or ``"10%"``): the model's
+        total time first, then each node whose self time grew by more than that, largest
+        change first.
+
+        A node counts only if its self time is at least ``min_time_ns`` (``50000`` or
+        ``"50us"``; default: the diff's own floor) in base or new: below that, timing
+        noise swamps any ratio. Added and removed nodes are not regressions; the total
+        time shows what they cost.
+        """
+        ratio = parse_threshold(threshold) if isinstance(threshold, str) else float(threshold)
+        if not ratio >= 0 or math.isinf(ratio):
+            raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+        if min_time_ns is None:
+            floor = self.min_time_ns
+        else:
+            floor = parse_duration_ns(min_time_ns) if isinstance(min_time_ns, str) else int(min_time_ns)
+        found: list[Regression] = []
+        total = self.summary["time_ns"]
+        if _regressed(total, ratio):
+            found.append(Regression(None, "time_ns", total))
+        for row in self.rows:
+            change = row.metrics["self_time_ns"]
+            if row.status != "matched" or change.delta is None:
+                continue
+            if max(change.base or 0, change.new or 0) < floor:
+                continue
+            if _regressed(change, ratio):
+                found.append(Regression(row.path, "self_time_ns", change))
+        return found
+
+    def render(self, *, limit: int | None = None) -> str:
+        """The diff as text: the summary, then the nodes and the changed ops, largest
+        change first; ``limit`` caps the rows of each table (None: every row)."""
+        from layerscope.render.diff_text import render_diff
+
+        return render_diff(self, limit=limit)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document (schema ``layerscope-diff/1``)."""
+        return {
+            "schema": "layerscope-diff/1",
+            "base": _describe(self.base),
+            "new": _describe(self.new),
+            "warnings": list(self.warnings),
+            "phases": list(self.phases),
+            "total_kind": self.total_kind,
+            "min_time_ns": self.min_time_ns,
+            "summary": {name: change.to_dict() for name, change in self.summary.items()},
+            "rows": [row.to_dict() for row in self.rows],
+            "op_rows": [row.to_dict() for row in self.op_rows],
+        }
+
+
+def _regressed(change: Change, ratio: float) -> bool:
+    if change.base is None or change.new is None:
+        return False
+    if change.base == 0:
+        return change.new > 0
+    return change.new - change.base > ratio * change.base
+
+
+def _describe(profile: Profile) -> dict[str, Any]:
+    meta = profile.meta
+    return {
+        "model": meta.get("model", profile.root.type),
+        "device": meta.get("device"),
+        "mode": meta.get("mode"),
+        "kind": profile_kind(profile),
+        "timed": profile.timed,
+    }
+
+
+def profile_kind(profile: Profile) -> str:
+    """What a profile measured: ``forward-only``, a ``step`` (a ``Profiler`` block with
+    no backward) or a ``step with backward``."""
+    if profile.step_time_ns is None:
+        return "forward-only"
+    return "step with backward" if profile.has_backward else "step"
+
+
+def _phrase(kind: str) -> str:
+    return kind if kind == "forward-only" else f"a {kind}"
+
+
+# -- the comparison ----------------------------------------------------------------------
+
+
+def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS) -> ProfileDiff:
+    """Compare ``new`` against ``base``.
+
+    Nodes match by path, ops by ``(module path, phase, name, input shapes)``; what only
+    ``base`` has is ``removed``, what only ``new`` has is ``added``. When the two are of
+    different models, the paths they share are compared and ``warnings`` says so; when
+    one has a backward phase and the other not, only the forward phase is compared.
+    ``min_time_ns`` is the noise floor :meth:`ProfileDiff.regressions` uses by default.
+    """
+    if min_time_ns < 0:
+        raise ValueError(f"min_time_ns must be >= 0, got {min_time_ns}")
+    warnings: list[str] = []
+    base_model = base.meta.get("model", base.root.type)
+    new_model = new.meta.get("model", new.root.type)
+    base_kind, new_kind = profile_kind(base), profile_kind(new)
+    same_kind = base_kind == new_kind
+    present = {phase for profile in (base, new) for phase, _ in profile.root.phases()}
+    phases = tuple(p for p in PHASES if p in present and (same_kind or p == "forward"))
+    timed = base.timed and new.timed
+
+    shared = {node.path for node in base.nodes()} & {node.path for node in new.nodes()}
+    if base_model != new_model:
+        warnings.append(
+            f"different models: base is {base_model}, new is {new_model}; "
+            f"comparing the {len(shared)} paths they share"
+        )
+    if not same_kind:
+        warnings.append(
+            f"different modes: base is {_phrase(base_kind)}, new is {_phrase(new_kind)}; "
+            "comparing the forward phase only, and the forward time as the model's total"
+        )
+    if base.meta.get("device") != new.meta.get("device"):
+        warnings.append(
+            f"different devices: base ran on {base.meta.get('device')}, new on "
+            f"{new.meta.get('device')}; times are compared as they are"
+        )
+    if base.timed != new.timed:
+        # Two untimed counts are a FLOP comparison, asked for; one of each is a surprise.
+        side = "new" if base.timed else "base"
+        warnings.append(f"{side} was counted without timing (layerscope flops): no time is compared")
+
+    rows = _node_rows(base, new, phases, timed)
+    op_rows = _op_rows(base, new, phases, timed)
+    summary, total_kind = _summary(base, new, phases, timed, same_kind)
+    return ProfileDiff(
+        base=base, new=new, rows=rows, op_rows=op_rows, summary=summary, warnings=warnings,
+        phases=phases, total_kind=total_kind, min_time_ns=min_time_ns,
+    )
+
+
+def _phase_stats(node: ModuleNode, phases: tuple[str, ...]) -> list[PhaseStats]:
+    return [stats for phase, stats in node.phases() if phase in phases]
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    """The sum of what was measured; None when nothing was."""
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _summed(items: Sequence[PhaseStats | OpStats], timed: bool) -> dict[str, int | None]:
+    """The op-row metrics summed over phases of a node, or over the entries of an op.
+
+    An untimed count (``count_flops``) stores zero times: not measured, so not compared."""
+    values: dict[str, int | None] = {
+        "time_ns": sum(item.cpu_time_ns for item in items),
+        "self_time_ns": sum(item.self_cpu_time_ns for item in items),
+        "device_time_ns": _sum(item.device_time_ns for item in items),
+        "self_device_time_ns": _sum(item.self_device_time_ns for item in items),
+        "flops": _sum(item.flops for item in items),
+        "macs": _sum(item.macs for item in items),
+        "alloc_bytes": _sum(item.alloc_bytes for item in items),
+    }
+    if not timed:
+        values.update(dict.fromkeys(_TIMES))
+    return values
+
+
+def _node_values(node: ModuleNode | None, phases: tuple[str, ...], timed: bool) -> dict[str, int | None]:
+    if node is None or not node.profiled:
+        # A node kept only to hold ``paths=`` subtrees has zero figures, not measured ones.
+        return dict.fromkeys(NODE_METRICS)
+    stats = _phase_stats(node, phases)
+    peaks = [s.peak_bytes for s in stats if s.peak_bytes is not None]
+    values = _summed(stats, timed)
+    values["peak_bytes"] = max(peaks) if peaks else None
+    values["activation_bytes"] = node.forward.activation_bytes
+    return values
+
+
+def _changes(names: tuple[str, ...], base: dict[str, int | None], new: dict[str, int | None]) -> dict[str, Change]:
+    return {name: Change(base[name], new[name]) for name in names}
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _pairs(base: dict[K, V], new: dict[K, V]) -> Iterator[tuple[K, V | None, V | None, V, str]]:
+    """``(key, base entry, new entry, either entry, status)`` for every key of either side;
+    status is ``matched``, ``added`` (new only) or ``removed`` (base only)."""
+    for key in base.keys() | new.keys():
+        old, now = base.get(key), new.get(key)
+        status = "added" if old is None else "removed" if now is None else "matched"
+        either = now if now is not None else old
+        assert either is not None
+        yield key, old, now, either, status
+
+
+def _node_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool) -> list[DiffRow]:
+    base_nodes = {node.path: node for node in base.nodes()}
+    new_nodes = {node.path: node for node in new.nodes()}
+    rows = [
+        DiffRow(
+            path=path,
+            kind=either.kind,
+            status=status,
+            metrics=_changes(NODE_METRICS, _node_values(old, phases, timed), _node_values(now, phases, timed)),
+            type_base=None if old is None else old.type,
+            type_new=None if now is None else now.type,
+        )
+        for path, old, now, either, status in _pairs(base_nodes, new_nodes)
+    ]
+    return _by_impact(rows, timed)
+
+
+OpKey = tuple[str, str, str, str]
+
+
+def _shapes_key(shapes: Any) -> str:
+    # Shapes are nested lists (and None for non-tensors): JSON text makes them hashable
+    # and orders them the same way every run.
+    return json.dumps(shapes, separators=(",", ":"), sort_keys=True)
+
+
+def _ops(profile: Profile, phases: tuple[str, ...]) -> dict[OpKey, list[OpStats]]:
+    """Ops by key. With ``with_stack`` one key can hold several entries (one per call
+    site); they are compared as one."""
+    found: dict[OpKey, list[OpStats]] = {}
+    for node in profile.nodes():
+        for op in node.ops:
+            if op.phase in phases:
+                key = (node.path, op.phase, op.name, _shapes_key(op.input_shapes))
+                found.setdefault(key, []).append(op)
+    return found
+
+
+def _op_values(ops: list[OpStats] | None, timed: bool) -> dict[str, int | None]:
+    return dict.fromkeys(OP_METRICS) if ops is None else _summed(ops, timed)
+
+
+def _op_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool) -> list[DiffRow]:
+    base_ops, new_ops = _ops(base, phases), _ops(new, phases)
+    rows = [
+        DiffRow(
+            path=key[0],
+            kind="op",
+            status=status,
+            metrics=_changes(OP_METRICS, _op_values(old, timed), _op_values(now, timed)),
+            op=key[2],
+            phase=key[1],
+            input_shapes=either[0].input_shapes,
+        )
+        for key, old, now, either, status in _pairs(base_ops, new_ops)
+    ]
+    return _by_impact(rows, timed)
+
+
+def _by_impact(rows: list[DiffRow], timed: bool) -> list[DiffRow]:
+    """Largest change in self time first, ties by path (then op, phase and shapes).
+
+    An untimed diff has no time to rank by; its largest change in FLOPs comes first."""
+
+    def impact(row: DiffRow) -> int:
+        if timed:
+            return row.impact_ns
+        change = row.metrics["flops"]
+        return abs((change.new or 0) - (change.base or 0))
+
+    return sorted(
+        rows,
+        key=lambda r: (-impact(r), r.path, r.op or "", r.phase or "", _shapes_key(r.input_shapes)),
+    )
+
+
+def _summary(
+    base: Profile, new: Profile, phases: tuple[str, ...], timed: bool, same_kind: bool
+) -> tuple[dict[str, Change], str]:
+    def values(profile: Profile, use_step: bool) -> dict[str, int | None]:
+        stats = _phase_stats(profile.root, phases)
+        if not timed:
+            time = None
+        elif use_step:
+            time = profile.step_time_ns
+        else:
+            time = profile.root.forward.cpu_time_ns
+        return {
+            "time_ns": time,
+            "device_time_ns": _sum(s.device_time_ns for s in stats) if timed else None,
+            "flops": _sum(s.flops for s in stats),
+            "params": profile.root.params_total,
+            "peak_bytes": None if profile.memory is None else profile.memory.get("peak_bytes"),
+        }
+
+    use_step = same_kind and base.step_time_ns is not None and new.step_time_ns is not None
+    summary = _changes(SUMMARY_METRICS, values(base, use_step), values(new, use_step))
+    return summary, "step" if use_step else "forward"
+
+
+# -- parsing the command line's numbers --------------------------------------------------
+
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_THRESHOLD = re.compile(rf"^\s*{_NUMBER}\s*(%?)\s*$")
+_DURATION = re.compile(rf"^\s*{_NUMBER}\s*(ns|us|µs|ms|s)?\s*$")
+_DURATION_SCALE = {None: 1, "ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_threshold(text: str) -> float:
+    """``"10%"`` or ``"0.1"`` -> ``0.1``. A bare number of 1 or more is refused as
+    ambiguous (is ``10`` ten percent, or 1000%?)."""
+    match = _THRESHOLD.match(text)
+    if not match:
+        raise ValueError(f"expected a percentage such as 10% or a fraction such as 0.1, got {text!r}")
+    number, percent = float(match.group(1)), match.group(2)
+    if percent:
+        return number / 100
+    if number >= 1:
+        raise ValueError(
+            f"{text!r} is ambiguous: write {match.group(1)}% for a percentage, or a fraction "
+            f"below 1 such as {number / 100:g} for {match.group(1)}%"
+        )
+    return number
+
+
+def parse_duration_ns(text: str) -> int:
+    """``"50us"`` -> ``50000``; units ns, us (or µs), ms, s; a bare number is ns."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"expected a duration such as 50us, 1ms, 200ns or a number of ns, got {text!r}")
+    return round(float(match.group(1)) * _DURATION_SCALE[match.group(2)])

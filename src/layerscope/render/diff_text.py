@@ -1,0 +1,258 @@
+"""A :class:`~layerscope.diff.ProfileDiff` as text: the model's summary, then the nodes
+and the changed ops, largest change in self time first.
+
+Not in the renderer registry: that registry holds ``Profile -> str`` formats (the
+``--format`` of ``layerscope profile``), and a diff is not a profile. Like every
+renderer it is a pure function: the same diff gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from layerscope import fmt
+
+if TYPE_CHECKING:
+    from layerscope.diff import Change, DiffRow, ProfileDiff, Regression
+
+Formatter = Callable[[int], str]
+
+
+def signed(value: int | None, formatter: Formatter) -> str:
+    """A change with its sign: ``+1.500ms``, ``-4.00K``; no sign on zero."""
+    if value is None:
+        return ""
+    if value > 0:
+        return "+" + formatter(value)
+    if value < 0:
+        return "-" + formatter(-value)
+    return formatter(0)
+
+
+def change_percent(change: Change) -> str:
+    """``+12.3%`` / ``-4.0%``; ``from 0`` when the base was zero; blank if not measured."""
+    delta = change.delta
+    if delta is None:
+        return ""
+    if change.base == 0:
+        return "from 0" if delta else ""
+    text = fmt.percent(delta, change.base)
+    return "+" + text if delta > 0 else text
+
+
+def display_path(path: str | None) -> str:
+    """A node's path as shown: the root (path ``""``) is ``(root)``."""
+    if path is None:
+        return "model total"
+    return path or "(root)"
+
+
+def regression_text(regression: Regression) -> str:
+    """``features.3 +80.1%`` (``features.3 0ns -> 61.00us`` from a zero base)."""
+    change = regression.change
+    if change.base == 0:
+        return f"{display_path(regression.path)} 0ns -> {fmt.time_ns(change.new)}"
+    return f"{display_path(regression.path)} {change_percent(change)}"
+
+
+def regressions_line(regressions: list[Regression], threshold: float) -> str:
+    """The verdict the CLI prints after the table."""
+    limit = f"{100 * threshold:g}%"
+    if not regressions:
+        return f"No regression above {limit}."
+    return f"Regressed above {limit}: " + ", ".join(regression_text(r) for r in regressions)
+
+
+# -- tables ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: ``cell`` gives a row's text; ``shown`` says whether the diff has
+    the data (both sides measured it somewhere)."""
+
+    header: str
+    cell: Callable[[DiffRow], str]
+    shown: Callable[[ProfileDiff, list[DiffRow]], bool] = lambda diff, rows: True
+    align: str = ">"
+
+
+def _measured(metric: str, *, moved: bool = False) -> Callable[[ProfileDiff, list[DiffRow]], bool]:
+    """Shown when a row has the metric on either side; with ``moved``, only when some
+    row's value changed (a column of changes that are all zero says nothing)."""
+
+    def shown(diff: ProfileDiff, rows: list[DiffRow]) -> bool:
+        changes = [row.metrics[metric] for row in rows]
+        if moved:
+            return any(c.delta for c in changes)
+        return any(c.base is not None or c.new is not None for c in changes)
+
+    return shown
+
+
+def _value(metric: str, formatter: Formatter, side: str) -> Callable[[DiffRow], str]:
+    def cell(row: DiffRow) -> str:
+        value = getattr(row.metrics[metric], side)
+        return "" if value is None else formatter(value)
+
+    return cell
+
+
+def _delta(metric: str, formatter: Formatter) -> Callable[[DiffRow], str]:
+    return lambda row: signed(row.metrics[metric].delta, formatter)
+
+
+def _percent(metric: str) -> Callable[[DiffRow], str]:
+    return lambda row: change_percent(row.metrics[metric])
+
+
+def _type(row: DiffRow) -> str:
+    return row.type_new if row.type_new is not None else (row.type_base or "")
+
+
+def _note(row: DiffRow) -> str:
+    if row.status != "matched":
+        return row.status
+    if row.type_base != row.type_new:
+        return f"was {row.type_base}"
+    return ""
+
+
+def _time_columns(metric: str, label: str) -> list[Column]:
+    shown = _measured(metric)
+    return [
+        Column(f"{label} base", _value(metric, fmt.time_ns, "base"), shown),
+        Column(f"{label} new", _value(metric, fmt.time_ns, "new"), shown),
+        Column(f"{label} Δ", _delta(metric, fmt.time_ns), shown),
+        Column(f"{label} Δ%", _percent(metric), shown),
+    ]
+
+
+_FLOPS_SHOWN = _measured("flops")
+
+#: What both tables share after their first columns: time, device time, FLOPs.
+_METRIC_COLUMNS: list[Column] = [
+    *_time_columns("self_time_ns", "Self"),
+    Column("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns")),
+    Column("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns")),
+    Column("Total Δ%", _percent("time_ns"), _measured("time_ns")),
+    Column("Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True)),
+    Column("Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True)),
+    Column("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN),
+    Column("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN),
+    Column("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN),
+]
+
+NODE_COLUMNS: list[Column] = [
+    Column("Module", lambda row: display_path(row.path), align="<"),
+    Column("Type", _type, align="<"),
+    *_METRIC_COLUMNS,
+    Column("Peak mem Δ", _delta("peak_bytes", fmt.nbytes), _measured("peak_bytes", moved=True)),
+    Column("Activations Δ", _delta("activation_bytes", fmt.nbytes), _measured("activation_bytes", moved=True)),
+    Column("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
+    Column("Note", _note, align="<"),
+]
+
+OP_COLUMNS: list[Column] = [
+    Column("Op", lambda row: row.op or "", align="<"),
+    Column("Module", lambda row: display_path(row.path), align="<"),
+    Column("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<"),
+    Column("Input shapes", lambda row: fmt.shape(row.input_shapes), align="<"),
+    *_METRIC_COLUMNS,
+    Column("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
+    Column("Note", _note, align="<"),
+]
+
+
+def _table(columns: list[Column], rows: list[DiffRow], diff: ProfileDiff) -> list[str]:
+    shown = [c for c in columns if c.shown(diff, rows)]
+    cells = [[c.header for c in shown]] + [[c.cell(row) for c in shown] for row in rows]
+    return _lines(cells, [c.align for c in shown])
+
+
+def _lines(cells: list[list[str]], aligns: list[str]) -> list[str]:
+    """Rows of cells as aligned lines, a rule under the first (the header)."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(aligns))]
+
+    def line(row: list[str]) -> str:
+        padded = (c.ljust(w) if a == "<" else c.rjust(w) for c, w, a in zip(row, widths, aligns))
+        return " | ".join(padded).rstrip()
+
+    return [line(cells[0]), "-|-".join("-" * w for w in widths), *(line(row) for row in cells[1:])]
+
+
+# -- the whole report --------------------------------------------------------------------
+
+_SUMMARY_LABELS: dict[str, tuple[str, Formatter]] = {
+    "time_ns": ("Time", fmt.time_ns),
+    "device_time_ns": ("Device time", fmt.time_ns),
+    "flops": ("FLOPs", fmt.count),
+    "params": ("Params", fmt.count),
+    "peak_bytes": ("Peak memory", fmt.nbytes),
+}
+
+
+def _summary_lines(diff: ProfileDiff) -> list[str]:
+    cells = [["Model", "Base", "New", "Change", "Δ%"]]
+    for metric, change in diff.summary.items():
+        if change.base is None and change.new is None:
+            continue
+        label, formatter = _SUMMARY_LABELS[metric]
+        if metric == "time_ns":
+            label = "Step time" if diff.total_kind == "step" else "Forward time"
+        cells.append([
+            label,
+            "" if change.base is None else formatter(change.base),
+            "" if change.new is None else formatter(change.new),
+            signed(change.delta, formatter),
+            change_percent(change),
+        ])
+    return _lines(cells, ["<", ">", ">", ">", ">"])
+
+
+def _side(diff: ProfileDiff, side: str) -> str:
+    from layerscope.diff import profile_kind
+
+    profile = diff.base if side == "base" else diff.new
+    parts = [str(profile.meta.get("model", profile.root.type)), str(profile.meta.get("device", "cpu"))]
+    parts.append(profile_kind(profile) if profile.timed else "not timed")
+    return f"{side}: " + ", ".join(parts)
+
+
+def _counts(rows: list[DiffRow]) -> str:
+    by_status = {status: sum(1 for r in rows if r.status == status) for status in ("matched", "added", "removed")}
+    return ", ".join(f"{n} {status}" for status, n in by_status.items())
+
+
+def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
+    """The summary, then up to ``limit`` node rows and ``limit`` changed-op rows
+    (None: all), each largest change in self time first."""
+    out = [f"Diff  ·  {_side(diff, 'base')}  ·  {_side(diff, 'new')}"]
+    out.extend(f"Warning: {warning}" for warning in diff.warnings)
+    out.append("")
+    out.extend(_summary_lines(diff))
+
+    order = "self time" if diff.timed else "FLOPs"
+    notes: list[str] = []
+    for title, noun, columns, rows in (
+        ("Modules", "module", NODE_COLUMNS, diff.rows),
+        ("Changed ops", "changed op", OP_COLUMNS, diff.changed_ops()),
+    ):
+        if not rows:
+            continue
+        shown = rows if limit is None else rows[:limit]
+        out += ["", f"{title}, largest change in {order} first:", *_table(columns, shown, diff)]
+        if len(shown) < len(rows):
+            notes.append(f"{len(rows) - len(shown)} more {noun} rows not shown (limit {limit})")
+
+    out.append("")
+    out.append(f"Modules: {_counts(diff.rows)}. Ops: {_counts(diff.op_rows)}.")
+    out.extend(notes)
+    if diff.timed:
+        out.append(
+            f"Noise floor: {fmt.time_ns(diff.min_time_ns)}; a module whose self time is below it "
+            "in both profiles is never counted as a regression."
+        )
+    return "\n".join(out) + "\n"

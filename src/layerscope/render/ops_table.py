@@ -1,0 +1,176 @@
+"""The operator table as text, like ``torch.profiler``'s ``key_averages().table()``.
+
+The rows come from ``layerscope.ops.op_table``; this file only draws them. A column is
+shown when the profile has its data (device time on an accelerator, memory when it was
+tracked) and when it says something another column does not: ops do not nest, so an
+op's total time equals its self time, and "CPU total" appears only if that ever differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from layerscope import fmt
+from layerscope.ops import OPTIONS, OpRow, OpTable, op_table
+from layerscope.render import register_renderer
+from layerscope.render.text import _header_line
+from layerscope.tree import Profile
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column: ``cell`` gives a row's text (the Total row's too), ``shown`` whether the
+    table has it at all."""
+
+    header: str
+    cell: Callable[[OpRow, OpTable], str]
+    shown: Callable[[OpTable], bool]
+    align: str = ">"
+
+
+def _has(*names: str) -> Callable[[OpTable], bool]:
+    return lambda table: all(name in table.columns for name in names)
+
+
+def _differs(total_field: str, self_field: str) -> Callable[[OpTable], bool]:
+    # Totals add up from rows with total >= self, so they are equal only if every row's are.
+    return lambda table: total_field in table.columns and (
+        getattr(table.total, total_field) != getattr(table.total, self_field)
+    )
+
+
+def _flops(value: Callable[[OpRow], int | None]) -> Callable[[OpRow, OpTable], str]:
+    def cell(row: OpRow, table: OpTable) -> str:
+        if row is table.total:
+            return fmt.count(value(row) or 0)
+        if value(row) is None:
+            return "?"  # no formula for any call: unknown, never zero
+        # Some calls had no formula: the figure is a lower bound.
+        return fmt.count(value(row)) + ("+?" if row.unsupported_calls else "")
+
+    return cell
+
+
+def _key(text: Callable[[OpRow], str]) -> Callable[[OpRow, OpTable], str]:
+    return lambda row, table: "" if row is table.total else text(row)
+
+
+def _module_path(row: OpRow) -> str:
+    # The root's path is "", which reads as a gap: show its type, as the tree does.
+    return row.module if row.module else str(row.module_type)
+
+
+_TIMED = _has("self_cpu_time_ns")
+_DEVICE = _has("self_device_time_ns")
+_FLOPS = _has("flops")
+_MEMORY = _has("alloc_bytes")
+
+COLUMNS: list[Column] = [
+    Column("Name", lambda r, t: r.name, lambda t: True, "<"),
+    Column("Phase", _key(lambda r: str(r.phase)), _has("phase"), "<"),
+    Column("Module", _key(_module_path), _has("module"), "<"),
+    Column("Type", _key(lambda r: str(r.module_type)), _has("module_type"), "<"),
+    Column("Self CPU", lambda r, t: fmt.time_ns(r.self_cpu_time_ns), _TIMED),
+    Column("Self CPU %", lambda r, t: fmt.percent(r.self_cpu_time_ns, t.total.self_cpu_time_ns), _TIMED),
+    Column("CPU total", lambda r, t: fmt.time_ns(r.cpu_time_ns), _differs("cpu_time_ns", "self_cpu_time_ns")),
+    Column("CPU avg", lambda r, t: fmt.time_ns(r.cpu_time_avg_ns), _TIMED),
+    Column("Self Device", lambda r, t: fmt.time_ns(r.self_device_time_ns), _DEVICE),
+    Column(
+        "Self Device %",
+        lambda r, t: fmt.percent(r.self_device_time_ns, t.total.self_device_time_ns),
+        _DEVICE,
+    ),
+    Column(
+        "Device total",
+        lambda r, t: fmt.time_ns(r.device_time_ns),
+        _differs("device_time_ns", "self_device_time_ns"),
+    ),
+    Column("Device avg", lambda r, t: fmt.time_ns(r.device_time_avg_ns), _DEVICE),
+    Column("Calls", lambda r, t: str(r.calls), lambda t: True),
+    # Grouped by module, every row is one module: the count would always read 1.
+    Column("Modules", lambda r, t: str(r.modules), lambda t: "module" not in t.group_by),
+    Column("FLOPs", _flops(lambda r: r.flops), _FLOPS),
+    Column("MACs", _flops(lambda r: r.macs), _FLOPS),
+    Column("FLOP/s", lambda r, t: fmt.rate(r.flops, r.busy_time_ns), lambda t: _FLOPS(t) and _TIMED(t)),
+    Column("Alloc", lambda r, t: fmt.nbytes(r.alloc_bytes), _MEMORY),
+    Column("Self Alloc", lambda r, t: fmt.nbytes(r.self_alloc_bytes), _differs("alloc_bytes", "self_alloc_bytes")),
+    # Frees land between ops, rarely inside one: a column of zeros would be noise.
+    Column("Freed", lambda r, t: fmt.nbytes(r.freed_bytes), lambda t: _MEMORY(t) and bool(t.total.freed_bytes)),
+    # Free text last, so long shapes and file paths don't push the numbers apart.
+    Column("Input shapes", _key(lambda r: fmt.shape(r.input_shapes)), _has("input_shapes"), "<"),
+    # One frame per line, innermost first, as torch.profiler prints its stacks.
+    Column("Stack", _key(lambda r: "\n".join(r.stack or [])), _has("stack"), "<"),
+]
+
+
+def _title(table: OpTable) -> str:
+    parts = [f"Ops grouped by {', '.join(table.group_by)}"]
+    if table.stack_depth is not None:
+        parts[0] += f" (stack: {table.stack_depth} frame{'s' if table.stack_depth != 1 else ''})"
+    parts.append(f"sorted by {table.sort_by}, descending")
+    if table.module is not None:
+        parts.append(f"module {table.module or table.profile.root.type}")
+    if table.phase is not None:
+        parts.append(f"phase {table.phase}")
+    return "  ·  ".join(parts)
+
+
+def _footer(table: OpTable) -> list[str]:
+    lines = []
+    if table.matched > len(table.rows):
+        lines.append(f"Showing {len(table.rows)} of {table.matched} rows; Total and % cover all {table.matched}.")
+    if _TIMED(table):
+        lines.append("Percentages are shares of the ops' total in this table, not of the model's time.")
+    unsupported: dict[str, int] = {}
+    for row in table.rows:
+        if row.unsupported_calls:
+            unsupported[row.name] = unsupported.get(row.name, 0) + row.unsupported_calls
+    if unsupported:
+        listed = ", ".join(f"{name} x{calls}" for name, calls in sorted(unsupported.items()))
+        lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
+    return lines
+
+
+def _lines(cells: list[str], widths: list[int], aligns: list[str]) -> list[str]:
+    """One table row, as several lines when a cell holds several (a stack)."""
+    split = [cell.split("\n") for cell in cells]
+    height = max(len(parts) for parts in split)
+    out = []
+    for i in range(height):
+        texts = [parts[i] if i < len(parts) else "" for parts in split]
+        out.append(
+            " | ".join(t.ljust(w) if a == "<" else t.rjust(w) for t, w, a in zip(texts, widths, aligns)).rstrip()
+        )
+    return out
+
+
+def format_table(table: OpTable) -> str:
+    """The table as text: a title, the rows, a Total row and notes."""
+    columns = [c for c in COLUMNS if c.shown(table)]
+    headers = [c.header for c in columns]
+    aligns = [c.align for c in columns]
+    body = [[c.cell(row, table) for c in columns] for row in table.rows]
+    total = [c.cell(table.total, table) for c in columns]
+    widths = [
+        max(len(line) for cells in [headers, *body, total] for line in cells[i].split("\n"))
+        for i in range(len(columns))
+    ]
+    rule = "-|-".join("-" * w for w in widths)
+    out = [_header_line(table.profile), _title(table), "", *_lines(headers, widths, aligns), rule]
+    if not table.matched:
+        recorded = any(node.ops for node in table.profile.nodes())
+        out.append("(no op matches module / phase)" if recorded else "(no ops: profiled with record_ops=False)")
+    for cells in body:
+        out.extend(_lines(cells, widths, aligns))
+    out.extend([rule, *_lines(total, widths, aligns), ""])
+    out.extend(_footer(table))
+    return "\n".join(out) + "\n"
+
+
+@register_renderer("ops", description="aten ops grouped and sorted in one table, like torch.profiler's key_averages")
+def render_ops(profile: Profile, **options: Any) -> str:
+    """The operator table; ``sort_by``, ``group_by``, ``limit``, ``module``, ``phase`` and
+    ``stack_depth`` as in ``Profile.ops``, other options (other formats') are ignored."""
+    return op_table(profile, **{k: v for k, v in options.items() if k in OPTIONS}).render()

@@ -1,0 +1,130 @@
+"""The trace (``Profile.trace``) and its Chrome / Perfetto export, loaded back and checked
+against the profile's own numbers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope import check_tree, zoo
+from layerscope.tree import Profile
+
+
+def _training_step(name: str = "mlp", batch: int = 4) -> Profile:
+    entry = zoo.get(name)
+    torch.manual_seed(0)
+    model = entry.build()
+    x = entry.example_inputs(batch)
+    opt = torch.optim.Adam(model.parameters())
+    with layerscope.Profiler(model) as prof:
+        out = model(x)
+        loss = out.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return check_tree(prof.profile)
+
+
+def _chrome(profile: Profile) -> dict[str, Any]:
+    return json.loads(profile.render("chrome"))
+
+
+def _spans(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_every_op_lies_within_its_module_span(name: str) -> None:
+    prof = _training_step(name)
+    spans = _spans(_chrome(prof))
+    frames: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for e in spans:
+        if not e["cat"].startswith("op,"):
+            frames.setdefault((e["args"]["path"], e["args"]["phase"]), []).append((_ns(e["ts"]), _ns(e["ts"] + e["dur"])))
+    checked = 0
+    for e in spans:
+        if not e["cat"].startswith("op,"):
+            continue
+        path = "" if e["args"]["module"] == prof.meta["model"] else e["args"]["module"]
+        if prof[path].kind != "module":
+            continue  # the loss written inline in the block has no span of its own
+        start, end = _ns(e["ts"]), _ns(e["ts"] + e["dur"])
+        phase = e["args"]["phase"]
+        assert any(a <= start and end <= b for a, b in frames[(path, phase)]), (e["name"], path, phase)
+        checked += 1
+    assert checked > 10
+
+
+def test_root_spans_add_up_to_the_root_times() -> None:
+    prof = _training_step("gpt")
+    spans = _spans(_chrome(prof))
+    model = prof.meta["model"]
+    forward = [e for e in spans if e["name"] == model]
+    backward = [e for e in spans if e["name"] == f"{model} (backward)"]
+    assert len(forward) == 1
+    assert _ns(forward[0]["dur"]) == prof.root.forward.cpu_time_ns
+    # In backward the root's span covers every backward op traced to the model; each
+    # op's slot runs to the next op's start, so the spans add up to the root's time.
+    assert sum(_ns(e["dur"]) for e in backward) == prof.root.backward.cpu_time_ns
+    # Module spans nest: each child's forward span lies inside its parent's.
+    by_path = {e["args"]["path"]: e for e in spans if e["cat"] == "module,forward"}
+    block = by_path["blocks.0"]
+    attn = by_path["blocks.0.attn"]
+    assert block["ts"] <= attn["ts"] and attn["ts"] + attn["dur"] <= block["ts"] + block["dur"]
+
+
+def test_trace_event_format_fields_and_args() -> None:
+    prof = _training_step("mlp")
+    doc = _chrome(prof)
+    assert doc["displayTimeUnit"] == "ns"
+    names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert names == {"process_name", "thread_name"}
+    for e in _spans(doc):
+        assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= set(e)
+        assert e["dur"] >= 0 and e["ts"] >= 0
+    [addmm] = [e for e in _spans(doc) if e["name"] == "aten::addmm" and e["args"]["module"] == "layers.0"]
+    # FLOPs per call: 2 * batch * in * out plus the bias add (4 x 256).
+    assert addmm["args"]["flops"] == 2 * 4 * 64 * 256 + 4 * 256
+    assert addmm["args"]["input_shapes"] == [[256], [4, 64], [64, 256]]
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert counters and max(e["args"]["bytes"] for e in counters) == prof.memory["peak_bytes"]
+
+
+def test_chrome_is_deterministic_and_streams_to_disk(tmp_path: Any) -> None:
+    prof = _training_step("mlp")
+    first = prof.render("chrome")
+    assert prof.render("chrome") == first
+    path = tmp_path / "step.trace.json"
+    prof.save(str(path))  # the format follows the extension
+    assert path.read_text(encoding="utf-8") == first
+    # A saved JSON profile keeps its trace: the export is the same after loading it.
+    saved = tmp_path / "step.json"
+    prof.save(str(saved))
+    assert layerscope.load(str(saved)).render("chrome") == first
+
+
+def test_profile_keeps_its_op_pass_as_trace() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    prof = check_tree(layerscope.profile(model, torch.randn(2, 8), warmup=0, repeat=1))
+    spans = prof.trace["spans"]
+    assert [(s[2], s[3]) for s in spans if s[4] < 0] == [("", "forward"), ("0", "forward"), ("1", "forward")]
+    assert [prof[s[2]].ops[s[4]].name for s in spans if s[4] >= 0] == ["aten::t", "aten::addmm", "aten::relu"]
+
+
+def test_no_trace_no_chrome() -> None:
+    model = nn.Sequential(nn.Linear(8, 8))
+    untraced = layerscope.profile(model, torch.randn(2, 8), warmup=0, repeat=1, record_ops=False)
+    assert untraced.trace is None
+    with pytest.raises(ValueError, match="no trace"):
+        untraced.render("chrome")
+    with pytest.raises(ValueError, match="not timed"):
+        layerscope.count_flops(model, torch.randn(2, 8)).render("chrome")

@@ -1,0 +1,537 @@
+"""``layerscope.diff`` and ``layerscope diff``: what got slower between two profiles, and where.
+
+Deterministic tests build their profiles with the fake clock (every read advances a fixed
+step) and then move chosen self times by hand, keeping every invariant; one test plants a
+real regression (a layer twice as wide) and times it for real, asserting only the order
+of the rows and exact FLOP counts, never a duration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from conftest import FakeClock
+from layerscope.diff import Change, ProfileDiff, parse_duration_ns, parse_threshold
+from layerscope.io import profile_from_dict
+from test_cli import assert_usage_error, run_cli
+
+BATCH = 2
+
+
+def _net(hidden: int = 16, *, swap: bool = False, extra: bool = False) -> nn.Module:
+    """embed (8 -> hidden), act, head (hidden -> 4). ``swap`` replaces ``act`` (ReLU) by
+    ``gelu`` (GELU); ``extra`` appends ``norm``."""
+    layers: OrderedDict[str, nn.Module] = OrderedDict(embed=nn.Linear(8, hidden))
+    layers["gelu" if swap else "act"] = nn.GELU() if swap else nn.ReLU()
+    layers["head"] = nn.Linear(hidden, 4)
+    if extra:
+        layers["norm"] = nn.LayerNorm(4)
+    return nn.Sequential(layers)
+
+
+def _profile(model: nn.Module, *, step_ns: int = 1000, batch: int = BATCH, **options: Any) -> layerscope.Profile:
+    torch.manual_seed(0)
+    options.setdefault("memory", False)
+    prof = layerscope.profile(
+        model, torch.randn(batch, 8), warmup=1, repeat=3, clock=FakeClock(step_ns), **options
+    )
+    return layerscope.check_tree(prof)
+
+
+def _slower(profile: layerscope.Profile, extra_self_ns: dict[str, int]) -> layerscope.Profile:
+    """``profile`` with the forward self time of each path moved by ``extra_self_ns``; the
+    totals of its ancestors and the step move with it, so every invariant still holds
+    (``profile_from_dict`` checks them)."""
+    doc = profile.to_dict()
+    entries = {entry["path"]: entry for entry in doc["modules"] + doc["parts"]}
+    for path, extra in extra_self_ns.items():
+        entries[path]["forward"]["self_cpu_time_ns"] += extra
+        node: str | None = path
+        while node is not None:
+            entries[node]["forward"]["cpu_time_ns"] += extra
+            node = entries[node]["parent"]
+        if doc["meta"].get("step_time_ns") is not None:
+            doc["meta"]["step_time_ns"] += extra
+    return layerscope.check_tree(profile_from_dict(doc))
+
+
+def _paths(diff: ProfileDiff) -> list[str]:
+    return [row.path for row in diff.rows]
+
+
+# -- matching -------------------------------------------------------------------------
+
+
+def test_added_and_removed_modules_are_marked() -> None:
+    base = _profile(_net())
+    new = _profile(_net(swap=True, extra=True))
+    result = layerscope.diff(base, new)
+    status = {row.path: row.status for row in result.rows}
+    assert status == {"": "matched", "embed": "matched", "head": "matched",
+                      "act": "removed", "gelu": "added", "norm": "added"}  # fmt: skip
+    act, gelu = result.row("act"), result.row("gelu")
+    assert (act.type_base, act.type_new) == ("ReLU", None)
+    assert act["self_time_ns"] == Change(1000, None)
+    assert (gelu["self_time_ns"].base, gelu["self_time_ns"].new) == (None, 1000)
+    assert gelu["self_time_ns"].delta is None and gelu["flops"].delta is None
+    # Their ops go with them.
+    op_status = {(row.path, row.op): row.status for row in result.op_rows}
+    assert op_status[("act", "aten::relu")] == "removed"
+    assert op_status[("gelu", "aten::gelu")] == "added"
+    assert op_status[("norm", "aten::native_layer_norm")] == "added"
+    # The text marks them in the Note column; matched rows have no note.
+    lines = {line.split(" | ")[0].strip(): line for line in result.render().splitlines() if " | " in line}
+    assert lines["act"].endswith("| removed")
+    assert lines["gelu"].endswith("| added") and lines["norm"].endswith("| added")
+    assert lines["embed"].endswith("|")
+    # Added and removed modules are never regressions, even with no noise floor.
+    assert all(r.path not in ("gelu", "norm", "act") for r in result.regressions(0.0, min_time_ns=0))
+
+
+def test_a_path_that_changed_type_is_noted() -> None:
+    swapped = _net()
+    swapped.act = nn.Tanh()  # same path, another module
+    result = layerscope.diff(_profile(_net()), _profile(swapped))
+    row = result.row("act")
+    assert row.status == "matched" and (row.type_base, row.type_new) == ("ReLU", "Tanh")
+    line = next(line for line in result.render().splitlines() if line.startswith("act "))
+    assert "| Tanh " in line and line.endswith("| was ReLU")
+
+
+def test_rows_are_sorted_by_absolute_change_in_self_time() -> None:
+    prof = _profile(_net())
+    base = _slower(prof, {"head": 10_000})  # head: 11us in base, 1us in new: -10us
+    new = _slower(prof, {"embed": 5_000})  # embed: 1us in base, 6us in new: +5us
+    result = layerscope.diff(base, new)
+    # head (|-10us|) before embed (+5us); the unchanged rows after them, by path.
+    assert _paths(result) == ["head", "embed", "", "act"]
+    head, embed = result.row("head")["self_time_ns"], result.row("embed")["self_time_ns"]
+    assert (head.base, head.new, head.delta) == (11_000, 1_000, -10_000)
+    assert head.relative == pytest.approx(-10 / 11)
+    assert (embed.delta, embed.relative) == (5_000, 5.0)
+    # Totals of the ancestors follow: the root's total moved by 5us - 10us.
+    assert result.row("")["time_ns"].delta == -5_000
+    assert result.summary["time_ns"].delta == -5_000
+    text = result.render()
+    assert "-10.00us" in text and "-90.9%" in text and "+5.000us" in text and "+500.0%" in text
+
+
+def test_ops_match_by_module_phase_name_and_input_shapes() -> None:
+    # A larger batch changes addmm's and relu's input shapes but not the weight's
+    # transpose (aten::t of the [16, 8] weight): those match, the others do not.
+    result = layerscope.diff(_profile(_net()), _profile(_net(), batch=3))
+    by_key = {(row.path, row.op, json.dumps(row.input_shapes)): row.status for row in result.op_rows}
+    assert by_key[("embed", "aten::t", "[[16, 8]]")] == "matched"
+    assert by_key[("embed", "aten::addmm", "[[16], [2, 8], [8, 16]]")] == "removed"
+    assert by_key[("embed", "aten::addmm", "[[16], [3, 8], [8, 16]]")] == "added"
+    assert by_key[("head", "aten::addmm", "[[4], [2, 16], [16, 4]]")] == "removed"
+    # The same op in two modules is two rows.
+    assert by_key[("head", "aten::t", "[[4, 16]]")] == "matched"
+    # With backward, each phase's ops are their own rows; a profile against itself
+    # matches every one of them.
+    step = _profile(_net(), backward=True)
+    own = layerscope.diff(step, step)
+    phases = {row.phase for row in own.op_rows}
+    assert phases == {"forward", "backward"}
+    assert {row.status for row in own.op_rows} == {"matched"}
+    assert len(own.op_rows) == len({(n.path, o.phase, o.name, json.dumps(o.input_shapes))
+                                    for n in step.nodes() for o in n.ops})  # fmt: skip
+    assert own.changed_ops() == []
+
+
+def test_ops_with_several_call_sites_are_compared_as_one() -> None:
+    # With with_stack, one (module, phase, name, shapes) can hold one entry per call
+    # site; the diff adds them up rather than matching them one by one.
+    prof = _profile(_net())
+    doc = prof.to_dict()
+    head = next(entry for entry in doc["modules"] if entry["path"] == "head")
+    addmm = next(op for op in head["ops"] if op["name"] == "aten::addmm")
+    head["ops"].append(dict(addmm, stack=["train.py:42"]))
+    twice = profile_from_dict(doc)
+    rows = [row for row in layerscope.diff(prof, twice).op_rows if (row.path, row.op) == ("head", "aten::addmm")]
+    assert len(rows) == 1
+    assert rows[0]["self_time_ns"].new == 2 * rows[0]["self_time_ns"].base
+    assert rows[0]["flops"].new == 2 * rows[0]["flops"].base
+
+
+# -- thresholds and the noise floor ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("10%", 0.1), ("0.1", 0.1), ("12.5%", 0.125), (" 5 % ", 0.05), ("0", 0.0), ("150%", 1.5), (".25", 0.25)],
+)
+def test_parse_threshold(text: str, expected: float) -> None:
+    assert parse_threshold(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("text", "hint"), [("10", "ambiguous"), ("abc", "10%"), ("-5%", "10%"), ("", "10%"), ("nan", "10%")])
+def test_parse_threshold_refuses(text: str, hint: str) -> None:
+    with pytest.raises(ValueError, match=hint):
+        parse_threshold(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("50us", 50_000), ("1ms", 1_000_000), ("200ns", 200), ("1500", 1500), ("0.5s", 500_000_000), ("2µs", 2000), ("1.5 ms", 1_500_000)],
+)
+def test_parse_duration(text: str, expected: int) -> None:
+    assert parse_duration_ns(text) == expected
+
+
+@pytest.mark.parametrize("text", ["5parsecs", "-1us", "us", "1e3"])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="50us"):
+        parse_duration_ns(text)
+
+
+@pytest.fixture(scope="module")
+def floor_pair() -> tuple[layerscope.Profile, layerscope.Profile]:
+    """embed takes 1ms in base and 1.3ms in new (+30%); act 1us and 6us (+500%): the
+    model as a whole is 30.3us (2.9%) slower."""
+    prof = _profile(_net())
+    base = _slower(prof, {"embed": 999_000})
+    return base, _slower(base, {"embed": 300_000, "act": 5_000})
+
+
+def test_noise_floor_ignores_tiny_modules(floor_pair: tuple[layerscope.Profile, layerscope.Profile]) -> None:
+    result = layerscope.diff(*floor_pair)
+    assert result.row("act")["self_time_ns"].relative == pytest.approx(5.0)
+    # act (6us at most) is under the default 50us floor: only embed regressed. The model
+    # total moved by 305us of 1.006ms, 30.3%.
+    found = result.regressions(0.1)
+    assert [(r.path, r.metric) for r in found] == [(None, "time_ns"), ("embed", "self_time_ns")]
+    assert [str(r) for r in found] == ["model total +30.3%", "embed +30.0%"]
+    # With no floor, act counts too, after embed (rows come largest change first).
+    assert [r.path for r in result.regressions(0.1, min_time_ns=0)] == [None, "embed", "act"]
+    assert [r.path for r in result.regressions(0.1, min_time_ns="6us")] == [None, "embed", "act"]
+    assert [r.path for r in result.regressions(0.1, min_time_ns="6.001us")] == [None, "embed"]
+    # The diff's own floor is the default.
+    assert [r.path for r in layerscope.diff(*floor_pair, min_time_ns=0).regressions(0.1)] == [None, "embed", "act"]
+    # Only what grew by more than the threshold: 30% is not above 30%, or 50%.
+    assert result.regressions(0.5) == []
+    assert [r.path for r in result.regressions("30%")] == [None]
+
+
+def test_thresholds_as_percent_and_fraction_agree(floor_pair: tuple[layerscope.Profile, layerscope.Profile]) -> None:
+    result = layerscope.diff(*floor_pair)
+    assert result.regressions("10%") == result.regressions(0.1) == result.regressions("0.1")
+    assert result.regressions("31%") == result.regressions(0.31) == []
+    with pytest.raises(ValueError, match="ambiguous"):
+        result.regressions("10")
+
+
+def test_tiny_module_regressing_500_percent_below_the_floor_does_not_fail(tmp_path: Path) -> None:
+    # embed holds 1ms in both; act goes from 1us to 6us (+500%), the model +0.5%.
+    base = _slower(_profile(_net()), {"embed": 999_000})
+    base.save(tmp_path / "base.json")
+    _slower(base, {"act": 5_000}).save(tmp_path / "new.json")
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "10%", cwd=tmp_path)
+    assert run.returncode == 0, run
+    assert run.stdout.rstrip().endswith("No regression above 10%.")
+    assert "+500.0%" in run.stdout
+    # Without the floor, it fails and names it.
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "10%", "--min-time", "0", cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert run.stdout.rstrip().endswith("Regressed above 10%: act +500.0%")
+
+
+# -- different models and modes -------------------------------------------------------
+
+
+class Wide(nn.Module):
+    """The same paths as ``_net()`` plus ``extra``, under another class name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 4)
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.extra(self.head(self.act(self.embed(x))))
+
+
+def test_different_models_warn_and_compare_the_paths_they_share() -> None:
+    result = layerscope.diff(_profile(_net()), _profile(Wide()))
+    assert len(result.warnings) == 1
+    assert "different models: base is Sequential, new is Wide" in result.warnings[0]
+    assert "4 paths they share" in result.warnings[0]  # "", embed, act, head
+    assert {row.path: row.status for row in result.rows} == {
+        "": "matched", "embed": "matched", "act": "matched", "head": "matched", "extra": "added",
+    }
+    # Matched paths compare for real: embed is the same layer in both, FLOPs to the unit.
+    # 2 * 2 * 8 * 16 multiply-adds + 2 * 16 bias adds = 544.
+    embed = result.row("embed")["flops"]
+    assert (embed.base, embed.new, embed.delta) == (544, 544, 0)
+    text = result.render()
+    assert "Warning: different models: base is Sequential, new is Wide" in text.splitlines()[1]
+
+
+def test_forward_only_against_a_step_compares_the_forward_phase() -> None:
+    forward, step = _profile(_net()), _profile(_net(), backward=True)
+    result = layerscope.diff(forward, step)
+    assert any(w.startswith("different modes: base is forward-only, new is a step with backward") for w in result.warnings)
+    assert result.phases == ("forward",) and result.total_kind == "forward"
+    # The forward is the same work timed by the same fake clock: nothing moved in it.
+    for path in ("", "embed", "act", "head"):
+        assert result.row(path)["self_time_ns"].delta == 0, path
+        assert result.row(path)["flops"].delta == 0, path
+    assert result.summary["time_ns"].delta == 0
+    assert {row.path for row in result.rows if row.status == "added"} == {"<loss>", "<other>"}
+    assert {row.phase for row in result.op_rows} == {"forward"}
+    # Two steps compare the whole step, backward included.
+    both = layerscope.diff(step, step)
+    assert both.warnings == [] and both.total_kind == "step"
+    assert both.summary["time_ns"].base == step.step_time_ns
+    assert both.row("head")["flops"].base == step["head"].forward.flops + step["head"].backward.flops
+
+
+def _with_device_time(profile: layerscope.Profile) -> layerscope.Profile:
+    """``profile`` as if run on an accelerator: each device time equal to its CPU time
+    (so they add up through the tree just as the CPU times do)."""
+    doc = profile.to_dict()
+    for entry in doc["modules"] + doc["parts"]:
+        for phase in ("forward", "backward", "recompute"):
+            if entry[phase] is not None:
+                entry[phase]["device_time_ns"] = entry[phase]["cpu_time_ns"]
+                entry[phase]["self_device_time_ns"] = entry[phase]["self_cpu_time_ns"]
+        for op in entry["ops"]:
+            op["device_time_ns"], op["self_device_time_ns"] = op["cpu_time_ns"], op["self_cpu_time_ns"]
+    return layerscope.check_tree(profile_from_dict(doc))
+
+
+def test_device_time_is_compared_when_both_have_it() -> None:
+    prof = _profile(_net())
+    base, new = _with_device_time(prof), _with_device_time(_slower(prof, {"embed": 5_000}))
+    result = layerscope.diff(base, new)
+    device = result.row("embed")["device_time_ns"]
+    assert (device.base, device.new, device.delta) == (1_000, 6_000, 5_000)
+    assert result.summary["device_time_ns"].delta == 5_000
+    header = next(line for line in result.render().splitlines() if line.startswith("Module "))
+    assert "Device Δ" in header and "Device Δ%" in header
+    # One side on the CPU: nothing to compare, and no device columns (the summary
+    # still shows the one side's device time).
+    mixed = layerscope.diff(base, _slower(prof, {"embed": 5_000}))
+    assert mixed.row("embed")["device_time_ns"].delta is None
+    assert "Device Δ" not in mixed.render()
+    assert "Device time  | 7.000us |         |" in mixed.render()
+
+
+def test_untimed_counts_compare_flops_only() -> None:
+    base = layerscope.count_flops(_net(), torch.randn(BATCH, 8))
+    new = layerscope.count_flops(_net(hidden=32), torch.randn(BATCH, 8))
+    result = layerscope.diff(base, new)
+    assert not result.timed and result.warnings == []
+    assert all(change.base is None for change in (result.summary["time_ns"], result.row("embed")["time_ns"]))
+    # Ranked by the change in FLOPs (totals): the root +832, embed +544 (2*2*8*16 more
+    # multiply-adds, 2*16 more bias adds), head +256, act +32.
+    assert _paths(result) == ["", "embed", "head", "act"]
+    assert [result.row(p)["flops"].delta for p in _paths(result)] == [832, 544, 256, 32]
+    assert result.regressions(0.0, min_time_ns=0) == []
+    assert "Self base" not in result.render() and "FLOPs Δ" in result.render()
+
+
+# -- text, JSON, golden ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def golden_pair() -> tuple[layerscope.Profile, layerscope.Profile]:
+    """base: the 16-wide net; new: 32 wide with ``norm`` added and ``act`` swapped for
+    ``gelu``, its embed 40us slower. Memory is tracked: byte counts are exact too."""
+    base = _profile(_net(), memory=True)
+    new = _slower(_profile(_net(hidden=32, swap=True, extra=True), step_ns=1100, memory=True), {"embed": 40_000})
+    return base, new
+
+
+def test_golden_diff_text(golden_pair: tuple[layerscope.Profile, layerscope.Profile], golden: Any) -> None:
+    golden("diff_widened.out", layerscope.diff(*golden_pair).render())
+
+
+def test_golden_diff_cli_with_a_limit(golden_pair: tuple[layerscope.Profile, layerscope.Profile], tmp_path: Path, golden: Any) -> None:
+    golden_pair[0].save(tmp_path / "base.json")
+    golden_pair[1].save(tmp_path / "new.json")
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "10%", "--limit", "3", cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert run.stderr == ""
+    golden("diff_widened_cli_limit3.out", run.stdout)
+    assert run.stdout.splitlines()[-1].startswith("Regressed above 10%: model total +")
+    assert "more module rows not shown (limit 3)" in run.stdout
+
+
+def test_rendering_twice_gives_identical_text(golden_pair: tuple[layerscope.Profile, layerscope.Profile]) -> None:
+    first = layerscope.diff(*golden_pair)
+    again = layerscope.diff(*golden_pair)
+    assert first.render().encode("utf-8") == first.render().encode("utf-8") == again.render().encode("utf-8")
+    assert str(first) == first.render()
+    assert first.render(limit=2) == again.render(limit=2)
+    assert json.dumps(first.to_dict()) == json.dumps(again.to_dict())
+
+
+def test_limit_caps_each_table(golden_pair: tuple[layerscope.Profile, layerscope.Profile]) -> None:
+    result = layerscope.diff(*golden_pair)
+    text = result.render(limit=2)
+    modules = text.split("Modules, largest change")[1].split("\n\n")[0].splitlines()
+    assert len(modules) == 1 + 2 + 2  # title, header, rule, 2 rows
+    assert modules[3].startswith("embed ")  # +40us: the largest change
+    assert f"{len(result.rows) - 2} more module rows not shown (limit 2)" in text
+
+
+def test_to_dict_is_plain_json(golden_pair: tuple[layerscope.Profile, layerscope.Profile]) -> None:
+    doc = json.loads(json.dumps(layerscope.diff(*golden_pair).to_dict(), allow_nan=False))
+    assert doc["schema"] == "layerscope-diff/1"
+    assert doc["base"]["model"] == doc["new"]["model"] == "Sequential"
+    assert doc["rows"][0]["path"] == "embed"
+    embed = doc["rows"][0]["metrics"]["self_time_ns"]
+    assert embed["delta"] == embed["new"] - embed["base"] and embed["delta"] > 40_000
+    # Removed: base only; added: new only.
+    act = next(row for row in doc["rows"] if row["path"] == "act")
+    assert act["status"] == "removed" and act["metrics"]["flops"]["new"] is None
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base.json and a 30%-slower new.json (every clock read takes 1.3us), plus damaged files."""
+    folder = tmp_path_factory.mktemp("diff")
+    _profile(_net()).save(folder / "base.json")
+    _profile(_net(), step_ns=1300).save(folder / "new.json")
+    text = (folder / "base.json").read_text(encoding="utf-8")
+    (folder / "truncated.json").write_text(text[: len(text) // 2], encoding="utf-8")
+    (folder / "trace.json").write_text('{"traceEvents": []}', encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("threshold", ["10%", "0.1"])
+def test_cli_fails_above_the_threshold(saved: Path, threshold: str) -> None:
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", threshold, "--min-time", "0", cwd=saved)
+    assert run.returncode == 1, run
+    assert "Traceback" not in run.stderr and run.stderr == ""
+    assert run.stdout.splitlines()[-1] == "Regressed above 10%: model total +30.0%, (root) +30.0%, act +30.0%, embed +30.0%, head +30.0%"
+
+
+@pytest.mark.parametrize("threshold", ["30%", "0.3", "50%"])
+def test_cli_passes_at_or_below_the_threshold(saved: Path, threshold: str) -> None:
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", threshold, "--min-time", "0", cwd=saved)
+    assert run.returncode == 0, run
+    assert run.stdout.splitlines()[-1].startswith("No regression above")
+
+
+def test_cli_without_fail_above_always_exits_0(saved: Path) -> None:
+    run = run_cli("diff", "base.json", "new.json", cwd=saved)
+    assert run.returncode == 0, run
+    assert "Regressed" not in run.stdout and "No regression" not in run.stdout
+    assert run.stdout.startswith("Diff  ·  base: Sequential, cpu, forward-only  ·  new: Sequential, cpu, forward-only")
+
+
+def test_cli_json_to_a_file(saved: Path, tmp_path: Path) -> None:
+    out = tmp_path / "diff.json"
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "10%", "-o", str(out), cwd=saved)
+    assert run.returncode == 1, run
+    assert run.stdout == ""
+    # The report went to the file (JSON, from its extension); the verdict still reaches the log.
+    assert run.stderr.splitlines() == [f"layerscope: wrote the json diff to {out}", "Regressed above 10%: model total +30.0%"]
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["fail_above"] == 0.1
+    assert doc["regressions"] == [{"path": None, "metric": "time_ns", "base": 7000, "new": 9100, "delta": 2100, "relative": pytest.approx(0.3)}]
+
+
+def test_cli_help_teaches_with_examples(saved: Path) -> None:
+    run = run_cli("diff", "--help", cwd=saved)
+    assert run.returncode == 0
+    for fragment in ("examples:", "layerscope diff base.json new.json --fail-above 10%", "--min-time", "exit status:", "0.1"):
+        assert fragment in run.stdout, fragment
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(("base.json", "missing.json"), ["no such profile file", "'missing.json'"], id="missing-file"),
+        pytest.param(("truncated.json", "new.json"), ["'truncated.json'", "not valid JSON", "truncated"], id="truncated"),
+        pytest.param(("base.json", "trace.json"), ["'trace.json'", "not a layerscope profile"], id="other-tool"),
+        pytest.param(("base.json", "new.json", "--fail-above", "10"), ["--fail-above", "ambiguous", "10%"], id="bare-10"),
+        pytest.param(("base.json", "new.json", "--fail-above", "lots"), ["--fail-above", "'lots'"], id="bad-threshold"),
+        pytest.param(("base.json", "new.json", "--min-time", "5 parsecs"), ["--min-time", "'5 parsecs'", "50us"], id="bad-min-time"),
+        pytest.param(("base.json", "new.json", "-o", "/nonexistent-dir/d.txt"), ["cannot write", "does not exist"], id="bad-output"),
+    ],
+)
+def test_cli_bad_input_is_a_one_line_error(saved: Path, args: tuple[str, ...], expected: list[str]) -> None:
+    line = assert_usage_error(run_cli("diff", *args, cwd=saved))
+    for fragment in expected:
+        assert fragment in line, (fragment, line)
+
+
+def test_cli_debug_shows_the_traceback(saved: Path) -> None:
+    run = run_cli("diff", "truncated.json", "new.json", "--debug", cwd=saved)
+    assert run.returncode == 2
+    assert "Traceback (most recent call last)" in run.stderr
+    assert run.stderr.rstrip().splitlines()[-1].startswith("layerscope: error: 'truncated.json' is not valid JSON")
+
+
+# -- a real, planted regression -------------------------------------------------------
+
+
+class Planted(nn.Module):
+    """embed (64 -> 1024), act, wide (1024 -> width), head (width -> 16). At batch 64,
+    wide's 64 * 1024 * width multiply-adds are nearly all the work, so doubling ``width``
+    moves wide's time far more than timing noise moves any other module's."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, 1024)
+        self.act = nn.ReLU()
+        self.wide = nn.Linear(1024, width)
+        self.head = nn.Linear(width, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.wide(self.act(self.embed(x))))
+
+
+def test_planted_regression_is_found_first(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 64)
+    # One intra-op thread: on a small machine shared with other processes, a second
+    # thread waiting for a busy core turns a 1ms matmul into 10-50ms at random, often
+    # enough to move a median; a single thread is only ever slowed in proportion.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for name, width in (("base", 1024), ("new", 2048)):
+                prof = layerscope.profile(Planted(width).eval(), x, warmup=2, repeat=11, memory=False)
+                layerscope.check_tree(prof).save(tmp_path / f"{name}.json")
+    finally:
+        torch.set_num_threads(threads)
+
+    result = layerscope.diff(layerscope.load(tmp_path / "base.json"), layerscope.load(tmp_path / "new.json"))
+    assert result.rows[0].path == "wide"
+    # FLOPs do not depend on timing: exact. wide gains 64 * 1024 * 1024 multiply-adds
+    # (2 FLOPs each) and 64 * 1024 bias adds; head reads twice as many inputs.
+    assert result.row("wide")["macs"].delta == 64 * 1024 * 1024
+    assert result.row("wide")["flops"].delta == 2 * 64 * 1024 * 1024 + 64 * 1024
+    assert result.row("head")["macs"].delta == 64 * 1024 * 16
+    assert result.row("embed")["flops"].delta == 0 and result.row("act")["flops"].delta == 0
+    assert result.summary["params"].delta == 1024 * 1024 + 1024 + 1024 * 16
+
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "10%", cwd=tmp_path)
+    assert run.returncode == 1, run
+    table = run.stdout.split("Modules, largest change in self time first:\n")[1].splitlines()
+    assert table[2].startswith("wide ")  # the first row under the header and its rule
+    verdict = run.stdout.splitlines()[-1]
+    assert verdict.startswith("Regressed above 10%: model total +")
+    assert verdict.split(", ")[1].startswith("wide +")  # the first module named
+
+    same = run_cli("diff", "base.json", "base.json", "--fail-above", "10%", cwd=tmp_path)
+    assert same.returncode == 0, same
+    assert same.stdout.splitlines()[-1] == "No regression above 10%."
