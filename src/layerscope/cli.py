@@ -75,6 +75,10 @@ and its .regressions(0.1).
 """
 
 
+#: Commands whose exceptions come from the user's model (exit 1).
+_RUNS_A_MODEL = frozenset({"profile", "flops", "demo"})
+
+
 class UsageError(LayerscopeError):
     """Bad command-line use: exit status 2."""
 
@@ -90,8 +94,6 @@ def _positive(text: str) -> int:
 
 
 def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool = True) -> None:
-    from layerscope.render import formats
-
     if spec:
         parser.add_argument("spec", metavar="SPEC", help="the model to profile (see below)")
     parser.add_argument(
@@ -126,6 +128,13 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         help="do not track memory (allocations, peaks, activations per module; the step's peak)",
     )  # fmt: skip
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
+    _add_render_options(parser)
+
+
+def _add_render_options(parser: argparse.ArgumentParser) -> None:
+    """How a profile is written out: shared by the commands that run a model and ``show``."""
+    from layerscope.render import formats
+
     parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
     parser.add_argument("--show-ops", action="store_true", help="nest each module's aten ops under it")
     _add_op_table_options(parser)
@@ -206,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("zoo", help="list the built-in models", description="List the built-in models.")
 
+    show = sub.add_parser(
+        "show", help="re-render a saved profile in any format, without the model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Render a profile saved as JSON (profile -o x.json, Profile.save) again, in any\n"
+        "format, with the same options as profile: no model, no run.",
+        epilog="examples:\n"
+        "  layerscope show run.json --depth 2\n"
+        "  layerscope show run.json --format ops --group-by shape --limit 20\n"
+        "  layerscope show run.json -o run.trace.json        # Chrome trace / Perfetto\n"
+        "  layerscope show run.json --format folded --metric flops\n",
+    )
+    show.add_argument("profile", metavar="PROFILE", help="a profile saved as JSON")
+    _add_render_options(show)
+
     plot = sub.add_parser(
         "plot-memory", help="draw a saved profile's memory timeline as a PNG (needs matplotlib)",
         epilog=PLOT_MEMORY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -281,12 +304,40 @@ def _move(value: Any, device: Any, dtype: Any) -> Any:
     return value
 
 
+def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]) -> int:
+    """Write ``prof`` in ``fmt`` to ``-o`` (atomically, streamed) or stdout."""
+    from layerscope.io import write_atomic
+    from layerscope.render import render, render_chunks
+
+    rendering = {"depth": args.depth, "show_ops": args.show_ops, "metric": args.metric, "ops": args.ops, **options}
+    if not args.output:
+        sys.stdout.write(render(prof, fmt, **rendering))
+        return 0
+    try:
+        write_atomic(args.output, render_chunks(prof, fmt, **rendering))
+    except OSError as exc:
+        print(f"layerscope: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"layerscope: wrote {fmt} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from layerscope.render import format_for_path
+
+    prof = _load_profile(args.profile)
+    fmt = args.format or (format_for_path(args.output) if args.output else "text")
+    options = _op_table_options(args, fmt)
+    if args.output:
+        _check_writable(args.output)
+    return _emit(prof, args, fmt, options)
+
+
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import torch
 
     import layerscope
-    from layerscope.io import write_atomic
-    from layerscope.render import format_for_path, render
+    from layerscope.render import format_for_path
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model, tensor_for
 
     try:
@@ -336,19 +387,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
                 peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
             )
     prof.meta["spec"] = resolved.label
-    text = render(
-        prof, fmt, depth=args.depth, show_ops=args.show_ops, metric=args.metric, ops=args.ops, **op_table_options
-    )
-    if args.output:
-        try:
-            write_atomic(args.output, text)
-        except OSError as exc:
-            print(f"layerscope: error: {exc}", file=sys.stderr)
-            return 1
-        print(f"layerscope: wrote {fmt} to {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _emit(prof, args, fmt, op_table_options)
 
 
 def _check_writable(path: str) -> None:
@@ -467,6 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plot_memory(args)
         if args.command == "diff":
             return _diff(args)
+        if args.command == "show":
+            return _show(args)
         if args.command == "flops":
             return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)
@@ -481,10 +522,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        else:
+        elif args.command in _RUNS_A_MODEL:
             print(
                 f"layerscope: the model raised {type(exc).__name__}: {exc}\n"
                 "(run again with --debug for the traceback)",
                 file=sys.stderr,
             )
+        else:
+            # Not a model's fault and not bad input: say so, with its own exit status (diff
+            # uses 1 for "regressed").
+            print(
+                f"layerscope: internal error {type(exc).__name__}: {exc}\n"
+                "(run again with --debug for the traceback, and please report it)",
+                file=sys.stderr,
+            )
+            return 3
         return 1

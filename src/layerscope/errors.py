@@ -26,3 +26,7 @@ class SchemaError(LayerscopeError, ValueError):
 
 class ProfilerStateError(LayerscopeError, RuntimeError):
     """A profiler is used out of order (nested on one model, read before it finished)."""
+
+
+class RenderError(LayerscopeError, ValueError):
+    """A format cannot be drawn from this profile (it has no trace, or lacks a metric)."""

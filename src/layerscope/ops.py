@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Union
 
-from layerscope.errors import LayerscopeError
+from layerscope.errors import RenderError
 from layerscope.tree import PHASES, ModuleNode, OpStats
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 GroupBy = Union[str, Sequence[str]]
 
 
-class OpTableError(LayerscopeError, ValueError):
+class OpTableError(RenderError):
     """An operator table was asked for with an unknown key, or a metric this profile lacks."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from layerscope import __version__
+from layerscope.errors import RenderError
 from layerscope.render import register_renderer
 from layerscope.tree import Profile
 
@@ -76,12 +77,12 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
 def render_chrome(profile: Profile, **_: Any) -> Iterator[str]:
     """The trace, in pieces (see the module docstring)."""
     if profile.trace is None:
-        raise ValueError(
+        raise RenderError(
             "this profile has no trace to draw: it was made without recording ops "
             "(record_ops=False / --no-ops); profile again with ops recorded, the default"
         )
     if not profile.timed:
-        raise ValueError("this profile was counted, not timed (count_flops / layerscope flops): it has no timeline")
+        raise RenderError("this profile was counted, not timed (count_flops / layerscope flops): it has no timeline")
     pid = int(profile.meta.get("rank") or 0)
     model = str(profile.meta.get("model") or profile.root.type)
     head = [

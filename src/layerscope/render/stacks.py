@@ -31,11 +31,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from layerscope.errors import LayerscopeError
+from layerscope.errors import RenderError
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 
-class MetricError(LayerscopeError, ValueError):
+class MetricError(RenderError):
     """The metric asked for is unknown, or the profile has no data for it."""
 
 

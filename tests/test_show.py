@@ -1,0 +1,82 @@
+"""``layerscope show``: a saved profile re-rendered in every format, without the model;
+and bad files refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import layerscope
+from layerscope.render import formats
+from test_cli import assert_usage_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("show")
+    run = run_cli("profile", "zoo:lenet5", "--backward", "--repeat", "1", "-o", "lenet5.json", cwd=folder)
+    assert run.returncode == 0, run.stderr
+    return folder / "lenet5.json"
+
+
+@pytest.mark.parametrize("fmt", formats())
+def test_show_renders_every_format_as_the_library_does(saved: Path, fmt: str) -> None:
+    first = run_cli("show", saved.name, "--format", fmt, cwd=saved.parent)
+    assert first.returncode == 0, first.stderr
+    again = run_cli("show", saved.name, "--format", fmt, cwd=saved.parent)
+    assert again.stdout == first.stdout  # deterministic
+    assert first.stdout == layerscope.load(str(saved)).render(fmt)
+
+
+def test_show_json_is_the_saved_document(saved: Path) -> None:
+    run = run_cli("show", saved.name, "--format", "json", cwd=saved.parent)
+    assert json.loads(run.stdout) == json.loads(saved.read_text(encoding="utf-8"))
+
+
+def test_show_writes_the_format_its_output_name_says(saved: Path) -> None:
+    run = run_cli("show", saved.name, "-o", "lenet5.trace.json", cwd=saved.parent)
+    assert run.returncode == 0, run.stderr
+    assert "wrote chrome to lenet5.trace.json" in run.stderr
+    doc = json.loads((saved.parent / "lenet5.trace.json").read_text(encoding="utf-8"))
+    assert any(e["ph"] == "X" and e["cat"].startswith("op,") for e in doc["traceEvents"])
+    leftovers = [p.name for p in saved.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_show_passes_table_options(saved: Path) -> None:
+    run = run_cli("show", saved.name, "--format", "ops", "--group-by", "shape", "--limit", "2", cwd=saved.parent)
+    assert run.returncode == 0, run.stderr
+    assert "Showing 2 of" in run.stdout
+    line = assert_usage_error(run_cli("show", saved.name, "--sort-by", "flops", cwd=saved.parent))
+    assert "only for --format ops" in line
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('{"schema": "layerscope/1", "meta": {}, "mod', "not valid JSON"),
+        ('{"traceEvents": []}', "not a layerscope profile"),
+        ('{"schema": "layerscope/9", "modules": []}', "layerscope/9"),
+        ("\x00\x01binary", "not"),
+    ],
+    ids=["truncated", "other-tool", "unknown-schema", "binary"],
+)
+def test_show_refuses_bad_files_in_one_line(tmp_path: Path, content: str, says: str) -> None:
+    (tmp_path / "bad.json").write_text(content, encoding="utf-8")
+    line = assert_usage_error(run_cli("show", "bad.json", cwd=tmp_path))
+    assert "bad.json" in line and says in line
+
+
+def test_show_missing_file_and_unwritable_output(saved: Path, tmp_path: Path) -> None:
+    assert "no such profile file" in assert_usage_error(run_cli("show", "missing.json", cwd=tmp_path))
+    line = assert_usage_error(run_cli("show", str(saved), "-o", "no/such/folder/x.csv", cwd=tmp_path))
+    assert "does not exist" in line
+
+
+def test_show_a_profile_without_a_trace_says_why(tmp_path: Path) -> None:
+    run = run_cli("profile", "zoo:mlp", "--no-ops", "--repeat", "1", "-o", "plain.json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    line = assert_usage_error(run_cli("show", "plain.json", "--format", "chrome", cwd=tmp_path))
+    assert "no trace" in line
