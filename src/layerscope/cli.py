@@ -313,12 +313,17 @@ def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]
     if not args.output:
         sys.stdout.write(render(prof, fmt, **rendering))
         return 0
+    return _write_out(args.output, lambda: write_atomic(args.output, render_chunks(prof, fmt, **rendering)), fmt)
+
+
+def _write_out(path: str, write: Any, what: str) -> int:
+    """Run ``write()``; a failed write is one line and exit 1, success says where it went."""
     try:
-        write_atomic(args.output, render_chunks(prof, fmt, **rendering))
+        write()
     except OSError as exc:
         print(f"layerscope: error: {exc}", file=sys.stderr)
         return 1
-    print(f"layerscope: wrote {fmt} to {args.output}", file=sys.stderr)
+    print(f"layerscope: wrote {what} to {path}", file=sys.stderr)
     return 0
 
 
@@ -426,14 +431,9 @@ def _plot_memory(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.profile}: {exc}") from exc
     _check_writable(args.output)
     try:
-        plot_memory(profile, args.output, title=args.title)
+        return _write_out(args.output, lambda: plot_memory(profile, args.output, title=args.title), "the memory timeline")
     except ImportError as exc:
         raise UsageError(str(exc)) from exc
-    except OSError as exc:
-        print(f"layerscope: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"layerscope: wrote the memory timeline to {args.output}", file=sys.stderr)
-    return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
