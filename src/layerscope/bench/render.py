@@ -1,0 +1,119 @@
+"""Pure renderers of benchmarks: ``BenchResult -> str`` and ``BenchComparison -> str``.
+
+Deterministic: the same result gives the same text (no dates), rows in ascending batch
+size. Numbers become strings only through :mod:`layerscope.fmt`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerscope import fmt
+from layerscope.bench.result import BatchResult, BenchComparison, BenchResult
+
+
+def _ns(value: float | None) -> str:
+    return "" if value is None else fmt.time_ns(round(value))
+
+
+def _per_s(value: float) -> str:
+    return fmt.count(round(value)) + "/s"
+
+
+def _table(header: list[str], rows: list[list[str]], left: int = 0) -> list[str]:
+    """Columns right-aligned (the first ``left`` ones left-aligned), two spaces apart."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), *(line(row) for row in rows)]
+
+
+def _mode(result: BenchResult) -> str:
+    parts = [result.mode, result.dtype, result.device]
+    if result.autocast:
+        parts.append(f"autocast {result.autocast}")
+    if result.compiled:
+        parts.append("compiled")
+    return ", ".join(parts)
+
+
+def _machine(machine: dict[str, Any]) -> str:
+    parts = [str(machine.get("cpu") or "unknown CPU")]
+    if machine.get("threads") is not None:
+        parts.append(f"{machine['threads']} threads")
+    if machine.get("gpu"):
+        parts.append(f"{machine['gpu']} ({fmt.nbytes(machine.get('gpu_memory_bytes'))})")
+    parts.append(f"torch {machine.get('torch_version', '?')}")
+    parts.append(f"python {machine.get('python_version', '?')}")
+    return ", ".join(parts)
+
+
+def _batch_row(entry: BatchResult, show_transfer: bool) -> list[str]:
+    if entry.status != "ok":
+        cells = [str(entry.batch_size), entry.status.upper()] + [""] * 9
+    else:
+        cells = [
+            str(entry.batch_size), _ns(entry.p50_ns), _ns(entry.p90_ns), _ns(entry.p99_ns),
+            f"{_ns(entry.mean_ns)} ± {_ns(entry.std_ns)}", _ns(entry.min_ns), _ns(entry.max_ns),
+            f"{100 * entry.cv:.1f}%", str(entry.runs), _per_s(entry.throughput_per_s),
+            fmt.nbytes(entry.peak_memory_bytes),
+        ]  # fmt: skip
+    if show_transfer:
+        cells += [_ns(entry.h2d_ns), _ns(entry.d2h_ns)]
+    return cells
+
+
+def render_table(result: BenchResult) -> str:
+    """The benchmark as text: the model's size and cost, then one row per batch size."""
+    sizes = ", ".join(f"{name} {fmt.nbytes(n)}" for name, n in sorted(result.model_bytes_by_dtype.items()))
+    settings = result.settings
+    lines = [
+        f"{result.model}: {_mode(result)}",
+        f"params       {fmt.count(result.params)} ({fmt.count(result.trainable_params)} trainable)",
+        f"size         {fmt.nbytes(result.model_bytes)}" + (f" ({sizes})" if sizes else ""),
+        f"per sample   {fmt.count(round(result.macs_per_sample))} MACs, "
+        f"{fmt.count(round(result.flops_per_sample))} FLOPs (forward, counted at batch size {result.count_batch_size})",
+        f"machine      {_machine(result.machine)}",
+        f"runs         {settings.get('warmup', '?')} warm-up, then at least {settings.get('min_runs', '?')} runs "
+        f"and {settings.get('min_time_s', '?')}s per batch size",
+    ]
+    if result.compile_time_ns is not None:
+        lines.append(f"compile      {_ns(result.compile_time_ns)} (first call; not in the figures below)")
+    show_transfer = any(b.h2d_ns is not None or b.d2h_ns is not None for b in result.batches)
+    header = ["batch", "p50", "p90", "p99", "mean ± std", "min", "max", "CV", "runs", "samples/s", "peak mem"]
+    if show_transfer:
+        header += ["H2D", "D2H"]
+    rows = [_batch_row(b, show_transfer) for b in sorted(result.batches, key=lambda b: b.batch_size)]
+    lines += ["", *_table(header, rows), ""]
+    best = result.best_batch_size
+    if best is not None:
+        lines.append(f"best throughput: batch size {best}, {_per_s(result.batch(best).throughput_per_s)} samples")
+    lines += [f"warning: {w}" for w in result.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def render_comparison(comparison: BenchComparison) -> str:
+    """BASE against NEW batch size by batch size: mean latency and p50 of each, the ratio
+    NEW / BASE of the means, and whether the difference exceeds the noise."""
+    base, new = comparison.base, comparison.new
+    lines = [f"base: {base.model}: {_mode(base)}", f"new:  {new.model}: {_mode(new)}", ""]
+    header = ["batch", "base mean", "new mean", "base p50", "new p50", "ratio", "verdict"]
+    rows = [
+        [
+            str(row.batch_size), _ns(row.base.mean_ns), _ns(row.new.mean_ns), _ns(row.base.p50_ns),
+            _ns(row.new.p50_ns), f"x{row.ratio:.3f}", row.verdict,
+        ]  # fmt: skip
+        for row in comparison.rows
+    ]
+    lines += _table(header, rows)
+    if not comparison.rows:
+        lines.append("(no batch size was measured in both)")
+    for name, sizes in (("base", comparison.only_base), ("new", comparison.only_new)):
+        if sizes:
+            lines.append(f"only in {name}: batch size {', '.join(map(str, sizes))}")
+    lines.append("ratio: new mean / base mean; differences count only when the intervals "
+                 "mean ± 2·std/sqrt(runs) do not overlap")  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,383 @@
+"""The benchmark's data model: plain dataclasses, no torch, JSON in and out.
+
+A :class:`BenchResult` holds what was measured, once: each batch size's raw per-run
+latencies (``times_ns``) and the figures that are measured rather than derived. Every
+statistic (percentiles, mean, std, CV, throughput, the best batch size) is a property
+computed from those runs, so a saved result and a re-loaded one give the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import SchemaError
+
+SCHEMA = "layerscope-bench/1"
+
+#: Above this coefficient of variation (std / mean of the runs) the figures are flagged
+#: as too noisy to trust.
+NOISY_CV = 0.10
+
+#: Status of one batch size: measured, ran out of memory, or not tried after an OOM.
+STATUSES = ("ok", "oom", "skipped")
+
+
+def percentile(sorted_values: list[int], q: float) -> float:
+    """The ``q``-th percentile (0..100) of already sorted values, interpolated linearly
+    between the two nearest ranks (numpy's default, "linear")."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    position = (len(sorted_values) - 1) * q / 100.0
+    lower = math.floor(position)
+    upper = min(lower + 1, len(sorted_values) - 1)
+    weight = position - lower
+    return sorted_values[lower] * (1.0 - weight) + sorted_values[upper] * weight
+
+
+@dataclass
+class BatchResult:
+    """One batch size. ``times_ns`` are the timed runs after warm-up, in run order.
+
+    ``peak_memory_bytes``: on CUDA the allocator's peak over the timed runs (weights
+    included); on CPU the peak of live tensor bytes tracked by layerscope in one extra,
+    untimed pass (logical storage bytes, as ``Profile.memory["peak_bytes"]``).
+    ``first_run_ns`` is the first warm-up call (with ``compile=True``: compilation).
+    ``h2d_ns`` / ``d2h_ns`` (CUDA only): copying the batch to the device and the
+    output back, timed apart from compute.
+    """
+
+    batch_size: int
+    status: str = "ok"
+    times_ns: list[int] = field(default_factory=list)
+    first_run_ns: int | None = None
+    peak_memory_bytes: int | None = None
+    h2d_ns: int | None = None
+    d2h_ns: int | None = None
+
+    def _sorted(self) -> list[int]:
+        if not self.times_ns:
+            raise ValueError(f"batch size {self.batch_size} has no timed runs (status {self.status})")
+        return sorted(self.times_ns)
+
+    @property
+    def runs(self) -> int:
+        return len(self.times_ns)
+
+    @property
+    def total_time_ns(self) -> int:
+        """The sum of the timed runs (the time between runs is not counted)."""
+        return sum(self.times_ns)
+
+    @property
+    def mean_ns(self) -> float:
+        return self.total_time_ns / len(self._sorted())
+
+    @property
+    def std_ns(self) -> float:
+        """Sample standard deviation (n - 1); 0 for a single run."""
+        values = self._sorted()
+        if len(values) < 2:
+            return 0.0
+        mean = self.mean_ns
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation, std / mean."""
+        mean = self.mean_ns
+        return self.std_ns / mean if mean else 0.0
+
+    def percentile_ns(self, q: float) -> float:
+        return percentile(self._sorted(), q)
+
+    @property
+    def min_ns(self) -> int:
+        return self._sorted()[0]
+
+    @property
+    def max_ns(self) -> int:
+        return self._sorted()[-1]
+
+    @property
+    def p10_ns(self) -> float:
+        return self.percentile_ns(10)
+
+    @property
+    def p50_ns(self) -> float:
+        return self.percentile_ns(50)
+
+    @property
+    def p90_ns(self) -> float:
+        return self.percentile_ns(90)
+
+    @property
+    def p99_ns(self) -> float:
+        return self.percentile_ns(99)
+
+    @property
+    def throughput_per_s(self) -> float:
+        """Samples per second: ``batch_size / mean latency``, which is the same as
+        ``batch_size * runs / total_time_ns``."""
+        return self.batch_size * 1e9 / self.mean_ns
+
+    @property
+    def mean_interval_ns(self) -> tuple[float, float]:
+        """``mean ± 2·std/sqrt(runs)``: about a 95% interval for the mean."""
+        half = 2.0 * self.std_ns / math.sqrt(self.runs)
+        return self.mean_ns - half, self.mean_ns + half
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "status": self.status,
+            "times_ns": list(self.times_ns),
+            "first_run_ns": self.first_run_ns,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "h2d_ns": self.h2d_ns,
+            "d2h_ns": self.d2h_ns,
+        }
+        if self.status == "ok" and self.times_ns:
+            # Derived, for readers of the JSON; from_dict recomputes them from times_ns.
+            doc["summary"] = {
+                "runs": self.runs, "mean_ns": self.mean_ns, "std_ns": self.std_ns, "cv": self.cv,
+                "min_ns": self.min_ns, "p50_ns": self.p50_ns, "p90_ns": self.p90_ns,
+                "p99_ns": self.p99_ns, "max_ns": self.max_ns, "throughput_per_s": self.throughput_per_s,
+            }  # fmt: skip
+        return doc
+
+
+@dataclass
+class BenchResult:
+    """A model-level benchmark: the model's size and cost, then latency, throughput and
+    peak memory per batch size, with the settings and the machine it ran on.
+
+    ``flops`` / ``macs`` were counted once, at ``count_batch_size`` (the smallest batch
+    size), for the forward pass; the per-sample figures divide by that batch size.
+    """
+
+    model: str
+    mode: str  # "inference" or "train"
+    device: str
+    dtype: str
+    params: int
+    trainable_params: int
+    model_bytes_by_dtype: dict[str, int]
+    flops: int
+    macs: int
+    count_batch_size: int
+    batches: list[BatchResult]
+    settings: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    autocast: str | None = None
+    compiled: bool = False
+    compile_time_ns: int | None = None
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(self.model_bytes_by_dtype.values())
+
+    @property
+    def flops_per_sample(self) -> float:
+        return self.flops / self.count_batch_size
+
+    @property
+    def macs_per_sample(self) -> float:
+        return self.macs / self.count_batch_size
+
+    @property
+    def measured(self) -> list[BatchResult]:
+        return [b for b in self.batches if b.status == "ok" and b.times_ns]
+
+    @property
+    def best_batch_size(self) -> int | None:
+        """The batch size with the highest throughput (the smallest one on a tie)."""
+        best = max(self.measured, key=lambda b: (b.throughput_per_s, -b.batch_size), default=None)
+        return None if best is None else best.batch_size
+
+    def batch(self, batch_size: int) -> BatchResult:
+        for entry in self.batches:
+            if entry.batch_size == batch_size:
+                return entry
+        raise KeyError(f"no batch size {batch_size} in this result; it has {[b.batch_size for b in self.batches]}")
+
+    @property
+    def warnings(self) -> list[str]:
+        """Why some figures should not be trusted, or are missing."""
+        out = []
+        noisy = [b for b in self.measured if b.cv > NOISY_CV]
+        if noisy:
+            sizes = ", ".join(f"{b.batch_size} ({100 * b.cv:.0f}%)" for b in noisy)
+            out.append(
+                f"noisy: the run-to-run variation (CV) is above {100 * NOISY_CV:.0f}% at batch size {sizes}; "
+                "the machine was too busy or too variable to trust these figures: close other programs, "
+                "or raise min_time_s / --min-time"
+            )
+        oom = [b.batch_size for b in self.batches if b.status == "oom"]
+        if oom:
+            out.append(f"out of memory at batch size {oom[0]}; larger batch sizes were skipped")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "mode": self.mode,
+            "device": self.device,
+            "dtype": self.dtype,
+            "autocast": self.autocast,
+            "compiled": self.compiled,
+            "compile_time_ns": self.compile_time_ns,
+            "params": self.params,
+            "trainable_params": self.trainable_params,
+            "model_bytes_by_dtype": dict(self.model_bytes_by_dtype),
+            "flops": self.flops,
+            "macs": self.macs,
+            "count_batch_size": self.count_batch_size,
+            "settings": dict(self.settings),
+            "machine": dict(self.machine),
+            "batches": [b.to_dict() for b in self.batches],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the result as JSON (``layerscope-bench/1``), atomically."""
+        from layerscope.io import write_atomic
+
+        write_atomic(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+
+    def render(self) -> str:
+        from layerscope.bench.render import render_table
+
+        return render_table(self)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+_BATCH_FIELDS = ("first_run_ns", "peak_memory_bytes", "h2d_ns", "d2h_ns")
+
+
+def _int_or_none(value: Any, what: str, source: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise SchemaError(f"{source}: {what} must be a whole number or null, got {value!r}")
+
+
+def _batch_from_dict(entry: Any, source: str) -> BatchResult:
+    if not isinstance(entry, dict) or not isinstance(entry.get("batch_size"), int):
+        raise SchemaError(f"{source}: each entry of 'batches' must be an object with an integer 'batch_size'")
+    where = f"batch size {entry['batch_size']}"
+    status = entry.get("status", "ok")
+    if status not in STATUSES:
+        raise SchemaError(f"{source}: {where} has status {status!r}; expected one of {', '.join(STATUSES)}")
+    times = entry.get("times_ns", [])
+    if not isinstance(times, list) or not all(isinstance(t, int) and t >= 0 for t in times):
+        raise SchemaError(f"{source}: {where}: 'times_ns' must be a list of whole numbers of nanoseconds")
+    if status == "ok" and not times:
+        raise SchemaError(f"{source}: {where} has status 'ok' but no timed runs in 'times_ns'")
+    optional = {name: _int_or_none(entry.get(name), f"{where}: {name!r}", source) for name in _BATCH_FIELDS}
+    return BatchResult(batch_size=entry["batch_size"], status=status, times_ns=times, **optional)
+
+
+_REQUIRED = {
+    "model": str, "mode": str, "device": str, "dtype": str, "params": int, "trainable_params": int,
+    "model_bytes_by_dtype": dict, "flops": int, "macs": int, "count_batch_size": int, "batches": list,
+}  # fmt: skip
+
+
+def from_dict(doc: Any, source: str = "document") -> BenchResult:
+    """A :class:`BenchResult` from its ``to_dict()``; a one-line :class:`SchemaError`
+    naming what is wrong for anything else."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        hint = " (a profile: use 'layerscope show')" if found == "layerscope/1" else ""
+        raise SchemaError(f"{source} is not a layerscope benchmark: expected schema {SCHEMA!r}, found {found!r}{hint}")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(doc.get(key), kind):
+            raise SchemaError(f"{source}: {key!r} is missing or not a {kind.__name__}")
+    return BenchResult(
+        model=doc["model"], mode=doc["mode"], device=doc["device"], dtype=doc["dtype"],
+        params=doc["params"], trainable_params=doc["trainable_params"],
+        model_bytes_by_dtype=dict(doc["model_bytes_by_dtype"]), flops=doc["flops"], macs=doc["macs"],
+        count_batch_size=doc["count_batch_size"],
+        batches=[_batch_from_dict(b, source) for b in doc["batches"]],
+        settings=dict(doc.get("settings") or {}), machine=dict(doc.get("machine") or {}),
+        autocast=doc.get("autocast"), compiled=bool(doc.get("compiled", False)),
+        compile_time_ns=_int_or_none(doc.get("compile_time_ns"), "'compile_time_ns'", source),
+    )  # fmt: skip
+
+
+def load(path: str | os.PathLike[str]) -> BenchResult:
+    """Read a benchmark saved as JSON (``BenchResult.save``, ``layerscope bench -o``)."""
+    name = os.fspath(path)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such benchmark file: {name!r}") from None
+    except UnicodeDecodeError:
+        raise SchemaError(f"{name!r} is not a layerscope benchmark (not UTF-8 text)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(f"{name!r} is not valid JSON (truncated or corrupted?): {exc.msg} at line {exc.lineno}") from None
+    return from_dict(doc, source=repr(name))
+
+
+@dataclass
+class BatchComparison:
+    """One batch size in both runs. ``ratio`` is NEW mean latency / BASE mean latency
+    (above 1: slower). ``significant``: the intervals ``mean ± 2·std/sqrt(runs)`` of the
+    two runs do not overlap, so the difference is larger than the noise."""
+
+    batch_size: int
+    base: BatchResult
+    new: BatchResult
+
+    @property
+    def ratio(self) -> float:
+        return self.new.mean_ns / self.base.mean_ns
+
+    @property
+    def significant(self) -> bool:
+        base_lo, base_hi = self.base.mean_interval_ns
+        new_lo, new_hi = self.new.mean_interval_ns
+        return new_lo > base_hi or new_hi < base_lo
+
+    @property
+    def verdict(self) -> str:
+        if not self.significant:
+            return "within noise"
+        return "slower" if self.ratio > 1 else "faster"
+
+
+@dataclass
+class BenchComparison:
+    base: BenchResult
+    new: BenchResult
+    rows: list[BatchComparison]
+    only_base: list[int]
+    only_new: list[int]
+
+    def regressions(self, threshold: float) -> list[BatchComparison]:
+        """Batch sizes that got slower by more than ``threshold`` (0.1: 10%) and by more
+        than the noise."""
+        return [row for row in self.rows if row.significant and row.ratio > 1 + threshold]
+
+    def render(self) -> str:
+        from layerscope.bench.render import render_comparison
+
+        return render_comparison(self)
+
+
+def compare(base: BenchResult, new: BenchResult) -> BenchComparison:
+    """Compare two benchmarks batch size by batch size (measured sizes only)."""
+    base_ok = {b.batch_size: b for b in base.measured}
+    new_ok = {b.batch_size: b for b in new.measured}
+    rows = [BatchComparison(n, base_ok[n], new_ok[n]) for n in sorted(base_ok.keys() & new_ok.keys())]
+    return BenchComparison(
+        base, new, rows, sorted(base_ok.keys() - new_ok.keys()), sorted(new_ok.keys() - base_ok.keys())
+    )
