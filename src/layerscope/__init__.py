@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "BenchResult",
     "InvariantError",
     "LayerscopeError",
     "ModuleNode",
@@ -26,6 +27,7 @@ __all__ = [
     "PhaseStats",
     "Profile",
     "Profiler",
+    "benchmark",
     "check_tree",
     "count_flops",
     "diff",
@@ -36,6 +38,7 @@ __all__ = [
     "schedule",
 ]
 
+from layerscope.bench.result import BenchResult
 from layerscope.check import InvariantError, check_tree
 from layerscope.diff import diff
 from layerscope.errors import LayerscopeError
@@ -44,6 +47,7 @@ from layerscope.schedule import schedule
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 if TYPE_CHECKING:
+    from layerscope.bench.measure import benchmark
     from layerscope.capture.label import label
     from layerscope.flops import register_flops
     from layerscope.session import Profiler, count_flops, profile
@@ -56,6 +60,10 @@ def __getattr__(name: str) -> Any:
         from layerscope import session
 
         return getattr(session, name)
+    if name == "benchmark":
+        from layerscope.bench.measure import benchmark
+
+        return benchmark
     if name == "handlers":
         import layerscope.handlers
 

@@ -76,7 +76,7 @@ and its .regressions(0.1).
 
 
 #: Commands whose exceptions come from the user's model (exit 1).
-_RUNS_A_MODEL = frozenset({"profile", "flops", "demo"})
+_RUNS_A_MODEL = frozenset({"profile", "flops", "demo", "bench"})
 
 
 class UsageError(LayerscopeError):
@@ -180,8 +180,8 @@ def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="layerscope",
-        description="Where do the time and parameters of a PyTorch model go? "
-        "Profiles a model layer by layer and prints the module tree.",
+        description="Where do the time, memory and FLOPs of a PyTorch model go? "
+        "Profiles a model layer by layer, forward and backward, and prints the module tree.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     prof = sub.add_parser(
-        "profile", help="profile a model's forward pass", epilog=EPILOG,
+        "profile", help="profile a model layer by layer: time, FLOPs, memory (--backward: the training step)", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run warm-up passes, then measured passes, and show per-module medians.",
     )
@@ -262,7 +262,54 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     compare.add_argument("--limit", type=_positive, default=20, metavar="N", help="show at most N module and N op rows (default 20; 0 shows all)")
     compare.add_argument("--debug", action="store_true", help="show full tracebacks")
+    _add_bench_parser(sub)
     return parser
+
+
+BENCH_EPILOG = """\
+examples:
+  layerscope bench zoo:mlp --batch-sizes 1 8 32 -o mlp.json
+  layerscope bench zoo:resnet18 --batch-sizes 1 2 4 8 --plot resnet18.png
+  layerscope bench zoo:gpt --mode train --batch-sizes 1 4 --min-time 1
+  layerscope bench mymodels.py:build --inputs mymodels.py:batch_of --device cuda --dtype bfloat16
+  layerscope bench --compare base.json new.json --fail-above 10%
+
+Batching: the sample (the model's default input, --input SHAPE, which must have a batch
+dimension of 1 at dim 0, e.g. 1x3x224x224) is repeated along dim 0 to each batch size,
+every tensor of a tuple or dict alike. --inputs SPEC names a callable taking the batch
+size and returning the whole batch instead. Throughput is batch size / mean latency.
+"""
+
+
+def _add_bench_parser(sub: Any) -> None:
+    bench = sub.add_parser(
+        "bench", help="benchmark a whole model: latency, throughput and memory per batch size",
+        epilog=EPILOG.split("examples:")[0] + BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time a model's forward (or a training step) at several batch sizes after warm-up, "
+        "until --min-runs runs and --min-time seconds: p50/p90/p99, mean ± std, throughput, peak "
+        "memory, with its size, FLOPs and the machine. Or compare two saved runs (--compare).",
+    )  # fmt: skip
+    bench.add_argument("spec", metavar="SPEC", nargs="?", help="the model to benchmark (see below)")
+    bench.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"), help="compare two saved benchmarks instead")
+    bench.add_argument("--fail-above", metavar="THRESHOLD", help="with --compare: exit 1 if a batch size got slower "
+                       "by more than this (10%% or 0.1) and by more than the noise")  # fmt: skip
+    bench.add_argument("--input", action="append", default=[], metavar="SHAPE", help="a random input of this shape, batch 1 first: 1x3x224x224")
+    bench.add_argument("--inputs", metavar="SPEC", help="a callable taking the batch size, returning the batch")
+    bench.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
+    bench.add_argument("--mode", choices=("inference", "train"), default="inference", help="inference (default) or a training step (SGD, on a copy)")
+    bench.add_argument("--dtype", help="cast a copy of the model and the float inputs (float32, bfloat16, float16)")
+    bench.add_argument("--autocast", metavar="DTYPE", help="run under torch.autocast with this dtype")
+    bench.add_argument("--compile", action="store_true", help="torch.compile a copy; compile time reported apart")
+    bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    bench.add_argument("--warmup", type=_positive, default=3, help="untimed runs per batch size first (default 3)")
+    bench.add_argument("--min-runs", type=_positive, default=10, help="at least this many timed runs (default 10)")
+    bench.add_argument("--min-time", type=float, default=0.5, metavar="SECONDS", help="and at least this much timed time (default 0.5)")
+    bench.add_argument("--lr", type=float, default=1e-3, help="--mode train: SGD's learning rate (default 1e-3)")
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass (CPU)")
+    bench.add_argument("--max-batch", action="store_true", help="CUDA: also search the largest batch size that fits")
+    bench.add_argument("-o", "--output", metavar="FILE.json", help="write the result as JSON (atomically)")
+    bench.add_argument("--plot", metavar="OUT.png", help="draw latency and throughput against batch size (needs matplotlib)")
+    bench.add_argument("--debug", action="store_true", help="show full tracebacks")
 
 
 @contextmanager
@@ -339,18 +386,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
-    import torch
 
     import layerscope
     from layerscope.render import format_for_path
-    from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model, tensor_for
+    from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise UsageError(f"unknown device {args.device!r}; expected cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but this torch sees no CUDA device")
+    device = _device(args.device)
     dtype = parse_dtype(args.dtype) if args.dtype else None
     peak = getattr(args, "peak_tflops", None)
     if peak is not None and not peak > 0:
@@ -361,15 +402,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
     # On the meta device the model is built there directly: a 7B model allocates nothing.
     resolved = resolve_model(spec, batch_size=max(1, args.batch_size), device=device if device.type == "meta" else None)
-    if args.inputs:
-        inputs = resolve_inputs(args.inputs)
-    elif shapes:
-        generator = torch.Generator().manual_seed(0)
-        inputs = tuple(tensor_for(shape, dt, generator) for shape, dt in shapes)
-    elif resolved.inputs is not None:
-        inputs = resolved.inputs
-    else:
-        raise UsageError(f"{spec} comes with no default input; pass --input SHAPE or --inputs SPEC")
+    inputs = _inputs_from(args, spec, shapes, resolved.inputs, resolve_inputs)
 
     model = resolved.model.eval().to(device)
     if dtype is not None:
@@ -393,6 +426,36 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
             )
     prof.meta["spec"] = resolved.label
     return _emit(prof, args, fmt, op_table_options)
+
+
+def _device(text: str) -> Any:
+    """``--device`` as a ``torch.device`` that this torch can use."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"unknown device {text!r}; expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but this torch sees no CUDA device")
+    return device
+
+
+def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], default: Any, from_spec: Any) -> Any:
+    """The inputs: ``from_spec(--inputs)``, random tensors of the --input shapes, or the
+    model's own default inputs."""
+    import torch
+
+    from layerscope.specs import tensor_for
+
+    if args.inputs:
+        return from_spec(args.inputs)
+    if shapes:
+        generator = torch.Generator().manual_seed(0)
+        return tuple(tensor_for(shape, dt, generator) for shape, dt in shapes)
+    if default is not None:
+        return default
+    raise UsageError(f"{spec} comes with no default input; pass --input SHAPE or --inputs SPEC")
 
 
 def _check_writable(path: str) -> None:
@@ -479,6 +542,79 @@ def _diff(args: argparse.Namespace) -> int:
     return 1 if regressions else 0
 
 
+def _load_bench(path: str) -> Any:
+    from layerscope.bench import load
+
+    try:
+        return load(path)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    """Exit 0, or 1 when --fail-above is given and a batch size regressed beyond it."""
+    from layerscope.bench import compare
+    from layerscope.diff import parse_threshold
+
+    try:
+        threshold = None if args.fail_above is None else parse_threshold(args.fail_above)
+    except ValueError as exc:
+        raise UsageError(f"--fail-above: {exc}") from None
+    result = compare(_load_bench(args.compare[0]), _load_bench(args.compare[1]))
+    sys.stdout.write(result.render())
+    regressions = [] if threshold is None else result.regressions(threshold)
+    for row in regressions:
+        print(f"regression: batch size {row.batch_size} is x{row.ratio:.3f} slower (above {threshold:.0%})", file=sys.stderr)
+    return 1 if regressions else 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.compare:
+        if args.spec:
+            raise UsageError("give either SPEC to benchmark or --compare BASE NEW, not both")
+        return _bench_compare(args)
+    if not args.spec:
+        raise UsageError("bench needs a SPEC to benchmark (e.g. zoo:mlp), or --compare BASE NEW")
+
+    from layerscope.bench import benchmark
+    from layerscope.specs import _load_callable, parse_dtype, parse_shape, resolve_model
+
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")
+    if args.input and args.inputs:
+        raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
+    for path in filter(None, (args.output, args.plot)):
+        _check_writable(path)
+    device = _device(args.device)
+    dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
+    shapes = [parse_shape(s) for s in args.input]
+    resolved = resolve_model(args.spec, batch_size=1)
+    # --inputs names a builder here: it is called with each batch size.
+    sample = _inputs_from(args, args.spec, shapes, resolved.inputs, lambda spec: _load_callable(spec, "inputs"))
+    with _progress_bar(sys.stderr.isatty()) as report:
+        result = benchmark(
+            resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
+            min_runs=max(1, args.min_runs), min_time_s=args.min_time, device=device, dtype=dtype,
+            autocast=autocast, compile=args.compile, lr=args.lr, memory=not args.no_memory,
+            find_max_batch=args.max_batch, progress=report,
+        )  # fmt: skip
+    result.model = resolved.label
+    sys.stdout.write(result.render())
+    status = 0
+    if args.output:
+        status |= _write_out(args.output, lambda: result.save(args.output), "the benchmark")
+    if args.plot:
+        from layerscope.plot import plot_bench
+
+        try:
+            status |= _write_out(args.plot, lambda: plot_bench(result, args.plot), "the plot")
+        except ImportError as exc:
+            raise UsageError(str(exc)) from exc
+    return status
+
+
 def _list_zoo() -> int:
     from layerscope import zoo
 
@@ -506,6 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plot_memory(args)
         if args.command == "diff":
             return _diff(args)
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "show":
             return _show(args)
         if args.command == "flops":

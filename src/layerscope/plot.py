@@ -70,6 +70,14 @@ def render_memory_png(profile: Any, *, title: str | None = None) -> bytes:
     """The PNG bytes :func:`plot_memory` writes."""
     timeline = memory_timeline(profile)
     memory = profile.memory
+    fig = _figure(NO_MATPLOTLIB)
+    model = str(profile.meta.get("model") or "model")
+    _draw(fig, memory, timeline, model, title if title is not None else f"{model} memory over one step")
+    return _png(fig)
+
+
+def _figure(missing: str) -> Any:
+    """A matplotlib Figure on the Agg canvas; ``ImportError(missing)`` without matplotlib."""
     try:
         # The package itself first: a cached submodule would otherwise slip past a
         # matplotlib that is missing (or blocked in sys.modules).
@@ -77,15 +85,76 @@ def render_memory_png(profile: Any, *, title: str | None = None) -> bytes:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError(NO_MATPLOTLIB) from None
-
-    model = str(profile.meta.get("model") or "model")
+        raise ImportError(missing) from None
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
-    _draw(fig, memory, timeline, model, title if title is not None else f"{model} memory over one step")
+    return fig
+
+
+def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": "layerscope"})
     return buf.getvalue()
+
+
+# -- benchmarks ---------------------------------------------------------------------------
+
+NO_MATPLOTLIB_BENCH = "plotting a benchmark needs matplotlib: pip install 'layerscope[plot]'"
+
+
+def plot_bench(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> None:
+    """Draw a benchmark (a ``BenchResult`` or its ``to_dict()``) as a PNG at ``path``,
+    written atomically: latency (p50, with the p10-p90 band and min) and throughput
+    against batch size, on log2 batch axes. Batch sizes that ran out of memory are
+    marked. Raises ``ImportError`` without matplotlib."""
+    write_atomic(path, render_bench_png(result, title=title))
+
+
+def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
+    """The PNG bytes :func:`plot_bench` writes."""
+    from layerscope.bench import BenchResult, from_dict
+
+    bench = result if isinstance(result, BenchResult) else from_dict(result)
+    fig = _figure(NO_MATPLOTLIB_BENCH)
+    ok = sorted(bench.measured, key=lambda b: b.batch_size)
+    sizes = [b.batch_size for b in ok]
+    unit, scale = _time_unit(max((b.p90_ns for b in ok), default=0.0))
+    latency, throughput = fig.subplots(1, 2)
+    latency.fill_between(sizes, [b.p10_ns / scale for b in ok], [b.p90_ns / scale for b in ok],
+                         color=PHASE_COLOURS["forward"], alpha=0.2, label="p10-p90")  # fmt: skip
+    latency.plot(sizes, [b.p50_ns / scale for b in ok], "o-", color=PHASE_COLOURS["forward"], label="p50")
+    latency.plot(sizes, [b.min_ns / scale for b in ok], ".:", color=LINE_COLOUR, label="min")
+    latency.set_ylabel(f"latency per batch ({unit})")
+    throughput.plot(sizes, [b.throughput_per_s for b in ok], "o-", color=PHASE_COLOURS["backward"])
+    throughput.set_ylabel("throughput (samples/s)")
+    best = bench.best_batch_size
+    if best is not None:
+        throughput.axvline(best, color=PEAK_COLOUR, linestyle="--", label=f"best: batch {best}")
+        throughput.legend(loc="lower right")
+    for entry in bench.batches:
+        if entry.status == "oom":
+            for axis in (latency, throughput):
+                axis.axvline(entry.batch_size, color=PEAK_COLOUR, linestyle=":", label="out of memory")
+    for axis in (latency, throughput):
+        if len(sizes) > 1:
+            axis.set_xscale("log", base=2)
+        axis.set_xticks(sizes, [str(n) for n in sizes])
+        axis.set_xlabel("batch size")
+        axis.set_ylim(bottom=0)
+        axis.grid(True, alpha=0.3)
+    latency.legend(loc="upper left")
+    machine = bench.machine
+    heading = title if title is not None else f"{bench.model}: {bench.mode}, {bench.dtype}, {bench.device}"
+    fig.suptitle(f"{heading}\n{machine.get('cpu', '')}, threads: {machine.get('threads', '?')}, "
+                 f"torch {machine.get('torch_version', '?')}", fontsize=11)  # fmt: skip
+    return _png(fig)
+
+
+def _time_unit(largest_ns: float) -> tuple[str, float]:
+    for name, size in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if largest_ns >= size:
+            return name, size
+    return "ns", 1.0
 
 
 # -- drawing ----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _mode(result: BenchResult) -> str:
 def _machine(machine: dict[str, Any]) -> str:
     parts = [str(machine.get("cpu") or "unknown CPU")]
     if machine.get("threads") is not None:
-        parts.append(f"{machine['threads']} threads")
+        parts.append(f"{machine['threads']} thread" + ("" if machine["threads"] == 1 else "s"))
     if machine.get("gpu"):
         parts.append(f"{machine['gpu']} ({fmt.nbytes(machine.get('gpu_memory_bytes'))})")
     parts.append(f"torch {machine.get('torch_version', '?')}")
@@ -80,6 +80,8 @@ def render_table(result: BenchResult) -> str:
         f"runs         {settings.get('warmup', '?')} warm-up, then at least {settings.get('min_runs', '?')} runs "
         f"and {settings.get('min_time_s', '?')}s per batch size",
     ]
+    if result.max_batch_size is not None:
+        lines.append(f"max batch    {result.max_batch_size} (the largest that fit in device memory)")
     if result.compile_time_ns is not None:
         lines.append(f"compile      {_ns(result.compile_time_ns)} (first call; not in the figures below)")
     show_transfer = any(b.h2d_ns is not None or b.d2h_ns is not None for b in result.batches)
@@ -90,7 +92,7 @@ def render_table(result: BenchResult) -> str:
     lines += ["", *_table(header, rows), ""]
     best = result.best_batch_size
     if best is not None:
-        lines.append(f"best throughput: batch size {best}, {_per_s(result.batch(best).throughput_per_s)} samples")
+        lines.append(f"best throughput: batch size {best}, {fmt.count(round(result.batch(best).throughput_per_s))} samples/s")
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
 
@@ -102,11 +104,8 @@ def render_comparison(comparison: BenchComparison) -> str:
     lines = [f"base: {base.model}: {_mode(base)}", f"new:  {new.model}: {_mode(new)}", ""]
     header = ["batch", "base mean", "new mean", "base p50", "new p50", "ratio", "verdict"]
     rows = [
-        [
-            str(row.batch_size), _ns(row.base.mean_ns), _ns(row.new.mean_ns), _ns(row.base.p50_ns),
-            _ns(row.new.p50_ns), f"x{row.ratio:.3f}", row.verdict,
-        ]  # fmt: skip
-        for row in comparison.rows
+        [str(r.batch_size), *map(_ns, (r.base.mean_ns, r.new.mean_ns, r.base.p50_ns, r.new.p50_ns)), f"x{r.ratio:.3f}", r.verdict]
+        for r in comparison.rows
     ]
     lines += _table(header, rows)
     if not comparison.rows:

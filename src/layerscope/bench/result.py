@@ -20,7 +20,9 @@ from layerscope.errors import SchemaError
 SCHEMA = "layerscope-bench/1"
 
 #: Above this coefficient of variation (std / mean of the runs) the figures are flagged
-#: as too noisy to trust.
+#: as too noisy to trust, when the bulk of the runs is spread too: (p90 - p10) / p50 above
+#: the same share. A few outliers alone (one slow run in thousands) inflate the CV but
+#: leave the percentiles trustworthy.
 NOISY_CV = 0.10
 
 #: Status of one batch size: measured, ran out of memory, or not tried after an OOM.
@@ -176,6 +178,8 @@ class BenchResult:
     autocast: str | None = None
     compiled: bool = False
     compile_time_ns: int | None = None
+    #: CUDA only, with ``find_max_batch=True``: the largest batch size that fit.
+    max_batch_size: int | None = None
 
     @property
     def model_bytes(self) -> int:
@@ -209,7 +213,7 @@ class BenchResult:
     def warnings(self) -> list[str]:
         """Why some figures should not be trusted, or are missing."""
         out = []
-        noisy = [b for b in self.measured if b.cv > NOISY_CV]
+        noisy = [b for b in self.measured if b.cv > NOISY_CV and (b.p90_ns - b.p10_ns) > NOISY_CV * b.p50_ns]
         if noisy:
             sizes = ", ".join(f"{b.batch_size} ({100 * b.cv:.0f}%)" for b in noisy)
             out.append(
@@ -232,6 +236,7 @@ class BenchResult:
             "autocast": self.autocast,
             "compiled": self.compiled,
             "compile_time_ns": self.compile_time_ns,
+            "max_batch_size": self.max_batch_size,
             "params": self.params,
             "trainable_params": self.trainable_params,
             "model_bytes_by_dtype": dict(self.model_bytes_by_dtype),
@@ -308,6 +313,7 @@ def from_dict(doc: Any, source: str = "document") -> BenchResult:
         settings=dict(doc.get("settings") or {}), machine=dict(doc.get("machine") or {}),
         autocast=doc.get("autocast"), compiled=bool(doc.get("compiled", False)),
         compile_time_ns=_int_or_none(doc.get("compile_time_ns"), "'compile_time_ns'", source),
+        max_batch_size=_int_or_none(doc.get("max_batch_size"), "'max_batch_size'", source),
     )  # fmt: skip
 
 
