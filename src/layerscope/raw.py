@@ -43,6 +43,9 @@ storages that were neither inputs nor already tracked); storages are numbered by
 ``serial`` unique within the pass, and counted at their full size, once, however many
 views share them.
 
+``input_shapes`` holds one shape per tensor argument (a tuple of ints, ``torch.Size``
+as captured, or a list), nested for a list of tensors.
+
 ``stack`` (only with ``with_stack``) is the user's Python frames calling the op,
 innermost first, as ``"file:line function"`` strings.
 

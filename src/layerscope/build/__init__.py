@@ -89,9 +89,21 @@ class PassResult:
     trace_start_ns: int = 0
 
 
-def _shape_key(shapes: Any) -> str:
-    # Shapes are nested lists of ints: their text is a faithful, fast, hashable key.
-    return repr(shapes)
+def _shape_key(shapes: Any) -> Any:
+    # Captured shapes are tuples (hashable as they are); hand-written streams may use
+    # lists, whose text is a faithful key.
+    try:
+        hash(shapes)
+    except TypeError:
+        return repr(shapes)
+    return shapes
+
+
+def _as_lists(shapes: Any) -> Any:
+    """Shapes as JSON-ready nested lists of ints."""
+    if isinstance(shapes, (tuple, list)):
+        return [_as_lists(s) for s in shapes]
+    return shapes
 
 
 def _label_path(parent_path: str | None, name: str, kind: str) -> str:
@@ -257,7 +269,7 @@ def walk_pass(
             op = result.ops[table_key] = OpStats(
                 name=name,
                 phase=phase,
-                input_shapes=shapes,
+                input_shapes=_as_lists(shapes),
                 device_time_ns=0 if has_device else None,
                 self_device_time_ns=0 if has_device else None,
                 flops=None if flops is None else 0,

@@ -76,13 +76,16 @@ def shapes_of(value: Any) -> Any:
     return None
 
 
-def op_input_shapes(args: tuple[Any, ...]) -> list[Any]:
+def op_input_shapes(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Shapes of an op's tensor arguments (lists of tensors nest), non-tensors dropped,
-    as torch.profiler's ``record_shapes`` shows them but without keeping the tensors."""
+    as torch.profiler's ``record_shapes`` shows them but without keeping the tensors.
+
+    Called for every op, so it returns ``torch.Size`` tuples as they are (hashable, no
+    copy); ``build`` turns them into lists once per op row."""
     shapes: list[Any] = []
     for arg in args:
         if isinstance(arg, torch.Tensor):
-            shapes.append(list(arg.shape))
+            shapes.append(arg.shape)
         elif isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], torch.Tensor):
-            shapes.append([list(t.shape) for t in arg if isinstance(t, torch.Tensor)])
-    return shapes
+            shapes.append(tuple(t.shape for t in arg if isinstance(t, torch.Tensor)))
+    return tuple(shapes)

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
+
 #: ``formula(args, kwargs, out) -> (flops, macs)``; args/kwargs are the op's real arguments.
 Formula = Callable[[tuple[Any, ...], dict[str, Any], Any], tuple[int, int]]
 
@@ -95,12 +97,17 @@ def registered() -> list[str]:
 
 
 def _tensor_bytes(value: Any) -> int:
-    nbytes = getattr(value, "nbytes", None)
-    if nbytes is not None and hasattr(value, "element_size"):
-        return int(value.numel() * value.element_size())
+    # Called for every op's inputs and outputs: plain loops, no generators.
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    total = 0
     if isinstance(value, (tuple, list)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                total += item.numel() * item.element_size()
+            elif isinstance(item, (tuple, list)):
+                total += _tensor_bytes(item)
+    return total
 
 
 def count_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> tuple[int | None, int | None, int]:
