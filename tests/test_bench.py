@@ -210,6 +210,26 @@ def test_out_of_memory_is_recorded_and_larger_sizes_skipped(error: type[Exceptio
     assert from_dict(json.loads(json.dumps(result.to_dict()))).to_dict() == result.to_dict()
 
 
+class CpuAllocationFails(nn.Module):
+    """Above a batch size, asks the CPU allocator for 2**50 bytes per sample: the real
+    DefaultCPUAllocator error ("can't allocate memory"), no simulation."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.limit:
+            torch.empty(x.shape[0] * 2**50, dtype=torch.uint8)
+        return self.linear(x)
+
+
+def test_a_real_cpu_allocation_failure_is_out_of_memory() -> None:
+    result = layerscope.benchmark(CpuAllocationFails(2), torch.randn(1, 8), [1, 2, 4, 8], memory=False, **FAST)
+    assert [b.status for b in result.batches] == ["ok", "ok", "oom", "skipped"]
+
+
 def test_bad_settings_are_named() -> None:
     model = nn.Linear(8, 8)
     x = torch.randn(1, 8)

@@ -43,11 +43,17 @@ BUILDER_HINT = (
 )
 
 
+#: How allocators word running out of memory (CUDA's, and the CPU allocator's
+#: "DefaultCPUAllocator: can't allocate memory ... (Cannot allocate memory)").
+_OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
 def is_oom(exc: BaseException) -> bool:
     """Out of memory: CUDA's own error, or a RuntimeError saying so (CPU allocators)."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(words in text for words in _OOM_WORDS)
 
 
 def batch_of(sample: Any, batch_size: int) -> Any:
