@@ -160,6 +160,19 @@ def walk_pass(
         if chain.entries:
             chain.close(last_backward_end)
 
+    # Ops outside every frame charged to one part in a row (a loss written inline in a
+    # Profiler block) make one span of that part: ``[key, t_start, t_end]`` while open.
+    part_run: list[Any] = []
+
+    def close_part_run() -> None:
+        if part_run:
+            key, t0, t1 = part_run
+            part_run.clear()
+            if trace is not None:
+                trace.append((t0, t1, key, "forward", None))
+            if mem is not None:
+                mem.part_span(key, t0, t1)
+
     def live() -> int:
         return mem.live if mem is not None else 0
 
@@ -309,6 +322,7 @@ def walk_pass(
                 calls[index] = calls.get(index, 0) + 1
                 if not frames:
                     end_backward()
+                    close_part_run()
             frames.append([index, event[1], 0, event[3], 0, "recompute" if in_bwd else "forward", live(), live()])
         elif kind == EXIT:
             index = event[2]
@@ -329,6 +343,7 @@ def walk_pass(
                 calls[path] = calls.get(path, 0) + 1
                 if not frames:
                     end_backward()
+                    close_part_run()
             frames.append([path, t, 0, dev_t, 0, "recompute" if in_bwd else "forward", live(), live()])
         elif kind == LABEL_EXIT:
             _, t, dev_t, seq, _in_bwd = event
@@ -343,6 +358,7 @@ def walk_pass(
             if grad is not None and not (frames and frames[-1][5] == "recompute"):
                 # Backward work: owned by whoever created the autograd node.
                 backward_ran = True
+                close_part_run()
                 key = backward_owner(grad)
                 if isinstance(key, str) and key not in dynamic:
                     dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
@@ -384,12 +400,18 @@ def walk_pass(
                     result.outside_ops += 1
                     continue
                 key = site[0]
+                if part_run and part_run[0] == key:
+                    part_run[2] = event[2]
+                else:
+                    close_part_run()
+                    part_run.extend((key, event[1], event[2]))
                 elapsed = max(0, event[2] - event[1])
                 charge(key, "forward", elapsed, event[5] if has_device else None)
                 accounted += elapsed
                 if collect_ops:
                     add_op(key, "forward", event, memory)
         elif kind == STEP:
+            close_part_run()
             if t_first is None:
                 t_first = event[1]
             t_last = event[1]
@@ -403,6 +425,7 @@ def walk_pass(
             elif kind in (GRAD, OPTIM, DEVICE_MEM):
                 mem.other_event(event)
     end_backward()
+    close_part_run()
     if frames and t_last is not None:
         while frames:
             close(t_last, None)

@@ -236,6 +236,11 @@ class MemoryWalk:
         if self._span_worthy(key, not frames):
             self._spans.append((t_enter, t, key, phase))
 
+    def part_span(self, key: Key, t0: int, t1: int) -> None:
+        """A run of a step part's ops outside any frame (an inline loss) ran from t0 to t1."""
+        if self._span_worthy(key, True):
+            self._spans.append((t0, t1, key, "forward"))
+
     def _chain_opened(self, entry: Entry) -> None:
         entry[2] = [self.live, self.live]
 
