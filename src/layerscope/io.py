@@ -143,19 +143,26 @@ def _node_from_dict(entry: dict[str, Any]) -> Any:
     )
 
 
-def load(path: str | os.PathLike[str]) -> Any:
-    """Read a profile saved as JSON; a clear :class:`SchemaError` for anything else."""
+def read_json(path: str | os.PathLike[str], what: str) -> tuple[Any, str]:
+    """The JSON document at ``path`` and its name for messages; ``what`` ("profile",
+    "benchmark") names the kind of file in the errors: FileNotFoundError, or a
+    :class:`SchemaError` for a file that is not UTF-8 JSON."""
     name = os.fspath(path)
     try:
         text = Path(name).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"no such profile file: {name!r}") from None
+        raise FileNotFoundError(f"no such {what} file: {name!r}") from None
     except UnicodeDecodeError:
-        raise SchemaError(f"{name!r} is not a layerscope profile (not UTF-8 text)") from None
+        raise SchemaError(f"{name!r} is not a layerscope {what} (not UTF-8 text)") from None
     try:
-        doc = json.loads(text)
+        return json.loads(text), name
     except json.JSONDecodeError as exc:
         raise SchemaError(
             f"{name!r} is not valid JSON (truncated or corrupted?): {exc.msg} at line {exc.lineno}"
         ) from None
+
+
+def load(path: str | os.PathLike[str]) -> Any:
+    """Read a profile saved as JSON; a clear :class:`SchemaError` for anything else."""
+    doc, name = read_json(path, "profile")
     return profile_from_dict(doc, source=repr(name))

@@ -12,10 +12,10 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from layerscope.errors import SchemaError
+from layerscope.io import read_json
 
 SCHEMA = "layerscope-bench/1"
 
@@ -319,17 +319,7 @@ def from_dict(doc: Any, source: str = "document") -> BenchResult:
 
 def load(path: str | os.PathLike[str]) -> BenchResult:
     """Read a benchmark saved as JSON (``BenchResult.save``, ``layerscope bench -o``)."""
-    name = os.fspath(path)
-    try:
-        text = Path(name).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no such benchmark file: {name!r}") from None
-    except UnicodeDecodeError:
-        raise SchemaError(f"{name!r} is not a layerscope benchmark (not UTF-8 text)") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SchemaError(f"{name!r} is not valid JSON (truncated or corrupted?): {exc.msg} at line {exc.lineno}") from None
+    doc, name = read_json(path, "benchmark")
     return from_dict(doc, source=repr(name))
 
 
