@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +30,35 @@ def mlp() -> tuple[nn.Module, torch.Tensor]:
     return entry.build().eval(), entry.example_inputs(1)
 
 
-class OomAbove(nn.Module):
-    """A real model that runs out of memory (raises as the allocator does) above a batch size."""
+class FailsAbove(nn.Module):
+    """A real model whose forward calls ``fail(batch_size)`` above a batch size."""
 
-    def __init__(self, limit: int, error: type[Exception] = torch.cuda.OutOfMemoryError) -> None:
+    def __init__(self, limit: int, fail: Callable[[int], Any]) -> None:
         super().__init__()
         self.linear = nn.Linear(8, 8)
         self.limit = limit
-        self.error = error
+        self.fail = fail
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.limit:
-            raise self.error(f"CUDA out of memory. Tried to allocate {x.shape[0]} GiB")
+            self.fail(x.shape[0])
         return self.linear(x)
 
 
-class RaisesAbove(nn.Module):
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 8)
-        self.limit = limit
+def oom_above(limit: int, error: type[Exception] = torch.cuda.OutOfMemoryError) -> FailsAbove:
+    """Raises as the allocator does when out of memory."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.limit:
-            raise ValueError("shape mismatch in my layer")
-        return self.linear(x)
+    def fail(batch: int) -> None:
+        raise error(f"CUDA out of memory. Tried to allocate {batch} GiB")
+
+    return FailsAbove(limit, fail)
+
+
+def raises_above(limit: int) -> FailsAbove:
+    def fail(batch: int) -> None:
+        raise ValueError("shape mismatch in my layer")
+
+    return FailsAbove(limit, fail)
 
 
 # -- measuring a real model ---------------------------------------------------------------
@@ -127,7 +132,7 @@ def test_the_users_model_is_untouched_in_every_mode() -> None:
 
 
 def test_a_model_that_raises_names_the_batch_size_and_leaves_no_trace() -> None:
-    model = RaisesAbove(2).train()
+    model = raises_above(2).train()
     before = snapshot(model)
     for mode in ("inference", "train"):
         with pytest.raises(ValueError, match=r"shape mismatch in my layer \(at batch size 4\)"):
@@ -201,7 +206,7 @@ def test_a_sample_that_cannot_be_batched_says_how_batching_works(sample: Any, fo
 
 @pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError, RuntimeError])
 def test_out_of_memory_is_recorded_and_larger_sizes_skipped(error: type[Exception]) -> None:
-    result = layerscope.benchmark(OomAbove(4, error), torch.randn(1, 8), [1, 2, 8, 16], **FAST)
+    result = layerscope.benchmark(oom_above(4, error), torch.randn(1, 8), [1, 2, 8, 16], **FAST)
     assert [b.status for b in result.batches] == ["ok", "ok", "oom", "skipped"]
     assert result.best_batch_size in (1, 2)
     assert "out of memory at batch size 8" in " ".join(result.warnings)
@@ -210,23 +215,14 @@ def test_out_of_memory_is_recorded_and_larger_sizes_skipped(error: type[Exceptio
     assert from_dict(json.loads(json.dumps(result.to_dict()))).to_dict() == result.to_dict()
 
 
-class CpuAllocationFails(nn.Module):
+def cpu_allocation_fails(limit: int) -> FailsAbove:
     """Above a batch size, asks the CPU allocator for 2**50 bytes per sample: the real
     DefaultCPUAllocator error ("can't allocate memory"), no simulation."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 8)
-        self.limit = limit
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.limit:
-            torch.empty(x.shape[0] * 2**50, dtype=torch.uint8)
-        return self.linear(x)
+    return FailsAbove(limit, lambda batch: torch.empty(batch * 2**50, dtype=torch.uint8))
 
 
 def test_a_real_cpu_allocation_failure_is_out_of_memory() -> None:
-    result = layerscope.benchmark(CpuAllocationFails(2), torch.randn(1, 8), [1, 2, 4, 8], memory=False, **FAST)
+    result = layerscope.benchmark(cpu_allocation_fails(2), torch.randn(1, 8), [1, 2, 4, 8], memory=False, **FAST)
     assert [b.status for b in result.batches] == ["ok", "ok", "oom", "skipped"]
 
 
