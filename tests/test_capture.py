@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import layerscope
 from layerscope import zoo
-from layerscope.build import build_profile
+from layerscope.attribute import build_profile
 from layerscope.check import InvariantError, check_tree
 from layerscope.errors import ModelError
 from layerscope.raw import ENTER, EXIT, OP, ModuleInfo, RawCapture

@@ -21,8 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 import layerscope
 from layerscope import check_tree
-from layerscope.build import build_profile
-from layerscope.build.memory import TIMELINE_POINTS
+from layerscope.attribute import build_profile
+from layerscope.attribute.memory import TIMELINE_POINTS
 from layerscope.raw import ADOPT, ENTER, EXIT, FREE, GRAD, OP, SAVED, STEP, ModuleInfo, RawCapture
 from layerscope.tree import Profile
 

@@ -1,7 +1,7 @@
 """The raw capture: what the capture layer recorded, before any tree exists.
 
 Plain data only (ints, strings, lists), so a capture can be built by hand in tests, kept,
-or serialised, and ``layerscope.build`` derives the tree from it without torch.
+or serialised, and ``layerscope.attribute`` derives the tree from it without torch.
 
 An event stream is a list of tuples, one of:
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from layerscope import __version__
-from layerscope.build import Accumulator, build_from_steps, build_profile, parent_indices, walk_pass
+from layerscope.attribute import Accumulator, build_from_steps, build_profile, parent_indices, walk_pass
 from layerscope.capture.inputs import check_signature, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import model_device, model_dtype, module_table, require_module

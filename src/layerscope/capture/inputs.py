@@ -81,7 +81,7 @@ def op_input_shapes(args: tuple[Any, ...]) -> tuple[Any, ...]:
     as torch.profiler's ``record_shapes`` shows them but without keeping the tensors.
 
     Called for every op, so it returns ``torch.Size`` tuples as they are (hashable, no
-    copy); ``build`` turns them into lists once per op row."""
+    copy); ``attribute`` turns them into lists once per op row."""
     shapes: list[Any] = []
     for arg in args:
         if isinstance(arg, torch.Tensor):

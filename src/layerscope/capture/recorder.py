@@ -9,7 +9,7 @@ Two kinds of pass:
   shapes as plain lists.
 
 Backward work is seen by the same dispatch mode (autograd's engine runs ops under it
-too): for each op it notes the autograd node being executed, which ``build`` traces back
+too): for each op it notes the autograd node being executed, which ``attribute`` traces back
 to the module whose forward created it. A *light* mode does only that, and sees labels
 (``record_function`` ranges, which reach the dispatcher as ``profiler::`` ops), without
 shapes or FLOPs.

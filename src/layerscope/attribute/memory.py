@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.build.chain import BackwardChain, Entry, Key
+from layerscope.attribute.chain import BackwardChain, Entry, Key
 from layerscope.raw import ADOPT, DEVICE_MEM, FREE, GRAD, MEMORY_CATEGORIES, OP, OPTIM, SAVED
 
 Site = tuple[Key, str]

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from layerscope.build.chain import BackwardChain
-from layerscope.build.memory import MemoryResult, MemoryWalk, is_part, scan
+from layerscope.attribute.chain import BackwardChain
+from layerscope.attribute.memory import MemoryResult, MemoryWalk, is_part, scan
 from layerscope.raw import (
     ADOPT,
     DEVICE_MEM,
