@@ -26,7 +26,7 @@ from layerscope import zoo
 from layerscope.attribute import build_profile
 from layerscope.check import InvariantError, check_tree
 from layerscope.errors import ModelError
-from layerscope.raw import ENTER, EXIT, OP, ModuleInfo, RawCapture
+from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture
 from layerscope.tree import Profile
 
 STEP = 1000  # ns per fake-clock read (conftest.FakeClock)
@@ -46,7 +46,7 @@ def op_names(profile: Profile, path: str) -> set[str]:
 
 
 class CountOps(TorchDispatchMode):
-    """Counts the aten ops a forward dispatches, to compare with the OP events recorded."""
+    """Counts the aten ops a forward dispatches, to compare with the Op events recorded."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -277,7 +277,7 @@ def test_functional_ops_in_parent_belong_to_the_parent() -> None:
     assert "aten::addmm" in child_ops
     assert not root_ops & child_ops
 
-    # Every OP event lands in exactly one module: recount them with a mode of our own.
+    # Every Op event lands in exactly one module: recount them with a mode of our own.
     counter = CountOps()
     with torch.no_grad(), counter:
         model(X)
@@ -448,19 +448,19 @@ MODULES = [
 ROOT, A, B, C = range(4)
 
 
-def enter(t: int, index: int) -> tuple[Any, ...]:
-    return (ENTER, t, index, None)
+def enter(t: int, index: int) -> Enter:
+    return Enter(t_ns=t, module=index)
 
 
-def leave(t: int, index: int) -> tuple[Any, ...]:
-    return (EXIT, t, index, None)
+def leave(t: int, index: int) -> Exit:
+    return Exit(t_ns=t, module=index)
 
 
-def op(t0: int, t1: int, name: str, shapes: list[Any]) -> tuple[Any, ...]:
-    return (OP, t0, t1, name, shapes, None)
+def op(t0: int, t1: int, name: str, shapes: list[Any]) -> Op:
+    return Op(t0_ns=t0, t1_ns=t1, name=name, input_shapes=shapes)
 
 
-def build(*passes: list[tuple[Any, ...]], op_pass: list[tuple[Any, ...]] | None = None) -> Profile:
+def build(*passes: list[Event], op_pass: list[Event] | None = None) -> Profile:
     raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=list(passes), op_pass=op_pass)
     return check_tree(build_profile(raw))
 
@@ -495,7 +495,7 @@ def test_build_module_called_twice() -> None:
     assert prof["a"].calls == 0 and cpu(prof, "a") == (0, 0)
 
 
-def _one_child_pass(child_ns: int) -> list[tuple[Any, ...]]:
+def _one_child_pass(child_ns: int) -> list[Event]:
     # root lasts 200 in every pass; a lasts child_ns inside it.
     return [enter(0, ROOT), enter(10, A), leave(10 + child_ns, A), leave(200, ROOT)]
 
@@ -553,7 +553,7 @@ def test_build_ops_go_to_innermost_module_and_outside_is_counted() -> None:
     for node in prof.nodes():
         for o in node.ops:
             assert o.self_cpu_time_ns == o.cpu_time_ns  # ops are one level deep
-    # OP events are ignored by the timing walk: root self is 50 - 30 = 20.
+    # Op events are ignored by the timing walk: root self is 50 - 30 = 20.
     assert cpu(prof, "") == (20, 50)
 
 
@@ -595,7 +595,12 @@ def test_build_without_passes_or_op_pass() -> None:
 
 
 def test_build_device_times_add_up() -> None:
-    stream = [(ENTER, 0, ROOT, 0), (ENTER, 10, A, 100), (EXIT, 20, A, 400), (EXIT, 30, ROOT, 1000)]
+    stream = [
+        Enter(t_ns=0, module=ROOT, device_t_ns=0),
+        Enter(t_ns=10, module=A, device_t_ns=100),
+        Exit(t_ns=20, module=A, device_t_ns=400),
+        Exit(t_ns=30, module=ROOT, device_t_ns=1000),
+    ]
     raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream], has_device_time=True)
     prof = check_tree(build_profile(raw))
     assert prof["a"].forward.self_device_time_ns == 300

@@ -23,7 +23,20 @@ import layerscope
 from layerscope import check_tree
 from layerscope.attribute import build_profile
 from layerscope.attribute.memory import TIMELINE_POINTS
-from layerscope.raw import ADOPT, ENTER, EXIT, FREE, GRAD, OP, SAVED, STEP, ModuleInfo, RawCapture
+from layerscope.raw import (
+    Adopt,
+    Enter,
+    Event,
+    Exit,
+    Free,
+    Grad,
+    ModuleInfo,
+    Op,
+    Optim,
+    RawCapture,
+    Saved,
+    Step,
+)
 from layerscope.tree import Profile
 
 F32 = 4
@@ -334,30 +347,30 @@ MODULES = [
 ROOT, A, BB = range(3)
 
 
-def _op(t0: int, t1: int, allocs: Any = None, grad: Any = None) -> tuple[Any, ...]:
-    return (OP, t0, t1, "aten::x", [], None, 0, 0, 0, grad, allocs)
+def _op(t0: int, t1: int, allocs: Any = None, grad: Any = None) -> Op:
+    return Op(t0_ns=t0, t1_ns=t1, name="aten::x", input_shapes=[], flops=0, macs=0, grad=grad, allocs=allocs)
 
 
-def _build(events: list[tuple[Any, ...]]) -> Profile:
+def _build(events: list[Event]) -> Profile:
     raw = RawCapture(modules=copy.deepcopy(MODULES), op_pass=events, meta={"timed": False})
     return check_tree(build_profile(raw))
 
 
 def test_walk_forward_by_hand() -> None:
     events = [
-        (STEP, 0),
-        (ADOPT, 0, None, 1000, "parameters", True),
-        (ENTER, 10, ROOT, None, 0, False),
-        (ENTER, 20, A, None, 0, False),
+        Step(t_ns=0),
+        Adopt(t_ns=0, serial=None, nbytes=1000, category="parameters", since_start=True),
+        Enter(t_ns=10, module=ROOT, seq=0),
+        Enter(t_ns=20, module=A, seq=0),
         _op(30, 40, ((0, 100),)),  # a allocates 100: live 1100
-        (EXIT, 50, A, None, 1, False),
-        (ENTER, 60, BB, None, 1, False),
+        Exit(t_ns=50, module=A, seq=1),
+        Enter(t_ns=60, module=BB, seq=1),
         _op(70, 80, ((1, 50),)),  # b allocates 50: live 1150
-        (FREE, 85, 0),  # b frees a's 100: live 1050
-        (EXIT, 90, BB, None, 2, False),
-        (EXIT, 100, ROOT, None, 2, False),
-        (SAVED, 1),
-        (STEP, 200),
+        Free(t_ns=85, serial=0),  # b frees a's 100: live 1050
+        Exit(t_ns=90, module=BB, seq=2),
+        Exit(t_ns=100, module=ROOT, seq=2),
+        Saved(serial=1),
+        Step(t_ns=200),
     ]
     prof = _build(events)
     a, b, root = prof["a"].forward, prof["b"].forward, prof.root.forward
@@ -380,19 +393,19 @@ def test_walk_backward_chain_by_hand() -> None:
     # Forward: a creates autograd nodes 0..4, b nodes 5..9. Backward runs b's node 7
     # then a's node 2, then the accumulation of a's parameter.
     events = [
-        (STEP, 0),
-        (ENTER, 0, ROOT, None, 0, False),
-        (ENTER, 1, A, None, 0, False),
-        (EXIT, 2, A, None, 5, False),
-        (ENTER, 3, BB, None, 5, False),
-        (EXIT, 4, BB, None, 10, False),
-        (EXIT, 5, ROOT, None, 10, False),
+        Step(t_ns=0),
+        Enter(t_ns=0, module=ROOT, seq=0),
+        Enter(t_ns=1, module=A, seq=0),
+        Exit(t_ns=2, module=A, seq=5),
+        Enter(t_ns=3, module=BB, seq=5),
+        Exit(t_ns=4, module=BB, seq=10),
+        Exit(t_ns=5, module=ROOT, seq=10),
         _op(10, 20, ((0, 300),), grad=(7, None)),  # b's backward allocates 300
-        (FREE, 25, 0),
+        Free(t_ns=25, serial=0),
         _op(30, 40, ((1, 200),), grad=(2, None)),  # a's backward allocates 200
         _op(50, 60, None, grad=(2**64 - 1, A)),  # a's parameter's gradient...
-        (GRAD, 60, A, 200, 1),  # ...is that storage
-        (STEP, 100),
+        Grad(t_ns=60, owner=A, nbytes=200, serial=1),  # ...is that storage
+        Step(t_ns=100),
     ]
     prof = _build(events)
     a, b, root = prof["a"].backward, prof["b"].backward, prof.root.backward
@@ -416,11 +429,11 @@ def test_walk_backward_chain_by_hand() -> None:
 
 # A step whose forward ran module a, which created autograd nodes 0..4.
 A_CREATES_NODES_0_TO_4 = [
-    (STEP, 0),
-    (ENTER, 0, ROOT, None, 0, False),
-    (ENTER, 1, A, None, 0, False),
-    (EXIT, 2, A, None, 5, False),
-    (EXIT, 3, ROOT, None, 5, False),
+    Step(t_ns=0),
+    Enter(t_ns=0, module=ROOT, seq=0),
+    Enter(t_ns=1, module=A, seq=0),
+    Exit(t_ns=2, module=A, seq=5),
+    Exit(t_ns=3, module=ROOT, seq=5),
 ]
 
 
@@ -429,8 +442,8 @@ def test_walk_categorises_gradients_from_their_allocation() -> None:
         *A_CREATES_NODES_0_TO_4,
         _op(10, 20, ((0, 64),), grad=(2, None)),
         _op(20, 30, None, grad=(2**64 - 1, A)),
-        (GRAD, 30, A, 64, 0),
-        (STEP, 40),
+        Grad(t_ns=30, owner=A, nbytes=64, serial=0),
+        Step(t_ns=40),
     ]
     memory = _build(events).memory
     assert memory["peak_categories"]["gradients"] == 64
@@ -439,13 +452,13 @@ def test_walk_categorises_gradients_from_their_allocation() -> None:
 
 def test_walk_counts_frees_during_an_op_on_the_op() -> None:
     events = [
-        (STEP, 0),
-        (ENTER, 0, ROOT, None, 0, False),
+        Step(t_ns=0),
+        Enter(t_ns=0, module=ROOT, seq=0),
         _op(1, 2, ((0, 40),)),
-        (FREE, 4, 0),  # freed while the next op ran (4 is inside 3..5)
+        Free(t_ns=4, serial=0),  # freed while the next op ran (4 is inside 3..5)
         _op(3, 5, ((1, 10),)),
-        (EXIT, 9, ROOT, None, 0, False),
-        (STEP, 10),
+        Exit(t_ns=9, module=ROOT, seq=0),
+        Step(t_ns=10),
     ]
     prof = _build(events)
     [row] = prof.root.ops  # both are aten::x with the same shapes: one row
@@ -454,14 +467,14 @@ def test_walk_counts_frees_during_an_op_on_the_op() -> None:
 
 
 def test_walk_timeline_is_bounded_and_keeps_the_peak() -> None:
-    events: list[tuple[Any, ...]] = [(STEP, 0), (ENTER, 0, ROOT, None, 0, False)]
+    events: list[Event] = [Step(t_ns=0), Enter(t_ns=0, module=ROOT, seq=0)]
     t = 1
     for serial in range(5000):
         size = 1000 if serial == 3333 else 10
         events.append(_op(t, t + 1, ((serial, size),)))
-        events.append((FREE, t + 2, serial))
+        events.append(Free(t_ns=t + 2, serial=serial))
         t += 3
-    events += [(EXIT, t, ROOT, None, 0, False), (STEP, t + 1)]
+    events += [Exit(t_ns=t, module=ROOT, seq=0), Step(t_ns=t + 1)]
     memory = _build(events).memory
     timeline = memory["timeline"]
     assert timeline["points_recorded"] == 1 + 2 * 5000
@@ -470,8 +483,24 @@ def test_walk_timeline_is_bounded_and_keeps_the_peak() -> None:
     assert timeline["t_ns"] == sorted(timeline["t_ns"])
 
 
+def test_walk_adds_up_two_optimizers_of_one_class() -> None:
+    # Two Adam instances (one per half of a model, say) are told apart by ident: their
+    # states add up. One instance stepping twice counts its latest state only.
+    events = [
+        Step(t_ns=0),
+        Enter(t_ns=0, module=ROOT),
+        Exit(t_ns=1, module=ROOT),
+        Optim(t_ns=2, name="Adam", state_bytes_by_key={"exp_avg": 8}, ident=1),
+        Optim(t_ns=3, name="Adam", state_bytes_by_key={"exp_avg": 16}, ident=2),
+        Optim(t_ns=4, name="Adam", state_bytes_by_key={"exp_avg": 24}, ident=2),
+        Step(t_ns=5),
+    ]
+    state = _build(events).memory["optimizer_state_bytes"]["Adam"]
+    assert state == {"total": 8 + 24, "by_key": {"exp_avg": 8 + 24}}
+
+
 def test_walk_without_memory_events_has_no_memory() -> None:
-    prof = _build([(STEP, 0), (ENTER, 0, ROOT, None, 0, False), _op(0, 1), (EXIT, 1, ROOT, None, 0, False), (STEP, 2)])
+    prof = _build([Step(t_ns=0), Enter(t_ns=0, module=ROOT, seq=0), _op(0, 1), Exit(t_ns=1, module=ROOT, seq=0), Step(t_ns=2)])
     assert prof.memory is None
     assert prof.root.forward.alloc_bytes is None
 
@@ -513,9 +542,9 @@ def test_walk_backward_slots_run_past_memory_notes() -> None:
     events = [
         *A_CREATES_NODES_0_TO_4,
         _op(10, 20, ((0, 8),), grad=(2, None)),
-        (FREE, 25, 0),
+        Free(t_ns=25, serial=0),
         _op(30, 40, None, grad=(3, None)),
-        (STEP, 50),
+        Step(t_ns=50),
     ]
     raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[events], op_pass=events)
     prof = check_tree(build_profile(raw))

@@ -1,78 +1,168 @@
-"""The raw capture: what the capture layer recorded, before any tree exists.
+"""The raw capture: what a capture backend recorded, before any tree exists.
 
-Plain data only (ints, strings, lists), so a capture can be built by hand in tests, kept,
+Plain data only (ints, strings, tuples), so a capture can be built by hand in tests, kept,
 or serialised, and ``layerscope.attribute`` derives the tree from it without torch.
 
-An event stream is a list of tuples, one of:
+An event stream is a list of typed records, in the order they happened:
 
-- ``(ENTER, t_ns, module_index, device_t_ns, seq, in_backward)``
-- ``(EXIT, t_ns, module_index, device_t_ns, seq, in_backward)``
-- ``(OP, t0_ns, t1_ns, op_name, input_shapes, device_time_ns, flops, macs, bytes, grad, allocs[, stack])``
-- ``(LABEL_ENTER, t_ns, name, kind, device_t_ns, seq, in_backward)``
-- ``(LABEL_EXIT, t_ns, device_t_ns, seq, in_backward)``
-- ``(STEP, t_ns)``: the first and last events of a pass or training step
+- :class:`Enter` / :class:`Exit`: a module call began / ended
+- :class:`Op`: one aten op (forward, or backward work of an autograd node)
+- :class:`LabelEnter` / :class:`LabelExit`: a ``record_function`` range (user label,
+  optimizer step, ``zero_grad``) or a step part run by layerscope (the loss)
+- :class:`Step`: the first and last events of a pass or training step
 
-With memory tracking, also:
-
-- ``(FREE, t_ns, serial)``: a tracked storage was freed
-- ``(SAVED, serial)``: autograd saved storage ``serial`` for backward (an activation)
-- ``(GRAD, t_ns, owner, nbytes, serial)``: a gradient of ``nbytes`` was written for a
-  parameter of module ``owner``; ``serial`` is the gradient's storage (None if untracked)
-- ``(ADOPT, t_ns, serial, nbytes, category, since_start)``: memory that was live before
-  it was seen (parameters, existing gradients, optimizer state, inputs); ``serial`` is
-  None for memory that is not tracked further; ``since_start`` says it was live from the
-  first event of the pass on
-- ``(OPTIM, t_ns, name, state_bytes_by_key, ident)``: an optimizer's state after its
-  step (``ident`` tells two optimizers of one class apart)
-- ``(DEVICE_MEM, allocated_peak_bytes, reserved_at_peak_bytes)``: the accelerator's
-  caching allocator at its highest point of the pass, sampled after each op
+With memory tracking, also :class:`Free`, :class:`Saved`, :class:`Grad`, :class:`Adopt`,
+:class:`Optim` and :class:`DeviceMem` (memory notes: they take no time of their own).
 
 ``seq`` is autograd's sequence number when the event happened: the autograd nodes a
-module's forward creates have numbers in ``[seq at ENTER, seq at EXIT)``, which is how
+module's forward creates have numbers in ``[seq at Enter, seq at Exit)``, which is how
 backward work is traced back to the module that caused it. ``in_backward`` is true when
 the event happened while autograd's engine ran (a checkpointed module recomputing).
 
-``grad`` is None for an op run in forward; in backward it is ``(node_seq, owner)``: the
-sequence number of the autograd node being executed, and for a node that accumulates a
-parameter's gradient (which has no sequence number) the index of the module owning the
-parameter. Label kinds are ``label`` (``record_function``/``layerscope.label``),
-``optimizer``, ``zero_grad`` and ``loss``.
-
-``allocs`` lists ``(serial, nbytes)`` for each storage the op allocated (its outputs'
-storages that were neither inputs nor already tracked); storages are numbered by a
-``serial`` unique within the pass, and counted at their full size, once, however many
-views share them.
-
-``input_shapes`` holds one shape per tensor argument (a tuple of ints, ``torch.Size``
-as captured, or a list), nested for a list of tensors.
-
-``stack`` (only with ``with_stack``) is the user's Python frames calling the op,
-innermost first, as ``"file:line function"`` strings.
-
-``flops``/``macs`` are None for an op with no FLOP formula (unsupported); an event
-written without the trailing fields counts as a forward op without FLOP information.
-
-``t_ns`` come from one monotonic host clock; ``device_t_ns`` are offsets on the device
-timeline (``None`` when nothing ran on an accelerator).
+All ``t_ns`` of one stream come from one host clock; ``device_t_ns`` are offsets on the
+device timeline (``None`` when nothing ran on an accelerator).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Union
 
-ENTER = 0
-EXIT = 1
-OP = 2
-LABEL_ENTER = 3
-LABEL_EXIT = 4
-STEP = 5
-FREE = 6
-SAVED = 7
-GRAD = 8
-ADOPT = 9
-OPTIM = 10
-DEVICE_MEM = 11
+
+class Enter(NamedTuple):
+    """A call of module ``module`` (an index into the module table) began."""
+
+    t_ns: int
+    module: int
+    device_t_ns: int | None = None
+    seq: int | None = None
+    in_backward: bool = False
+
+
+class Exit(NamedTuple):
+    """A call of module ``module`` ended (also when its forward raised)."""
+
+    t_ns: int
+    module: int
+    device_t_ns: int | None = None
+    seq: int | None = None
+    in_backward: bool = False
+
+
+class Op(NamedTuple):
+    """One aten op, from ``t0_ns`` to ``t1_ns``.
+
+    ``input_shapes`` holds one shape per tensor argument (a tuple of ints, ``torch.Size``
+    as captured, or a list), nested for a list of tensors; None when not recorded.
+    ``flops``/``macs`` are None for an op with no FLOP formula (unsupported) or when
+    FLOPs were not counted. ``grad`` is None for an op run in forward; in backward it is
+    ``(node_seq, owner)``: the sequence number of the autograd node being executed, and
+    for a node that accumulates a parameter's gradient (which has no sequence number)
+    the index of the module owning the parameter. ``allocs`` lists ``(serial, nbytes)``
+    for each storage the op allocated (memory tracking only). ``stack`` (only with
+    ``with_stack``) is the user's Python frames calling the op, innermost first, as
+    ``"file:line function"`` strings. ``fwd_seq`` is the sequence number a forward op
+    gave the autograd node it created (None when unknown), and ``tid`` the thread it ran
+    on (None when unknown): together they link a forward op to its backward.
+    """
+
+    t0_ns: int
+    t1_ns: int
+    name: str
+    input_shapes: Any = None
+    device_time_ns: int | None = None
+    flops: int | None = None
+    macs: int | None = None
+    bytes: int = 0
+    grad: tuple[int | None, int | None] | None = None
+    allocs: list[tuple[int, int]] | None = None
+    stack: tuple[str, ...] | None = None
+    fwd_seq: int | None = None
+    tid: int | None = None
+
+
+class LabelEnter(NamedTuple):
+    """A labelled range began. ``kind`` is ``label`` (``record_function`` /
+    ``layerscope.label``), ``optimizer``, ``zero_grad`` or ``loss``."""
+
+    t_ns: int
+    name: str
+    kind: str
+    device_t_ns: int | None = None
+    seq: int | None = None
+    in_backward: bool = False
+
+
+class LabelExit(NamedTuple):
+    """The innermost open labelled range ended."""
+
+    t_ns: int
+    device_t_ns: int | None = None
+    seq: int | None = None
+    in_backward: bool = False
+
+
+class Step(NamedTuple):
+    """The first and last events of a pass or training step."""
+
+    t_ns: int
+
+
+class Free(NamedTuple):
+    """A tracked storage (``serial``) was freed."""
+
+    t_ns: int
+    serial: int
+
+
+class Saved(NamedTuple):
+    """Autograd saved storage ``serial`` for backward (an activation)."""
+
+    serial: int
+
+
+class Grad(NamedTuple):
+    """A gradient of ``nbytes`` was written for a parameter of module ``owner``;
+    ``serial`` is the gradient's storage (None if untracked)."""
+
+    t_ns: int
+    owner: int
+    nbytes: int
+    serial: int | None
+
+
+class Adopt(NamedTuple):
+    """Memory that was live before it was seen (parameters, existing gradients,
+    optimizer state, inputs). ``serial`` is None for memory not tracked further;
+    ``since_start`` says it was live from the first event of the pass on."""
+
+    t_ns: int
+    serial: int | None
+    nbytes: int
+    category: str
+    since_start: bool
+
+
+class Optim(NamedTuple):
+    """An optimizer's state after its step (``ident`` tells two optimizers of one class apart)."""
+
+    t_ns: int
+    name: str
+    state_bytes_by_key: dict[str, int]
+    ident: int
+
+
+class DeviceMem(NamedTuple):
+    """The accelerator's caching allocator at its highest point of the pass."""
+
+    allocated_peak_bytes: int
+    reserved_at_peak_bytes: int
+
+
+Event = Union[Enter, Exit, Op, LabelEnter, LabelExit, Step, Free, Saved, Grad, Adopt, Optim, DeviceMem]
+
+#: Events that note memory and take no time of their own.
+MEMORY_NOTES = (Free, Saved, Grad, Adopt, Optim, DeviceMem)
 
 #: Memory categories of the live bytes at the step's peak.
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
@@ -105,8 +195,8 @@ class RawCapture:
     """
 
     modules: list[ModuleInfo]
-    timing_passes: list[list[tuple[Any, ...]]] = field(default_factory=list)
-    op_pass: list[tuple[Any, ...]] | None = None
+    timing_passes: list[list[Event]] = field(default_factory=list)
+    op_pass: list[Event] | None = None
     module_shapes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     has_device_time: bool = False
     param_bytes: int = 0

@@ -21,7 +21,7 @@ from layerscope.capture.modules import model_device, model_dtype, module_table, 
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of
 from layerscope.errors import ProfilerStateError
-from layerscope.raw import ENTER, OP, RawCapture
+from layerscope.raw import Enter, Event, Op, RawCapture
 from layerscope.schedule import Action
 from layerscope.tree import Profile
 
@@ -179,9 +179,9 @@ def _run_step(
             loss.backward()
 
 
-def _has_work(events: list[Any]) -> bool:
+def _has_work(events: list[Event]) -> bool:
     """Whether a step did anything (the step left open after the last ``step()`` did not)."""
-    return any(event[0] in (ENTER, OP) for event in events)
+    return any(isinstance(event, (Enter, Op)) for event in events)
 
 
 def _rank() -> int:
@@ -301,7 +301,7 @@ class Profiler:
         self._on_ready = on_ready
         self._stack: contextlib.ExitStack | None = None
         self._step_stack: contextlib.ExitStack | None = None
-        self._step_events: list[Any] | None = None
+        self._step_events: list[Event] | None = None
         self._recorder: Recorder | None = None
         self._infos: list[Any] = []
         self._param_bytes = 0

@@ -7,13 +7,13 @@ phase, and op tables:
   frames and backward work nested directly in it (its dynamic children).
 - **Backward.** Each backward op belongs to the node whose forward created the autograd
   node being executed: autograd numbers the nodes it creates in order, and a module's
-  forward creates the numbers between its ENTER and EXIT events. Gradient accumulation
+  forward creates the numbers between its ``Enter`` and ``Exit`` events. Gradient accumulation
   (nodes without a number) belongs to the module owning the parameter. An op's *slot*
   runs from its start to the next backward op's start, so the engine's work between ops
   is charged to the op before it.
 - **Recompute.** Module calls during backward (activation checkpointing) are frames of
   phase ``recompute``, never counted as forward.
-- **The step.** A pass with STEP marks is a whole step: work outside the model becomes
+- **The step.** A pass with ``Step`` marks is a whole step: work outside the model becomes
   top-level *parts* (``<loss>``, ``<optimizer:NAME>``, ``<zero_grad>``, labels, and
   ``<other>`` for the rest), so every nanosecond of the step's wall time is in exactly
   one node.
@@ -35,20 +35,21 @@ from typing import Any, Union
 from layerscope.attribute.chain import BackwardChain
 from layerscope.attribute.memory import MemoryResult, MemoryWalk, is_part, scan
 from layerscope.raw import (
-    ADOPT,
-    DEVICE_MEM,
-    ENTER,
-    EXIT,
-    FREE,
-    GRAD,
-    LABEL_ENTER,
-    LABEL_EXIT,
+    MEMORY_NOTES,
     NO_SEQ,
-    OP,
-    OPTIM,
-    SAVED,
-    STEP,
+    Adopt,
+    DeviceMem,
+    Enter,
+    Event,
+    Exit,
+    Free,
+    Grad,
+    LabelEnter,
+    LabelExit,
+    Op,
+    Optim,
     RawCapture,
+    Step,
 )
 from layerscope.tree import ADDITIVE_PHASE_METRICS, PHASES, ModuleNode, OpStats, PhaseStats, Profile, link
 
@@ -117,7 +118,7 @@ def _label_path(parent_path: str | None, name: str, kind: str) -> str:
 
 
 def walk_pass(
-    events: list[tuple[Any, ...]],
+    events: list[Event],
     paths: list[str],
     *,
     has_device: bool = False,
@@ -255,25 +256,23 @@ def walk_pass(
         at = bisect_right(seq_starts, seq) - 1
         return seq_owners[at] if at >= 0 else OTHER
 
-    def op_memory(site: tuple[Key, str] | None, event: tuple[Any, ...]) -> tuple[int, int]:
+    def op_memory(site: tuple[Key, str] | None, event: Op) -> tuple[int, int]:
         """Bytes the op allocated, and bytes freed while it ran."""
         if mem is None:
             return 0, 0
         freed = 0
         if pending_frees:
-            freed = sum(n for t, n in pending_frees if t >= event[1])
+            freed = sum(n for t, n in pending_frees if t >= event.t0_ns)
             pending_frees.clear()
-        allocs = event[10] if len(event) > 10 else None
-        if not allocs:
+        if not event.allocs:
             return 0, freed
-        return mem.allocate(allocs, site, event[2], frames), freed
+        return mem.allocate(event.allocs, site, event.t1_ns, frames), freed
 
-    def add_op(key: Key, phase: str, event: tuple[Any, ...], memory: tuple[int, int] = (0, 0)) -> None:
-        t0, t1, name, shapes, dev_ns = event[1:6]
+    def add_op(key: Key, phase: str, event: Op, memory: tuple[int, int] = (0, 0)) -> None:
+        t0, t1, name, shapes, dev_ns = event.t0_ns, event.t1_ns, event.name, event.input_shapes, event.device_time_ns
         if name is None:
             return
-        flops, macs, nbytes = event[6:9] if len(event) >= 9 else (None, None, 0)
-        stack = event[11] if len(event) > 11 else None
+        flops, macs, nbytes, stack = event.flops, event.macs, event.bytes, event.stack
         table_key = (key, phase, name, _shape_key(shapes), stack)
         if trace is not None:
             trace.append((t0, t1, key, phase, table_key))
@@ -313,48 +312,47 @@ def walk_pass(
     n_events = len(events)
     for i in range(n_events):
         event = events[i]
-        kind = event[0]
-        if kind == ENTER:
-            index = event[2]
-            in_bwd = len(event) > 5 and event[5]
-            note_seq(event[4] if len(event) > 4 else None, index)
+        kind = type(event)
+        if kind is Enter:
+            index = event.module
+            in_bwd = event.in_backward
+            note_seq(event.seq, index)
             if not in_bwd:
                 calls[index] = calls.get(index, 0) + 1
                 if not frames:
                     end_backward()
                     close_part_run()
-            frames.append([index, event[1], 0, event[3], 0, "recompute" if in_bwd else "forward", live(), live()])
-        elif kind == EXIT:
-            index = event[2]
+            frames.append([index, event.t_ns, 0, event.device_t_ns, 0, "recompute" if in_bwd else "forward", live(), live()])
+        elif kind is Exit:
+            index = event.module
             # Exits match their enters (forward hooks run even when forward raises). If
             # one did not, a frame left open is closed at the same time as its caller,
             # and an exit with no open frame is ignored.
             if not any(frame[0] == index for frame in frames):
                 continue
             while frames[-1][0] != index:
-                close(event[1], event[3])
-            close(event[1], event[3])
-            note_seq(event[4] if len(event) > 4 else None, frames[-1][0] if frames else top_owner())
-        elif kind == LABEL_ENTER:
-            _, t, name, label_kind, dev_t, seq, in_bwd = event
-            path = ensure_dynamic(frames[-1][0] if frames else None, name, label_kind)
-            note_seq(seq, path)
+                close(event.t_ns, event.device_t_ns)
+            close(event.t_ns, event.device_t_ns)
+            note_seq(event.seq, frames[-1][0] if frames else top_owner())
+        elif kind is LabelEnter:
+            path = ensure_dynamic(frames[-1][0] if frames else None, event.name, event.kind)
+            note_seq(event.seq, path)
+            in_bwd = event.in_backward
             if not in_bwd:
                 calls[path] = calls.get(path, 0) + 1
                 if not frames:
                     end_backward()
                     close_part_run()
-            frames.append([path, t, 0, dev_t, 0, "recompute" if in_bwd else "forward", live(), live()])
-        elif kind == LABEL_EXIT:
-            _, t, dev_t, seq, _in_bwd = event
+            frames.append([path, event.t_ns, 0, event.device_t_ns, 0, "recompute" if in_bwd else "forward", live(), live()])
+        elif kind is LabelExit:
             if not any(isinstance(frame[0], str) for frame in frames):
                 continue
             while not isinstance(frames[-1][0], str):
-                close(t, dev_t)
-            close(t, dev_t)
-            note_seq(seq, frames[-1][0] if frames else top_owner())
-        elif kind == OP:
-            grad = event[9] if len(event) > 9 else None
+                close(event.t_ns, event.device_t_ns)
+            close(event.t_ns, event.device_t_ns)
+            note_seq(event.seq, frames[-1][0] if frames else top_owner())
+        elif kind is Op:
+            grad = event.grad
             if grad is not None and not (frames and frames[-1][5] == "recompute"):
                 # Backward work: owned by whoever created the autograd node.
                 backward_ran = True
@@ -363,25 +361,25 @@ def walk_pass(
                 if isinstance(key, str) and key not in dynamic:
                     dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
                 if not frames:
-                    chain.move(key, event[1])
+                    chain.move(key, event.t0_ns)
                 memory = op_memory((key, "backward"), event)
-                t0 = event[1]
+                t0 = event.t0_ns
                 # The next event that is not a memory note (frees happen between ops).
                 j = i + 1
-                while j < n_events and events[j][0] in _MEMORY_NOTES:
+                while j < n_events and isinstance(events[j], MEMORY_NOTES):
                     j += 1
                 following = events[j] if j < n_events else None
-                if following is not None and following[0] == OP and len(following) > 9 and following[9] is not None:
-                    end = max(following[1], event[2])
+                if type(following) is Op and following.grad is not None:
+                    end = max(following.t0_ns, event.t1_ns)
                 else:
-                    end = event[2]
+                    end = event.t1_ns
                 slot = max(0, end - t0)
                 last_backward_end = max(last_backward_end, end)
-                charge(key, "backward", slot, event[5] if has_device else None)
+                charge(key, "backward", slot, event.device_time_ns if has_device else None)
                 if frames:
                     frames[-1][2] += slot
                     if has_device:
-                        frames[-1][4] += event[5] or 0
+                        frames[-1][4] += event.device_time_ns or 0
                 else:
                     accounted += slot
                 if collect_ops:
@@ -401,29 +399,33 @@ def walk_pass(
                     continue
                 key = site[0]
                 if part_run and part_run[0] == key:
-                    part_run[2] = event[2]
+                    part_run[2] = event.t1_ns
                 else:
                     close_part_run()
-                    part_run.extend((key, event[1], event[2]))
-                elapsed = max(0, event[2] - event[1])
-                charge(key, "forward", elapsed, event[5] if has_device else None)
+                    part_run.extend((key, event.t0_ns, event.t1_ns))
+                elapsed = max(0, event.t1_ns - event.t0_ns)
+                charge(key, "forward", elapsed, event.device_time_ns if has_device else None)
                 accounted += elapsed
                 if collect_ops:
                     add_op(key, "forward", event, memory)
-        elif kind == STEP:
+        elif kind is Step:
             close_part_run()
             if t_first is None:
-                t_first = event[1]
-            t_last = event[1]
+                t_first = event.t_ns
+            t_last = event.t_ns
         elif mem is not None:
-            if kind == FREE:
-                nbytes = mem.free(event[2], site_now(), event[1])
+            if kind is Free:
+                nbytes = mem.free(event.serial, site_now(), event.t_ns)
                 if nbytes:
-                    pending_frees.append((event[1], nbytes))
-            elif kind == ADOPT:
+                    pending_frees.append((event.t_ns, nbytes))
+            elif kind is Adopt:
                 mem.adopt(event, site_now(), frames)
-            elif kind in (GRAD, OPTIM, DEVICE_MEM):
-                mem.other_event(event)
+            elif kind is Grad:
+                mem.grad(event)
+            elif kind is Optim:
+                mem.optimizer(event)
+            elif kind is DeviceMem:
+                mem.device(event)
     end_backward()
     close_part_run()
     if frames and t_last is not None:
@@ -449,15 +451,13 @@ def parent_indices(modules: list[Any]) -> list[int | None]:
     return [None if info.parent is None else index.get(info.parent) for info in modules]
 
 
-def _first_time(events: list[tuple[Any, ...]]) -> int:
+def _first_time(events: list[Event]) -> int:
     for event in events:
-        if event[0] in (ENTER, EXIT, OP, LABEL_ENTER, LABEL_EXIT, STEP):
-            return int(event[1])
+        if isinstance(event, Op):
+            return event.t0_ns
+        if isinstance(event, (Enter, Exit, LabelEnter, LabelExit, Step)):
+            return event.t_ns
     return 0
-
-
-#: Events that note memory and take no time of their own.
-_MEMORY_NOTES = frozenset({FREE, SAVED, GRAD, ADOPT, OPTIM, DEVICE_MEM})
 
 
 def _span_order(span: tuple[Any, ...]) -> tuple[int, int, int]:

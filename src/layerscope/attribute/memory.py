@@ -2,16 +2,16 @@
 category of every live byte, and a timeline. Pure: no torch.
 
 ``walk_pass`` drives one :class:`MemoryWalk` alongside its frames. Memory is *live*
-bytes: what was live before the pass (ADOPT) plus what ops allocated, minus what was
+bytes: what was live before the pass (``Adopt``) plus what ops allocated, minus what was
 freed. The walk knows where it is at each moment (the innermost frame, or the module
 whose backward is running) and charges allocations and frees there.
 
 - **Peaks.** A frame's peak is the highest live reached while it was open, relative to
   live when it opened; the same for each entry of the backward chain (``chain.py``).
-- **Categories.** A storage is an activation if autograd saved it (SAVED), a gradient if
-  it became a parameter's gradient (GRAD), optimizer state if the optimizer allocated it
-  and it outlived the pass; else ``other``. Known from a first scan, a category holds from
-  the storage's allocation on.
+- **Categories.** A storage is an activation if autograd saved it (``Saved``), a gradient
+  if it became a parameter's gradient (``Grad``), optimizer state if the optimizer
+  allocated it and it outlived the pass; else ``other``. Known from a first scan, a
+  category holds from the storage's allocation on.
 - **Activations** are credited to the frame that allocated the storage: a module's
   ``activation_bytes`` is what its forward allocated and left alive for backward.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key
-from layerscope.raw import ADOPT, DEVICE_MEM, FREE, GRAD, MEMORY_CATEGORIES, OP, OPTIM, SAVED
+from layerscope.raw import MEMORY_CATEGORIES, Adopt, DeviceMem, Event, Free, Grad, Op, Optim, Saved
 
 Site = tuple[Key, str]
 
@@ -72,7 +72,7 @@ class MemoryResult:
                 setattr(self, name, getattr(other, name))
 
 
-def scan(events: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+def scan(events: list[Event]) -> dict[str, Any] | None:
     """First look at a stream: None when it holds no memory events, else the storages
     that were saved, became gradients or were freed, and what was live from the start."""
     saved: set[int] = set()
@@ -81,23 +81,23 @@ def scan(events: list[tuple[Any, ...]]) -> dict[str, Any] | None:
     initial: dict[str, int] = {}
     found = False
     for event in events:
-        kind = event[0]
-        if kind == OP:
-            found = found or bool(event[10] if len(event) > 10 else None)
-        elif kind in (OPTIM, DEVICE_MEM):
+        kind = type(event)
+        if kind is Op:
+            found = found or bool(event.allocs)
+        elif kind is Optim or kind is DeviceMem:
             found = True
-        elif kind == FREE:
-            freed.add(event[2])
-        elif kind == SAVED:
-            saved.add(event[1])
-        elif kind == GRAD:
+        elif kind is Free:
+            freed.add(event.serial)
+        elif kind is Saved:
+            saved.add(event.serial)
+        elif kind is Grad:
             found = True
-            if event[4] is not None:
-                grads.add(event[4])
-        elif kind == ADOPT:
+            if event.serial is not None:
+                grads.add(event.serial)
+        elif kind is Adopt:
             found = True
-            if event[5]:
-                initial[event[4]] = initial.get(event[4], 0) + event[3]
+            if event.since_start:
+                initial[event.category] = initial.get(event.category, 0) + event.nbytes
     if not found:
         return None
     return {"saved": saved, "grads": grads, "freed": freed, "initial": initial}
@@ -198,27 +198,28 @@ class MemoryWalk:
         self._snapshot(site, t)
         return nbytes
 
-    def adopt(self, event: tuple[Any, ...], site: Site | None, frames: list[list[Any]]) -> None:
-        _, t, serial, nbytes, category, since_start = event
-        if serial is not None:
-            self._size[serial] = nbytes
-            self._cat[serial] = category
-        if not since_start:
-            self.live += nbytes
-            self.cat_live[category] += nbytes
-            self._snapshot(site, t)
-            self._raised(site, t, frames)
+    def adopt(self, event: Adopt, site: Site | None, frames: list[list[Any]]) -> None:
+        if event.serial is not None:
+            self._size[event.serial] = event.nbytes
+            self._cat[event.serial] = event.category
+        if not event.since_start:
+            self.live += event.nbytes
+            self.cat_live[event.category] += event.nbytes
+            self._snapshot(site, event.t_ns)
+            self._raised(site, event.t_ns, frames)
 
-    def other_event(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == GRAD:
-            site = (event[2], "backward")
-            self.result.grad[site] = self.result.grad.get(site, 0) + event[3]
-        elif kind == OPTIM:
-            ident = event[5] if len(event) > 5 else None
-            self._optim.setdefault(event[2], {})[ident] = dict(event[3])
-        elif kind == DEVICE_MEM:
-            self.result.device = {"allocated_peak_bytes": event[1], "reserved_at_peak_bytes": event[2]}
+    def grad(self, event: Grad) -> None:
+        site = (event.owner, "backward")
+        self.result.grad[site] = self.result.grad.get(site, 0) + event.nbytes
+
+    def optimizer(self, event: Optim) -> None:
+        self._optim.setdefault(event.name, {})[event.ident] = dict(event.state_bytes_by_key)
+
+    def device(self, event: DeviceMem) -> None:
+        self.result.device = {
+            "allocated_peak_bytes": event.allocated_peak_bytes,
+            "reserved_at_peak_bytes": event.reserved_at_peak_bytes,
+        }
 
     # -- frames and the backward chain ------------------------------------------------------
     def frame_closed(self, frame: list[Any], t: int, frames: list[list[Any]]) -> None:

@@ -4,14 +4,14 @@ Memory is counted in *logical* bytes: a storage's full size, once, however many 
 share it, the same way on every device. The op mode hands each op's outputs to
 :class:`StorageTracker`, which numbers every storage the op allocated (an output storage
 that was not one of its inputs and is not tracked yet) and holds a weak reference to it;
-when the storage dies the reference's callback records a FREE. Nothing is kept alive:
+when the storage dies the reference's callback records a ``Free``. Nothing is kept alive:
 the tracker holds no tensor and no storage, and forgets everything when the pass ends.
 
 Activations are read from the autograd graph, never by hooking autograd: after a module's
 forward (and when backward starts) the tracker walks the graph nodes created in the pass
 and reads what each node saved (``node._raw_saved_*``, which does not unpack, so
-activation checkpointing's saved objects are never recomputed) and records SAVED for the
-storages it tracks. Saved parameters and inputs the pass did not allocate are not
+activation checkpointing's saved objects are never recomputed) and records ``Saved`` for
+the storages it tracks. Saved parameters and inputs the pass did not allocate are not
 activations.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope.raw import ADOPT, DEVICE_MEM, FREE, GRAD, NO_SEQ, OPTIM, SAVED
+from layerscope.raw import NO_SEQ, Adopt, DeviceMem, Event, Free, Grad, Optim, Saved
 
-Append = Callable[[tuple[Any, ...]], None]
+Append = Callable[[Event], None]
 
 
 def tensors_in(value: Any) -> Iterator[torch.Tensor]:
@@ -130,7 +130,7 @@ class StorageTracker:
         _, address, serial = entry
         if self._serial_of.get(address) == serial:
             del self._serial_of[address]
-        self._append((FREE, self._clock(), serial))
+        self._append(Free(t_ns=self._clock(), serial=serial))
 
     def _track(self, storage: Any, address: int) -> int:
         serial = self._next
@@ -189,11 +189,11 @@ class StorageTracker:
             if storage is None or storage._cdata in self._serial_of or not storage.nbytes():
                 continue
             serial = self._track(storage, storage._cdata)
-            self._append((ADOPT, now, serial, storage.nbytes(), category, since_start))
+            self._append(Adopt(t_ns=now, serial=serial, nbytes=storage.nbytes(), category=category, since_start=since_start))
 
     def constant(self, nbytes: int, category: str) -> None:
         """Memory live for the whole pass that is not tracked further (the parameters)."""
-        self._append((ADOPT, self._clock(), None, nbytes, category, True))
+        self._append(Adopt(t_ns=self._clock(), serial=None, nbytes=nbytes, category=category, since_start=True))
 
     # -- gradients and optimizer state ------------------------------------------------
     def gradient(self, owner: int, variable: torch.Tensor, out: Any) -> None:
@@ -203,7 +203,7 @@ class StorageTracker:
             serial = self.serial(tensor)
             break
         nbytes = variable.numel() * variable.element_size()
-        self._append((GRAD, self._clock(), owner, nbytes, serial))
+        self._append(Grad(t_ns=self._clock(), owner=owner, nbytes=nbytes, serial=serial))
 
     def optimizer_pre(self, optimizer: torch.optim.Optimizer) -> None:
         # State that exists before this step and was not allocated in the pass was live
@@ -224,7 +224,7 @@ class StorageTracker:
                     continue
                 seen.add(storage._cdata)
                 by_key[str(key)] = by_key.get(str(key), 0) + storage.nbytes()
-        self._append((OPTIM, self._clock(), type(optimizer).__name__, by_key, id(optimizer)))
+        self._append(Optim(t_ns=self._clock(), name=type(optimizer).__name__, state_bytes_by_key=by_key, ident=id(optimizer)))
 
     # -- activations --------------------------------------------------------------------
     def begin(self, min_seq: int | None) -> None:
@@ -239,7 +239,7 @@ class StorageTracker:
         return names
 
     def walk_saved(self, roots: Iterable[Any]) -> None:
-        """Record SAVED for the tracked storages saved by nodes reachable from ``roots``."""
+        """Record ``Saved`` for the tracked storages saved by nodes reachable from ``roots``."""
         stack = [node for node in roots if node is not None]
         serial_of = self._serial_of
         walked = self._walked
@@ -267,7 +267,7 @@ class StorageTracker:
                         if storage is not None:
                             serial = serial_of.get(storage._cdata)
                             if serial is not None:
-                                self._append((SAVED, serial))
+                                self._append(Saved(serial))
             for next_node, _ in node.next_functions:
                 if next_node is not None:
                     stack.append(next_node)
@@ -293,7 +293,7 @@ class StorageTracker:
         """End of the pass: report the allocator's peak and forget every storage."""
         if self._cuda is not None:
             self._sample_device()
-            self._append((DEVICE_MEM, self._device_peak, self._device_reserved))
+            self._append(DeviceMem(allocated_peak_bytes=self._device_peak, reserved_at_peak_bytes=self._device_reserved))
         self._active = False
         self._refs.clear()
         self._serial_of.clear()

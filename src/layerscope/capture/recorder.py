@@ -2,8 +2,9 @@
 
 Two kinds of pass:
 
-- a *timing pass* installs two global module hooks that append ``(kind, clock(),
-  index, ...)`` and nothing else, so the measured forward stays close to the plain one;
+- a *timing pass* installs two global module hooks that append an ``Enter`` / ``Exit``
+  record (``layerscope.raw``) and nothing else, so the measured forward stays close to
+  the plain one;
 - a *detail pass* also records each module's input/output shapes on its first call,
   and enters a ``TorchDispatchMode`` that times every aten op and keeps its input
   shapes as plain lists.
@@ -37,7 +38,7 @@ from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.capture.memory import StorageTracker, optimizer_hooks, storage_bytes
 from layerscope.errors import ProfilerStateError
 from layerscope.flops import count_op
-from layerscope.raw import ENTER, EXIT, LABEL_ENTER, LABEL_EXIT, NO_SEQ, OP, STEP
+from layerscope.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 Clock = Callable[[], int]
 
@@ -49,6 +50,9 @@ _current_node: Callable[[], Any] = getattr(torch._C, "_current_autograd_node", l
 
 #: Ops returning a tensor made outside the dispatcher (``torch.tensor(...)``): new memory.
 _FRESH = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
+
+#: Records that carry a CUDA mark in ``device_t_ns`` until the pass ends.
+_MARKED = (Enter, Exit, LabelEnter, LabelExit)
 
 _OPTIMIZER_STEP = "Optimizer.step#"
 _OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
@@ -147,7 +151,7 @@ class _OpMode(TorchDispatchMode):
 
     def __init__(
         self,
-        append: Callable[[tuple[Any, ...]], None],
+        append: Callable[[Event], None],
         clock: Clock,
         timer: CudaTimer | None,
         *,
@@ -178,10 +182,10 @@ class _OpMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             kind, label = label_kind(str(args[0]))
             mark = timer.mark() if timer is not None else None
-            self._append((LABEL_ENTER, self._clock(), label, kind, mark, _next_seq(), _graph_task() != -1))
+            self._append(LabelEnter(self._clock(), label, kind, mark, _next_seq(), _graph_task() != -1))
             return out
         mark = timer.mark() if timer is not None else None
-        self._append((LABEL_EXIT, self._clock(), mark, _next_seq(), _graph_task() != -1))
+        self._append(LabelExit(self._clock(), mark, _next_seq(), _graph_task() != -1))
         return func(*args, **kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -208,6 +212,7 @@ class _OpMode(TorchDispatchMode):
         t0 = self._clock()
         out = func(*args, **kwargs)
         t1 = self._clock()
+        # Until the pass ends, an op's device time is the pair of CUDA marks around it.
         device = (mark0, timer.mark()) if timer is not None else None
         if self._record:
             flops, macs, nbytes = count_op(name, args, kwargs, out)
@@ -215,10 +220,8 @@ class _OpMode(TorchDispatchMode):
             flops = macs = None
             nbytes = 0
         allocs = tracker.allocated(out, args, kwargs, name in _FRESH) if tracker is not None else None
-        if self._with_stack:
-            self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs, python_stack()))
-        else:
-            self._append((OP, t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs))
+        stack = python_stack() if self._with_stack else None
+        self._append(Op(t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs, stack))  # type: ignore[arg-type]
         if variable is not None and tracker is not None and grad is not None and grad[1] is not None:
             tracker.gradient(grad[1], variable, out)
         return out
@@ -254,10 +257,10 @@ class Recorder:
                     self._param_owner.setdefault(id(p), i)
         self._clock: Clock = clock or time.perf_counter_ns
         self._timer = CudaTimer(device) if device.type == "cuda" else None
-        self.timing_passes: list[list[tuple[Any, ...]]] = []
-        self.op_pass: list[tuple[Any, ...]] | None = None
+        self.timing_passes: list[list[Event]] = []
+        self.op_pass: list[Event] | None = None
         self.module_shapes: dict[int, tuple[Any, Any]] = {}
-        self._events: list[tuple[Any, ...]] | None = None
+        self._events: list[Event] | None = None
         self._mode_depth = 0
 
     @property
@@ -265,24 +268,28 @@ class Recorder:
         return self._timer is not None
 
     # -- hooks ---------------------------------------------------------------------
-    def _timing_hooks(self, events: list[tuple[Any, ...]]) -> tuple[Callable[..., None], Callable[..., None]]:
+    def _timing_hooks(self, events: list[Event]) -> tuple[Callable[..., None], Callable[..., None]]:
         index_get = self._index.get
         append = events.append
         clock = self._clock
         timer = self._timer
         seq = _next_seq
         task = _graph_task
+        # The hooks run twice per module call, inside the times they measure: records are
+        # made by tuple.__new__, which skips the NamedTuple's Python-level __new__ (half
+        # the cost). The fields are the records' own, in their order.
+        new = tuple.__new__
         if timer is None:
 
             def pre(module: nn.Module, args: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((ENTER, clock(), i, None, seq(), task() != -1))
+                    append(new(Enter, (clock(), i, None, seq(), task() != -1)))
 
             def post(module: nn.Module, args: Any, output: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((EXIT, clock(), i, None, seq(), task() != -1))
+                    append(new(Exit, (clock(), i, None, seq(), task() != -1)))
 
         else:
             mark = timer.mark
@@ -290,12 +297,12 @@ class Recorder:
             def pre(module: nn.Module, args: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((ENTER, clock(), i, mark(), seq(), task() != -1))
+                    append(new(Enter, (clock(), i, mark(), seq(), task() != -1)))
 
             def post(module: nn.Module, args: Any, output: Any) -> None:
                 i = index_get(id(module))
                 if i is not None:
-                    append((EXIT, clock(), i, mark(), seq(), task() != -1))
+                    append(new(Exit, (clock(), i, mark(), seq(), task() != -1)))
 
         return pre, post
 
@@ -319,7 +326,7 @@ class Recorder:
 
         return post
 
-    def _mode(self, events: list[tuple[Any, ...]], *, record: bool) -> _OpMode:
+    def _mode(self, events: list[Event], *, record: bool) -> _OpMode:
         return _OpMode(
             events.append,
             self._clock,
@@ -330,7 +337,7 @@ class Recorder:
             with_stack=self._with_stack and record,
         )
 
-    def _start_memory(self, stack: ExitStack, events: list[tuple[Any, ...]]) -> None:
+    def _start_memory(self, stack: ExitStack, events: list[Event]) -> None:
         """Track storages for this pass: what is live already, then every op's."""
         tracker = StorageTracker(events.append, self._clock, self._device)
         self._tracker = tracker
@@ -343,8 +350,8 @@ class Recorder:
         optimizer_hooks(stack, tracker)
 
     @contextmanager
-    def _pass(self, detailed: bool, *, steps: bool = False) -> Iterator[list[tuple[Any, ...]]]:
-        events: list[tuple[Any, ...]] = []
+    def _pass(self, detailed: bool, *, steps: bool = False) -> Iterator[list[Event]]:
+        events: list[Event] = []
         pre, post = self._timing_hooks(events)
         if detailed:
             post = self._detail_post(post)
@@ -365,7 +372,7 @@ class Recorder:
                 if flags is not None:
                     stack.callback(flags.pop, post_handle.id, None)
             if steps:
-                events.append((STEP, self._clock()))
+                events.append(Step(self._clock()))
             if detailed and self.memory:
                 self._start_memory(stack, events)
             if detailed:
@@ -378,7 +385,7 @@ class Recorder:
                 # Keep what was captured even if the pass raised: results are never lost.
                 stack.close()
                 if steps:
-                    events.append((STEP, self._clock()))
+                    events.append(Step(self._clock()))
                 self._resolve_device(events)
 
     def _leave_mode(self) -> None:
@@ -407,13 +414,14 @@ class Recorder:
             return
         timer = self._timer
         mark = timer.mark if timer is not None else (lambda: None)
-        events.append((LABEL_ENTER, self._clock(), name, kind, mark(), _next_seq(), _graph_task() != -1))
+        events.append(LabelEnter(self._clock(), name, kind, mark(), _next_seq(), _graph_task() != -1))
         try:
             yield
         finally:
-            events.append((LABEL_EXIT, self._clock(), mark(), _next_seq(), _graph_task() != -1))
+            events.append(LabelExit(self._clock(), mark(), _next_seq(), _graph_task() != -1))
 
-    def _resolve_device(self, events: list[tuple[Any, ...]]) -> None:
+    def _resolve_device(self, events: list[Event]) -> None:
+        """Turn the CUDA marks the pass recorded into nanosecond offsets."""
         if self._timer is None:
             return
         offsets = self._timer.resolve()
@@ -422,16 +430,11 @@ class Recorder:
             return None if mark is None else offsets[mark]
 
         for n, event in enumerate(events):
-            kind = event[0]
-            if kind == OP:
-                start, end = event[5]
-                events[n] = (*event[:5], max(0, offsets[end] - offsets[start]), *event[6:])
-            elif kind in (ENTER, EXIT):
-                events[n] = (*event[:3], at(event[3]), *event[4:])
-            elif kind == LABEL_ENTER:
-                events[n] = (*event[:4], at(event[4]), *event[5:])
-            elif kind == LABEL_EXIT:
-                events[n] = (event[0], event[1], at(event[2]), *event[3:])
+            if type(event) is Op:
+                start, end = event.device_time_ns  # type: ignore[misc]  # the marks until now
+                events[n] = event._replace(device_time_ns=max(0, offsets[end] - offsets[start]))
+            elif type(event) in _MARKED:
+                events[n] = event._replace(device_t_ns=at(event.device_t_ns))  # type: ignore[union-attr]
 
     @contextmanager
     def warm_detail_pass(self) -> Iterator[None]:
@@ -466,7 +469,7 @@ class Recorder:
                     self.timing_passes.append(events)
 
     @contextmanager
-    def step_pass(self, *, detailed: bool) -> Iterator[list[tuple[Any, ...]]]:
+    def step_pass(self, *, detailed: bool) -> Iterator[list[Event]]:
         """One training step of a ``Profiler``: its events, marked as a whole step."""
         with self._pass(detailed=detailed, steps=True) as events:
             yield events
