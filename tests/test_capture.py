@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import layerscope
 from layerscope import zoo
-from layerscope.attribute import build_profile
+from layerscope.attribute import build_profile, walk_pass
 from layerscope.check import InvariantError, check_tree
 from layerscope.errors import ModelError
 from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture
@@ -592,6 +592,12 @@ def test_build_without_passes_or_op_pass() -> None:
     assert op_calls(prof) == 0
     assert prof.meta["unattributed_ops"] == 0
     assert "pass_cpu_time_ns" not in prof.meta
+
+
+def test_walk_refuses_what_is_not_an_event_record() -> None:
+    # An old-style positional tuple, say: refused, not silently skipped.
+    with pytest.raises(TypeError, match="not an event record"):
+        walk_pass([enter(0, ROOT), (1, 10, ROOT, None)], [m.path for m in MODULES])
 
 
 def test_build_device_times_add_up() -> None:

@@ -1,7 +1,7 @@
 """The memory side of a pass walk: live bytes, who allocated and freed them, peaks, the
 category of every live byte, and a timeline. Pure: no torch.
 
-``walk_pass`` drives one :class:`MemoryWalk` alongside its frames. Memory is *live*
+The pass walker (``walk.py``) drives one :class:`MemoryWalk` alongside its frames. Memory is *live*
 bytes: what was live before the pass (``Adopt``) plus what ops allocated, minus what was
 freed. The walk knows where it is at each moment (the innermost frame, or the module
 whose backward is running) and charges allocations and frees there.
@@ -20,10 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key
 from layerscope.raw import MEMORY_CATEGORIES, Adopt, DeviceMem, Event, Free, Grad, Op, Optim, Saved
+
+if TYPE_CHECKING:
+    from layerscope.attribute.walk import Frame
 
 Site = tuple[Key, str]
 
@@ -104,7 +107,7 @@ def scan(events: list[Event]) -> dict[str, Any] | None:
 
 
 class MemoryWalk:
-    """Live-memory bookkeeping for one event stream; ``walk_pass`` calls it as it goes."""
+    """Live-memory bookkeeping for one event stream; the pass walker calls it as it goes."""
 
     def __init__(
         self,
@@ -137,12 +140,12 @@ class MemoryWalk:
     def _snapshot(self, site: Site | None, t: int) -> None:
         self._points.append((t, self.live))
 
-    def _raised(self, site: Site | None, t: int, frames: list[list[Any]]) -> None:
+    def _raised(self, site: Site | None, t: int, frames: list[Frame]) -> None:
         live = self.live
         if frames:
             top = frames[-1]
-            if live > top[7]:
-                top[7] = live
+            if live > top.live_top:
+                top.live_top = live
         elif self.chain.entries:
             # A chain entry's data: [live bytes when it opened, highest live bytes since].
             data = self.chain.entries[-1][2]
@@ -160,7 +163,7 @@ class MemoryWalk:
             self.result.peak_t_ns = t
             self.result.peak_categories = dict(self.cat_live)
 
-    def allocate(self, allocs: Any, site: Site | None, t: int, frames: list[list[Any]]) -> int:
+    def allocate(self, allocs: Any, site: Site | None, t: int, frames: list[Frame]) -> int:
         """An op at ``site`` allocated ``allocs``; returns their bytes."""
         facts = self.facts
         total = 0
@@ -198,7 +201,7 @@ class MemoryWalk:
         self._snapshot(site, t)
         return nbytes
 
-    def adopt(self, event: Adopt, site: Site | None, frames: list[list[Any]]) -> None:
+    def adopt(self, event: Adopt, site: Site | None, frames: list[Frame]) -> None:
         if event.serial is not None:
             self._size[event.serial] = event.nbytes
             self._cat[event.serial] = event.category
@@ -222,20 +225,20 @@ class MemoryWalk:
         }
 
     # -- frames and the backward chain ------------------------------------------------------
-    def frame_closed(self, frame: list[Any], t: int, frames: list[list[Any]]) -> None:
+    def frame_closed(self, frame: Frame, t: int, frames: list[Frame]) -> None:
         """``frame`` (already popped) closed at ``t``; ``frames`` are the ones still open."""
-        key, t_enter, phase, at_enter, top = frame[0], frame[1], frame[5], frame[6], frame[7]
+        key, phase, top = frame.key, frame.phase, frame.live_top
         site = (key, phase)
-        self.result.peak[site] = max(self.result.peak.get(site, 0), top - at_enter)
+        self.result.peak[site] = max(self.result.peak.get(site, 0), top - frame.live_at_enter)
         if frames:
-            if top > frames[-1][7]:
-                frames[-1][7] = top
+            if top > frames[-1].live_top:
+                frames[-1].live_top = top
         elif self.chain.entries:
             data = self.chain.entries[-1][2]
             if top > data[1]:
                 data[1] = top
         if self._span_worthy(key, not frames):
-            self._spans.append((t_enter, t, key, phase))
+            self._spans.append((frame.t_enter_ns, t, key, phase))
 
     def part_span(self, key: Key, t0: int, t1: int) -> None:
         """A run of a step part's ops outside any frame (an inline loss) ran from t0 to t1."""

@@ -1,0 +1,95 @@
+"""Passes combined into one: per-node medians over ``profile()``'s timed passes, or running
+sums over a ``Profiler``'s steps. Either way only self figures are combined; totals are
+derived later over the static tree, so the invariants hold exactly (see docs/design.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from layerscope.attribute.memory import MemoryResult
+from layerscope.attribute.walk import PassResult
+from layerscope.tree import OpStats
+
+
+def _median(values: list[int]) -> int:
+    if len(values) == 1:
+        return values[0]
+    return int(statistics.median_low(values)) if values else 0
+
+
+class Accumulator:
+    """Sums training steps into one running total, so a long run keeps no raw events."""
+
+    def __init__(self) -> None:
+        self.total = PassResult()
+        self.steps = 0
+        self.step_times_ns: list[int] = []
+
+    def add(self, result: PassResult) -> None:
+        total = self.total
+        for table, other in ((total.self_cpu, result.self_cpu), (total.self_dev, result.self_dev)):
+            for k, v in other.items():
+                table[k] = table.get(k, 0) + v
+        for k, v in result.calls.items():
+            total.calls[k] = total.calls.get(k, 0) + v
+        for path, dyn in result.dynamic.items():
+            total.dynamic.setdefault(path, dyn)
+        for k, op in result.ops.items():
+            mine = total.ops.get(k)
+            if mine is None:
+                total.ops[k] = op
+            else:
+                _merge_op(mine, op)
+        total.phases |= result.phases
+        if result.trace is not None:
+            # The trace is the last step's: a long run keeps one step of spans.
+            total.trace, total.trace_start_ns = result.trace, result.trace_start_ns
+        if result.memory is not None:
+            if total.memory is None:
+                total.memory = MemoryResult()
+            total.memory.merge(result.memory)
+        total.outside_ops += result.outside_ops
+        total.top_level_ns += result.top_level_ns
+        if result.wall_ns is not None:
+            self.step_times_ns.append(result.wall_ns)
+            total.wall_ns = (total.wall_ns or 0) + result.wall_ns
+        self.steps += 1
+
+
+def _merge_op(into: OpStats, other: OpStats) -> None:
+    into.calls += other.calls
+    into.cpu_time_ns += other.cpu_time_ns
+    into.self_cpu_time_ns += other.self_cpu_time_ns
+    if into.device_time_ns is not None:
+        into.device_time_ns += other.device_time_ns or 0
+        into.self_device_time_ns = (into.self_device_time_ns or 0) + (other.self_device_time_ns or 0)
+    if into.flops is not None and other.flops is not None:
+        into.flops += other.flops
+        into.macs = (into.macs or 0) + (other.macs or 0)
+    elif other.flops is None:
+        into.flops = into.macs = None
+    into.bytes = (into.bytes or 0) + (other.bytes or 0)
+    if into.alloc_bytes is not None and other.alloc_bytes is not None:
+        into.alloc_bytes += other.alloc_bytes
+        into.self_alloc_bytes = (into.self_alloc_bytes or 0) + (other.self_alloc_bytes or 0)
+        into.freed_bytes = (into.freed_bytes or 0) + (other.freed_bytes or 0)
+
+
+def median_result(passes: list[PassResult]) -> PassResult:
+    """Per node and phase, the median self time over passes (0 where a pass lacked it)."""
+    out = PassResult()
+    keys = {k for p in passes for k in p.self_cpu}
+    for k in keys:
+        out.self_cpu[k] = _median([p.self_cpu.get(k, 0) for p in passes])
+    dev_keys = {k for p in passes for k in p.self_dev}
+    for k in dev_keys:
+        out.self_dev[k] = _median([p.self_dev.get(k, 0) for p in passes])
+    call_keys = {k for p in passes for k in p.calls}
+    for k in call_keys:
+        out.calls[k] = _median([p.calls.get(k, 0) for p in passes])
+    for p in passes:
+        for path, dyn in p.dynamic.items():
+            out.dynamic.setdefault(path, dyn)
+        out.phases |= p.phases
+    return out

@@ -1,0 +1,265 @@
+"""The tree: a :class:`~layerscope.tree.Profile` assembled from per-node self figures, with
+every total derived bottom-up as ``self + sum(children)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerscope.attribute.chain import Key
+from layerscope.attribute.combine import Accumulator, median_result
+from layerscope.attribute.memory import MemoryResult, is_part
+from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
+from layerscope.raw import RawCapture
+from layerscope.tree import ADDITIVE_PHASE_METRICS, PHASES, ModuleNode, OpStats, PhaseStats, Profile, link
+
+
+def build_profile(raw: RawCapture) -> Profile:
+    """The :class:`Profile` for ``raw`` (median over its timing passes)."""
+    paths = [info.path for info in raw.modules]
+    passes = [walk_pass(events, paths, has_device=raw.has_device_time) for events in raw.timing_passes]
+    op_result = None
+    if raw.op_pass is not None:
+        op_result = walk_pass(
+            raw.op_pass, paths, has_device=raw.has_device_time, collect_ops=True, parents=parent_indices(raw.modules)
+        )
+    times = median_result(passes) if passes else PassResult()
+    # An untimed capture (count_flops) still knows how often each module ran.
+    if not passes and op_result is not None:
+        times.calls = dict(op_result.calls)
+        times.dynamic = dict(op_result.dynamic)
+        times.phases = set(op_result.phases)
+    meta = dict(raw.meta)
+    if passes:
+        meta["pass_cpu_time_ns"] = [p.top_level_ns for p in passes]
+        walls = [p.wall_ns for p in passes if p.wall_ns is not None]
+        if walls:
+            meta["step_times_ns"] = walls
+    return assemble(raw, times, op_result, meta)
+
+
+def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = True) -> Profile:
+    """The :class:`Profile` of training steps summed by an :class:`Accumulator`;
+    ``counted`` says whether ops (and FLOPs) were recorded."""
+    meta = dict(raw.meta)
+    meta["steps"] = steps.steps
+    meta["pass_cpu_time_ns"] = [steps.total.top_level_ns]
+    if steps.step_times_ns:
+        meta["step_times_ns"] = list(steps.step_times_ns)
+    return assemble(raw, steps.total, steps.total if counted else None, meta)
+
+
+def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any]) -> Profile:
+    """Nodes from per-node self figures, totals derived bottom-up."""
+    has_device = raw.has_device_time
+    counted = op_result is not None
+    memory = op_result.memory if op_result is not None else None
+    phases = set(times.phases) | (op_result.phases if op_result is not None else set())
+    if op_result is not None:
+        for path, dyn in op_result.dynamic.items():
+            times.dynamic.setdefault(path, dyn)
+
+    ops_by_key: dict[Key, list[OpStats]] = {}
+    op_index: dict[tuple[Any, ...], int] = {}
+    if op_result is not None:
+        for table_key, op in op_result.ops.items():
+            listed = ops_by_key.setdefault(table_key[0], [])
+            op_index[table_key] = len(listed)
+            listed.append(op)
+
+    def phase_stats(key: Key, phase: str, selected: bool) -> PhaseStats | None:
+        if phase != "forward" and phase not in phases:
+            return None
+        own_ops = [op for op in ops_by_key.get(key, []) if op.phase == phase] if selected else []
+        self_dev = times.self_dev.get((key, phase), 0) if has_device and selected else None
+        mem: dict[str, int | None] = {}
+        if memory is not None:
+            site = (key, phase)
+            mem = {
+                "self_alloc_bytes": memory.alloc.get(site, 0),
+                "alloc_bytes": 0,
+                "self_freed_bytes": memory.freed.get(site, 0),
+                "freed_bytes": 0,
+                "peak_bytes": memory.peak.get(site, 0),
+                "self_activation_bytes": memory.activation.get(site, 0),
+                "activation_bytes": 0,
+                "self_grad_bytes": memory.grad.get(site, 0),
+                "grad_bytes": 0,
+            }
+        return PhaseStats(
+            **mem,
+            self_cpu_time_ns=times.self_cpu.get((key, phase), 0) if selected else 0,
+            self_device_time_ns=self_dev,
+            device_time_ns=0 if has_device else None,
+            self_flops=sum(op.flops or 0 for op in own_ops) if counted else None,
+            self_macs=sum(op.macs or 0 for op in own_ops) if counted else None,
+            self_bytes=sum(op.bytes or 0 for op in own_ops) if counted else None,
+        )
+
+    def make(key: Key, **fields: Any) -> ModuleNode:
+        selected = fields.pop("selected", True)
+        ops = ops_by_key.get(key, []) if selected else []
+        node = ModuleNode(
+            calls=times.calls.get(key, 0) if selected else 0,
+            profiled=selected,
+            forward=phase_stats(key, "forward", selected) or PhaseStats(),
+            backward=phase_stats(key, "backward", selected),
+            recompute=phase_stats(key, "recompute", selected),
+            ops=ops,
+            unsupported_ops=_unsupported(ops),
+            **fields,
+        )
+        return node
+
+    nodes: list[ModuleNode] = []
+    for index, info in enumerate(raw.modules):
+        shapes = raw.module_shapes.get(index, (None, None))
+        nodes.append(
+            make(
+                index,
+                selected=info.selected,
+                path=info.path,
+                type=info.type,
+                parent=info.parent,
+                depth=info.depth,
+                params=info.params,
+                extra_repr=info.extra_repr,
+                input_shapes=shapes[0],
+                output_shapes=shapes[1],
+            )
+        )
+    # Labels hang under the module (or label) they ran in, after its modules; step parts
+    # are top-level trees of their own.
+    paths = [info.path for info in raw.modules]
+    model_nodes = {node.path: node for node in nodes}
+    dynamic_nodes: dict[str, ModuleNode] = {}
+    parts: list[ModuleNode] = []
+    model_labels: set[str] = set()
+    pending = list(times.dynamic.values())
+    while pending:
+        waiting = []
+        for dyn in pending:
+            parent_path = None
+            if dyn.parent is not None:
+                parent_path = paths[dyn.parent] if isinstance(dyn.parent, int) else dyn.parent
+            parent_node = None
+            if parent_path is not None:
+                parent_node = model_nodes.get(parent_path) or dynamic_nodes.get(parent_path)
+                if parent_node is None:
+                    waiting.append(dyn)
+                    continue
+            node = make(
+                dyn.path,
+                path=dyn.path,
+                type=dyn.name if dyn.kind == "optimizer" else dyn.kind,
+                kind=dyn.kind,
+                parent=parent_path,
+                depth=0 if parent_node is None else parent_node.depth + 1,
+            )
+            dynamic_nodes[dyn.path] = node
+            if parent_node is None:
+                parts.append(node)
+            elif parent_path in model_nodes or parent_path in model_labels:
+                nodes.append(node)
+                model_labels.add(dyn.path)
+            else:
+                parent_node.children.append(node)
+        if len(waiting) == len(pending):  # orphans (a walk never makes them): top level
+            for dyn in waiting:
+                dyn.parent = None
+        pending = waiting
+    root = link(nodes)
+    parts.sort(key=_part_order)
+    for tree in [root, *parts]:
+        _sum_up(tree)
+
+    meta["unattributed_ops"] = times.outside_ops if op_result is None else op_result.outside_ops
+    if parts and meta.get("timed", True):
+        meta["step_time_ns"] = sum(
+            stats.self_cpu_time_ns for tree in [root, *parts] for node in tree.walk() for _, stats in node.phases()
+        )
+    return Profile(
+        root=root,
+        meta=meta,
+        param_bytes=raw.param_bytes,
+        parts=parts,
+        memory=_memory_summary(raw, memory, paths),
+        trace=_trace(op_result, op_index, paths),
+    )
+
+
+def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> dict[str, Any] | None:
+    """``Profile.trace``: the op pass (a ``Profiler``'s last step) as spans."""
+    if op_result is None or op_result.trace is None:
+        return None
+    base = op_result.trace_start_ns
+    spans = []
+    for t0, t1, key, phase, op_key in op_result.trace:
+        path = paths[key] if isinstance(key, int) else key
+        index = -1 if op_key is None else op_index.get(op_key, -1)
+        spans.append([t0 - base, max(0, t1 - t0), path, phase, index])
+    return {"spans": spans}
+
+
+def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> dict[str, Any] | None:
+    """The model-level memory of a profile (``Profile.memory``)."""
+    if memory is None:
+        return None
+    at = memory.peak_at
+    return {
+        **raw.memory_static,
+        "optimizer_state_bytes": {
+            name: {"total": sum(by_key.values()), "by_key": dict(sorted(by_key.items()))}
+            for name, by_key in sorted(memory.optimizers.items())
+        },
+        "baseline_bytes": memory.baseline_bytes,
+        "peak_bytes": memory.peak_bytes,
+        "peak_at": None if at is None else {
+            "path": paths[at[0]] if isinstance(at[0], int) else at[0],
+            # A step part (<optimizer:Adam>, ...) has no forward: only its backward work
+            # (the loss's) names a phase.
+            "phase": None if is_part(at[0]) and at[1] == "forward" else at[1],
+            "t_ns": memory.peak_t_ns,
+        },
+        "peak_categories": dict(memory.peak_categories),
+        "peak_by_phase": dict(sorted(memory.peak_by_phase.items())),
+        "timeline": memory.timeline,
+        "device": memory.device,
+    }
+
+
+_PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "other": 4}
+
+
+def _part_order(node: ModuleNode) -> int:
+    # Labels first, in the order they ran (the sort is stable), then the fixed parts.
+    return _PART_RANK.get(node.kind, 0)
+
+
+def _unsupported(ops: list[OpStats]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for op in ops:
+        if op.flops is None:
+            found[op.name] = found.get(op.name, 0) + op.calls
+    return found
+
+
+def _sum_up(root: ModuleNode) -> None:
+    """Derive totals bottom-up (iteratively: real models nest deeper than recursion likes)."""
+    for node in reversed(list(root.walk())):
+        node.params_total = node.params + sum(c.params_total for c in node.children)
+        for phase in PHASES:
+            stats = getattr(node, phase)
+            if stats is None:
+                continue
+            for total_name, self_name in ADDITIVE_PHASE_METRICS:
+                own = getattr(stats, self_name)
+                if own is None:
+                    setattr(stats, total_name, None)
+                    continue
+                kids = 0
+                for child in node.children:
+                    child_stats = getattr(child, phase)
+                    if child_stats is not None:
+                        kids += getattr(child_stats, total_name) or 0
+                setattr(stats, total_name, own + kids)

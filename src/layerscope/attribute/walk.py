@@ -1,0 +1,614 @@
+"""The walk: one pass's event stream in, what each node did in it out. Pure: no torch.
+
+:class:`PassWalker` takes the records of ``layerscope.raw`` one at a time, in the order
+they happened, and adds up self times per node and phase, calls, op tables, spans and
+(through ``memory.py``) memory:
+
+- **Forward.** A frame (module call or label) owns the time inside it minus the time of
+  frames and backward work nested directly in it (its dynamic children).
+- **Backward.** Each backward op belongs to the node whose forward created the autograd
+  node being executed: autograd numbers the nodes it creates in order, and a module's
+  forward creates the numbers between its ``Enter`` and ``Exit``. Gradient accumulation
+  (nodes without a number) belongs to the module owning the parameter. An op's *slot*
+  runs from its start to the next backward op's start, so the engine's work between ops
+  is charged to the op before it.
+- **Recompute.** Module calls during backward (activation checkpointing) are frames of
+  phase ``recompute``, never counted as forward.
+- **The step.** A pass with ``Step`` marks is a whole step: work outside the model becomes
+  top-level *parts* (``<loss>``, ``<optimizer:NAME>``, ``<zero_grad>``, labels, and
+  ``<other>`` for the rest), so every nanosecond of the step's wall time is in exactly
+  one node.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from layerscope.attribute.chain import BackwardChain, Entry, Key
+from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, scan
+from layerscope.raw import (
+    MEMORY_NOTES,
+    NO_SEQ,
+    Adopt,
+    DeviceMem,
+    Enter,
+    Event,
+    Exit,
+    Free,
+    Grad,
+    LabelEnter,
+    LabelExit,
+    Op,
+    Optim,
+    Saved,
+    Step,
+)
+from layerscope.tree import OpStats
+
+OTHER = "<other>"
+LOSS = "<loss>"
+
+@dataclass
+class Dynamic:
+    """A node that is not a module: a user label, or a part of the step."""
+
+    path: str
+    parent: Key | None
+    kind: str
+    name: str
+
+
+@dataclass
+class PassResult:
+    """What one pass (or training step) adds up to, before any tree exists."""
+
+    self_cpu: dict[Site, int] = field(default_factory=dict)
+    self_dev: dict[Site, int] = field(default_factory=dict)
+    calls: dict[Key, int] = field(default_factory=dict)
+    dynamic: dict[str, Dynamic] = field(default_factory=dict)
+    ops: dict[tuple[Any, ...], OpStats] = field(default_factory=dict)
+    wall_ns: int | None = None
+    top_level_ns: int = 0
+    outside_ops: int = 0
+    phases: set[str] = field(default_factory=set)
+    memory: MemoryResult | None = None
+    #: The pass as spans, when ops were collected: ``(t0, t1, key, phase, op_key)``, with
+    #: ``op_key`` the op's table key for an op and None for a frame or backward span.
+    trace: list[tuple[Any, ...]] | None = None
+    trace_start_ns: int = 0
+
+
+class Frame:
+    """A module call or label the walk is inside."""
+
+    __slots__ = (
+        "child_device_ns", "child_ns", "device_t_enter_ns", "key", "live_at_enter", "live_top", "phase", "t_enter_ns",
+    )  # fmt: skip
+
+    def __init__(self, key: Key, phase: str, t_enter_ns: int, device_t_enter_ns: int | None, live_bytes: int) -> None:
+        self.key = key
+        self.phase = phase
+        self.t_enter_ns = t_enter_ns
+        self.device_t_enter_ns = device_t_enter_ns
+        #: Host and device time of the frames and backward work nested directly in it.
+        self.child_ns = 0
+        self.child_device_ns = 0
+        #: Live bytes when it opened, and the highest since (memory tracking).
+        self.live_at_enter = live_bytes
+        self.live_top = live_bytes
+
+
+class PartRun(NamedTuple):
+    """Ops outside every frame charged to one part in a row (a loss written inline in a
+    ``Profiler`` block): one span of that part."""
+
+    key: Key
+    t0_ns: int
+    t1_ns: int
+
+
+def walk_pass(
+    events: list[Event],
+    paths: list[str],
+    *,
+    has_device: bool = False,
+    collect_ops: bool = False,
+    parents: list[int | None] | None = None,
+) -> PassResult:
+    """Self times, calls and (with ``collect_ops``) op tables of one event stream, and
+    its memory when it holds memory events. ``parents`` (each module's parent index)
+    lets backward memory peaks cover a module's ancestors too."""
+    walker = PassWalker(paths, has_device=has_device, collect_ops=collect_ops, parents=parents, memory=scan(events))
+    for event in events:
+        walker.feed(event)
+    return walker.finish()
+
+
+class PassWalker:
+    """Walks one event stream: :meth:`feed` each record in order, then :meth:`finish`.
+
+    ``memory`` is what ``memory.scan`` learnt from the whole stream (None: no memory
+    tracking); the other arguments are those of :func:`walk_pass`.
+    """
+
+    def __init__(
+        self,
+        paths: list[str],
+        *,
+        has_device: bool = False,
+        collect_ops: bool = False,
+        parents: list[int | None] | None = None,
+        memory: dict[str, Any] | None = None,
+    ) -> None:
+        self.paths = paths
+        self.has_device = has_device
+        self.collect_ops = collect_ops
+        self.result = PassResult()
+        #: The frames open now, innermost last.
+        self.frames: list[Frame] = []
+        #: Autograd numbers from ``seq_starts[i]`` on were created by ``seq_owners[i]``.
+        self.seq_starts: list[int] = []
+        self.seq_owners: list[Key] = []
+        #: The model's forward ran, and backward work ran since: between them is the loss.
+        self.model_ran = False
+        self.backward_ran = False
+        #: The first and last ``Step`` marks, and the first time of any timed record.
+        self.t_first: int | None = None
+        self.t_last: int | None = None
+        self.t_start: int | None = None
+        #: Host time of the step already charged to a top-level node (the rest is <other>).
+        self.accounted_ns = 0
+        self.chain = BackwardChain(_ancestry(parents))
+        #: Backward spans end where their last op's slot ends, not at the event that closes them.
+        self.last_backward_end = 0
+        #: A backward op whose slot ends at the next timed record (a backward op's start).
+        self.open_slot: tuple[Key, Op] | None = None
+        self.part_run: PartRun | None = None
+        self.trace: list[tuple[Any, ...]] | None = [] if collect_ops else None
+        if self.trace is not None:
+            self.chain.closers.append(self._backward_span_closed)
+        self.mem = None if memory is None else MemoryWalk(memory, self.chain, _span_rule(parents, self.result.calls))
+        #: Frees seen since the last op: ``(t_ns, nbytes)``.
+        self.pending_frees: list[tuple[int, int]] = []
+        handlers: dict[type, Callable[[Any], None]] = {
+            Enter: self.on_enter,
+            Exit: self.on_exit,
+            Op: self.on_op,
+            LabelEnter: self.on_label_enter,
+            LabelExit: self.on_label_exit,
+            Step: self.on_step,
+        }
+        for kind in MEMORY_NOTES:
+            handlers[kind] = _skip
+        if self.mem is not None:
+            handlers.update({
+                Free: self.on_free,
+                Adopt: self.on_adopt,
+                Grad: self.mem.grad,
+                Optim: self.mem.optimizer,
+                DeviceMem: self.mem.device,
+                Saved: _skip,  # read by the scan, before the walk
+            })  # fmt: skip
+        self._handlers = handlers
+
+    def feed(self, event: Event) -> None:
+        """Walk one more record of the stream."""
+        if not isinstance(event, MEMORY_NOTES):
+            if self.open_slot is not None:
+                self._close_slot(event)
+            if self.t_start is None:
+                self.t_start = event.t0_ns if isinstance(event, Op) else event.t_ns
+        try:
+            handler = self._handlers[type(event)]
+        except KeyError:
+            raise TypeError(f"not an event record of layerscope.raw: {event!r}") from None
+        handler(event)
+
+    # -- frames -----------------------------------------------------------------------------
+    def on_enter(self, event: Enter) -> None:
+        self.note_seq(event.seq, event.module)
+        self._open(event.module, event)
+
+    def on_label_enter(self, event: LabelEnter) -> None:
+        frames = self.frames
+        path = self.ensure_dynamic(frames[-1].key if frames else None, event.name, event.kind)
+        self.note_seq(event.seq, path)
+        self._open(path, event)
+
+    def _open(self, key: Key, event: Enter | LabelEnter) -> None:
+        if not event.in_backward:
+            self.result.calls[key] = self.result.calls.get(key, 0) + 1
+            if not self.frames:
+                self.end_backward()
+                self.close_part_run()
+        phase = "recompute" if event.in_backward else "forward"
+        self.frames.append(Frame(key, phase, event.t_ns, event.device_t_ns, self.live()))
+
+    def on_exit(self, event: Exit) -> None:
+        # Exits match their enters (forward hooks run even when forward raises). If one
+        # did not, a frame left open is closed at the same time as its caller, and an exit
+        # with no open frame is ignored.
+        module = event.module
+        self._close_through(lambda frame: frame.key == module, event)
+
+    def on_label_exit(self, event: LabelExit) -> None:
+        self._close_through(lambda frame: isinstance(frame.key, str), event)
+
+    def _close_through(self, is_target: Callable[[Frame], bool], event: Exit | LabelExit) -> None:
+        """Close the innermost frame ``is_target`` accepts, and any left open inside it."""
+        frames = self.frames
+        if not any(is_target(frame) for frame in frames):
+            return
+        while not is_target(frames[-1]):
+            self.close_frame(event.t_ns, event.device_t_ns)
+        self.close_frame(event.t_ns, event.device_t_ns)
+        self.note_seq(event.seq, frames[-1].key if frames else self.top_owner())
+
+    def close_frame(self, t: int, device_t: int | None) -> None:
+        """Close the innermost frame at ``t`` (``device_t`` on the device)."""
+        frames = self.frames
+        frame = frames.pop()
+        key, phase = frame.key, frame.phase
+        if self.mem is not None:
+            self.mem.frame_closed(frame, t, frames)
+        if self.trace is not None:
+            self.trace.append((frame.t_enter_ns, t, key, phase, None))
+        duration = max(0, t - frame.t_enter_ns)
+        device_duration = None
+        if frame.device_t_enter_ns is not None and device_t is not None:
+            device_duration = max(0, device_t - frame.device_t_enter_ns)
+        self_device = None if device_duration is None else max(0, device_duration - frame.child_device_ns)
+        self.charge(key, phase, max(0, duration - frame.child_ns), self_device)
+        if frames:
+            frames[-1].child_ns += duration
+            frames[-1].child_device_ns += device_duration or 0
+        else:
+            self.accounted_ns += duration
+            if isinstance(key, int) and phase == "forward":
+                self.model_ran = True
+                self.result.top_level_ns += duration
+
+    # -- ops ----------------------------------------------------------------------------------
+    def on_op(self, event: Op) -> None:
+        frames = self.frames
+        grad = event.grad
+        if grad is not None and not (frames and frames[-1].phase == "recompute"):
+            self._backward_op(event, grad)
+        elif frames:
+            top = frames[-1]
+            memory = self.op_memory((top.key, top.phase), event)
+            self.record_op(top.key, top.phase, event, memory)
+        else:
+            self._op_outside_frames(event)
+
+    def _backward_op(self, event: Op, grad: tuple[int | None, int | None]) -> None:
+        """Backward work: owned by whoever created the autograd node."""
+        self.backward_ran = True
+        self.close_part_run()
+        key = self.backward_owner(grad)
+        if isinstance(key, str):
+            self.ensure_part(key)
+        if not self.frames:
+            self.chain.move(key, event.t0_ns)
+        memory = self.op_memory((key, "backward"), event)
+        # Its time is charged when the slot ends, at the next timed record.
+        self.open_slot = (key, event)
+        self.record_op(key, "backward", event, memory)
+
+    def _close_slot(self, following: Event | None) -> None:
+        """Charge the open backward slot: it runs to ``following``'s start if that is a
+        backward op (the engine's work between ops), else to its op's end."""
+        assert self.open_slot is not None
+        key, event = self.open_slot
+        self.open_slot = None
+        end = event.t1_ns
+        if type(following) is Op and following.grad is not None:
+            end = max(following.t0_ns, end)
+        slot = max(0, end - event.t0_ns)
+        self.last_backward_end = max(self.last_backward_end, end)
+        self.charge(key, "backward", slot, event.device_time_ns if self.has_device else None)
+        if self.frames:
+            self.frames[-1].child_ns += slot
+            if self.has_device:
+                self.frames[-1].child_device_ns += event.device_time_ns or 0
+        else:
+            self.accounted_ns += slot
+
+    def _op_outside_frames(self, event: Op) -> None:
+        """Forward work outside every frame: the loss (after the model's forward, before
+        backward) or other glue. Without step marks it is outside the tree."""
+        self.end_backward()
+        site = self.top_site()
+        memory = self.op_memory(site, event)
+        if site is None:
+            self.result.outside_ops += 1
+            return
+        key = site[0]
+        run = self.part_run
+        if run is not None and run.key == key:
+            self.part_run = run._replace(t1_ns=event.t1_ns)
+        else:
+            self.close_part_run()
+            self.part_run = PartRun(key, event.t0_ns, event.t1_ns)
+        elapsed = max(0, event.t1_ns - event.t0_ns)
+        self.charge(key, "forward", elapsed, event.device_time_ns if self.has_device else None)
+        self.accounted_ns += elapsed
+        self.record_op(key, "forward", event, memory)
+
+    def record_op(self, key: Key, phase: str, event: Op, memory: tuple[int, int]) -> None:
+        """Add ``event`` to ``key``'s op table (when ops are collected)."""
+        if not self.collect_ops or event.name is None:
+            return
+        has_device, mem = self.has_device, self.mem
+        name, shapes, stack, flops = event.name, event.input_shapes, event.stack, event.flops
+        table_key = (key, phase, name, _shape_key(shapes), stack)
+        assert self.trace is not None  # kept whenever ops are collected
+        self.trace.append((event.t0_ns, event.t1_ns, key, phase, table_key))
+        ops = self.result.ops
+        op = ops.get(table_key)
+        if op is None:
+            op = ops[table_key] = OpStats(
+                name=name,
+                phase=phase,
+                input_shapes=_as_lists(shapes),
+                device_time_ns=0 if has_device else None,
+                self_device_time_ns=0 if has_device else None,
+                flops=None if flops is None else 0,
+                macs=None if event.macs is None else 0,
+                bytes=0,
+                alloc_bytes=0 if mem is not None else None,
+                self_alloc_bytes=0 if mem is not None else None,
+                freed_bytes=0 if mem is not None else None,
+                stack=None if stack is None else list(stack),
+            )
+        op.calls += 1
+        if mem is not None:
+            op.alloc_bytes = (op.alloc_bytes or 0) + memory[0]
+            op.self_alloc_bytes = (op.self_alloc_bytes or 0) + memory[0]
+            op.freed_bytes = (op.freed_bytes or 0) + memory[1]
+        if flops is not None and op.flops is not None:
+            op.flops += flops
+            op.macs = (op.macs or 0) + (event.macs or 0)
+        op.bytes = (op.bytes or 0) + (event.bytes or 0)
+        elapsed = max(0, event.t1_ns - event.t0_ns)
+        # Ops are seen at the dispatcher, one level deep: self time is total time.
+        op.cpu_time_ns += elapsed
+        op.self_cpu_time_ns += elapsed
+        if has_device and event.device_time_ns is not None:
+            op.device_time_ns = (op.device_time_ns or 0) + event.device_time_ns
+            op.self_device_time_ns = (op.self_device_time_ns or 0) + event.device_time_ns
+
+    def op_memory(self, site: Site | None, event: Op) -> tuple[int, int]:
+        """Bytes the op allocated, and bytes freed while it ran."""
+        mem = self.mem
+        if mem is None:
+            return 0, 0
+        freed = 0
+        if self.pending_frees:
+            freed = sum(n for t, n in self.pending_frees if t >= event.t0_ns)
+            self.pending_frees.clear()
+        if not event.allocs:
+            return 0, freed
+        return mem.allocate(event.allocs, site, event.t1_ns, self.frames), freed
+
+    # -- the step and memory notes ---------------------------------------------------------------
+    def on_step(self, event: Step) -> None:
+        self.close_part_run()
+        if self.t_first is None:
+            self.t_first = event.t_ns
+        self.t_last = event.t_ns
+
+    def on_free(self, event: Free) -> None:
+        assert self.mem is not None
+        nbytes = self.mem.free(event.serial, self.site_now(), event.t_ns)
+        if nbytes:
+            self.pending_frees.append((event.t_ns, nbytes))
+
+    def on_adopt(self, event: Adopt) -> None:
+        assert self.mem is not None
+        self.mem.adopt(event, self.site_now(), self.frames)
+
+    # -- where work goes ------------------------------------------------------------------------
+    def charge(self, key: Key, phase: str, ns: int, device_ns: int | None) -> None:
+        result = self.result
+        result.phases.add(phase)
+        site = (key, phase)
+        result.self_cpu[site] = result.self_cpu.get(site, 0) + ns
+        if device_ns is not None:
+            result.self_dev[site] = result.self_dev.get(site, 0) + device_ns
+
+    def top_owner(self) -> str:
+        """The part that work outside the model belongs to now."""
+        return LOSS if self.model_ran and not self.backward_ran else OTHER
+
+    def top_site(self, create: bool = True) -> Site | None:
+        """Where work outside any frame or backward chain is charged: the step's parts.
+        A free alone does not make a <loss> part (``create=False``); it goes to <other>."""
+        if self.t_first is None:
+            return None
+        key = self.top_owner()
+        if key not in self.result.dynamic and not create:
+            key = OTHER
+        self.ensure_part(key)
+        return (key, "forward")
+
+    def site_now(self) -> Site | None:
+        if self.frames:
+            return (self.frames[-1].key, self.frames[-1].phase)
+        owner = self.chain.owner
+        if owner is not None:
+            return (owner, "backward")
+        return self.top_site(create=False)
+
+    def ensure_part(self, key: str) -> None:
+        """The <loss> or <other> part exists (labels exist from their entry on)."""
+        if key not in self.result.dynamic:
+            self.result.dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
+
+    def ensure_dynamic(self, parent: Key | None, name: str, kind: str) -> str:
+        """The node of a label or step part entered inside ``parent``; returns its path."""
+        path = _label_path(None if parent is None else self.path_of(parent), name, kind)
+        dynamic = self.result.dynamic
+        if path not in dynamic:
+            # Step parts sit at the top level, wherever they were entered from.
+            top = kind in ("optimizer", "zero_grad", "loss") or parent is None
+            dynamic[path] = Dynamic(path, None if top else parent, kind, name)
+        return path
+
+    def path_of(self, key: Key) -> str:
+        return self.paths[key] if isinstance(key, int) else key
+
+    def note_seq(self, seq: int | None, owner: Key) -> None:
+        """Autograd nodes numbered from ``seq`` on are created by ``owner`` (until the
+        next note). Numbers from another thread's counter (lower) are ignored."""
+        if seq is None:
+            return
+        starts = self.seq_starts
+        if starts and starts[-1] == seq:
+            self.seq_owners[-1] = owner
+        elif not starts or seq > starts[-1]:
+            starts.append(seq)
+            self.seq_owners.append(owner)
+
+    def backward_owner(self, grad: tuple[int | None, int | None]) -> Key:
+        """The node whose forward created the autograd node a backward op runs for."""
+        seq, owner = grad
+        if owner is not None:
+            return owner
+        if seq is None or seq < 0 or seq == NO_SEQ:
+            return OTHER
+        at = bisect_right(self.seq_starts, seq) - 1
+        return self.seq_owners[at] if at >= 0 else OTHER
+
+    def live(self) -> int:
+        return self.mem.live if self.mem is not None else 0
+
+    # -- spans ------------------------------------------------------------------------------------
+    def end_backward(self) -> None:
+        """Forward work begins: close the backward chain where its last slot ended."""
+        if self.chain.entries:
+            self.chain.close(self.last_backward_end)
+
+    def close_part_run(self) -> None:
+        run = self.part_run
+        if run is None:
+            return
+        self.part_run = None
+        if self.trace is not None:
+            self.trace.append((run.t0_ns, run.t1_ns, run.key, "forward", None))
+        if self.mem is not None:
+            self.mem.part_span(run.key, run.t0_ns, run.t1_ns)
+
+    def _backward_span_closed(self, entry: Entry, t: int, still_open: list[Entry]) -> None:
+        assert self.trace is not None
+        self.trace.append((entry[1], t, entry[0], "backward", None))
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finish(self) -> PassResult:
+        """Close what is still open and return the pass's result."""
+        if self.open_slot is not None:
+            self._close_slot(None)
+        self.end_backward()
+        self.close_part_run()
+        if self.t_last is not None:
+            while self.frames:
+                self.close_frame(self.t_last, None)
+        result = self.result
+        t_base = self.t_first if self.t_first is not None else (self.t_start or 0)
+        if self.mem is not None:
+            result.memory = self.mem.finish(t_base, self.path_of)
+        if self.trace is not None:
+            self.trace.sort(key=_span_order)
+            result.trace = self.trace
+            result.trace_start_ns = t_base
+        if self.t_first is not None and self.t_last is not None:
+            result.wall_ns = self.t_last - self.t_first
+            self.ensure_part(OTHER)
+            self.charge(OTHER, "forward", max(0, result.wall_ns - self.accounted_ns), None)
+        return result
+
+
+def parent_indices(modules: list[Any]) -> list[int | None]:
+    """Each module's parent as an index into ``modules`` (None for the root)."""
+    index = {info.path: n for n, info in enumerate(modules)}
+    return [None if info.parent is None else index.get(info.parent) for info in modules]
+
+
+def _skip(event: Event) -> None:
+    pass
+
+
+def _shape_key(shapes: Any) -> Any:
+    # Captured shapes are tuples (hashable as they are); hand-written streams may use
+    # lists, whose text is a faithful key.
+    try:
+        hash(shapes)
+    except TypeError:
+        return repr(shapes)
+    return shapes
+
+
+def _as_lists(shapes: Any) -> Any:
+    """Shapes as JSON-ready nested lists of ints."""
+    if isinstance(shapes, (tuple, list)):
+        return [_as_lists(s) for s in shapes]
+    return shapes
+
+
+def _label_path(parent_path: str | None, name: str, kind: str) -> str:
+    if kind == "optimizer":
+        return f"<optimizer:{name}>"
+    if kind in ("zero_grad", "loss"):
+        return f"<{kind}>"
+    if parent_path is None:
+        return f"<{name}>"
+    return f"{parent_path}[{name}]"
+
+
+def _span_order(span: tuple[Any, ...]) -> tuple[int, int, int]:
+    # By start; an enclosing span (longer) before the spans it holds; ops after frames.
+    return (span[0], -span[1], 0 if span[4] is None else 1)
+
+
+def _ancestry(parents: list[int | None] | None) -> Callable[[Key], list[Key]]:
+    """``key`` and its ancestors, outermost first (a part or label stands alone)."""
+    memo: dict[Key, list[Key]] = {}
+
+    def chain(key: Key) -> list[Key]:
+        found = memo.get(key)
+        if found is None:
+            found = [key]
+            if isinstance(key, int) and parents is not None:
+                up = parents[key]
+                while up is not None:
+                    found.append(up)
+                    up = parents[up]
+            found.reverse()
+            memo[key] = found
+        return found
+
+    return chain
+
+
+def _span_rule(parents: list[int | None] | None, calls: dict[Key, int]) -> Callable[[Key, bool], bool]:
+    """Which frames the memory timeline draws: the step's parts, the model, and the
+    modules right under it, counting only modules that were called (the blocks of a
+    ``ModuleList`` the model loops over are right under it)."""
+    def worthy(key: Key, top_level: bool) -> bool:
+        if not isinstance(key, int):
+            return top_level
+        if parents is None:
+            return top_level
+        if not calls.get(key):
+            return False
+        called_above = 0
+        up = parents[key]
+        while up is not None:
+            called_above += 1 if calls.get(up) else 0
+            up = parents[up]
+        return called_above <= 1
+
+    return worthy
