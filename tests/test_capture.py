@@ -26,7 +26,7 @@ from layerscope import zoo
 from layerscope.attribute import build_profile, walk_pass
 from layerscope.check import InvariantError, check_tree
 from layerscope.errors import ModelError
-from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture
+from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture, Step
 from layerscope.tree import Profile
 
 STEP = 1000  # ns per fake-clock read (conftest.FakeClock)
@@ -613,6 +613,51 @@ def test_build_device_times_add_up() -> None:
     assert prof.root.forward.self_device_time_ns == 700  # 1000 - 300
     assert prof.root.forward.device_time_ns == 1000
     assert prof["c"].forward.device_time_ns == 0
+
+
+def test_build_device_times_from_ops_when_frames_have_no_device_marks() -> None:
+    # A backend that times kernels, not module calls (torch's Kineto profiler): Enter and
+    # Exit carry no device time, each op its kernel time. A frame's own device time is
+    # that of the ops run directly in it.
+    def kernel(t0: int, t1: int, name: str, device_ns: int, grad: Any = None) -> Op:
+        return Op(t0_ns=t0, t1_ns=t1, name=name, input_shapes=[], device_time_ns=device_ns, grad=grad)
+
+    stream = [
+        Step(t_ns=0),
+        Enter(t_ns=0, module=ROOT, seq=0),
+        kernel(1, 3, "aten::add", 5),  # root's own
+        Enter(t_ns=10, module=A, seq=0),
+        kernel(11, 12, "aten::mul", 7),  # a's own
+        Enter(t_ns=20, module=B, seq=0),
+        kernel(21, 25, "aten::mm", 40),  # b's
+        kernel(26, 27, "aten::relu", 2),  # b's
+        Exit(t_ns=30, module=B, seq=3),  # b created autograd nodes 0..2
+        Exit(t_ns=40, module=A, seq=5),  # a nodes 3..4
+        Enter(t_ns=50, module=C, seq=5),
+        Exit(t_ns=60, module=C, seq=5),  # c ran no op
+        Exit(t_ns=100, module=ROOT, seq=5),
+        kernel(110, 120, "aten::sum", 9),  # the loss, outside every frame
+        kernel(130, 140, "aten::mm", 11, grad=(1, None)),  # backward of b's node 1
+        Step(t_ns=200),
+    ]
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream], op_pass=stream, has_device_time=True)
+    prof = check_tree(build_profile(raw))
+
+    def device(path: str) -> tuple[int | None, int | None]:
+        stats = prof[path].forward
+        return stats.self_device_time_ns, stats.device_time_ns
+
+    assert device("a.b") == (42, 42)  # 40 + 2
+    assert device("a") == (7, 49)  # 7 + b's 42
+    assert device("c") == (0, 0)
+    assert device("") == (5, 54)  # 5 + a's 49 + c's 0
+    assert prof["a.b"].backward.self_device_time_ns == 11
+    assert prof.root.backward.device_time_ns == 11
+    assert prof["<loss>"].forward.self_device_time_ns == 9
+    # Every op's kernel time is in exactly one node: 5 + 7 + 40 + 2 + 11 + 9.
+    all_nodes = list(prof.nodes())  # the model's, then the step's parts
+    assert sum(stats.self_device_time_ns or 0 for node in all_nodes for _, stats in node.phases()) == 74
+    assert sum(op.device_time_ns or 0 for node in all_nodes for op in node.ops) == 74
 
 
 # -- paths= ----------------------------------------------------------------------------

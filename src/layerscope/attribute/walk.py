@@ -14,6 +14,10 @@ they happened, and adds up self times per node and phase, calls, op tables, span
   is charged to the op before it.
 - **Recompute.** Module calls during backward (activation checkpointing) are frames of
   phase ``recompute``, never counted as forward.
+- **Device time.** A frame's device time runs from the device mark at its entry to the
+  one at its exit, minus its children's. A frame without marks (a backend that times
+  kernels, not module calls) owns the device time of the ops run directly in it.
+  Backward ops and ops outside frames carry their own.
 - **The step.** A pass with ``Step`` marks is a whole step: work outside the model becomes
   top-level *parts* (``<loss>``, ``<optimizer:NAME>``, ``<zero_grad>``, labels, and
   ``<other>`` for the rest), so every nanosecond of the step's wall time is in exactly
@@ -85,7 +89,8 @@ class Frame:
     """A module call or label the walk is inside."""
 
     __slots__ = (
-        "child_device_ns", "child_ns", "device_t_enter_ns", "key", "live_at_enter", "live_top", "phase", "t_enter_ns",
+        "child_device_ns", "child_ns", "device_t_enter_ns", "key", "live_at_enter", "live_top", "op_device_ns",
+        "phase", "t_enter_ns",
     )  # fmt: skip
 
     def __init__(self, key: Key, phase: str, t_enter_ns: int, device_t_enter_ns: int | None, live_bytes: int) -> None:
@@ -96,6 +101,9 @@ class Frame:
         #: Host and device time of the frames and backward work nested directly in it.
         self.child_ns = 0
         self.child_device_ns = 0
+        #: Device time of the ops run directly in it: its own device time when it has no
+        #: device marks (a backend that times kernels only).
+        self.op_device_ns = 0
         #: Live bytes when it opened, and the highest since (memory tracking).
         self.live_at_enter = live_bytes
         self.live_top = live_bytes
@@ -257,10 +265,16 @@ class PassWalker:
         if self.trace is not None:
             self.trace.append((frame.t_enter_ns, t, key, phase, None))
         duration = max(0, t - frame.t_enter_ns)
-        device_duration = None
-        if frame.device_t_enter_ns is not None and device_t is not None:
-            device_duration = max(0, device_t - frame.device_t_enter_ns)
-        self_device = None if device_duration is None else max(0, device_duration - frame.child_device_ns)
+        device_duration = self_device = None
+        if frame.device_t_enter_ns is not None:
+            if device_t is not None:
+                device_duration = max(0, device_t - frame.device_t_enter_ns)
+                self_device = max(0, device_duration - frame.child_device_ns)
+        elif self.has_device:
+            # No device marks at its ends (torch's Kineto profiler times kernels, not
+            # module calls): its own device time is its direct ops' kernel time.
+            self_device = frame.op_device_ns
+            device_duration = self_device + frame.child_device_ns
         self.charge(key, phase, max(0, duration - frame.child_ns), self_device)
         if frames:
             frames[-1].child_ns += duration
@@ -279,6 +293,8 @@ class PassWalker:
             self._backward_op(event, grad)
         elif frames:
             top = frames[-1]
+            if self.has_device:
+                top.op_device_ns += event.device_time_ns or 0
             memory = self.op_memory((top.key, top.phase), event)
             self.record_op(top.key, top.phase, event, memory)
         else:
