@@ -145,6 +145,32 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     assert last.backward.macs == 2 * last.forward.macs
 
 
+def test_every_iteration_has_its_loss_without_step_calls() -> None:
+    # Several iterations in one block and no step() between them: each new forward after
+    # backward starts an iteration, and the work between it and its backward is the loss.
+    def run(iterations: int) -> Profile:
+        model = mlp()
+        with layerscope.Profiler(model) as prof:
+            for _ in range(iterations):
+                loss = model(X).pow(2).mean()
+                loss.backward()
+        assert prof.profile is not None
+        return check_tree(prof.profile)
+
+    def op_calls(part: Any) -> dict[tuple[str, str], int]:
+        return {(op.name, op.phase): op.calls for op in part.ops}
+
+    one, three = run(1), run(3)
+    assert three.meta["steps"] == 1
+    assert module_calls(three) == {"": 3, "0": 3, "1": 3, "2": 3}
+    once = op_calls(one["<loss>"])
+    assert {("aten::pow", "forward"), ("aten::mean", "forward")} <= set(once)
+    assert any(phase == "backward" for _, phase in once)  # the loss's own backward
+    assert op_calls(three["<loss>"]) == {key: 3 * calls for key, calls in once.items()}
+    other = {op.name for part in three.parts if part.path == "<other>" for op in part.ops}
+    assert not {"aten::pow", "aten::mean"} & other
+
+
 # -- idle and warm-up steps ------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ they happened, and adds up self times per node and phase, calls, op tables, span
 - **The step.** A pass with ``Step`` marks is a whole step: work outside the model becomes
   top-level *parts* (``<loss>``, ``<optimizer:NAME>``, ``<zero_grad>``, labels, and
   ``<other>`` for the rest), so every nanosecond of the step's wall time is in exactly
-  one node.
+  one node. The loss is the work after a forward of the model and before backward; a
+  forward after backward starts the next iteration of a step that runs several.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class PassWalker:
         #: Autograd numbers from ``seq_starts[i]`` on were created by ``seq_owners[i]``.
         self.seq_starts: list[int] = []
         self.seq_owners: list[Key] = []
-        #: The model's forward ran, and backward work ran since: between them is the loss.
+        #: The model's forward ran, and backward work ran since it: between them is the loss.
         self.model_ran = False
         self.backward_ran = False
         #: The first and last ``Step`` marks, and the first time of any timed record.
@@ -282,7 +283,11 @@ class PassWalker:
         else:
             self.accounted_ns += duration
             if isinstance(key, int) and phase == "forward":
+                # A forward of the model after backward work starts a new iteration (a
+                # block of several without step() between them): what follows until its
+                # backward is the loss again.
                 self.model_ran = True
+                self.backward_ran = False
                 self.result.top_level_ns += duration
 
     # -- ops ----------------------------------------------------------------------------------
