@@ -433,15 +433,15 @@ def test_step_times_from_a_fake_clock(fake_clock: Any) -> None:
         prof.step()
     # Every clock read advances 1000 ns; with record_ops=False the clock is read only by
     # the step marks and the module enter/exit hooks (no op mode):
-    #   enter: step 0 opens                   STEP    1000
-    #   model(x): ENTER ''  2000, ENTER '0'  3000, EXIT '0'  4000,
-    #             ENTER '1' 5000, EXIT '1'   6000, EXIT ''   7000
-    #   step(): step 0 closes                 STEP    8000  -> 8000 - 1000 = 7000
-    #           step 1 opens                  STEP    9000
+    #   enter: step 0 opens                   Step    1000
+    #   model(x): Enter ''  2000, Enter '0'  3000, Exit '0'  4000,
+    #             Enter '1' 5000, Exit '1'   6000, Exit ''   7000
+    #   step(): step 0 closes                 Step    8000  -> 8000 - 1000 = 7000
+    #           step 1 opens                  Step    9000
     #   model(x): 10000 .. 15000 as above
-    #   step(): step 1 closes                 STEP   16000  -> 16000 - 9000 = 7000
-    #           step 2 opens                  STEP   17000
-    #   exit:   step 2 closes                 STEP   18000  (nothing ran: dropped)
+    #   step(): step 1 closes                 Step   16000  -> 16000 - 9000 = 7000
+    #           step 2 opens                  Step   17000
+    #   exit:   step 2 closes                 Step   18000  (nothing ran: dropped)
     assert fake_clock.now == 18000
     profile = check_tree(prof.profile)
     assert profile.meta["steps"] == 2
