@@ -226,17 +226,22 @@ def test_later_steps_count_existing_state_from_the_start() -> None:
     assert memory["peak_categories"]["optimizer_state"] == state
 
 
-def test_cycle_sizes_come_from_one_step_and_flows_add_up() -> None:
+def test_cycle_sizes_come_from_its_detail_step_and_flows_add_up() -> None:
     one = _adam_steps(_chain(), X, 1)
     three = _adam_steps(_chain(), X, 3)
-    # The first step (Adam allocating its state) has the cycle's highest peak.
+    # Memory is tracked in the cycle's detail step (its first step here, with Adam
+    # allocating its state); the 2 steps after it are timed, and the detail step's
+    # flows stand for each of them.
+    assert three.meta["detail_step"] == 0 and three.meta["steps"] == 2
+    assert one.meta["times_from"] == "detail step" and one.meta["steps"] == 1
     assert three.memory["peak_bytes"] == one.memory["peak_bytes"]
     for node in three.modules():
         single = one[node.path]
         assert node.forward.activation_bytes == single.forward.activation_bytes
         assert node.forward.peak_bytes == single.forward.peak_bytes
-        # Allocations are summed over the steps, like time and FLOPs.
-        assert node.forward.alloc_bytes == 3 * single.forward.alloc_bytes
+        # Allocations are summed over the timed steps, like time and FLOPs.
+        assert node.forward.alloc_bytes == 2 * single.forward.alloc_bytes
+        assert node.forward.flops == 2 * single.forward.flops
 
 
 def test_training_step_activations_are_freed_in_backward() -> None:

@@ -21,6 +21,7 @@ import layerscope
 from layerscope.check import check_tree
 from layerscope.errors import ProfilerStateError
 from layerscope.handlers import save_json
+from layerscope.session import WINDOW_STEPS
 from layerscope.tree import Profile
 from test_no_side_effects import Raiser, assert_unchanged, snapshot
 
@@ -110,8 +111,13 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     profile = check_tree(delivered[0])
     assert prof.profile is profile
     meta = profile.meta
-    assert meta["steps"] == steps
-    assert len(meta["step_times_ns"]) == steps
+    # Step 0 is the detail step (ops, shapes, FLOPs, memory); the 4 after it are timed
+    # through torch's profiler, and the detail step's counts stand for each of them.
+    timed = steps - 1
+    assert meta["detail_step"] == 0
+    assert meta["counts_from"] == "detail step"
+    assert meta["steps"] == timed
+    assert len(meta["step_times_ns"]) == timed
     assert all(t > 0 for t in meta["step_times_ns"])
     assert meta["step_range"] == [0, steps - 1]
     assert meta["complete"] is True
@@ -121,15 +127,18 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     total_self = sum(stats.self_cpu_time_ns for node in profile.nodes() for _, stats in node.phases())
     assert profile.step_time_ns == total_self == sum(meta["step_times_ns"])
 
-    assert module_calls(profile) == {"": steps, "0": steps, "1": steps, "2": steps}
+    assert module_calls(profile) == {"": timed, "0": timed, "1": timed, "2": timed}
     parts = {part.path: part for part in profile.parts}
     assert {"<loss>", "<optimizer:SGD>", "<zero_grad>", "<other>"} <= set(parts)
     assert parts["<loss>"].kind == "loss"
     assert "aten::mse_loss" in {op.name for op in parts["<loss>"].ops}
     assert parts["<optimizer:SGD>"].kind == "optimizer"
-    assert parts["<optimizer:SGD>"].calls == steps
+    assert parts["<optimizer:SGD>"].calls == timed
     assert parts["<optimizer:SGD>"].forward.flops > 0  # the parameter updates
-    assert parts["<zero_grad>"].calls == steps
+    assert parts["<zero_grad>"].calls == timed
+    # Op rows are the detail step's, once per timed step.
+    (mse,) = [op for op in parts["<loss>"].ops if op.name == "aten::mse_loss"]
+    assert mse.calls == timed
 
     for node in profile.modules():
         assert node.backward is not None, node.path
@@ -221,15 +230,23 @@ def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
             pre, post, modes = next(seen)
             if action == "NONE":
                 assert (pre, post, modes) == baseline, f"step {step} is idle but profiling was on"
-            else:
-                # The probe does see profiling when it is on: one pre hook, one forward
-                # hook, one op-recording mode.
+            elif action == "WARMUP":
+                # The last warm-up step of a cycle is its detail step: one pre hook, one
+                # forward hook, one op-recording mode.
                 assert (pre, post, modes) == (baseline[0] + 1, baseline[1] + 1, baseline[2] + 1), step
+            else:
+                # Recorded steps are timed through torch's profiler: module ranges from
+                # the two global hooks, and no dispatch mode.
+                assert (pre, post, modes) == (baseline[0] + 1, baseline[1] + 1, baseline[2]), step
 
-    # Warm-up steps (1 and 5, each with two forwards) were measured, then discarded.
+    # Warm-up steps (1 and 5, each with two forwards) were detail steps: their ops,
+    # FLOPs and memory stand for each recorded step, their times are discarded. They
+    # ran twice the work of a recorded step, and the profile says so.
     assert [p.meta["step_range"] for p in delivered] == [[2, 3], [6, 7]]
     for profile in delivered:
         check_tree(profile)
+        assert profile.meta["detail_step"] in (1, 5)
+        assert "" in profile.meta["detail_mismatch"]
         assert profile.meta["steps"] == 2
         assert len(profile.meta["step_times_ns"]) == 2
         assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
@@ -372,6 +389,7 @@ def _container_sizes(prof: Any) -> dict[str, int]:
         "recorder": prof._recorder,
         "steps": prof._steps,
         "total": prof._steps.total,
+        "detail": prof._detail,
     }
     return {
         f"{owner}.{name}": len(value)
@@ -394,9 +412,14 @@ def _long_run(steps: int) -> tuple[dict[str, int], int, Profile]:
             prof.step()
         # Still inside the block: what the Profiler holds after `steps` steps (leaving
         # the block hands the totals over to the profile and starts a new accumulator).
-        assert prof._steps.steps == steps
+        # Step 0 was the detail step; the timed steps after it are folded in whenever
+        # torch's profiler is read back, at most WINDOW_STEPS steps apart (the window
+        # also holds the step opened by the last step() call).
+        assert prof._steps.steps + len(prof._window_steps) == steps
+        assert len(prof._window_steps) < WINDOW_STEPS
         sizes = _container_sizes(prof)
-        op_calls = sum(op.calls for op in prof._steps.total.ops.values())
+        sizes.pop("prof._window_steps")
+        op_calls = sum(op.calls for op in prof._detail.ops.values())
     return sizes, op_calls, prof.profile
 
 
@@ -406,18 +429,19 @@ def test_long_runs_keep_running_totals_not_raw_events() -> None:
     # Only the per-step wall times grow with the run (O(steps) ints, by design); every
     # other container the Profiler holds has the same size after 50 and 300 steps: the
     # op table has one entry per (node, phase, op, shapes), not one per call.
-    assert short_sizes.pop("steps.step_times_ns") == 50
-    assert long_sizes.pop("steps.step_times_ns") == 300
+    assert short_sizes.pop("steps.step_times_ns") == (50 - 1) // WINDOW_STEPS * WINDOW_STEPS
+    assert long_sizes.pop("steps.step_times_ns") == (300 - 1) // WINDOW_STEPS * WINDOW_STEPS
     assert long_sizes == short_sizes
-    assert short_sizes["total.ops"] > 0
+    assert short_sizes["detail.ops"] > 0
     assert max(long_sizes.values()) < 50
-    # The entries count calls: every step ran the same ops.
-    assert long_calls == 6 * short_calls
+    # The detail step's op rows stand for every timed step.
+    assert long_calls == short_calls
     for profile, steps in ((short, 50), (long, 300)):
         check_tree(profile)
-        assert profile.meta["steps"] == steps
-        assert len(profile.meta["step_times_ns"]) == steps
-        assert profile["2"].calls == steps
+        assert profile.meta["steps"] == steps - 1
+        assert len(profile.meta["step_times_ns"]) == steps - 1
+        assert profile["2"].calls == steps - 1
+        assert sum(op.calls for node in profile.nodes() for op in node.ops) == (steps - 1) * short_calls
 
 
 # -- exact times with a fake clock -----------------------------------------------------

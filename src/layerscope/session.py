@@ -14,16 +14,35 @@ import torch
 from torch import nn
 
 from layerscope import __version__
-from layerscope.attribute import Accumulator, build_from_steps, build_profile, parent_indices, walk_pass
+from layerscope.attribute import (
+    Accumulator,
+    PassResult,
+    build_from_steps,
+    build_profile,
+    parent_indices,
+    walk_pass,
+)
+from layerscope.capture import kineto
+from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps
 from layerscope.capture.inputs import check_signature, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
-from layerscope.capture.modules import model_device, model_dtype, module_table, require_module
+from layerscope.capture.modules import (
+    model_device,
+    model_dtype,
+    module_table,
+    refuse_compiled,
+    require_module,
+)
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of
 from layerscope.errors import ProfilerStateError
 from layerscope.raw import Enter, Event, Op, RawCapture
 from layerscope.schedule import Action
 from layerscope.tree import Profile
+
+#: Timed steps read back from torch's profiler at a time: its events stay in C++ until
+#: it stops, so a long run stops (at a step boundary, after the timed work) every so often.
+WINDOW_STEPS = 32
 
 #: ``progress(stage, done, total)``: stage is "warmup", "measure" or "ops".
 Progress = Callable[[str, int, int], None]
@@ -86,6 +105,7 @@ def profile(
     and its exception reaches the caller unchanged.
     """
     require_module(model)
+    refuse_compiled(model)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(repeat, int) or repeat < 1:
@@ -96,39 +116,58 @@ def profile(
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
     peak_flops_per_s = _peak(peak_tflops, device, model_dtype(model))
-    recorder = Recorder(
-        modules, [i.selected for i in infos], device=device, clock=clock, memory=memory, with_stack=with_stack
-    )
+    selected = [i.selected for i in infos]
+    recorder = Recorder(modules, selected, device=device, clock=clock, memory=memory, with_stack=with_stack)
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
     report = progress or (lambda stage, done, total: None)
+    # Forward alone is timed by module hooks on a Python clock (the leanest); a step with
+    # backward through torch's profiler, which sees autograd's engine without Python per
+    # op. A fake clock (tests) keeps every pass on the recorder.
+    timed: Backend | None = None
+    if backward and clock is None:
+        timed = _timed_backend(recorder, modules, selected, device)
+    if timed is None:
+        timed = RecorderSteps(recorder, detailed=False, steps=backward)
+    detail = RecorderSteps(recorder, detailed=True, steps=backward)
 
-    def step() -> None:
-        _run_step(model, args, kwargs, recorder, backward=backward, loss_fn=loss_fn)
+    def step(on: Backend) -> None:
+        _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
 
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
         for n in range(warmup):
             clear_grads()
             if record_ops and n == warmup - 1:
                 with recorder.warm_detail_pass():
-                    step()
+                    step(detail)
             else:
-                step()
+                step(detail)
             report("warmup", n + 1, warmup)
-        for n in range(repeat):
-            clear_grads()
-            with recorder.timing_pass(steps=backward):
-                step()
-            report("measure", n + 1, repeat)
+        try:
+            for n in range(repeat):
+                clear_grads()
+                timed.begin_step()
+                try:
+                    step(timed)
+                finally:
+                    timed.end_step()
+                report("measure", n + 1, repeat)
+        finally:
+            timing_passes = timed.collect()
+        op_pass = None
         if record_ops:
             clear_grads()
-            with recorder.detail_pass(steps=backward):
-                step()
+            detail.begin_step()
+            try:
+                step(detail)
+            finally:
+                detail.end_step()
+            (op_pass,) = detail.collect()
             report("ops", 1, 1)
 
     raw = RawCapture(
         modules=infos,
-        timing_passes=recorder.timing_passes,
-        op_pass=recorder.op_pass,
+        timing_passes=timing_passes,
+        op_pass=op_pass,
         module_shapes=recorder.module_shapes,
         has_device_time=recorder.has_device_time,
         param_bytes=param_bytes,
@@ -164,7 +203,7 @@ def _run_step(
     model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    recorder: Recorder,
+    capture: Backend,
     *,
     backward: bool,
     loss_fn: Callable[[Any], Any] | None,
@@ -172,16 +211,25 @@ def _run_step(
     """One pass: forward, and with ``backward`` the loss (a step part) and backward."""
     output = model(*args, **kwargs)
     if backward:
-        with recorder.part("loss", "loss"):
+        with capture.part("loss", "loss"):
             loss = loss_of(output, loss_fn)
         del output
-        with recorder.backward_ops():
+        with capture.backward():
             loss.backward()
 
 
 def _has_work(events: list[Event]) -> bool:
     """Whether a step did anything (the step left open after the last ``step()`` did not)."""
     return any(isinstance(event, (Enter, Op)) for event in events)
+
+
+def _timed_backend(recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device) -> Backend | None:
+    """Timed steps through torch's profiler, or None where it cannot run (a user's own
+    ``torch.profiler`` is already running: only one can)."""
+    if not kineto.available():
+        return None
+    index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
+    return KinetoSteps(kineto.KinetoWindow(index, device=device))
 
 
 def _rank() -> int:
@@ -227,13 +275,18 @@ def count_flops(
     device = model_device(model)
     recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory)
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
+    detail = RecorderSteps(recorder, detailed=True, steps=backward)
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
         clear_grads()
-        with recorder.detail_pass(steps=backward):
-            _run_step(model, args, kwargs, recorder, backward=backward, loss_fn=loss_fn)
+        detail.begin_step()
+        try:
+            _run_step(model, args, kwargs, detail, backward=backward, loss_fn=loss_fn)
+        finally:
+            detail.end_step()
+    (op_pass,) = detail.collect()
     raw = RawCapture(
         modules=infos,
-        op_pass=recorder.op_pass,
+        op_pass=op_pass,
         module_shapes=recorder.module_shapes,
         param_bytes=param_bytes,
         memory_static=model_memory(model) if memory else {},
@@ -300,9 +353,14 @@ class Profiler:
         self._schedule = schedule
         self._on_ready = on_ready
         self._stack: contextlib.ExitStack | None = None
-        self._step_stack: contextlib.ExitStack | None = None
-        self._step_events: list[Event] | None = None
         self._recorder: Recorder | None = None
+        self._detail_backend: Backend | None = None
+        self._timed_backend: Backend | None = None
+        self._running: Backend | None = None
+        #: Timed steps recorded in the profiler's current window: (step number, action).
+        self._window_steps: list[tuple[int, Action]] = []
+        self._detail: PassResult | None = None
+        self._detail_step: int | None = None
         self._infos: list[Any] = []
         self._param_bytes = 0
         self._profile: Profile | None = None
@@ -317,18 +375,28 @@ class Profiler:
     def __enter__(self) -> Profiler:
         if self._stack is not None or self._profile is not None:
             raise ProfilerStateError("this Profiler has already run; use a new one for each block")
+        refuse_compiled(self.model)
         modules, self._infos, self._param_bytes = module_table(
             self.model, self._paths, with_repr=self._record_ops
         )
         self._device = model_device(self.model)
+        selected = [i.selected for i in self._infos]
         self._recorder = Recorder(
             modules,
-            [i.selected for i in self._infos],
+            selected,
             device=self._device,
             clock=self._clock,
             memory=self._memory,
             with_stack=self._with_stack,
         )
+        self._detail_backend = RecorderSteps(self._recorder, detailed=self._record_ops)
+        # Timed steps go through torch's profiler; without it (a user's torch.profiler
+        # already runs, or a fake clock in tests) every step is a detail step, timed too.
+        self._timed_backend = None if self._clock is not None else _timed_backend(
+            self._recorder, modules, selected, self._device
+        )
+        if self._timed_backend is None and not self._record_ops:
+            self._timed_backend = self._detail_backend
         self._parents = parent_indices(self._infos)
         stack = contextlib.ExitStack()
         try:
@@ -348,41 +416,78 @@ class Profiler:
         return Action[action.name] if not isinstance(action, Action) else action
 
     def _begin_step(self) -> None:
-        assert self._recorder is not None
         action = self._action(self._step)
         if action is Action.NONE:
             return
-        stack = contextlib.ExitStack()
-        self._step_events = stack.enter_context(self._recorder.step_pass(detailed=self._record_ops))
-        self._step_stack = stack
+        backend = self._detail_backend if self._is_detail_step(action) else self._timed_backend
+        assert backend is not None
+        backend.begin_step()
+        self._running = backend
         self._step_action = action
+        if backend is self._timed_backend:
+            self._window_steps.append((self._step, action))
+
+    def _is_detail_step(self, action: Action) -> bool:
+        """Whether this step records ops, shapes, FLOPs and memory under a dispatch mode
+        (and is not timed): each cycle's last warm-up step, or its first recorded step
+        when no warm-up precedes it. Without torch's profiler every step is one."""
+        if not self._record_ops:
+            return False
+        if self._timed_backend is None:
+            return True
+        if self._detail is not None:
+            return False
+        if action is Action.WARMUP:
+            return self._action(self._step + 1) in (Action.RECORD, Action.RECORD_AND_SAVE)
+        return True
 
     def _end_step(self) -> None:
-        """Close the running step's pass and fold its events into the running totals."""
-        stack, events = self._step_stack, self._step_events
-        self._step_stack = self._step_events = None
-        if stack is None or events is None:
+        """Close the running step; a detail step is walked now, timed steps when their
+        window is read back (every ``WINDOW_STEPS`` steps, and at the cycle's end)."""
+        backend, self._running = self._running, None
+        if backend is None:
             return
-        try:
-            stack.close()
-        finally:
-            # The step left open after the last step() call usually ran nothing: drop it
-            # (but keep a lone step, so a block where nothing ran still has a profile).
-            keep = _has_work(events) or (self._step == 0 and self._schedule is None)
-            if self._step_action is not Action.WARMUP and keep:
-                assert self._recorder is not None
-                paths = [info.path for info in self._infos]
-                result = walk_pass(
-                    events,
-                    paths,
-                    has_device=self._recorder.has_device_time,
-                    collect_ops=self._record_ops,
-                    parents=self._parents,
-                )
-                self._steps.add(result)
-                if self._cycle_first is None:
-                    self._cycle_first = self._step
-                self._cycle_last = self._step
+        backend.end_step()
+        if backend is self._detail_backend and backend is not self._timed_backend:
+            (events,) = backend.collect()
+            self._add_step(events, self._step, self._step_action, detail=True)
+        elif len(self._window_steps) >= WINDOW_STEPS:
+            self._read_window()
+
+    def _read_window(self) -> None:
+        """Stop the profiler, and fold its steps into the running totals."""
+        if self._timed_backend is None or not self._window_steps:
+            return
+        steps, self._window_steps = self._window_steps, []
+        streams = self._timed_backend.collect()
+        for events, (number, action) in zip(streams, steps):
+            self._add_step(events, number, action, detail=False)
+
+    def _add_step(self, events: list[Event], number: int, action: Action, *, detail: bool) -> None:
+        # The step left open after the last step() call usually ran nothing: drop it
+        # (but keep a lone step, so a block where nothing ran still has a profile).
+        keep = _has_work(events) or (number == 0 and self._schedule is None)
+        if (action is Action.WARMUP and not detail) or not keep:
+            return
+        assert self._recorder is not None
+        paths = [info.path for info in self._infos]
+        result = walk_pass(
+            events,
+            paths,
+            has_device=self._recorder.has_device_time,
+            collect_ops=detail,
+            parents=self._parents,
+        )
+        if detail and self._timed_backend is not None:
+            self._detail = result  # the cycle's one detail step
+            self._detail_step = number
+            if action is Action.WARMUP:
+                return  # a warm-up step: not one of the cycle's recorded steps
+        else:
+            self._steps.add(result)  # timed steps, or every step when all are detailed
+        if self._cycle_first is None or number < self._cycle_first:
+            self._cycle_first = number
+        self._cycle_last = max(number, self._cycle_last if self._cycle_last is not None else number)
 
     def step(self) -> None:
         """Mark the end of a training step (call it once per step, after ``opt.step()``)."""
@@ -391,7 +496,7 @@ class Profiler:
                 "step() called outside a running Profiler: call it inside the "
                 "`with layerscope.Profiler(model) as prof:` block, once per training step"
             )
-        action = self._step_action if self._step_stack is not None else Action.NONE
+        action = self._step_action if self._running is not None else Action.NONE
         try:
             self._end_step()
             if action is Action.RECORD_AND_SAVE:
@@ -402,11 +507,13 @@ class Profiler:
             self._begin_step()
 
     def _deliver(self, *, complete: bool) -> Profile | None:
-        if not self._steps.steps:
+        self._read_window()
+        if not self._steps.steps and self._detail is None:
             return None
         profile = self._build(complete=complete)
         self._steps = Accumulator()
-        self._cycle_first = None
+        self._detail = None
+        self._cycle_first = self._cycle_last = None
         self._profile = profile
         self._delivered += 1
         if self._on_ready is not None:
@@ -430,9 +537,10 @@ class Profiler:
                 complete=complete,
                 schedule=None if self._schedule is None else str(self._schedule),
                 rank=_rank(),
+                **({"detail_step": self._detail_step} if self._detail is not None else {}),
             ),
         )
-        return build_from_steps(raw, self._steps, counted=self._record_ops)
+        return build_from_steps(raw, self._steps, self._detail, counted=self._record_ops)
 
     def __exit__(self, *exc_info: Any) -> bool:
         assert self._stack is not None

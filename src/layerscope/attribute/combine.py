@@ -5,6 +5,7 @@ derived later over the static tree, so the invariants hold exactly (see docs/des
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 from layerscope.attribute.memory import MemoryResult
@@ -93,3 +94,33 @@ def median_result(passes: list[PassResult]) -> PassResult:
             out.dynamic.setdefault(path, dyn)
         out.phases |= p.phases
     return out
+
+
+def scaled(result: PassResult, factor: int) -> PassResult:
+    """A copy of a detail step's result whose counts stand for ``factor`` steps: op rows
+    (calls, times, FLOPs, MACs, bytes, memory flows), memory flows and ops outside the
+    model are multiplied; sizes (peaks, activations, gradients, the timeline) stay per
+    step. ``result`` itself is left as it was."""
+    out = dataclasses.replace(result)
+    out.ops = {}
+    for key, op in result.ops.items():
+        copy = dataclasses.replace(op)
+        for name in _OP_COUNTS:
+            value = getattr(op, name)
+            if value is not None:
+                setattr(copy, name, value * factor)
+        out.ops[key] = copy
+    if result.memory is not None:
+        memory = dataclasses.replace(result.memory)
+        memory.alloc = {k: v * factor for k, v in result.memory.alloc.items()}
+        memory.freed = {k: v * factor for k, v in result.memory.freed.items()}
+        out.memory = memory
+    out.outside_ops = result.outside_ops * factor
+    return out
+
+
+#: The additive fields of an op row.
+_OP_COUNTS = (
+    "calls", "cpu_time_ns", "self_cpu_time_ns", "device_time_ns", "self_device_time_ns",
+    "flops", "macs", "bytes", "alloc_bytes", "self_alloc_bytes", "freed_bytes",
+)  # fmt: skip

@@ -248,8 +248,11 @@ def _peak_bytes_tracked(runner: _Runner, batch: Any) -> tuple[int | None, Any]:
     """One untimed pass under layerscope's memory tracking: (peak bytes, its profile)."""
     from layerscope.session import count_flops
 
+    # A model compiled by the user is counted through its eager original: the counts are
+    # the same, and per-module capture refuses compiled graphs.
+    eager = getattr(runner.model, "_orig_mod", runner.model)
     with runner.amp():
-        prof = count_flops(runner.model, batch, memory=True, backward=runner.train, loss_fn=runner.loss_fn)
+        prof = count_flops(eager, batch, memory=True, backward=runner.train, loss_fn=runner.loss_fn)
     peak = prof.memory.get("peak_bytes") if isinstance(prof.memory, dict) else None
     return peak, prof
 

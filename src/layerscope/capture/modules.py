@@ -112,3 +112,35 @@ def model_dtype(model: nn.Module) -> str | None:
     for tensor in model.parameters():
         return str(tensor.dtype).replace("torch.", "")
     return None
+
+
+def compiled_modules(model: nn.Module) -> list[str]:
+    """``named_modules()`` paths of the parts of ``model`` compiled with ``torch.compile``
+    (an ``OptimizedModule`` wrapper, or a module whose ``.compile()`` was called)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return []  # nothing can have been compiled in this process
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return [
+        path
+        for path, module in model.named_modules()
+        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None
+    ]
+
+
+def refuse_compiled(model: nn.Module) -> None:
+    """Refuse per-module profiling of a compiled model: module hooks are traced into
+    the compiled graph and replayed, so their times (and the ops seen) say nothing
+    about the modules. Whole-model figures stay true, and the eager model profiles."""
+    found = compiled_modules(model)
+    if not found:
+        return
+    where = "the model" if found[0] == "" else f"module{'s' if len(found) > 1 else ''} {', '.join(repr(p) for p in found[:3])}"
+    eager = "model._orig_mod" if found[0] == "" and hasattr(model, "_orig_mod") else "the model before torch.compile"
+    raise ModelError(
+        f"{where} is compiled with torch.compile, whose graphs replay module hooks, so per-module "
+        f"figures would be wrong: profile {eager} instead, or time the compiled model as a whole "
+        "with layerscope.benchmark / `layerscope bench --compile`"
+    )

@@ -469,7 +469,7 @@ class Recorder:
                     self.timing_passes.append(events)
 
     @contextmanager
-    def step_pass(self, *, detailed: bool) -> Iterator[list[Event]]:
-        """One training step of a ``Profiler``: its events, marked as a whole step."""
-        with self._pass(detailed=detailed, steps=True) as events:
+    def step_pass(self, *, detailed: bool, steps: bool = True) -> Iterator[list[Event]]:
+        """One pass or training step: its events (``steps`` marks it as a whole step)."""
+        with self._pass(detailed=detailed, steps=steps) as events:
             yield events

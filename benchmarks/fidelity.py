@@ -1,0 +1,247 @@
+"""Fidelity: do the module times of a ``layerscope.Profiler`` block match the modules'
+times when nothing but two clock reads per call is added?
+
+For each model, in one process, rounds interleave four variants of the same work
+(a no_grad forward, or a training step with AdamW):
+
+- *plain*: the work alone;
+- *reference*: the work under two global forward hooks that read ``perf_counter_ns``
+  (the lightest possible per-module measurement), plus, for training steps, full
+  backward hooks on leaf modules for their backward spans; written here, independent
+  of layerscope;
+- *layerscope*: a ``layerscope.Profiler`` block running ``1 + steps`` steps (its first
+  step is the detail step; the rest are timed through torch's profiler);
+- *torch.profiler*: ``torch.profiler.profile(record_shapes=True)`` around the same
+  steps.
+
+Reported per model: the median per-step wall time of each variant and its ratio to
+plain; for every module whose reference time is at least ``--min-us``, the ratio of
+layerscope's time to the reference's (forward totals; backward totals of leaf modules
+in training steps), how many are within 15%, and the worst ones. Also the 1000 x
+``Linear(16, 16)`` forward, where instrumentation per module dominates.
+
+Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+import layerscope
+from layerscope.capture.training import first_float_tensor
+
+TOLERANCE = 0.15
+
+
+# -- models --------------------------------------------------------------------------
+
+
+def bert() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
+    ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    return BertModel(config), {"input_ids": ids}
+
+
+def gpt2() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_layer=2, n_embd=256, n_head=4)
+    ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    return GPT2Model(config), {"input_ids": ids}
+
+
+def zoo_gpt() -> tuple[nn.Module, Any]:
+    entry = layerscope.zoo.get("gpt")
+    return entry.build(), entry.example_inputs()
+
+
+def tiny() -> tuple[nn.Module, torch.Tensor]:
+    return nn.Sequential(*[nn.Linear(16, 16) for _ in range(1000)]), torch.randn(4, 16)
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {"bert": bert, "gpt2": gpt2, "gpt": zoo_gpt, "tiny": tiny}
+
+
+def call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def first_float(output: Any) -> torch.Tensor:
+    found = first_float_tensor(output)
+    assert found is not None
+    return found
+
+
+# -- the work ------------------------------------------------------------------------
+
+
+class Work:
+    """A forward (no_grad) or a training step of one model."""
+
+    def __init__(self, model: nn.Module, inputs: Any, train: bool) -> None:
+        self.model, self.inputs, self.train = model, inputs, train
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+
+    def __call__(self) -> None:
+        if not self.train:
+            with torch.no_grad():
+                call(self.model, self.inputs)
+            return
+        assert self.opt is not None
+        loss = first_float(call(self.model, self.inputs)).float().pow(2).mean()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+
+
+class Reference:
+    """Per-module totals from two clock reads per call (and leaf backward spans)."""
+
+    def __init__(self, model: nn.Module, backward: bool) -> None:
+        self.paths = {id(m): p for p, m in model.named_modules()}
+        self.forward: dict[str, int] = {}
+        self.backward: dict[str, int] = {}
+        self._open: list[tuple[str, int]] = []
+        self._bwd_open: dict[str, int] = {}
+        self._handles: list[Any] = []
+        self._leaves = [(p, m) for p, m in model.named_modules() if backward and not list(m.children()) and any(True for _ in m.parameters(recurse=False))]
+
+    def __enter__(self) -> Reference:
+        clock = time.perf_counter_ns
+        paths = self.paths
+        opened = self._open
+        forward = self.forward
+
+        def pre(module: nn.Module, args: Any) -> None:
+            path = paths.get(id(module))
+            if path is not None:
+                opened.append((path, clock()))
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            if paths.get(id(module)) is not None:
+                path, t0 = opened.pop()
+                forward[path] = forward.get(path, 0) + clock() - t0
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(pre),
+            nn_module.register_module_forward_hook(post, always_call=True),
+        ]
+        for path, module in self._leaves:
+
+            def bpre(module: nn.Module, grad_output: Any, path: str = path) -> None:
+                self._bwd_open[path] = clock()
+
+            def bpost(module: nn.Module, grad_input: Any, grad_output: Any, path: str = path) -> None:
+                t0 = self._bwd_open.pop(path, None)
+                if t0 is not None:
+                    self.backward[path] = self.backward.get(path, 0) + clock() - t0
+
+            self._handles.append(module.register_full_backward_pre_hook(bpre))
+            self._handles.append(module.register_full_backward_hook(bpost))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def timed_steps(work: Work, steps: int, mark: Callable[[], None] = lambda: None) -> float:
+    """Median wall time per step of ``steps`` steps, ``mark()`` after each (untimed)."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        work()
+        times.append(time.perf_counter_ns() - t0)
+        mark()
+    return statistics.median(times)
+
+
+def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.train(train)
+    work = Work(model, inputs, train)
+    for _ in range(5):
+        work()
+    walls: dict[str, list[float]] = {"plain": [], "reference": [], "layerscope": [], "torch.profiler": []}
+    ref_fwd: dict[str, list[float]] = {}
+    ref_bwd: dict[str, list[float]] = {}
+    ls_fwd: dict[str, list[float]] = {}
+    ls_bwd: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        walls["plain"].append(timed_steps(work, steps))
+        with Reference(model, backward=train) as ref:
+            walls["reference"].append(timed_steps(work, steps))
+        for path, ns in ref.forward.items():
+            ref_fwd.setdefault(path, []).append(ns / steps)
+        for path, ns in ref.backward.items():
+            ref_bwd.setdefault(path, []).append(ns / steps)
+        with layerscope.Profiler(model) as prof:
+            work()  # the detail step
+            prof.step()
+            walls["layerscope"].append(timed_steps(work, steps, prof.step))
+        profile = prof.profile
+        for node in profile.modules():
+            ls_fwd.setdefault(node.path, []).append(node.forward.cpu_time_ns)
+            if node.backward is not None:
+                ls_bwd.setdefault(node.path, []).append(node.backward.cpu_time_ns)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as tprof:
+            walls["torch.profiler"].append(timed_steps(work, steps))
+        del tprof
+    plain = statistics.median(walls["plain"])
+    print(f"\n{name} ({'training step, AdamW' if train else 'forward, no_grad'}), {rounds} rounds x {steps} steps")
+    for variant, values in walls.items():
+        median = statistics.median(values)
+        print(f"  {variant:16s} {median / 1e3:10.1f} us/step   x{median / plain:.3f}")
+    result: dict[str, Any] = {"ratio": statistics.median(walls["layerscope"]) / plain}
+    for phase, ref, ours in (("forward", ref_fwd, ls_fwd), ("backward", ref_bwd, ls_bwd)):
+        rows = []
+        for path, values in ref.items():
+            ref_ns = statistics.median(values)
+            if ref_ns < min_us * 1e3 or path not in ours:
+                continue
+            rows.append((statistics.median(ours[path]) / ref_ns, path, ref_ns))
+        if not rows:
+            continue
+        within = sum(1 for r, _, _ in rows if abs(r - 1) <= TOLERANCE)
+        print(f"  {phase}: {within}/{len(rows)} modules of >= {min_us:g} us within {TOLERANCE:.0%} of the reference")
+        for ratio, path, ref_ns in sorted(rows, key=lambda r: -abs(r[0] - 1))[:5]:
+            print(f"    {path or '(root)':45s} ref {ref_ns / 1e3:9.1f} us   layerscope x{ratio:.3f}")
+        result[phase] = (within, len(rows))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--min-us", type=float, default=50.0)
+    parser.add_argument("--models", default="bert,gpt2,gpt,tiny")
+    parser.add_argument("--no-train", action="store_true", help="forward only")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")
+    for name in args.models.split(","):
+        run_model(name, False, args.rounds, args.steps, args.min_us)
+        if not args.no_train and name != "tiny":
+            run_model(name, True, args.rounds, args.steps, args.min_us)
+
+
+if __name__ == "__main__":
+    main()

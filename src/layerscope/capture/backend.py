@@ -1,0 +1,118 @@
+"""The seam between ``session.py`` and the capture backends.
+
+A backend records steps (a ``profile`` pass, or a training step of a ``Profiler``)
+and hands back one typed event stream per step (``layerscope.raw``). Two kinds exist:
+
+- :class:`RecorderSteps` over the dispatch-mode :class:`~layerscope.capture.recorder.Recorder`:
+  the *detail* capture (ops with shapes, FLOPs, memory, activations, stacks), or module
+  hooks alone (the leanest forward timing);
+- :class:`KinetoSteps`: *timed* steps through torch's own profiler, module ranges
+  included (``capture/kineto.py``), with nothing Python per op.
+
+A new backend is a new class with these five methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Protocol
+
+from layerscope.capture.kineto import KinetoWindow
+from layerscope.capture.recorder import Recorder
+from layerscope.raw import Event
+
+
+class Backend(Protocol):
+    """What ``session.py`` drives, one step at a time."""
+
+    #: Whether its streams carry device (accelerator) time.
+    has_device_time: bool
+
+    def begin_step(self) -> None:
+        """Start recording a step (starting the capture first if it is not running)."""
+
+    def end_step(self) -> None:
+        """Finish the running step."""
+
+    def part(self, kind: str, name: str) -> AbstractContextManager[None]:
+        """Mark a part of the step run by layerscope itself (the loss of ``profile``)."""
+
+    def backward(self) -> AbstractContextManager[None]:
+        """Around a ``backward()`` that layerscope calls itself."""
+
+    def collect(self) -> list[list[Event]]:
+        """Stop capturing; the streams of the steps finished since the last collect."""
+
+
+class RecorderSteps:
+    """Steps recorded by the dispatch-mode recorder: ``detailed`` ones (ops, shapes,
+    FLOPs, memory), or module hooks alone. ``steps`` marks each stream's start and end
+    (a whole step, whose parts add up to its wall time)."""
+
+    def __init__(self, recorder: Recorder, *, detailed: bool, steps: bool = True) -> None:
+        self._recorder = recorder
+        self._detailed = detailed
+        self._steps = steps
+        self._running: ExitStack | None = None
+        self._events: list[Event] | None = None
+        self._finished: list[list[Event]] = []
+
+    @property
+    def has_device_time(self) -> bool:
+        return self._recorder.has_device_time
+
+    def begin_step(self) -> None:
+        stack = ExitStack()
+        self._events = stack.enter_context(self._recorder.step_pass(detailed=self._detailed, steps=self._steps))
+        self._running = stack
+
+    def end_step(self) -> None:
+        stack, events = self._running, self._events
+        self._running = self._events = None
+        if stack is None or events is None:
+            return
+        try:
+            stack.close()
+        finally:
+            # Kept even if closing raised: results already captured are never lost.
+            self._finished.append(events)
+
+    def part(self, kind: str, name: str) -> AbstractContextManager[None]:
+        return self._recorder.part(kind, name)
+
+    def backward(self) -> AbstractContextManager[None]:
+        return self._recorder.backward_ops()
+
+    def collect(self) -> list[list[Event]]:
+        self.end_step()
+        finished, self._finished = self._finished, []
+        return finished
+
+
+class KinetoSteps:
+    """Timed steps through torch's profiler: started at the first step, stopped (and
+    read back once) at ``collect``."""
+
+    def __init__(self, window: KinetoWindow) -> None:
+        self._window = window
+        self.has_device_time = window.has_device
+
+    def begin_step(self) -> None:
+        if not self._window.running:
+            self._window.start()
+        self._window.begin_step()
+
+    def end_step(self) -> None:
+        self._window.end_step()
+
+    def part(self, kind: str, name: str) -> AbstractContextManager[None]:
+        return self._window.part(name)
+
+    @contextmanager
+    def backward(self) -> Iterator[None]:
+        # The profiler sees autograd's engine by itself.
+        yield
+
+    def collect(self) -> list[list[Event]]:
+        return self._window.stop()

@@ -1,0 +1,160 @@
+"""The Kineto capture's conversion, on recorded-style event trees built by hand.
+
+These run without a GPU: device kernels are plain records linked to their launching op
+by correlation id, as torch's profiler reports them.
+"""
+
+from __future__ import annotations
+
+from layerscope.capture.kineto import (
+    MODULE_PREFIX,
+    PART_PREFIX,
+    STEP_NAME,
+    KernelSpan,
+    Range,
+    convert,
+    union_ns,
+)
+from layerscope.raw import NO_SEQ, Enter, Exit, LabelEnter, LabelExit, Op, Step
+
+EVAL = "autograd::engine::evaluate_function: "
+
+
+def module(index: int, start: int, end: int, *children: Range, tid: int = 1) -> Range:
+    return Range(f"{MODULE_PREFIX}{index}", start, end, tid=tid, children=list(children))
+
+
+def op(name: str, start: int, end: int, *children: Range, seq: int = -1, corr: int = 0, tid: int = 1) -> Range:
+    return Range(name, start, end, tid=tid, sequence_nr=seq, correlation_id=corr, children=list(children))
+
+
+def step(start: int, end: int, *children: Range, tid: int = 1) -> Range:
+    return Range(STEP_NAME, start, end, tid=tid, children=list(children))
+
+
+def test_union_of_overlapping_kernels():
+    # [0,10) and [5,12) overlap: 12; [20,25) apart: 5; a kernel inside another adds nothing.
+    assert union_ns([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert union_ns([]) == 0
+
+
+def test_forward_frames_ops_and_sequence_numbers():
+    # Root (0) holds a Linear (1) whose aten::linear has sequence number 7 (it creates
+    # nodes 7 and 8), then a ReLU (2) whose relu has 9.
+    tree = [
+        step(
+            0,
+            100,
+            module(
+                0,
+                10,
+                90,
+                module(1, 20, 50, op("aten::linear", 25, 45, op("aten::addmm", 30, 44, seq=8), seq=7)),
+                module(2, 55, 80, op("aten::relu", 60, 70, seq=9)),
+            ),
+        )
+    ]
+    (stream,) = convert(tree)
+    assert stream == [
+        Step(0),
+        Enter(10, 0, None, 7, False),
+        Enter(20, 1, None, 7, False),
+        Op(25, 45, "aten::linear", fwd_seq=7, tid=1),
+        Exit(50, 1, None, 9, False),
+        Enter(55, 2, None, 9, False),
+        Op(60, 70, "aten::relu", fwd_seq=9, tid=1),
+        Exit(80, 2, None, None, False),
+        Exit(90, 0, None, None, False),
+        Step(100),
+    ]
+
+
+def test_backward_nodes_and_gradient_accumulation():
+    tree = [
+        step(
+            0,
+            200,
+            module(0, 10, 40, op("aten::mm", 15, 30, seq=3)),
+            op(EVAL + "MmBackward0", 100, 130, op("MmBackward0", 101, 129), seq=3),
+            op(EVAL + "torch::autograd::AccumulateGrad", 131, 140),
+        )
+    ]
+    (stream,) = convert(tree)
+    backward = [e for e in stream if isinstance(e, Op) and e.grad is not None]
+    # Accumulation takes the number of the node that completed its gradient just before.
+    assert backward == [
+        Op(100, 130, "MmBackward0", grad=(3, None), tid=1),
+        Op(131, 140, "torch::autograd::AccumulateGrad", grad=(3, None), tid=1),
+    ]
+    # Accumulation with no node before it is unowned.
+    (alone,) = convert([step(0, 50, op(EVAL + "torch::autograd::AccumulateGrad", 10, 20))])
+    assert [e.grad for e in alone if isinstance(e, Op)] == [(NO_SEQ, None)]
+
+
+def test_parts_labels_and_optimizer_ranges():
+    tree = [
+        step(
+            0,
+            100,
+            Range(PART_PREFIX + "loss", 10, 20, tid=1, children=[op("aten::mean", 12, 18, seq=4)]),
+            Range("Optimizer.step#AdamW.step", 30, 60, tid=1, user_annotation=True),
+            Range("data", 70, 90, tid=1, user_annotation=True),
+        )
+    ]
+    (stream,) = convert(tree)
+    enters = [(e.name, e.kind) for e in stream if isinstance(e, LabelEnter)]
+    assert enters == [("loss", "loss"), ("AdamW", "optimizer"), ("data", "label")]
+    assert sum(isinstance(e, LabelExit) for e in stream) == 3
+
+
+def test_other_threads_are_left_out_but_autograd_threads_are_kept():
+    tree = [
+        step(0, 100, module(0, 10, 40, op("aten::mm", 15, 30, seq=1)), tid=1),
+        # A serving thread calling the same model meanwhile: not this block's work.
+        module(0, 20, 60, op("aten::mm", 25, 55, seq=1, tid=2), tid=2),
+        # Autograd's device thread running this step's backward.
+        op(EVAL + "MmBackward0", 50, 70, seq=1, tid=3),
+        # The same thread, outside every step: not counted.
+        op(EVAL + "MmBackward0", 150, 170, seq=1, tid=3),
+    ]
+    (stream,) = convert(tree)
+    assert [e.module for e in stream if isinstance(e, Enter)] == [0]
+    assert [(e.t0_ns, e.tid) for e in stream if isinstance(e, Op) and e.grad is not None] == [(50, 3)]
+
+
+def test_recompute_inside_backward_cuts_the_node_slot():
+    # A checkpoint's backward node recomputes module 1 inside its own range.
+    tree = [
+        step(
+            0,
+            300,
+            module(0, 10, 50, module(1, 20, 40, op("aten::relu", 25, 35, seq=2))),
+            op(EVAL + "CheckpointFunctionBackward", 100, 200, module(1, 120, 160, op("aten::relu", 125, 150, seq=5)), seq=2),
+        )
+    ]
+    (stream,) = convert(tree)
+    node = next(e for e in stream if isinstance(e, Op) and e.grad is not None)
+    assert (node.t0_ns, node.t1_ns) == (100, 120)
+    recompute = [e for e in stream if isinstance(e, Enter) and e.in_backward]
+    assert [(e.t_ns, e.module) for e in recompute] == [(120, 1)]
+
+
+def test_device_time_is_the_union_of_the_op_subtree_kernels():
+    # aten::linear launches nothing itself; its addmm (corr 2) launches two kernels on
+    # two streams that overlap for 5 ns; a backward node's mm (corr 4) launches one.
+    tree = [
+        step(
+            0,
+            500,
+            module(0, 10, 100, op("aten::linear", 20, 90, op("aten::addmm", 30, 80, corr=2), seq=1, corr=1)),
+            op(EVAL + "AddmmBackward0", 200, 300, op("aten::mm", 210, 290, corr=4), seq=1, corr=3),
+        )
+    ]
+    kernels = [KernelSpan(2, 1000, 1020), KernelSpan(2, 1015, 1030), KernelSpan(4, 2000, 2007), KernelSpan(99, 0, 5)]
+    (stream,) = convert(tree, kernels, has_device=True)
+    ops = {e.name: e.device_time_ns for e in stream if isinstance(e, Op)}
+    assert ops == {"aten::linear": 30, "AddmmBackward0": 7}
+
+
+def test_no_step_range_gives_no_stream():
+    assert convert([module(0, 0, 10)]) == []
