@@ -29,6 +29,7 @@ import argparse
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -196,10 +197,11 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
             prof.step()
             walls["layerscope"].append(timed_steps(work, steps, prof.step))
         profile = prof.profile
+        timed = profile.meta["steps"]  # the timed steps the figures add up over
         for node in profile.modules():
-            ls_fwd.setdefault(node.path, []).append(node.forward.cpu_time_ns)
+            ls_fwd.setdefault(node.path, []).append(node.forward.cpu_time_ns / timed)
             if node.backward is not None:
-                ls_bwd.setdefault(node.path, []).append(node.backward.cpu_time_ns)
+                ls_bwd.setdefault(node.path, []).append(node.backward.cpu_time_ns / timed)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as tprof:
             walls["torch.profiler"].append(timed_steps(work, steps))
         del tprof
@@ -236,6 +238,8 @@ def main() -> None:
     parser.add_argument("--no-train", action="store_true", help="forward only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # Full backward hooks on a model's first layer warn that its inputs need no grad.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")
     for name in args.models.split(","):
         run_model(name, False, args.rounds, args.steps, args.min_us)

@@ -268,6 +268,7 @@ def count_flops(
     pass meta inputs to count a model too large to run (nothing is allocated).
     """
     require_module(model)
+    refuse_compiled(model)
     no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
     check_signature(model, args, kwargs)

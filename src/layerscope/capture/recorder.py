@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -275,45 +276,42 @@ class Recorder:
         timer = self._timer
         seq = _next_seq
         task = _graph_task
+        # Global hooks fire for every thread: only the thread that opened the pass, and
+        # autograd's engine (a checkpoint recomputing in backward), are recorded. A
+        # serving thread calling the same model meanwhile is not this pass's work.
+        owner = threading.get_ident()
+        get_ident = threading.get_ident
         # The hooks run twice per module call, inside the times they measure: records are
         # made by tuple.__new__, which skips the NamedTuple's Python-level __new__ (half
         # the cost). The fields are the records' own, in their order.
         new = tuple.__new__
-        if timer is None:
+        mark = timer.mark if timer is not None else None
 
-            def pre(module: nn.Module, args: Any) -> None:
-                i = index_get(id(module))
-                if i is not None:
-                    append(new(Enter, (clock(), i, None, seq(), task() != -1)))
+        def pre(module: nn.Module, args: Any) -> None:
+            i = index_get(id(module))
+            if i is not None:
+                in_backward = task() != -1
+                if in_backward or get_ident() == owner:
+                    append(new(Enter, (clock(), i, mark and mark(), seq(), in_backward)))
 
-            def post(module: nn.Module, args: Any, output: Any) -> None:
-                i = index_get(id(module))
-                if i is not None:
-                    append(new(Exit, (clock(), i, None, seq(), task() != -1)))
-
-        else:
-            mark = timer.mark
-
-            def pre(module: nn.Module, args: Any) -> None:
-                i = index_get(id(module))
-                if i is not None:
-                    append(new(Enter, (clock(), i, mark(), seq(), task() != -1)))
-
-            def post(module: nn.Module, args: Any, output: Any) -> None:
-                i = index_get(id(module))
-                if i is not None:
-                    append(new(Exit, (clock(), i, mark(), seq(), task() != -1)))
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            i = index_get(id(module))
+            if i is not None:
+                in_backward = task() != -1
+                if in_backward or get_ident() == owner:
+                    append(new(Exit, (clock(), i, mark and mark(), seq(), in_backward)))
 
         return pre, post
 
     def _detail_post(self, timed_post: Callable[..., None]) -> Callable[..., None]:
         index_get = self._index.get
         shapes = self.module_shapes
+        owner = threading.get_ident()
 
         def post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
             timed_post(module, args, output)
             i = index_get(id(module))
-            if i is None:
+            if i is None or (threading.get_ident() != owner and _graph_task() == -1):
                 return
             tracker = self._tracker
             if tracker is not None and torch.is_grad_enabled():
@@ -413,12 +411,12 @@ class Recorder:
             yield
             return
         timer = self._timer
-        mark = timer.mark if timer is not None else (lambda: None)
-        events.append(LabelEnter(self._clock(), name, kind, mark(), _next_seq(), _graph_task() != -1))
+        mark = timer.mark if timer is not None else None
+        events.append(LabelEnter(self._clock(), name, kind, mark and mark(), _next_seq(), _graph_task() != -1))
         try:
             yield
         finally:
-            events.append(LabelExit(self._clock(), mark(), _next_seq(), _graph_task() != -1))
+            events.append(LabelExit(self._clock(), mark and mark(), _next_seq(), _graph_task() != -1))
 
     def _resolve_device(self, events: list[Event]) -> None:
         """Turn the CUDA marks the pass recorded into nanosecond offsets."""
