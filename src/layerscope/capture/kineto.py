@@ -411,29 +411,30 @@ class KinetoWindow:
         owner = self._owner
         get_ident = threading.get_ident
         task = _graph_task
-        stacks: dict[int, list[Any]] = {}
+        own: list[Any] = []  # the owner thread's open ranges
+        others: dict[int, list[Any]] = {}  # autograd's threads' (a checkpoint recomputing)
         make = _Range
 
         def pre(module: nn.Module, args: Any) -> None:
             name = names_get(id(module))
             if name is None:
                 return
-            tid = get_ident()
-            if tid != owner and task() == -1:
-                return  # another thread calling the model: not this block's work
             rf = make(name)
-            rf.__enter__()
-            stack = stacks.get(tid)
-            if stack is None:
-                stack = stacks[tid] = []
-            stack.append(rf)
+            tid = get_ident()
+            if tid == owner:
+                rf.__enter__()
+                own.append(rf)
+            elif task() != -1:  # not another thread calling the model: autograd's
+                rf.__enter__()
+                others.setdefault(tid, []).append(rf)
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
             if names_get(id(module)) is None:
                 return
-            stack = stacks.get(get_ident())
-            if stack:
-                stack.pop().__exit__(None, None, None)
+            tid = get_ident()
+            opened = own if tid == owner else others.get(tid)
+            if opened:
+                opened.pop().__exit__(None, None, None)
 
         return pre, post
 
