@@ -1,18 +1,22 @@
 """Training steps: what a profiled step costs, and whether long runs grow memory.
 
-Two measurements, both in one run:
+Three measurements, all in one run:
 
-- *overhead*: one training step (forward, loss, backward, optimizer step, zero_grad)
-  plain, inside a running ``layerscope.Profiler`` (every step recorded, with ops and
-  FLOPs), inside an idle step of a schedule, and under ``torch.profiler.profile`` with a
-  schedule recording every step. Variants are interleaved round by round; medians and
-  ratios to the plain step are reported.
+- *per step*: one training step (forward, loss, backward, AdamW step, zero_grad) plain,
+  inside a running ``layerscope.Profiler`` (a timed step: its block's detail step came
+  first), inside an idle step of a schedule, and under ``torch.profiler.profile`` with
+  ``record_shapes=True`` recording every step. Variants are interleaved round by round;
+  medians and ratios are reported, for a small MLP, BERT and GPT-2 (2 layers x 256) and
+  BERT-base.
+- *whole block*: entering, ``--block-steps`` steps and finalizing (layerscope until its
+  ``Profile`` exists; torch.profiler until ``key_averages()`` returns), and layerscope's
+  finalize alone against one recorded step.
 - *memory*: RSS of this process while a small model trains for ``--steps`` steps with
   every step recorded by one ``Profiler`` block (no schedule), sampled every 1,000 steps,
   against the same loop with torch.profiler recording every step (fewer steps: it keeps
   every event).
 
-Usage: python -m benchmarks.steps [--rounds 30] [--steps 10000]
+Usage: python -m benchmarks.steps [--rounds 20] [--steps 10000] [--models mlp,bert,gpt2,bert-base]
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 
 import layerscope
+from layerscope.capture.training import first_float_tensor
 
 
 def _rss_bytes() -> int:
@@ -54,6 +60,57 @@ def make_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: 
     return step
 
 
+def _transformer_step(build: Callable[[], tuple[nn.Module, dict[str, torch.Tensor]]]) -> Callable[[], tuple[nn.Module, Callable[[], None]]]:
+    def make() -> tuple[nn.Module, Callable[[], None]]:
+        torch.manual_seed(0)
+        model, inputs = build()
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step() -> None:
+            out = first_float_tensor(model(**inputs))
+            assert out is not None
+            out.float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+        return model, step
+
+    return make
+
+
+def _bert(layers: int, hidden: int, heads: int, intermediate: int, batch: int, seq: int) -> Callable[[], Any]:
+    def build() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+        from transformers import BertConfig, BertModel
+
+        config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=intermediate)
+        ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+        return BertModel(config), {"input_ids": ids}
+
+    return build
+
+
+def _gpt2() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_layer=2, n_embd=256, n_head=4)
+    ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    return GPT2Model(config), {"input_ids": ids}
+
+
+def _mlp() -> tuple[nn.Module, Callable[[], None]]:
+    model, opt, x, y = small_model()
+    return model, make_step(model, opt, x, y)
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, Callable[[], None]]]] = {
+    "mlp": _mlp,
+    "bert": _transformer_step(_bert(2, 256, 4, 1024, 2, 64)),
+    "gpt2": _transformer_step(_gpt2),
+    "bert-base": _transformer_step(_bert(12, 768, 12, 3072, 2, 128)),
+}
+
+
 @contextmanager
 def _layerscope_every_step(model: nn.Module) -> Iterator[Callable[[], None]]:
     with layerscope.Profiler(model) as prof:
@@ -69,43 +126,84 @@ def _layerscope_idle(model: nn.Module) -> Iterator[Callable[[], None]]:
 
 @contextmanager
 def _torch_profiler(model: nn.Module) -> Iterator[Callable[[], None]]:
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=1)) as prof:
+    # No schedule: every step is recorded and nothing is processed until the block ends,
+    # so a step costs the recording alone.
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         yield prof.step
 
 
-def overhead(rounds: int, per_round: int) -> None:
-    model, opt, x, y = small_model()
-    step = make_step(model, opt, x, y)
+def overhead(name: str, rounds: int, per_round: int) -> None:
+    model, step = MODELS[name]()
     contexts = {
-        "layerscope (every step)": _layerscope_every_step,
+        "layerscope (timed step)": _layerscope_every_step,
         "layerscope (idle step)": _layerscope_idle,
-        "torch.profiler (every step)": _torch_profiler,
+        "torch.profiler (shapes)": _torch_profiler,
     }
-    for _ in range(20):
+    for _ in range(5):
         step()
-    times: dict[str, list[float]] = {"plain": [], **{name: [] for name in contexts}}
+    times: dict[str, list[float]] = {"plain": [], **{n: [] for n in contexts}}
     for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(per_round):
             step()
         times["plain"].append((time.perf_counter() - t0) / per_round)
-        for name, ctx in contexts.items():
+        for variant, ctx in contexts.items():
             with ctx(model) as mark:
-                for _ in range(3):  # warm the variant inside its block
+                for _ in range(2):  # the detail step, and a warm timed step
                     step()
                     mark()
                 t0 = time.perf_counter()
                 for _ in range(per_round):
                     step()
                     mark()
-                times[name].append((time.perf_counter() - t0) / per_round)
+                times[variant].append((time.perf_counter() - t0) / per_round)
     base = statistics.median(times["plain"])
-    print(f"training step, small MLP + AdamW, {rounds} rounds x {per_round} steps")
-    for name, values in times.items():
+    torch_median = statistics.median(times["torch.profiler (shapes)"])
+    print(f"\n{name}: training step + AdamW, {rounds} rounds x {per_round} steps")
+    for variant, values in times.items():
         median = statistics.median(values)
-        print(f"  {name:30s} {median * 1e6:9.1f} us   x{median / base:.2f}")
+        print(f"  {variant:26s} {median * 1e6:10.1f} us   x{median / base:.3f} plain   x{median / torch_median:.3f} torch.profiler")
+
+
+def whole_block(name: str, rounds: int, block_steps: int) -> None:
+    """Enter + steps + finalize, layerscope against torch.profiler; and finalize alone."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, step = MODELS[name]()
+    for _ in range(5):
+        step()
+    ours: list[float] = []
+    theirs: list[float] = []
+    finalize: list[float] = []
+    one_step: list[float] = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        prof = layerscope.Profiler(model)
+        prof.__enter__()
+        for _ in range(block_steps):
+            t_step = time.perf_counter()
+            step()
+            one_step.append(time.perf_counter() - t_step)
+            prof.step()
+        t_exit = time.perf_counter()
+        prof.__exit__(None, None, None)
+        _ = prof.profile
+        t1 = time.perf_counter()
+        ours.append(t1 - t0)
+        finalize.append(t1 - t_exit)
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as tprof:
+            for _ in range(block_steps):
+                step()
+                tprof.step()
+        tprof.key_averages()
+        theirs.append(time.perf_counter() - t0)
+    a, b = statistics.median(ours), statistics.median(theirs)
+    f, s = statistics.median(finalize), statistics.median(one_step[1:] or one_step)
+    print(f"  whole block of {block_steps} steps: layerscope {a * 1e3:.1f} ms, torch.profiler {b * 1e3:.1f} ms   x{a / b:.2f}")
+    print(f"  layerscope finalize {f * 1e3:.2f} ms against a recorded step's {s * 1e3:.2f} ms   x{f / s:.2f}")
 
 
 def memory(steps: int, torch_steps: int) -> None:
@@ -138,14 +236,22 @@ def memory(steps: int, torch_steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--per-round", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--block-steps", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--torch-steps", type=int, default=2_000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--models", default="mlp,bert,gpt2,bert-base")
+    parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
-    overhead(args.rounds, args.per_round)
-    memory(args.steps, args.torch_steps)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")
+    for name in args.models.split(","):
+        overhead(name, args.rounds, args.per_round)
+        whole_block(name, max(3, args.rounds // 4), args.block_steps)
+    if not args.no_memory:
+        memory(args.steps, args.torch_steps)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,15 @@ by correlation id, as torch's profiler reports them.
 
 from __future__ import annotations
 
+from torch._C._profiler import RecordScope
+
 from layerscope.capture.kineto import (
     MODULE_PREFIX,
     PART_PREFIX,
     STEP_NAME,
     KernelSpan,
     Range,
+    RangeFields,
     convert,
     union_ns,
 )
@@ -21,15 +24,19 @@ EVAL = "autograd::engine::evaluate_function: "
 
 
 def module(index: int, start: int, end: int, *children: Range, tid: int = 1) -> Range:
-    return Range(f"{MODULE_PREFIX}{index}", start, end, tid=tid, children=list(children))
+    return Range(f"{MODULE_PREFIX}{index}", start, end, tid, children=list(children))
 
 
 def op(name: str, start: int, end: int, *children: Range, seq: int = -1, corr: int = 0, tid: int = 1) -> Range:
-    return Range(name, start, end, tid=tid, sequence_nr=seq, correlation_id=corr, children=list(children))
+    return Range(name, start, end, tid, corr, list(children), RangeFields(sequence_number=seq))
+
+
+def label(name: str, start: int, end: int, *children: Range, tid: int = 1) -> Range:
+    return Range(name, start, end, tid, 0, list(children), RangeFields(scope=RecordScope.USER_SCOPE))
 
 
 def step(start: int, end: int, *children: Range, tid: int = 1) -> Range:
-    return Range(STEP_NAME, start, end, tid=tid, children=list(children))
+    return Range(STEP_NAME, start, end, tid, children=list(children))
 
 
 def test_union_of_overlapping_kernels():
@@ -96,9 +103,9 @@ def test_parts_labels_and_optimizer_ranges():
         step(
             0,
             100,
-            Range(PART_PREFIX + "loss", 10, 20, tid=1, children=[op("aten::mean", 12, 18, seq=4)]),
-            Range("Optimizer.step#AdamW.step", 30, 60, tid=1, user_annotation=True),
-            Range("data", 70, 90, tid=1, user_annotation=True),
+            Range(PART_PREFIX + "loss", 10, 20, 1, children=[op("aten::mean", 12, 18, seq=4)]),
+            label("Optimizer.step#AdamW.step", 30, 60),
+            label("data", 70, 90),
         )
     ]
     (stream,) = convert(tree)
@@ -129,7 +136,13 @@ def test_recompute_inside_backward_cuts_the_node_slot():
             0,
             300,
             module(0, 10, 50, module(1, 20, 40, op("aten::relu", 25, 35, seq=2))),
-            op(EVAL + "CheckpointFunctionBackward", 100, 200, module(1, 120, 160, op("aten::relu", 125, 150, seq=5)), seq=2),
+            op(
+                EVAL + "CheckpointFunctionBackward",
+                100,
+                200,
+                op("CheckpointFunctionBackward", 101, 199, module(1, 120, 160, op("aten::relu", 125, 150, seq=5))),
+                seq=2,
+            ),
         )
     ]
     (stream,) = convert(tree)
@@ -158,3 +171,46 @@ def test_device_time_is_the_union_of_the_op_subtree_kernels():
 
 def test_no_step_range_gives_no_stream():
     assert convert([module(0, 0, 10)]) == []
+
+
+def test_a_custom_function_running_modules_is_walked_into():
+    # A reentrant checkpoint runs the block's modules inside its autograd Function's
+    # range in forward; the Function's own slot ends where the modules begin.
+    tree = [step(0, 100, module(0, 5, 95, op("CheckpointFunction", 10, 90, module(1, 20, 80, op("aten::relu", 30, 40, seq=1)))))]
+    (stream,) = convert(tree)
+    function = next(e for e in stream if isinstance(e, Op) and e.name == "CheckpointFunction")
+    assert (function.t0_ns, function.t1_ns) == (10, 20)
+    assert [(e.t_ns, e.module, e.in_backward) for e in stream if isinstance(e, Enter)] == [(5, 0, False), (20, 1, False)]
+
+
+def test_real_profiler_run_converts_to_a_stream_per_step():
+    import torch
+    from torch import nn
+
+    from layerscope.capture.kineto import KinetoWindow
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    index = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
+    window = KinetoWindow(index, device=torch.device("cpu"))
+    window.start()
+    for _ in range(2):
+        window.begin_step()
+        with window.part("loss"):
+            loss = model(torch.randn(3, 4)).sum()
+        loss.backward()
+        window.end_step()
+    streams = window.stop()
+    assert len(streams) == 2
+    for stream in streams:
+        assert isinstance(stream[0], Step) and isinstance(stream[-1], Step)
+        assert [e.module for e in stream if isinstance(e, Enter)] == [0, 1, 2, 3]
+        assert [e.name for e in stream if isinstance(e, LabelEnter)] == ["loss"]
+        backward = [e for e in stream if isinstance(e, Op) and e.grad is not None]
+        assert {"AddmmBackward0", "ReluBackward0", "TBackward0"} <= {e.name for e in backward}
+        # The Linear layers' parameters accumulate right after their own nodes.
+        accumulate = [e.grad for e in backward if e.name.endswith("AccumulateGrad")]
+        assert len(accumulate) == 4 and all(seq is not None and seq < NO_SEQ for seq, _ in accumulate)
+    # The hooks are gone, the model untouched.
+    from torch.nn.modules import module as nn_module
+
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks

@@ -89,61 +89,26 @@ class KernelSpan(NamedTuple):
 
 
 @dataclass
+class RangeFields:
+    """The op fields of a :class:`Range` (torch's ``_ExtraFields_TorchOp``)."""
+
+    sequence_number: int = -1
+    scope: Any = None
+
+
+@dataclass
 class Range:
-    """A host range read back from the profiler (an op, a module range, a label), with
-    the ranges nested in it. The profiler's own tree events have these attributes too,
-    so :func:`convert` reads either; tests build these by hand."""
+    """A host range (an op, a module range, a label) with the ranges nested in it, by
+    the attribute names of the profiler's own tree events, so :func:`convert` reads
+    either and tests build these by hand."""
 
     name: str
-    start_ns: int
-    end_ns: int
-    tid: int = 0
-    sequence_nr: int = -1
+    start_time_ns: int
+    end_time_ns: int
+    start_tid: int = 0
     correlation_id: int = 0
-    user_annotation: bool = False
     children: list[Range] = field(default_factory=list)
-
-
-class _TorchRange:
-    """A profiler tree event seen through :class:`Range`'s attributes, each read only
-    when asked (every read is a call into C++, and most nested ops are never read)."""
-
-    __slots__ = ("_event",)
-
-    def __init__(self, event: Any) -> None:
-        self._event = event
-
-    @property
-    def name(self) -> str:
-        return self._event.name
-
-    @property
-    def start_ns(self) -> int:
-        return self._event.start_time_ns
-
-    @property
-    def end_ns(self) -> int:
-        return self._event.end_time_ns
-
-    @property
-    def tid(self) -> int:
-        return self._event.start_tid
-
-    @property
-    def sequence_nr(self) -> int:
-        return getattr(self._event.extra_fields, "sequence_number", -1)
-
-    @property
-    def correlation_id(self) -> int:
-        return self._event.correlation_id
-
-    @property
-    def user_annotation(self) -> bool:
-        return getattr(self._event.extra_fields, "scope", None) == _USER_SCOPE
-
-    @property
-    def children(self) -> list[_TorchRange]:
-        return [_TorchRange(c) for c in self._event.children if c.tag == _TORCH_OP]
+    extra_fields: RangeFields = field(default_factory=RangeFields)
 
 
 try:
@@ -154,6 +119,10 @@ try:
     _TORCH_OP: Any = _EventType.TorchOp
 except ImportError:  # pragma: no cover
     _USER_SCOPE = _TORCH_OP = None
+
+
+def _sequence_nr(event: Any) -> int:
+    return getattr(event.extra_fields, "sequence_number", -1)
 
 
 def read_kernels(result: Any) -> list[KernelSpan]:
@@ -183,8 +152,13 @@ def union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def _kind(event: Any) -> str:
-    name = event.name
+def _kind(event: Any, name: str | None = None) -> str:
+    """What a range is, from its name (read once: every read is a call into C++). A
+    namespaced name (``aten::mm``) is an op without looking further."""
+    if name is None:
+        name = event.name
+    if "::" in name and not name.startswith(_EVALUATE):
+        return "op"
     if name.startswith(MODULE_PREFIX):
         return "module"
     if name == STEP_NAME:
@@ -193,7 +167,7 @@ def _kind(event: Any) -> str:
         return "part"
     if name.startswith(_EVALUATE):
         return "backward"
-    if event.user_annotation:
+    if getattr(event.extra_fields, "scope", None) == _USER_SCOPE:
         return "label"
     return "op"
 
@@ -251,40 +225,42 @@ class _Converter:
         """Write ``event``'s records and its children's, in time order."""
         if kind == "step":
             if self.on_owner:
-                self.put(event.start_ns, Step(event.start_ns))
+                self.put(event.start_time_ns, Step(event.start_time_ns))
             self.walk_children(event, in_backward)
             if self.on_owner:
-                self.put(event.end_ns, Step(event.end_ns))
+                self.put(event.end_time_ns, Step(event.end_time_ns))
         elif kind == "module":
             index = int(event.name[len(MODULE_PREFIX) :])
-            self.put(event.start_ns, Enter(event.start_ns, index, None, None, in_backward))
+            self.put(event.start_time_ns, Enter(event.start_time_ns, index, None, None, in_backward))
             self.walk_children(event, in_backward)
-            self.put(event.end_ns, Exit(event.end_ns, index, None, None, in_backward))
+            self.put(event.end_time_ns, Exit(event.end_time_ns, index, None, None, in_backward))
         elif kind in ("part", "label"):
             if kind == "part":
                 label = lkind = event.name[len(PART_PREFIX) :]
             else:
                 lkind, label = label_kind(event.name)
-            self.put(event.start_ns, LabelEnter(event.start_ns, label, lkind, None, None, in_backward))
+            self.put(event.start_time_ns, LabelEnter(event.start_time_ns, label, lkind, None, None, in_backward))
             self.walk_children(event, in_backward)
-            self.put(event.end_ns, LabelExit(event.end_ns, None, None, in_backward))
+            self.put(event.end_time_ns, LabelExit(event.end_time_ns, None, None, in_backward))
         elif kind == "backward":
             self.on_backward(event)
         elif self.on_owner:
             self.on_op(event, in_backward)
 
-    def on_op(self, event: Any, in_backward: bool) -> None:
+    def on_op(self, event: Any, in_backward: bool, name: str | None = None) -> None:
         """An op right inside a frame or the step. A range that is not an aten-level op
         (a custom autograd ``Function``, such as a reentrant checkpoint) can run modules:
         those are walked, and the op's own slot ends where they begin."""
-        seq = event.sequence_nr
+        name = event.name if name is None else name
+        start = event.start_time_ns
+        seq = _sequence_nr(event)
         if seq >= 0:
-            self.seq_marks.append((event.start_ns, seq))
-        at = self.put(event.start_ns, Op(event.start_ns, event.end_ns, event.name, fwd_seq=seq if seq >= 0 else None, tid=event.tid))
-        if "::" not in event.name:
+            self.seq_marks.append((start, seq))
+        at = self.put(start, Op(start, event.end_time_ns, name, fwd_seq=seq if seq >= 0 else None, tid=event.start_tid))
+        if "::" not in name:
             nested = _nested_frames(event)
             if nested:
-                self.replace(at, t1_ns=nested[0][0].start_ns)
+                self.replace(at, t1_ns=nested[0][0].start_time_ns)
                 for child, kind in nested:
                     self.walk(child, kind, in_backward)
         if self.has_device:
@@ -292,7 +268,13 @@ class _Converter:
 
     def walk_children(self, event: Any, in_backward: bool) -> None:
         for child in event.children:
-            self.walk(child, _kind(child), in_backward)
+            name = child.name
+            kind = _kind(child, name)
+            if kind == "op":  # the common case, without a second read of the name
+                if self.on_owner:
+                    self.on_op(child, in_backward, name)
+            else:
+                self.walk(child, kind, in_backward)
 
     def on_backward(self, event: Any) -> None:
         """One autograd node's work: a backward op whose ``grad`` is the node's number.
@@ -300,7 +282,7 @@ class _Converter:
         node ranges) ends the node's own slot where the nested work begins, so no time
         is counted twice."""
         node = event.name[len(_EVALUATE) :]
-        seq = event.sequence_nr
+        seq = _sequence_nr(event)
         if seq < 0 or node.endswith(_ACCUMULATE):
             # No number: gradient accumulation runs right after the node that completed
             # its gradient (it has the engine's highest priority), so it belongs to the
@@ -308,10 +290,10 @@ class _Converter:
             seq = NO_SEQ if self.last_backward_seq is None else self.last_backward_seq
         else:
             self.last_backward_seq = seq
-        at = self.put(event.start_ns, Op(event.start_ns, event.end_ns, node, grad=(seq, None), tid=event.tid))
+        at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, node, grad=(seq, None), tid=event.start_tid))
         nested = _nested_frames(event)
         if nested:
-            self.replace(at, t1_ns=nested[0][0].start_ns)
+            self.replace(at, t1_ns=nested[0][0].start_time_ns)
             for child, kind in nested:
                 if kind == "backward":
                     self.on_backward(child)
@@ -322,17 +304,17 @@ class _Converter:
 
     # -- the walk ---------------------------------------------------------------------
     def streams(self) -> list[list[Event]]:
-        owner = next((r.tid for r in self.roots if r.name == STEP_NAME), None)
+        owner = next((r.start_tid for r in self.roots if r.name == STEP_NAME), None)
         if owner is None:
             return []
-        steps = [(r.start_ns, r.end_ns) for r in self.roots if r.name == STEP_NAME and r.tid == owner]
+        steps = [(r.start_time_ns, r.end_time_ns) for r in self.roots if r.name == STEP_NAME and r.start_tid == owner]
         for root in self.roots:
-            tid = root.tid
+            tid = root.start_tid
             self.on_owner = tid == owner
             kind = _kind(root)
             if self.on_owner:
                 self.walk(root, kind, False)
-            elif kind == "backward" and any(s <= root.start_ns <= e for s, e in steps):
+            elif kind == "backward" and any(s <= root.start_time_ns <= e for s, e in steps):
                 self.on_backward(root)  # autograd's device thread, backward of a step
             # anything else on another thread is not the profiled block's work
         self.records.sort(key=lambda r: (r[0], r[1]))
@@ -368,15 +350,18 @@ class _Converter:
 
 
 def _nested_frames(event: Any) -> list[tuple[Any, str]]:
-    """Module, label and node ranges anywhere under a backward range, outermost only."""
+    """Module, label and node ranges under a backward node or a custom ``Function``,
+    outermost only. Namespaced ops (``aten::mm``) never run modules, so their subtrees
+    (most of the events) are not read."""
     found: list[tuple[Any, str]] = []
     pending = list(reversed(event.children))
     while pending:
         item = pending.pop()
-        kind = _kind(item)
+        name = item.name
+        kind = _kind(item, name)
         if kind in ("module", "label", "part", "backward"):
             found.append((item, kind))
-        else:
+        elif "::" not in name:
             pending.extend(reversed(item.children))
     return found
 
@@ -492,7 +477,7 @@ class KinetoWindow:
         finally:
             result = _disable_profiler()
         kernels = read_kernels(result) if self.has_device else []
-        roots = [_TorchRange(e) for e in result.experimental_event_tree() if e.tag == _TORCH_OP]
+        roots = [e for e in result.experimental_event_tree() if e.tag == _TORCH_OP]
         gc_was_on = gc.isenabled()
         gc.disable()  # many small objects, none cyclic: collections would only cost time
         try:
