@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import layerscope
+from conftest import NULL_DEVICE
 
 FAST = ("--repeat", "1", "--warmup", "0")
 ZOO_NAMES = ["alexnet", "gpt", "lenet5", "mlp", "resnet18", "resnet50", "vit_b_16"]
@@ -408,6 +411,14 @@ def test_unwritable_output_path(workdir: Path) -> None:
     assert "'/nonexistent-dir'" in lines[0] and "does not exist" in lines[0]
     # Said once: the CLI's prefix and io.write_atomic's message must not both say it.
     assert lines[0].count("cannot write") == 1, lines[0]
+
+
+def test_output_to_a_device_writes_through_it(char_device: Any, tmp_path: Path) -> None:
+    null = char_device("null", NULL_DEVICE)
+    run = run_cli("profile", "zoo:mlp", *FAST, "-o", str(null), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert stat.S_ISCHR(os.stat(null).st_mode), "the device was replaced by a regular file"
+    assert run.stderr == f"layerscope: wrote text to {null}\n"
 
 
 def test_profile_backward_writes_both_phases_and_the_step(tmp_path: Path) -> None:

@@ -3,8 +3,11 @@ sound ``layerscope/1`` file, and writes that never leave a half-written file beh
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from torch import nn
 import layerscope
 import layerscope.io
 import layerscope.render
+from conftest import FULL_DEVICE, NULL_DEVICE
 from layerscope import zoo
 from layerscope.check import check_tree
 from layerscope.errors import SchemaError
@@ -328,3 +332,83 @@ def test_write_atomic_writes_the_whole_text(tmp_path: Path) -> None:
     layerscope.io.write_atomic(path, "héllo\n" * 1000)
     assert path.read_text(encoding="utf-8") == "héllo\n" * 1000
     assert leftovers(tmp_path) == []
+
+
+# -- devices, FIFOs and symlinks -------------------------------------------------------
+
+
+def test_a_character_device_is_written_in_place(char_device: Any, zoo_profile: Profile) -> None:
+    # Renaming a temporary file over /dev/null would turn it into a regular file.
+    null = char_device("null", NULL_DEVICE)
+    zoo_profile.save(null)
+    layerscope.io.write_atomic(null, (chunk for chunk in ["a", "b"]))
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+    assert os.stat(null).st_rdev == os.makedev(*NULL_DEVICE)
+    assert sorted(p.name for p in null.parent.iterdir()) == ["null"]
+
+
+def test_a_full_device_fails_with_its_os_error(char_device: Any, zoo_profile: Profile) -> None:
+    full = char_device("full", FULL_DEVICE)
+    with pytest.raises(OSError) as excinfo:
+        zoo_profile.save(full)
+    assert excinfo.value.errno == errno.ENOSPC
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+    assert sorted(p.name for p in full.parent.iterdir()) == ["full"]
+
+
+def test_a_fifo_is_written_in_place(tmp_path: Path, zoo_profile: Profile) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    zoo_profile.save(fifo)
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    assert json.loads(received[0]) == zoo_profile.to_dict()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_symlink_stays_a_link_and_its_target_is_replaced(tmp_path: Path, zoo_profile: Profile) -> None:
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "p.json"
+    target.write_text("old", encoding="utf-8")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    zoo_profile.save(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert layerscope.load(target).to_dict() == zoo_profile.to_dict()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the target keeps its mode
+    assert leftovers(tmp_path) == leftovers(tmp_path / "real") == []
+
+
+def test_a_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
+    link = tmp_path / "link.txt"
+    link.symlink_to(tmp_path / "new.txt")
+    layerscope.io.write_atomic(link, "hello\n")
+    assert link.is_symlink()
+    assert (tmp_path / "new.txt").read_text(encoding="utf-8") == "hello\n"
+
+
+def test_a_symlink_to_a_device_leaves_the_device(char_device: Any) -> None:
+    null = char_device("null", NULL_DEVICE)
+    link = null.parent / "out.txt"
+    link.symlink_to(null)
+    layerscope.io.write_atomic(link, "hello\n")
+    assert link.is_symlink() and stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_a_benchmark_saved_to_a_device_leaves_the_device(char_device: Any) -> None:
+    from layerscope.bench import benchmark
+
+    null = char_device("null", NULL_DEVICE)
+    result = benchmark(nn.Linear(4, 2), torch.ones(1, 4), [1], warmup=0, min_runs=1, min_time_s=0, memory=False)
+    result.save(null)
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_write_atomic_to_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        layerscope.io.write_atomic(tmp_path, "{}")

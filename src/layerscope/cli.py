@@ -459,15 +459,26 @@ def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], default
 
 
 def _check_writable(path: str) -> None:
+    """Refuse, before a run, an output that cannot be written: a missing or read-only
+    folder, a folder given as the file. A device or FIFO is written in place, so it is
+    the file itself that must be writable; through a symlink, its target's folder."""
     import os
 
-    folder = os.path.dirname(os.path.abspath(path))
+    from layerscope.io import destination
+
+    try:
+        target, in_place = destination(path)
+    except IsADirectoryError as exc:
+        raise UsageError(str(exc)) from None
+    if in_place:
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"cannot write {path!r}: permission denied")
+        return
+    folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise UsageError(f"cannot write {path!r}: folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise UsageError(f"cannot write {path!r}: folder {folder!r} is not writable")
-    if os.path.isdir(path):
-        raise UsageError(f"cannot write {path!r}: it is a folder; give a file name")
 
 
 def _load_profile(path: str) -> Any:

@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from layerscope.errors import SchemaError
 
 SCHEMA = "layerscope/1"
+
+
+def destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """Where writing ``path`` puts the bytes: ``(file, in_place)``.
+
+    A regular file or a new name is replaced atomically, and through a symlink it is the
+    link's target that is replaced (the link stays a link). Anything else that exists
+    (a character device such as /dev/null, a FIFO, a terminal) is written in place:
+    renaming a new file over it would replace the device with a regular file.
+    """
+    target = Path(path)
+    try:
+        mode = os.stat(target).st_mode  # follows symlinks
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"cannot write {str(target)!r}: it is a folder; give a file name")
+    if mode is not None and not stat.S_ISREG(mode):
+        return target, True
+    # A (possibly dangling) symlink: the file to replace is the one it points to.
+    return (Path(os.path.realpath(target)) if target.is_symlink() else target), False
 
 
 def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]) -> None:
@@ -20,12 +42,20 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]
     the old file or the whole new one.
 
     The text goes to a temporary file in the same folder, is flushed to disk, then
-    renamed over ``path``: a failed run never leaves a half-written file behind.
+    renamed over ``path``: a failed run never leaves a half-written file behind. A
+    device or FIFO (``-o /dev/null``) is written in place instead (see
+    :func:`destination`); every failure to write raises ``OSError``.
     """
-    target = Path(path)
+    if not isinstance(text, (str, bytes)):
+        text = iter(text)  # a TypeError now, before anything is opened or created
+    target, in_place = destination(path)
+    if in_place:
+        with open(target, "wb") as handle:
+            _write_all(handle, text)
+        return
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        raise FileNotFoundError(f"cannot write {str(target)!r}: folder {str(folder)!r} does not exist")
+        raise FileNotFoundError(f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
         # mkstemp makes the file private (0600); give it the mode a plain open() would,
@@ -38,12 +68,7 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]
             mode = 0o666 & ~umask
         os.chmod(tmp_name, mode)
         with os.fdopen(fd, "wb") as handle:
-            if isinstance(text, (str, bytes)):
-                handle.write(text.encode("utf-8") if isinstance(text, str) else text)
-            else:
-                chunks = iter(text)
-                for chunk in chunks:
-                    handle.write(chunk.encode("utf-8"))
+            _write_all(handle, text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
@@ -53,6 +78,14 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]
         except OSError:
             pass
         raise
+
+
+def _write_all(handle: BinaryIO, text: str | bytes | Iterable[str]) -> None:
+    if isinstance(text, (str, bytes)):
+        handle.write(text.encode("utf-8") if isinstance(text, str) else text)
+        return
+    for chunk in text:
+        handle.write(chunk.encode("utf-8"))
 
 
 def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
