@@ -6,6 +6,8 @@ tests where they can be, and timing-irrelevant runs use ``--repeat 1 --warmup 0`
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import stat
@@ -18,7 +20,8 @@ from typing import Any
 import pytest
 
 import layerscope
-from conftest import NULL_DEVICE
+import layerscope.io
+from conftest import FULL_DEVICE, NULL_DEVICE
 
 FAST = ("--repeat", "1", "--warmup", "0")
 ZOO_NAMES = ["alexnet", "gpt", "lenet5", "mlp", "resnet18", "resnet50", "vit_b_16"]
@@ -79,22 +82,27 @@ class Run:
     stderr: str
 
 
-def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None) -> Run:
+def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None, stdout: Path | None = None) -> Run:
+    """Run ``python -m layerscope ARGS``; its stdout is captured, or goes to the file
+    ``stdout`` (then ``Run.stdout`` is empty)."""
     env = dict(os.environ)
     # transformers: SPECs build from default configs; nothing may be downloaded.
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "layerscope", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    return Run(done.returncode, done.stdout, done.stderr)
+    with contextlib.ExitStack() as stack:
+        out = subprocess.PIPE if stdout is None else stack.enter_context(open(stdout, "wb"))
+        done = subprocess.run(
+            [sys.executable, "-m", "layerscope", *args],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    return Run(done.returncode, done.stdout or "", done.stderr)
 
 
 def assert_usage_error(run: Run) -> str:
@@ -446,3 +454,71 @@ def test_flops_backward_counts_both_phases(tmp_path: Path) -> None:
     assert root["forward"]["macs"] == 84_480
     assert root["backward"]["macs"] == 152_576
     assert doc["meta"]["timed"] is False and doc["totals"]["step_time_ns"] is None
+
+
+# -- failures to write the output -----------------------------------------------------
+
+
+def assert_write_error(run: Run, destination: str) -> None:
+    """Exit 4 and one line naming where the output was going and the system's error."""
+    assert run.returncode == 4, run
+    assert run.stderr == f"layerscope: error: cannot write {destination}: No space left on device\n"
+
+
+@pytest.fixture(scope="module")
+def saved_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from layerscope import zoo
+
+    entry = zoo.get("lenet5")
+    path = tmp_path_factory.mktemp("saved") / "lenet5.json"
+    layerscope.profile(entry.build(), entry.example_inputs(1), warmup=0, repeat=1).save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("profile", "zoo:mlp", *FAST), id="profile"),
+        pytest.param(("show", "{saved}"), id="show"),
+        pytest.param(("diff", "{saved}", "{saved}"), id="diff"),
+        pytest.param(("zoo",), id="zoo"),
+        pytest.param(("--help",), id="help"),
+    ],
+)
+def test_a_full_stdout_is_one_line_and_exit_4(
+    args: tuple[str, ...], char_device: Any, saved_profile: Path, tmp_path: Path
+) -> None:
+    full = char_device("full", FULL_DEVICE)
+    argv = [arg.format(saved=saved_profile) for arg in args]
+    assert_write_error(run_cli(*argv, cwd=tmp_path, stdout=full), "stdout")
+
+
+def test_a_full_output_file_is_one_line_and_exit_4(char_device: Any, saved_profile: Path, tmp_path: Path) -> None:
+    full = char_device("full", FULL_DEVICE)
+    assert_write_error(run_cli("profile", "zoo:mlp", *FAST, "-o", str(full), cwd=tmp_path), repr(str(full)))
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+
+
+@pytest.mark.parametrize(
+    "args", [("show", "{saved}"), ("diff", "{saved}", "{saved}")], ids=["show", "diff"]
+)
+def test_a_failed_file_write_keeps_the_old_file(
+    args: tuple[str, ...], saved_profile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The disk fills while the new file is flushed: the old one stays whole, no temp file.
+    from layerscope.cli import main
+
+    target = tmp_path / "out.txt"
+    target.write_text("the old report\n", encoding="utf-8")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(layerscope.io.os, "fsync", full_disk)
+    status = main([arg.format(saved=saved_profile) for arg in args] + ["-o", str(target)])
+    captured = capsys.readouterr()
+    assert status == 4
+    assert captured.err == f"layerscope: error: cannot write {str(target)!r}: No space left on device\n"
+    assert target.read_text(encoding="utf-8") == "the old report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]

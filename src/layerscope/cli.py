@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,6 +69,7 @@ exit status:
   1  something did: the model's total time (the step's, or the forward's), or the
      self time of a module at least --min-time in BASE or NEW; named after the table
   2  bad input: a missing or damaged file, not a layerscope profile, a bad option
+  4  the report could not be written (to -o's file, or to stdout)
 
 In Python: layerscope.diff(layerscope.load("base.json"), layerscope.load("new.json"))
 and its .regressions(0.1).
@@ -79,8 +80,58 @@ and its .regressions(0.1).
 _RUNS_A_MODEL = frozenset({"profile", "flops", "demo", "bench"})
 
 
+#: Exit status when the output could not be written (a full disk, a closed pipe); 1 is a
+#: model that raised (or, for diff and bench --compare, a regression), 2 bad input, 3 a bug.
+EXIT_WRITE_FAILED = 4
+
+
 class UsageError(LayerscopeError):
     """Bad command-line use: exit status 2."""
+
+
+class OutputError(Exception):
+    """Writing the output failed: exit status 4, one line naming where and the OS error."""
+
+    def __init__(self, destination: str, error: OSError) -> None:
+        super().__init__(destination, error)
+        self.destination = destination
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"cannot write {self.destination}: {self.error.strerror or self.error}"
+
+
+def _print(text: str) -> None:
+    """Write ``text`` to stdout and flush it now, so that a full disk or a closed pipe
+    is an :class:`OutputError` here, not a lost write at exit."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        raise OutputError("stdout", exc) from exc
+
+
+def _write_file(path: str, write: Callable[[], Any], what: str) -> None:
+    """Run ``write()``, which writes ``path``; then say on stderr where ``what`` went."""
+    try:
+        write()
+    except OSError as exc:
+        raise OutputError(repr(path), exc) from exc
+    print(f"layerscope: wrote {what} to {path}", file=sys.stderr)
+
+
+def _drop_stdout() -> None:
+    """After a failed write to stdout, point it at the null device, so that the
+    interpreter's flush at exit does not fail again (and turn the exit status into 120)."""
+    import os
+
+    try:
+        stdout_fd = sys.stdout.fileno()
+        null_fd = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing to drop
+        return
+    os.dup2(null_fd, stdout_fd)
+    os.close(null_fd)
 
 
 def _positive(text: str) -> int:
@@ -177,8 +228,25 @@ def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
     return options
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its messages (--help, --version) flushed and their write failures
+    raised: argparse itself swallows an ``OSError`` there, and --help > a full disk
+    would exit 0 with nothing written. Subcommands' parsers are of this class too."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if not message:
+            return
+        stream = file or sys.stderr
+        try:
+            stream.write(message)
+            stream.flush()
+        except OSError as exc:
+            if stream is sys.stdout:
+                raise OutputError("stdout", exc) from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="layerscope",
         description="Where do the time, memory and FLOPs of a PyTorch model go? "
         "Profiles a model layer by layer, forward and backward, and prints the module tree.",
@@ -358,19 +426,9 @@ def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]
 
     rendering = {"depth": args.depth, "show_ops": args.show_ops, "metric": args.metric, "ops": args.ops, **options}
     if not args.output:
-        sys.stdout.write(render(prof, fmt, **rendering))
-        return 0
-    return _write_out(args.output, lambda: write_atomic(args.output, render_chunks(prof, fmt, **rendering)), fmt)
-
-
-def _write_out(path: str, write: Any, what: str) -> int:
-    """Run ``write()``; a failed write is one line and exit 1, success says where it went."""
-    try:
-        write()
-    except OSError as exc:
-        print(f"layerscope: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"layerscope: wrote {what} to {path}", file=sys.stderr)
+        _print(render(prof, fmt, **rendering))
+    else:
+        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(prof, fmt, **rendering)), fmt)
     return 0
 
 
@@ -505,9 +563,10 @@ def _plot_memory(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.profile}: {exc}") from exc
     _check_writable(args.output)
     try:
-        return _write_out(args.output, lambda: plot_memory(profile, args.output, title=args.title), "the memory timeline")
+        _write_file(args.output, lambda: plot_memory(profile, args.output, title=args.title), "the memory timeline")
     except ImportError as exc:
         raise UsageError(str(exc)) from exc
+    return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -541,13 +600,9 @@ def _diff(args: argparse.Namespace) -> int:
     else:
         text = result.render(limit=args.limit or None) + (f"\n{verdict}\n" if verdict else "")
     if args.output:
-        try:
-            write_atomic(args.output, text)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.output!r}: {exc.strerror or exc}") from exc
-        print(f"layerscope: wrote the {fmt} diff to {args.output}", file=sys.stderr)
+        _write_file(args.output, lambda: write_atomic(args.output, text), f"the {fmt} diff")
     else:
-        sys.stdout.write(text)
+        _print(text)
     if verdict and (args.output or fmt == "json"):
         print(verdict, file=sys.stderr)  # the report went elsewhere; a CI log still says why
     return 1 if regressions else 0
@@ -574,7 +629,7 @@ def _bench_compare(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--fail-above: {exc}") from None
     result = compare(_load_bench(args.compare[0]), _load_bench(args.compare[1]))
-    sys.stdout.write(result.render())
+    _print(result.render())
     regressions = [] if threshold is None else result.regressions(threshold)
     for row in regressions:
         print(f"regression: batch size {row.batch_size} is x{row.ratio:.3f} slower (above {threshold:.0%})", file=sys.stderr)
@@ -612,35 +667,56 @@ def _bench(args: argparse.Namespace) -> int:
             find_max_batch=args.max_batch, progress=report,
         )  # fmt: skip
     result.model = resolved.label
-    sys.stdout.write(result.render())
-    status = 0
+    _print(result.render())
     if args.output:
-        status |= _write_out(args.output, lambda: result.save(args.output), "the benchmark")
+        _write_file(args.output, lambda: result.save(args.output), "the benchmark")
     if args.plot:
         from layerscope.plot import plot_bench
 
         try:
-            status |= _write_out(args.plot, lambda: plot_bench(result, args.plot), "the plot")
+            _write_file(args.plot, lambda: plot_bench(result, args.plot), "the plot")
         except ImportError as exc:
             raise UsageError(str(exc)) from exc
-    return status
+    return 0
 
 
 def _list_zoo() -> int:
     from layerscope import zoo
 
     width = max(len(n) for n in zoo.names())
-    for name in zoo.names():
-        print(f"zoo:{name.ljust(width)}  {zoo.get(name).description}")
+    _print("".join(f"zoo:{name.ljust(width)}  {zoo.get(name).description}\n" for name in zoo.names()))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except OutputError as exc:
+        print(f"layerscope: error: {exc}", file=sys.stderr)
+        if exc.destination == "stdout":
+            _drop_stdout()
+        return EXIT_WRITE_FAILED
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        raise OutputError("stdout", exc) from exc
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    status = _dispatch(args)
+    _flush_stdout()
+    return status
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     debug = getattr(args, "debug", False)
     try:
         if args.command == "zoo":
@@ -660,6 +736,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "flops":
             return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)
+    except OutputError:
+        raise
     except LayerscopeError as exc:
         if debug:
             traceback.print_exc()
