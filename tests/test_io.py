@@ -196,6 +196,13 @@ DAMAGE = {
     "params null": _set(OPS_AT, "params", None),
     "cpu time a string": _set_forward(OPS_AT, "cpu_time_ns", "100"),
     "op calls a string": _set_op("calls", "1"),
+    "op in no phase": _set_op("phase", "children"),
+    "a count beyond 64 bits": _set_forward(OPS_AT, "self_flops", 10**30),
+    "shapes nested 100 deep": _set(OPS_AT, "input_shapes", json.loads("[" * 100 + "]" * 100)),
+    "trace span too short": lambda doc: doc["trace"]["spans"][0].pop(),
+    "memory peaks by phase a list": lambda doc: doc["memory"].update(peak_by_phase=[1, 2]),
+    "meta a list": _set_top("meta", [1]),
+    "step times strings": lambda doc: doc["meta"].update(pass_cpu_time_ns=["1ms"]),
 }
 
 
@@ -228,6 +235,67 @@ def test_a_tree_that_breaks_invariants(saved: Path, damage: Any) -> None:
     doc = json.loads(saved.read_text(encoding="utf-8"))
     damage(doc)
     assert_schema_error(write_json(saved, doc), "inconsistent")
+
+
+# -- hostile files ---------------------------------------------------------------------
+
+HOSTILE = {
+    # Python refuses to read integers of more than 4300 digits (a ValueError, not JSON's).
+    "5000 digits": '{"schema": "layerscope/1", "meta": {"steps": ' + "9" * 5000 + "}}",
+    # The JSON reader recurses per level: a RecursionError.
+    "nested 100000 deep": "[" * 100_000,
+    "NaN": '{"schema": "layerscope/1", "meta": {"peak_flops_per_s": NaN}}',
+    "1e999": '{"schema": "layerscope/1", "meta": {"peak_flops_per_s": 1e999}}',
+}
+
+
+@pytest.mark.parametrize("text", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_json_is_a_schema_error(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    path = tmp_path / "hostile.json"
+    path.write_text(text, encoding="utf-8")
+    assert_schema_error(path, "not a layerscope profile")
+    assert main(["show", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("layerscope: error: ") and "hostile.json" in line
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("flops", -2), ("macs", -1), ("bytes", -8), ("cpu_time_ns", -1), ("freed_bytes", -4)],
+)
+def test_an_op_with_a_negative_figure(saved: Path, field: str, value: int, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    doc["modules"][OPS_AT]["ops"][0][field] = value
+    assert_schema_error(write_json(saved, doc), f"op aten::\\w+ has negative {field}")
+    assert main(["show", str(saved)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("field", ["flops", "macs", "bytes"])
+def test_op_rows_add_up_to_the_nodes_self_figures(saved: Path, field: str) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    op = doc["modules"][OPS_AT]["ops"][-1]
+    op[field] += 1000  # the module's total and self figures no longer match its ops
+    assert_schema_error(write_json(saved, doc), f"'features.0' forward: self_{field}=\\d+ != its ops' {field}")
+
+
+def test_the_message_lists_the_first_breaches_and_counts_the_rest(saved: Path) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    broken = [entry["path"] for entry in doc["modules"] if entry["ops"]]
+    for entry in doc["modules"]:
+        for op in entry["ops"]:
+            op["calls"] = 0
+    with pytest.raises(SchemaError) as excinfo:
+        layerscope.load(write_json(saved, doc))
+    message = str(excinfo.value)
+    total = sum(len(entry["ops"]) for entry in doc["modules"])
+    assert "\n" not in message
+    assert f"{total} problems: {broken[0]!r}: op " in message
+    assert message.count("has 0 calls") == 5 and message.endswith(f"; and {total - 5} more")
 
 
 # -- atomic writes ---------------------------------------------------------------------

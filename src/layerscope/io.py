@@ -96,8 +96,10 @@ def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **o
 
 
 def profile_from_dict(doc: Any, source: str = "document") -> Any:
-    """Rebuild a :class:`Profile` from a ``layerscope/1`` dict, checking its invariants."""
-    from layerscope.check import InvariantError, check_tree
+    """Rebuild a :class:`Profile` from a ``layerscope/1`` dict, checking the type of every
+    field it reads and the tree's invariants."""
+    from layerscope.check import summarize, tree_problems
+    from layerscope.schema import document_problems
     from layerscope.tree import ModuleNode, Profile, link
 
     if not isinstance(doc, dict) or "schema" not in doc:
@@ -107,6 +109,9 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
         raise SchemaError(
             f"{source} has schema {schema!r}; this layerscope reads {SCHEMA!r} only"
         )
+    problems = document_problems(doc)
+    if problems:
+        raise SchemaError(f"{source} is a damaged layerscope profile: {summarize(problems)}")
     try:
         nodes = [_node_from_dict(entry) for entry in doc["modules"]]
         root = link(nodes)
@@ -121,31 +126,18 @@ def profile_from_dict(doc: Any, source: str = "document") -> Any:
             by_path[node.path] = node
         profile = Profile(
             root=root,
-            meta=dict(doc.get("meta", {})),
+            meta=dict(doc.get("meta") or {}),
             param_bytes=doc["totals"]["param_bytes"],
             parts=parts,
-            memory=_optional_object(doc.get("memory"), "memory", "peak_bytes", int),
-            trace=_optional_object(doc.get("trace"), "trace", "spans", list),
+            memory=None if doc.get("memory") is None else dict(doc["memory"]),
+            trace=None if doc.get("trace") is None else dict(doc["trace"]),
         )
+        problems = tree_problems(profile)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SchemaError(f"{source} is a damaged layerscope profile: {type(exc).__name__}: {exc}") from None
-    try:
-        check_tree(profile)
-    except InvariantError as exc:
-        raise SchemaError(f"{source} is inconsistent: {str(exc).splitlines()[0]}") from None
-    except TypeError as exc:
-        # A number stored as a string or null: the tree cannot even be checked.
-        raise SchemaError(f"{source} is a damaged layerscope profile: a field has the wrong type ({exc})") from None
+    if problems:
+        raise SchemaError(f"{source} is inconsistent: {summarize(problems)}")
     return profile
-
-
-def _optional_object(data: Any, name: str, key: str, kind: type) -> dict[str, Any] | None:
-    """A top-level object of the document that may be absent (``memory``, ``trace``)."""
-    if data is None:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get(key), kind):
-        raise TypeError(f"{name!r} must be an object with a {kind.__name__} {key!r}")
-    return dict(data)
 
 
 def _node_from_dict(entry: dict[str, Any]) -> Any:
@@ -176,10 +168,25 @@ def _node_from_dict(entry: dict[str, Any]) -> Any:
     )
 
 
+class _NotANumber(ValueError):
+    """NaN or Infinity in a JSON file: Python reads them, the JSON standard does not."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotANumber(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _NotANumber(f"{text} is too large a number")
+    return value
+
+
 def read_json(path: str | os.PathLike[str], what: str) -> tuple[Any, str]:
     """The JSON document at ``path`` and its name for messages; ``what`` ("profile",
     "benchmark") names the kind of file in the errors: FileNotFoundError, or a
-    :class:`SchemaError` for a file that is not UTF-8 JSON."""
+    :class:`SchemaError` for a file that is not UTF-8 JSON a layerscope file can hold."""
     name = os.fspath(path)
     try:
         text = Path(name).read_text(encoding="utf-8")
@@ -187,12 +194,20 @@ def read_json(path: str | os.PathLike[str], what: str) -> tuple[Any, str]:
         raise FileNotFoundError(f"no such {what} file: {name!r}") from None
     except UnicodeDecodeError:
         raise SchemaError(f"{name!r} is not a layerscope {what} (not UTF-8 text)") from None
+    not_it = f"{name!r} is not a layerscope {what}"
     try:
-        return json.loads(text), name
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float), name
     except json.JSONDecodeError as exc:
         raise SchemaError(
             f"{name!r} is not valid JSON (truncated or corrupted?): {exc.msg} at line {exc.lineno}"
         ) from None
+    except _NotANumber as exc:
+        raise SchemaError(f"{not_it}: {exc}") from None
+    except ValueError:
+        # Python refuses to read integers of more than sys.get_int_max_str_digits() digits.
+        raise SchemaError(f"{not_it}: it holds a number with thousands of digits") from None
+    except RecursionError:
+        raise SchemaError(f"{not_it}: its JSON nests too deeply") from None
 
 
 def load(path: str | os.PathLike[str]) -> Any:
