@@ -344,6 +344,9 @@ def test_transformers_model_from_default_config(workdir: Path) -> None:
     [
         pytest.param(("zoo:nope",), ["'nope'", *ZOO_NAMES], id="unknown-zoo-name"),
         pytest.param(("zoo:lenet5", "--input", "3xfoo"), ["'3xfoo'", "1x3x224x224"], id="bad-shape"),
+        pytest.param(("zoo:lenet5", "--input", "8x"), ["'8x'", "1x3x224x224"], id="shape-with-a-missing-size"),
+        pytest.param(("zoo:lenet5", "--input", "8xx3"), ["'8xx3'"], id="shape-with-an-empty-size"),
+        pytest.param(("zoo:lenet5", "--input", "8x3:"), ["'8x3:'"], id="shape-with-an-empty-dtype"),
         pytest.param(("lenet5",), ["'lenet5'", "zoo:NAME"], id="spec-without-colon"),
         pytest.param(("missing.py:build",), ["no such file", "'missing.py'"], id="missing-file"),
         pytest.param(("nets.py:not_a_module",), ["int", "torch.nn.Module"], id="not-a-module"),
@@ -364,6 +367,48 @@ def test_usage_errors(workdir: Path, args: tuple[str, ...], expected: list[str])
     line = assert_usage_error(run_cli("profile", *args, *FAST, cwd=workdir))
     for fragment in expected:
         assert fragment in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("profile", "zoo:mlp", "--repeat", "0"), "argument --repeat: expected a number >= 1, got 0"),
+        (("profile", "zoo:mlp", "--batch-size", "0"), "argument --batch-size: expected a number >= 1, got 0"),
+        (("flops", "zoo:mlp", "--batch-size", "0"), "argument --batch-size: expected a number >= 1, got 0"),
+        (("bench", "zoo:mlp", "--batch-sizes", "1", "0"), "argument --batch-sizes: expected a number >= 1, got 0"),
+        (("bench", "zoo:mlp", "--min-runs", "0"), "argument --min-runs: expected a number >= 1, got 0"),
+        (("bench", "zoo:mlp", "--min-time", "-1"), "argument --min-time: expected a number of seconds >= 0"),
+        (("profile", "zoo:mlp", "--depth", "x"), "argument --depth: expected a whole number, got 'x'"),
+        (("profile",), "the following arguments are required: SPEC"),
+        (("nope",), "argument COMMAND: invalid choice: 'nope'"),
+    ],
+)
+def test_option_errors_are_one_line(args: tuple[str, ...], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    with pytest.raises(SystemExit) as excinfo:
+        main(list(args))
+    assert excinfo.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    command = "layerscope" if args[0] == "nope" else f"layerscope {args[0]}"
+    assert line.startswith(f"{command}: error: {says}")
+    assert line.endswith(f"; see '{command} --help'")
+
+
+def test_a_model_built_on_the_meta_device_is_not_timed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    (tmp_path / "meta_nets.py").write_text(
+        "import torch\n\ndef build():\n    with torch.device('meta'):\n        return torch.nn.Linear(8, 4)\n",
+        encoding="utf-8",
+    )
+    spec = f"{tmp_path / 'meta_nets.py'}:build"
+    assert main(["profile", spec, "--input", "2x8"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "meta device" in line and "layerscope flops" in line
+    assert main(["flops", spec, "--input", "2x8", "--device", "meta"]) == 0  # counting works there
 
 
 def test_cuda_on_a_cpu_machine(workdir: Path) -> None:

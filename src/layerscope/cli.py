@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from layerscope.errors import LayerscopeError
 
@@ -134,13 +134,33 @@ def _drop_stdout() -> None:
     os.close(null_fd)
 
 
-def _positive(text: str) -> int:
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """A count that may be zero: --warmup, --depth, --limit."""
+    return _whole(text, 0)
+
+
+def _at_least_one(text: str) -> int:
+    """A count that must be one or more: --repeat, --batch-size, --min-runs."""
+    return _whole(text, 1)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text}")
     return value
 
 
@@ -153,12 +173,12 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         "repeat for several positional inputs",
     )
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
-    parser.add_argument("--batch-size", type=_positive, default=1, help="batch size of a built-in model's default input (default 1)")
+    parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
     if timed:
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
-        parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
+        parser.add_argument("--repeat", type=_at_least_one, default=5, help="measured passes; medians are reported (default 5)")
         parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes, FLOPs and memory")
         parser.add_argument(
             "--with-stack", action="store_true",
@@ -229,9 +249,14 @@ def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its messages (--help, --version) flushed and their write failures
-    raised: argparse itself swallows an ``OSError`` there, and --help > a full disk
-    would exit 0 with nothing written. Subcommands' parsers are of this class too."""
+    """argparse, with errors in one line, and its messages (--help, --version) flushed
+    and their write failures raised: argparse itself swallows an ``OSError`` there, and
+    --help > a full disk would exit 0 with nothing written. Subcommands' parsers are of
+    this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """One line, not argparse's usage block: the error and where to read more."""
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if not message:
@@ -363,15 +388,15 @@ def _add_bench_parser(sub: Any) -> None:
                        "by more than this (10%% or 0.1) and by more than the noise")  # fmt: skip
     bench.add_argument("--input", action="append", default=[], metavar="SHAPE", help="a random input of this shape, batch 1 first: 1x3x224x224")
     bench.add_argument("--inputs", metavar="SPEC", help="a callable taking the batch size, returning the batch")
-    bench.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
+    bench.add_argument("--batch-sizes", type=_at_least_one, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
     bench.add_argument("--mode", choices=("inference", "train"), default="inference", help="inference (default) or a training step (SGD, on a copy)")
     bench.add_argument("--dtype", help="cast a copy of the model and the float inputs (float32, bfloat16, float16)")
     bench.add_argument("--autocast", metavar="DTYPE", help="run under torch.autocast with this dtype")
     bench.add_argument("--compile", action="store_true", help="torch.compile a copy; compile time reported apart")
     bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     bench.add_argument("--warmup", type=_positive, default=3, help="untimed runs per batch size first (default 3)")
-    bench.add_argument("--min-runs", type=_positive, default=10, help="at least this many timed runs (default 10)")
-    bench.add_argument("--min-time", type=float, default=0.5, metavar="SECONDS", help="and at least this much timed time (default 0.5)")
+    bench.add_argument("--min-runs", type=_at_least_one, default=10, help="at least this many timed runs (default 10)")
+    bench.add_argument("--min-time", type=_seconds, default=0.5, metavar="SECONDS", help="and at least this much timed time (default 0.5)")
     bench.add_argument("--lr", type=float, default=1e-3, help="--mode train: SGD's learning rate (default 1e-3)")
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass (CPU)")
     bench.add_argument("--max-batch", action="store_true", help="CUDA: also search the largest batch size that fits")
@@ -444,8 +469,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
-
     import layerscope
+    from layerscope.capture.modules import refuse_meta_timing
     from layerscope.render import format_for_path
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
@@ -458,9 +483,14 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if shapes and args.inputs:
         raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
 
+    if not count_only and device.type == "meta":
+        raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
+
     # On the meta device the model is built there directly: a 7B model allocates nothing.
-    resolved = resolve_model(spec, batch_size=max(1, args.batch_size), device=device if device.type == "meta" else None)
+    resolved = resolve_model(spec, batch_size=args.batch_size, device=device if device.type == "meta" else None)
     inputs = _inputs_from(args, spec, shapes, resolved.inputs, resolve_inputs)
+    if not count_only:
+        refuse_meta_timing(resolved.model, inputs)  # a SPEC may build its model on meta itself
 
     model = resolved.model.eval().to(device)
     if dtype is not None:
@@ -474,11 +504,9 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if count_only:
         prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
     else:
-        if device.type == "meta":
-            raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
         with _progress_bar(sys.stderr.isatty()) as report:
             prof = layerscope.profile(
-                model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
+                model, inputs, warmup=args.warmup, repeat=args.repeat,
                 paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
                 peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
             )
@@ -662,7 +690,7 @@ def _bench(args: argparse.Namespace) -> int:
     with _progress_bar(sys.stderr.isatty()) as report:
         result = benchmark(
             resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
-            min_runs=max(1, args.min_runs), min_time_s=args.min_time, device=device, dtype=dtype,
+            min_runs=args.min_runs, min_time_s=args.min_time, device=device, dtype=dtype,
             autocast=autocast, compile=args.compile, lr=args.lr, memory=not args.no_memory,
             find_max_batch=args.max_batch, progress=report,
         )  # fmt: skip
