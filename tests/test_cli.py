@@ -567,3 +567,66 @@ def test_a_failed_file_write_keeps_the_old_file(
     assert captured.err == f"layerscope: error: cannot write {str(target)!r}: No space left on device\n"
     assert target.read_text(encoding="utf-8") == "the old report\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+# -- the terminal's width -------------------------------------------------------------
+
+
+def run_on_a_terminal(*args: str, cwd: Path, columns: int) -> str:
+    """Run ``python -m layerscope ARGS`` with its stdout on a pseudo-terminal ``columns``
+    wide; what it printed, with the terminal's \\r\\n made \\n again."""
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "layerscope", *args], cwd=cwd, env=env, stdout=child_fd, stderr=subprocess.PIPE
+    )
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main_fd)
+    assert process.wait(timeout=300) == 0, process.stderr.read() if process.stderr else ""
+    return b"".join(chunks).decode("utf-8").replace("\r\n", "\n")
+
+
+def test_a_terminal_gets_a_table_that_fits(saved_profile: Path, tmp_path: Path) -> None:
+    text = run_on_a_terminal("show", str(saved_profile), cwd=tmp_path, columns=80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "Hidden to fit a width of 80: " in text
+
+
+def test_piped_output_keeps_the_whole_table(saved_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    assert main(["show", str(saved_profile)]) == 0
+    text = capsys.readouterr().out
+    assert text == layerscope.load(saved_profile).render("text")
+    assert "Hidden" not in text and max(len(line) for line in text.splitlines()) > 80
+
+
+def test_columns_option(saved_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    assert main(["show", str(saved_profile), "--columns", "flops, self_cpu", "--depth", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split(" | ") == ["Module", "  FLOPs", "Self CPU"]
+    with pytest.raises(SystemExit) as excinfo:
+        main(["profile", "--columns", "list"])  # no SPEC needed, as with --help
+    assert excinfo.value.code == 0
+    listing = capsys.readouterr().out
+    assert "  self_cpu      Self CPU\n" in listing and "  fwd_self      Fwd self\n" in listing
+    # A name no table has is refused before any run; one this profile lacks, after loading it.
+    with pytest.raises(SystemExit):
+        main(["profile", "zoo:mlp", "--columns", "self_cpu,nope"])
+    assert "unknown column 'nope'" in capsys.readouterr().err
+    assert main(["show", str(saved_profile), "--columns", "fwd_self"]) == 2
+    assert "no column 'fwd_self'" in capsys.readouterr().err
+    assert main(["show", str(saved_profile), "--columns", "flops", "--format", "csv"]) == 2
+    assert "--columns: only for --format text" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -214,6 +215,11 @@ def _add_render_options(parser: argparse.ArgumentParser) -> None:
         help="what folded and speedscope output weigh stacks by (default: time, or flops for a count)",
     )
     parser.add_argument("--ops", action="store_true", help="csv: one row per aten op instead of per module")
+    parser.add_argument(
+        "--columns", action=_ColumnsAction, metavar="COLS",
+        help="text: the table's columns, comma-separated, e.g. self_cpu,flops,params; '--columns list' "
+        "lists them (default: all, with the least important hidden to fit a terminal's width)",
+    )
     parser.add_argument("--format", choices=formats(), help="output format (default: from -o's extension, else text)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")  # fmt: skip
@@ -235,9 +241,9 @@ def _add_op_table_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--module", metavar="PATH", help="only the ops of this module's subtree")
 
 
-def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
-    """The operator table's render options, checked before a run that may take minutes
-    (whether the profile has the metric is known only after it)."""
+def _format_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
+    """The options of the operator table and the text table, checked before a run that
+    may take minutes (whether the profile has the metric is known only after it)."""
     from layerscope.ops import check_options
 
     options = {"sort_by": args.sort_by, "group_by": args.group_by, "limit": args.limit, "module": args.module}
@@ -245,7 +251,45 @@ def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
     if given and fmt != "ops":
         raise UsageError(f"{', '.join(given)}: only for --format ops (the format here is {fmt})")
     check_options(sort_by=args.sort_by, group_by=args.group_by)
-    return options
+    if args.columns is not None and fmt != "text":
+        raise UsageError(f"--columns: only for --format text (the format here is {fmt})")
+    return {**options, "columns": args.columns}
+
+
+class _ColumnsAction(argparse.Action):
+    """``--columns a,b,c``: the text table's columns by key; ``--columns list`` prints
+    the keys and exits, as --help does (no SPEC needed)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from layerscope.render.text import column_keys
+
+        if values.strip() == "list":
+            parser._print_message(_columns_help(), sys.stdout)
+            parser.exit()
+        keys = [key.strip() for key in values.split(",")]
+        known = {key for table in column_keys().values() for key in table}
+        unknown = [key for key in keys if key not in known]
+        if not all(keys) or unknown:
+            what = f"unknown column {', '.join(map(repr, unknown))}" if unknown else f"an empty column name in {values!r}"
+            parser.error(f"argument --columns: {what}; '--columns list' lists them")
+        setattr(namespace, self.dest, keys)
+
+
+def _columns_help() -> str:
+    from layerscope.render.text import COLUMNS, STEP_COLUMNS
+
+    def listed(columns: Any) -> str:
+        return "".join(f"  {c.key:<14}{c.header}\n" for c in columns)
+
+    return (
+        "Columns of the text table, for --columns (comma-separated, in the order to show):\n"
+        f"a forward pass:\n{listed(COLUMNS)}"
+        f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
+        "with --show-ops:\n  shapes        Input shapes\n"
+        "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
+        "--peak-tflops). Without --columns every column is shown, and on a terminal the\n"
+        "lowest-priority ones are hidden to fit its width (the footer names them).\n"
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -450,6 +494,9 @@ def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]
     from layerscope.render import render, render_chunks
 
     rendering = {"depth": args.depth, "show_ops": args.show_ops, "metric": args.metric, "ops": args.ops, **options}
+    if fmt == "text" and not args.output and sys.stdout.isatty():
+        # Fit the terminal; piped or saved output keeps the whole table.
+        rendering["width"] = shutil.get_terminal_size().columns
     if not args.output:
         _print(render(prof, fmt, **rendering))
     else:
@@ -462,7 +509,7 @@ def _show(args: argparse.Namespace) -> int:
 
     prof = _load_profile(args.profile)
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
-    options = _op_table_options(args, fmt)
+    options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)
     return _emit(prof, args, fmt, options)
@@ -498,7 +545,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     inputs = _move(inputs, device, dtype)
 
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
-    op_table_options = _op_table_options(args, fmt)
+    format_options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     if count_only:
@@ -511,7 +558,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
                 peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
             )
     prof.meta["spec"] = resolved.label
-    return _emit(prof, args, fmt, op_table_options)
+    return _emit(prof, args, fmt, format_options)
 
 
 def _device(text: str) -> Any:
