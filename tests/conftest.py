@@ -1,7 +1,9 @@
-"""Shared test fixtures: a fake clock, golden-file comparison, tree checking."""
+"""Shared test fixtures: a fake clock, golden-file comparison, tree checking, device nodes."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,27 @@ def golden(request: pytest.FixtureRequest):
         assert text == expected, f"output differs from {path} (run pytest --update-golden if intended)"
 
     return compare
+
+
+#: (major, minor) of the kernel's null and full character devices.
+NULL_DEVICE = (1, 3)
+FULL_DEVICE = (1, 7)
+
+
+@pytest.fixture
+def char_device(tmp_path: Path):
+    """``char_device("full", FULL_DEVICE)`` makes a character device node of our own in
+    ``tmp_path`` (never the system's /dev/null or /dev/full, which a buggy write could
+    replace). Needs root (mknod); the test is skipped otherwise."""
+
+    def make(name: str, numbers: tuple[int, int]) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("making a device node with mknod needs root")
+        path = tmp_path / name
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(*numbers))
+        except PermissionError as exc:
+            pytest.skip(f"mknod is not allowed here ({exc.strerror})")
+        return path
+
+    return make

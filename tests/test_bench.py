@@ -274,7 +274,7 @@ def test_json_round_trip_and_schema_errors(tmp_path: Path, mlp_result: BenchResu
     assert doc["schema"] == "layerscope-bench/1" and doc["batches"][0]["summary"]["p50_ns"] == mlp_result.batches[0].p50_ns
     with pytest.raises(SchemaError, match="expected schema 'layerscope-bench/1', found 'layerscope/1' \\(a profile"):
         from_dict({"schema": "layerscope/1"})
-    with pytest.raises(SchemaError, match="'flops' is missing or not a int"):
+    with pytest.raises(SchemaError, match="'flops' must be a whole number or null"):
         from_dict({**doc, "flops": "many"})
     with pytest.raises(SchemaError, match="batch size 1 has status 'ok' but no timed runs"):
         from_dict({**doc, "batches": [{"batch_size": 1, "status": "ok", "times_ns": []}]})
@@ -391,3 +391,42 @@ def test_noise_warning_needs_the_bulk_of_the_runs_spread() -> None:
     result.batches = [outlier, spread]
     [warning] = result.warnings
     assert "batch size 2 (" in warning and "batch size 1 (" not in warning
+
+
+# -- FLOPs it could not count -------------------------------------------------------------
+
+
+def test_flops_it_could_not_count_are_unknown_not_zero(tmp_path: Path) -> None:
+    # The count runs at the smallest batch size; out of memory there, FLOPs are unknown.
+    result = layerscope.benchmark(oom_above(0), torch.randn(1, 8), [1, 2], **FAST)
+    assert result.flops is None and result.macs is None and result.flops_per_sample is None
+    assert "per sample   ? MACs, ? FLOPs (unknown: the count ran out of memory)" in result.render()
+    result.save(tmp_path / "bench.json")
+    assert load(tmp_path / "bench.json").flops is None
+
+
+@torch.library.custom_op("layerscope_test::mystery", mutates_args=())
+def _mystery(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@_mystery.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_ops_with_no_formula_are_listed_not_counted_as_zero(tmp_path: Path) -> None:
+    class Mystery(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(_mystery(x))
+
+    result = layerscope.benchmark(Mystery(), torch.randn(1, 8), [1], **FAST)
+    assert result.unsupported_ops == {"layerscope_test::mystery": 1}
+    assert result.macs == 8 * 4  # the linear's count stands
+    assert "ops with no FLOP formula (not counted in FLOPs): layerscope_test::mystery x1" in result.render()
+    result.save(tmp_path / "bench.json")
+    assert load(tmp_path / "bench.json").unsupported_ops == {"layerscope_test::mystery": 1}

@@ -793,3 +793,20 @@ def test_check_tree_catches_params_and_op_breaches(sound_profile: Profile) -> No
     broken.root.ops[0].self_cpu_time_ns = broken.root.ops[0].cpu_time_ns + 1
     with pytest.raises(InvariantError, match="self time exceeds"):
         check_tree(broken)
+
+
+# -- the meta device ----------------------------------------------------------------------
+
+
+def test_refuse_meta_timing_refuses_a_meta_model_or_meta_inputs() -> None:
+    from layerscope.capture.modules import refuse_meta_timing
+
+    with torch.device("meta"):
+        on_meta = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    with pytest.raises(ModelError, match=r"meta device.*layerscope\.count_flops"):
+        refuse_meta_timing(on_meta, torch.ones(2, 8))
+    with pytest.raises(ModelError, match="meta device"):
+        refuse_meta_timing(nn.ReLU(), {"x": torch.empty(2, 8, device="meta")})  # no parameters to tell
+    refuse_meta_timing(nn.Linear(8, 4), (torch.ones(2, 8), 3))  # on the CPU: nothing to refuse
+    # Counting is what works on meta:
+    assert layerscope.count_flops(on_meta, torch.empty(2, 8, device="meta")).root.forward.macs == 2 * 8 * 4

@@ -6,16 +6,22 @@ tests where they can be, and timing-irrelevant runs use ``--repeat 1 --warmup 0`
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import layerscope
+import layerscope.io
+from conftest import FULL_DEVICE, NULL_DEVICE
 
 FAST = ("--repeat", "1", "--warmup", "0")
 ZOO_NAMES = ["alexnet", "gpt", "lenet5", "mlp", "resnet18", "resnet50", "vit_b_16"]
@@ -76,22 +82,27 @@ class Run:
     stderr: str
 
 
-def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None) -> Run:
+def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None, stdout: Path | None = None) -> Run:
+    """Run ``python -m layerscope ARGS``; its stdout is captured, or goes to the file
+    ``stdout`` (then ``Run.stdout`` is empty)."""
     env = dict(os.environ)
     # transformers: SPECs build from default configs; nothing may be downloaded.
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "layerscope", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    return Run(done.returncode, done.stdout, done.stderr)
+    with contextlib.ExitStack() as stack:
+        out = subprocess.PIPE if stdout is None else stack.enter_context(open(stdout, "wb"))
+        done = subprocess.run(
+            [sys.executable, "-m", "layerscope", *args],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    return Run(done.returncode, done.stdout or "", done.stderr)
 
 
 def assert_usage_error(run: Run) -> str:
@@ -333,6 +344,9 @@ def test_transformers_model_from_default_config(workdir: Path) -> None:
     [
         pytest.param(("zoo:nope",), ["'nope'", *ZOO_NAMES], id="unknown-zoo-name"),
         pytest.param(("zoo:lenet5", "--input", "3xfoo"), ["'3xfoo'", "1x3x224x224"], id="bad-shape"),
+        pytest.param(("zoo:lenet5", "--input", "8x"), ["'8x'", "1x3x224x224"], id="shape-with-a-missing-size"),
+        pytest.param(("zoo:lenet5", "--input", "8xx3"), ["'8xx3'"], id="shape-with-an-empty-size"),
+        pytest.param(("zoo:lenet5", "--input", "8x3:"), ["'8x3:'"], id="shape-with-an-empty-dtype"),
         pytest.param(("lenet5",), ["'lenet5'", "zoo:NAME"], id="spec-without-colon"),
         pytest.param(("missing.py:build",), ["no such file", "'missing.py'"], id="missing-file"),
         pytest.param(("nets.py:not_a_module",), ["int", "torch.nn.Module"], id="not-a-module"),
@@ -353,6 +367,48 @@ def test_usage_errors(workdir: Path, args: tuple[str, ...], expected: list[str])
     line = assert_usage_error(run_cli("profile", *args, *FAST, cwd=workdir))
     for fragment in expected:
         assert fragment in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("profile", "zoo:mlp", "--repeat", "0"), "argument --repeat: expected a number >= 1, got 0"),
+        (("profile", "zoo:mlp", "--batch-size", "0"), "argument --batch-size: expected a number >= 1, got 0"),
+        (("flops", "zoo:mlp", "--batch-size", "0"), "argument --batch-size: expected a number >= 1, got 0"),
+        (("bench", "zoo:mlp", "--batch-sizes", "1", "0"), "argument --batch-sizes: expected a number >= 1, got 0"),
+        (("bench", "zoo:mlp", "--min-runs", "0"), "argument --min-runs: expected a number >= 1, got 0"),
+        (("bench", "zoo:mlp", "--min-time", "-1"), "argument --min-time: expected a number of seconds >= 0"),
+        (("profile", "zoo:mlp", "--depth", "x"), "argument --depth: expected a whole number, got 'x'"),
+        (("profile",), "the following arguments are required: SPEC"),
+        (("nope",), "argument COMMAND: invalid choice: 'nope'"),
+    ],
+)
+def test_option_errors_are_one_line(args: tuple[str, ...], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    with pytest.raises(SystemExit) as excinfo:
+        main(list(args))
+    assert excinfo.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    command = "layerscope" if args[0] == "nope" else f"layerscope {args[0]}"
+    assert line.startswith(f"{command}: error: {says}")
+    assert line.endswith(f"; see '{command} --help'")
+
+
+def test_a_model_built_on_the_meta_device_is_not_timed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    (tmp_path / "meta_nets.py").write_text(
+        "import torch\n\ndef build():\n    with torch.device('meta'):\n        return torch.nn.Linear(8, 4)\n",
+        encoding="utf-8",
+    )
+    spec = f"{tmp_path / 'meta_nets.py'}:build"
+    assert main(["profile", spec, "--input", "2x8"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "meta device" in line and "layerscope flops" in line
+    assert main(["flops", spec, "--input", "2x8", "--device", "meta"]) == 0  # counting works there
 
 
 def test_cuda_on_a_cpu_machine(workdir: Path) -> None:
@@ -410,6 +466,14 @@ def test_unwritable_output_path(workdir: Path) -> None:
     assert lines[0].count("cannot write") == 1, lines[0]
 
 
+def test_output_to_a_device_writes_through_it(char_device: Any, tmp_path: Path) -> None:
+    null = char_device("null", NULL_DEVICE)
+    run = run_cli("profile", "zoo:mlp", *FAST, "-o", str(null), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert stat.S_ISCHR(os.stat(null).st_mode), "the device was replaced by a regular file"
+    assert run.stderr == f"layerscope: wrote text to {null}\n"
+
+
 def test_profile_backward_writes_both_phases_and_the_step(tmp_path: Path) -> None:
     out = tmp_path / "mlp.json"
     run = run_cli("profile", "zoo:mlp", "--backward", *FAST, "-o", str(out), cwd=tmp_path)
@@ -435,3 +499,134 @@ def test_flops_backward_counts_both_phases(tmp_path: Path) -> None:
     assert root["forward"]["macs"] == 84_480
     assert root["backward"]["macs"] == 152_576
     assert doc["meta"]["timed"] is False and doc["totals"]["step_time_ns"] is None
+
+
+# -- failures to write the output -----------------------------------------------------
+
+
+def assert_write_error(run: Run, destination: str) -> None:
+    """Exit 4 and one line naming where the output was going and the system's error."""
+    assert run.returncode == 4, run
+    assert run.stderr == f"layerscope: error: cannot write {destination}: No space left on device\n"
+
+
+@pytest.fixture(scope="module")
+def saved_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from layerscope import zoo
+
+    entry = zoo.get("lenet5")
+    path = tmp_path_factory.mktemp("saved") / "lenet5.json"
+    layerscope.profile(entry.build(), entry.example_inputs(1), warmup=0, repeat=1).save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("profile", "zoo:mlp", *FAST), id="profile"),
+        pytest.param(("show", "{saved}"), id="show"),
+        pytest.param(("diff", "{saved}", "{saved}"), id="diff"),
+        pytest.param(("zoo",), id="zoo"),
+        pytest.param(("--help",), id="help"),
+    ],
+)
+def test_a_full_stdout_is_one_line_and_exit_4(
+    args: tuple[str, ...], char_device: Any, saved_profile: Path, tmp_path: Path
+) -> None:
+    full = char_device("full", FULL_DEVICE)
+    argv = [arg.format(saved=saved_profile) for arg in args]
+    assert_write_error(run_cli(*argv, cwd=tmp_path, stdout=full), "stdout")
+
+
+def test_a_full_output_file_is_one_line_and_exit_4(char_device: Any, saved_profile: Path, tmp_path: Path) -> None:
+    full = char_device("full", FULL_DEVICE)
+    assert_write_error(run_cli("profile", "zoo:mlp", *FAST, "-o", str(full), cwd=tmp_path), repr(str(full)))
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+
+
+@pytest.mark.parametrize(
+    "args", [("show", "{saved}"), ("diff", "{saved}", "{saved}")], ids=["show", "diff"]
+)
+def test_a_failed_file_write_keeps_the_old_file(
+    args: tuple[str, ...], saved_profile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The disk fills while the new file is flushed: the old one stays whole, no temp file.
+    from layerscope.cli import main
+
+    target = tmp_path / "out.txt"
+    target.write_text("the old report\n", encoding="utf-8")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(layerscope.io.os, "fsync", full_disk)
+    status = main([arg.format(saved=saved_profile) for arg in args] + ["-o", str(target)])
+    captured = capsys.readouterr()
+    assert status == 4
+    assert captured.err == f"layerscope: error: cannot write {str(target)!r}: No space left on device\n"
+    assert target.read_text(encoding="utf-8") == "the old report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+# -- the terminal's width -------------------------------------------------------------
+
+
+def run_on_a_terminal(*args: str, cwd: Path, columns: int) -> str:
+    """Run ``python -m layerscope ARGS`` with its stdout on a pseudo-terminal ``columns``
+    wide; what it printed, with the terminal's \\r\\n made \\n again."""
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "layerscope", *args], cwd=cwd, env=env, stdout=child_fd, stderr=subprocess.PIPE
+    )
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main_fd)
+    assert process.wait(timeout=300) == 0, process.stderr.read() if process.stderr else ""
+    return b"".join(chunks).decode("utf-8").replace("\r\n", "\n")
+
+
+def test_a_terminal_gets_a_table_that_fits(saved_profile: Path, tmp_path: Path) -> None:
+    text = run_on_a_terminal("show", str(saved_profile), cwd=tmp_path, columns=80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "Hidden to fit a width of 80: " in text
+
+
+def test_piped_output_keeps_the_whole_table(saved_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    assert main(["show", str(saved_profile)]) == 0
+    text = capsys.readouterr().out
+    assert text == layerscope.load(saved_profile).render("text")
+    assert "Hidden" not in text and max(len(line) for line in text.splitlines()) > 80
+
+
+def test_columns_option(saved_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    assert main(["show", str(saved_profile), "--columns", "flops, self_cpu", "--depth", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split(" | ") == ["Module", "  FLOPs", "Self CPU"]
+    with pytest.raises(SystemExit) as excinfo:
+        main(["profile", "--columns", "list"])  # no SPEC needed, as with --help
+    assert excinfo.value.code == 0
+    listing = capsys.readouterr().out
+    assert "  self_cpu      Self CPU\n" in listing and "  fwd_self      Fwd self\n" in listing
+    # A name no table has is refused before any run; one this profile lacks, after loading it.
+    with pytest.raises(SystemExit):
+        main(["profile", "zoo:mlp", "--columns", "self_cpu,nope"])
+    assert "unknown column 'nope'" in capsys.readouterr().err
+    assert main(["show", str(saved_profile), "--columns", "fwd_self"]) == 2
+    assert "no column 'fwd_self'" in capsys.readouterr().err
+    assert main(["show", str(saved_profile), "--columns", "flops", "--format", "csv"]) == 2
+    assert "--columns: only for --format text" in capsys.readouterr().err

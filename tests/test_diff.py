@@ -155,6 +155,14 @@ def test_ops_with_several_call_sites_are_compared_as_one() -> None:
     head = next(entry for entry in doc["modules"] if entry["path"] == "head")
     addmm = next(op for op in head["ops"] if op["name"] == "aten::addmm")
     head["ops"].append(dict(addmm, stack=["train.py:42"]))
+    # The second call site's FLOPs, MACs and bytes are the module's too, and its parents'.
+    by_path = {entry["path"]: entry for entry in doc["modules"]}
+    for field in ("flops", "macs", "bytes"):
+        head["forward"][f"self_{field}"] += addmm[field]
+        path = "head"
+        while path is not None:
+            by_path[path]["forward"][field] += addmm[field]
+            path = by_path[path]["parent"]
     twice = profile_from_dict(doc)
     rows = [row for row in layerscope.diff(prof, twice).op_rows if (row.path, row.op) == ("head", "aten::addmm")]
     assert len(rows) == 1

@@ -16,6 +16,7 @@ import pytest
 from torch import nn
 
 import layerscope
+from conftest import FakeClock
 from layerscope import zoo
 
 
@@ -83,6 +84,78 @@ def test_profiler_block_lenet5_ops_depth_1(fake_clock: Any, golden: Any) -> None
     with layerscope.Profiler(model, clock=fake_clock) as prof:
         model(inputs)
     golden("lenet5_profiler_block_ops_depth1.out", prof.render("text", show_ops=True, depth=1))
+
+
+# -- an 80-column terminal ------------------------------------------------------------
+
+
+def _fits(text: str, width: int) -> None:
+    too_wide = [line for line in text.splitlines() if len(line) > width]
+    assert not too_wide, too_wide
+
+
+def test_lenet5_on_80_columns(fake_clock: Any, golden: Any) -> None:
+    full = _zoo_profile("lenet5", fake_clock).render("text")
+    assert max(len(line) for line in full.splitlines()) > 80, "the test needs a table wider than 80"
+    text = _zoo_profile("lenet5", FakeClock()).render("text", width=80)
+    golden("lenet5_width80.out", text)
+    _fits(text, 80)
+    assert "Hidden to fit a width of 80: cpu_pct, macs, " in text
+    # What is left still adds up: self times to the root's total, at every level.
+    rows = _table(text)
+    assert [row.name for row in rows] == [row.name for row in _table(full)]
+    for index, row in enumerate(rows):
+        parts = [_interval(row.cells["Self CPU"], _TIME, _TIME_SCALE)]
+        parts += [_interval(k.cells["CPU total"], _TIME, _TIME_SCALE) for k in _children(rows, index)]
+        assert _overlap(_sum(parts), _interval(row.cells["CPU total"], _TIME, _TIME_SCALE)), row.name
+
+
+def test_gpt_ops_on_80_columns(fake_clock: Any, golden: Any) -> None:
+    text = _zoo_profile("gpt", fake_clock).render("text", show_ops=True, depth=2, width=80)
+    golden("gpt_ops_depth2_width80.out", text)
+    _fits(text, 80)
+
+
+def test_training_step_on_80_columns(fake_clock: Any, golden: Any) -> None:
+    import torch
+
+    entry = zoo.get("mlp")
+    model, inputs = entry.build(), entry.example_inputs(4)
+    opt = torch.optim.AdamW(model.parameters())
+    with layerscope.Profiler(model, clock=fake_clock) as prof:
+        model(inputs).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    text = prof.render("text", width=80)
+    golden("mlp_step_width80.out", text)
+    _fits(text, 80)
+    assert "<optimizer:AdamW>" in text
+
+
+def test_chosen_columns_in_their_order(fake_clock: Any, golden: Any) -> None:
+    prof = _zoo_profile("lenet5", fake_clock)
+    text = prof.render("text", columns=["flops", "self_cpu", "params"])
+    golden("lenet5_columns_flops_self_cpu_params.out", text)
+    assert text.splitlines()[2].split(" | ") == ["Module        ", "  FLOPs", "Self CPU", "Params"]
+    narrow = prof.render("text", columns=["flops", "self_cpu", "params"], width=30)
+    assert narrow.splitlines()[2] == text.splitlines()[2] and "Hidden" not in narrow  # chosen: never hidden
+
+
+def test_a_wide_terminal_changes_nothing(fake_clock: Any) -> None:
+    prof = _zoo_profile("gpt", fake_clock)
+    assert prof.render("text", show_ops=True, width=1000) == prof.render("text", show_ops=True)
+
+
+def test_unknown_or_absent_columns_are_refused(fake_clock: Any) -> None:
+    from layerscope.errors import RenderError
+
+    prof = _zoo_profile("lenet5", fake_clock)
+    with pytest.raises(RenderError, match=r"no column 'fwd_self' .*a forward-only profile.*it has: type, self_cpu"):
+        prof.render("text", columns=["fwd_self"])
+    with pytest.raises(RenderError, match="no column 'shapes'"):
+        prof.render("text", columns=["shapes"])  # only with show_ops
+    with pytest.raises(RenderError, match="no column 'mfu'"):
+        prof.render("text", columns=["mfu"])  # no peak_tflops: no data
 
 
 # -- reading the printed table back ---------------------------------------------------

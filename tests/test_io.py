@@ -3,8 +3,11 @@ sound ``layerscope/1`` file, and writes that never leave a half-written file beh
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from torch import nn
 import layerscope
 import layerscope.io
 import layerscope.render
+from conftest import FULL_DEVICE, NULL_DEVICE
 from layerscope import zoo
 from layerscope.check import check_tree
 from layerscope.errors import SchemaError
@@ -192,6 +196,13 @@ DAMAGE = {
     "params null": _set(OPS_AT, "params", None),
     "cpu time a string": _set_forward(OPS_AT, "cpu_time_ns", "100"),
     "op calls a string": _set_op("calls", "1"),
+    "op in no phase": _set_op("phase", "children"),
+    "a count beyond 64 bits": _set_forward(OPS_AT, "self_flops", 10**30),
+    "shapes nested 100 deep": _set(OPS_AT, "input_shapes", json.loads("[" * 100 + "]" * 100)),
+    "trace span too short": lambda doc: doc["trace"]["spans"][0].pop(),
+    "memory peaks by phase a list": lambda doc: doc["memory"].update(peak_by_phase=[1, 2]),
+    "meta a list": _set_top("meta", [1]),
+    "step times strings": lambda doc: doc["meta"].update(pass_cpu_time_ns=["1ms"]),
 }
 
 
@@ -224,6 +235,67 @@ def test_a_tree_that_breaks_invariants(saved: Path, damage: Any) -> None:
     doc = json.loads(saved.read_text(encoding="utf-8"))
     damage(doc)
     assert_schema_error(write_json(saved, doc), "inconsistent")
+
+
+# -- hostile files ---------------------------------------------------------------------
+
+HOSTILE = {
+    # Python refuses to read integers of more than 4300 digits (a ValueError, not JSON's).
+    "5000 digits": '{"schema": "layerscope/1", "meta": {"steps": ' + "9" * 5000 + "}}",
+    # The JSON reader recurses per level: a RecursionError.
+    "nested 100000 deep": "[" * 100_000,
+    "NaN": '{"schema": "layerscope/1", "meta": {"peak_flops_per_s": NaN}}',
+    "1e999": '{"schema": "layerscope/1", "meta": {"peak_flops_per_s": 1e999}}',
+}
+
+
+@pytest.mark.parametrize("text", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_json_is_a_schema_error(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    path = tmp_path / "hostile.json"
+    path.write_text(text, encoding="utf-8")
+    assert_schema_error(path, "not a layerscope profile")
+    assert main(["show", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("layerscope: error: ") and "hostile.json" in line
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("flops", -2), ("macs", -1), ("bytes", -8), ("cpu_time_ns", -1), ("freed_bytes", -4)],
+)
+def test_an_op_with_a_negative_figure(saved: Path, field: str, value: int, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    doc["modules"][OPS_AT]["ops"][0][field] = value
+    assert_schema_error(write_json(saved, doc), f"op aten::\\w+ has negative {field}")
+    assert main(["show", str(saved)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("field", ["flops", "macs", "bytes"])
+def test_op_rows_add_up_to_the_nodes_self_figures(saved: Path, field: str) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    op = doc["modules"][OPS_AT]["ops"][-1]
+    op[field] += 1000  # the module's total and self figures no longer match its ops
+    assert_schema_error(write_json(saved, doc), f"'features.0' forward: self_{field}=\\d+ != its ops' {field}")
+
+
+def test_the_message_lists_the_first_breaches_and_counts_the_rest(saved: Path) -> None:
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    broken = [entry["path"] for entry in doc["modules"] if entry["ops"]]
+    for entry in doc["modules"]:
+        for op in entry["ops"]:
+            op["calls"] = 0
+    with pytest.raises(SchemaError) as excinfo:
+        layerscope.load(write_json(saved, doc))
+    message = str(excinfo.value)
+    total = sum(len(entry["ops"]) for entry in doc["modules"])
+    assert "\n" not in message
+    assert f"{total} problems: {broken[0]!r}: op " in message
+    assert message.count("has 0 calls") == 5 and message.endswith(f"; and {total - 5} more")
 
 
 # -- atomic writes ---------------------------------------------------------------------
@@ -328,3 +400,83 @@ def test_write_atomic_writes_the_whole_text(tmp_path: Path) -> None:
     layerscope.io.write_atomic(path, "héllo\n" * 1000)
     assert path.read_text(encoding="utf-8") == "héllo\n" * 1000
     assert leftovers(tmp_path) == []
+
+
+# -- devices, FIFOs and symlinks -------------------------------------------------------
+
+
+def test_a_character_device_is_written_in_place(char_device: Any, zoo_profile: Profile) -> None:
+    # Renaming a temporary file over /dev/null would turn it into a regular file.
+    null = char_device("null", NULL_DEVICE)
+    zoo_profile.save(null)
+    layerscope.io.write_atomic(null, (chunk for chunk in ["a", "b"]))
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+    assert os.stat(null).st_rdev == os.makedev(*NULL_DEVICE)
+    assert sorted(p.name for p in null.parent.iterdir()) == ["null"]
+
+
+def test_a_full_device_fails_with_its_os_error(char_device: Any, zoo_profile: Profile) -> None:
+    full = char_device("full", FULL_DEVICE)
+    with pytest.raises(OSError) as excinfo:
+        zoo_profile.save(full)
+    assert excinfo.value.errno == errno.ENOSPC
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+    assert sorted(p.name for p in full.parent.iterdir()) == ["full"]
+
+
+def test_a_fifo_is_written_in_place(tmp_path: Path, zoo_profile: Profile) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    zoo_profile.save(fifo)
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    assert json.loads(received[0]) == zoo_profile.to_dict()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_symlink_stays_a_link_and_its_target_is_replaced(tmp_path: Path, zoo_profile: Profile) -> None:
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "p.json"
+    target.write_text("old", encoding="utf-8")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    zoo_profile.save(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert layerscope.load(target).to_dict() == zoo_profile.to_dict()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the target keeps its mode
+    assert leftovers(tmp_path) == leftovers(tmp_path / "real") == []
+
+
+def test_a_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
+    link = tmp_path / "link.txt"
+    link.symlink_to(tmp_path / "new.txt")
+    layerscope.io.write_atomic(link, "hello\n")
+    assert link.is_symlink()
+    assert (tmp_path / "new.txt").read_text(encoding="utf-8") == "hello\n"
+
+
+def test_a_symlink_to_a_device_leaves_the_device(char_device: Any) -> None:
+    null = char_device("null", NULL_DEVICE)
+    link = null.parent / "out.txt"
+    link.symlink_to(null)
+    layerscope.io.write_atomic(link, "hello\n")
+    assert link.is_symlink() and stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_a_benchmark_saved_to_a_device_leaves_the_device(char_device: Any) -> None:
+    from layerscope.bench import benchmark
+
+    null = char_device("null", NULL_DEVICE)
+    result = benchmark(nn.Linear(4, 2), torch.ones(1, 4), [1], warmup=0, min_runs=1, min_time_s=0, memory=False)
+    result.save(null)
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_write_atomic_to_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        layerscope.io.write_atomic(tmp_path, "{}")

@@ -252,9 +252,9 @@ def test_a_failed_write_keeps_the_old_file(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", refuse)
-    assert cli.main(["plot-memory", str(mlp_step), "-o", str(out)]) == 1
+    assert cli.main(["plot-memory", str(mlp_step), "-o", str(out)]) == 4
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == "layerscope: error: [Errno 28] No space left on device"
+    assert line == f"layerscope: error: cannot write {str(out)!r}: No space left on device"
     assert out.read_bytes() == b"the old picture"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png"]  # no temporary file left
 

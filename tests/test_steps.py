@@ -503,3 +503,21 @@ def test_on_ready_raising_inside_step_does_not_shift_later_steps() -> None:
     # Cycles of 2 active steps: [0, 1], [2, 3], [4, 5], [6, 7]; the first handler call
     # failed, and the steps after it are still numbered as the loop ran them.
     assert got == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_a_step_part_has_one_spelling_everywhere() -> None:
+    # The table, the step's footer line and the memory peak all say <optimizer:AdamW>.
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    with layerscope.Profiler(model) as prof:
+        with layerscope.label("data"):
+            X.clone()
+        train_step(model, opt)
+    assert prof["<optimizer:AdamW>"].name == "<optimizer:AdamW>"
+    text = prof.render("text")
+    names = [line.split(" | ")[0].strip() for line in text.splitlines() if " | " in line]
+    assert {"<data>", "<loss>", "<optimizer:AdamW>", "<zero_grad>", "<other>"} <= set(names)
+    step_line = next(line for line in text.splitlines() if line.startswith("1 step"))
+    assert "+ <optimizer:AdamW> " in step_line and "+ <loss> " in step_line
+    bare = [line for line in text.splitlines() if "optimizer:AdamW" in line.replace("<optimizer:AdamW>", "")]
+    assert bare == []

@@ -47,6 +47,49 @@ def _phase_problems(node: ModuleNode, phase: str) -> list[str]:
     return problems
 
 
+#: Op figures that must not be negative (``calls`` must be positive).
+_OP_FIGURES = (
+    "cpu_time_ns", "self_cpu_time_ns", "device_time_ns", "self_device_time_ns", "flops", "macs", "bytes",
+    "alloc_bytes", "self_alloc_bytes", "freed_bytes",
+)  # fmt: skip
+
+#: What a node's op rows add up to, per phase: (op field, the phase's self field).
+_OP_SUMS = (("flops", "self_flops"), ("macs", "self_macs"), ("bytes", "self_bytes"))
+
+
+def _op_problems(node: ModuleNode) -> list[str]:
+    """Each op row is sound, and a phase's op rows add up to the node's self FLOPs, MACs
+    and bytes in that phase (ops are the only source of those figures)."""
+    problems: list[str] = []
+    sums: dict[tuple[str, str], int | None] = {}
+    for op in node.ops:
+        where = f"{node.path!r}: op {op.name}"
+        negative = [name for name in _OP_FIGURES if (getattr(op, name) or 0) < 0]
+        if negative:
+            problems.append(f"{where} has negative {', '.join(negative)}")
+        if op.calls <= 0:
+            problems.append(f"{where} has {op.calls} calls")
+        if op.alloc_bytes is not None and op.self_alloc_bytes != op.alloc_bytes:
+            problems.append(f"{where}: self alloc bytes != alloc bytes (ops do not nest)")
+        if op.self_cpu_time_ns > op.cpu_time_ns:
+            problems.append(f"{where}: self time exceeds its total")
+        if op.phase not in PHASES or getattr(node, op.phase) is None:
+            problems.append(f"{where} is in phase {op.phase!r}, which the node lacks")
+            continue
+        for field, _ in _OP_SUMS:
+            value = getattr(op, field)
+            if value is not None:
+                key = (op.phase, field)
+                sums[key] = (sums.get(key) or 0) + value
+    for phase, stats in node.phases():
+        for field, self_field in _OP_SUMS:
+            own = getattr(stats, self_field)
+            ops_sum = sums.get((phase, field))
+            if (own or 0) != (ops_sum or 0):
+                problems.append(f"{node.path!r} {phase}: {self_field}={own} != its ops' {field} ({ops_sum or 0})")
+    return problems
+
+
 def tree_problems(profile: Profile) -> list[str]:
     """Every invariant the profile breaks, as readable lines (empty when sound)."""
     problems: list[str] = []
@@ -84,15 +127,9 @@ def tree_problems(profile: Profile) -> list[str]:
             for phase, stats in node.phases():
                 if stats.peak_bytes is not None and stats.peak_bytes < 0:
                     problems.append(f"{node.path!r} {phase}: negative peak_bytes")
-            for op in node.ops:
-                if op.alloc_bytes is not None and (op.alloc_bytes < 0 or op.self_alloc_bytes != op.alloc_bytes):
-                    problems.append(f"{node.path!r}: op {op.name} alloc bytes negative or self != total")
-                if op.calls <= 0 or op.cpu_time_ns < 0 or op.self_cpu_time_ns < 0:
-                    problems.append(f"{node.path!r}: op {op.name} has non-positive calls or negative time")
-                if op.self_cpu_time_ns > op.cpu_time_ns:
-                    problems.append(f"{node.path!r}: op {op.name} self time exceeds its total")
-                if getattr(node, op.phase, None) is None:
-                    problems.append(f"{node.path!r}: op {op.name} is in phase {op.phase!r}, which the node lacks")
+            problems.extend(_op_problems(node))
+            if any(calls < 0 for calls in node.unsupported_ops.values()):
+                problems.append(f"{node.path!r}: negative unsupported op calls")
             for phase, stats in node.phases():
                 self_sums[phase] = self_sums.get(phase, 0) + stats.self_cpu_time_ns
         for phase, total in self_sums.items():
@@ -156,6 +193,13 @@ def _memory_problems(profile: Profile) -> list[str]:
     if root.peak_bytes is not None and root.peak_bytes > peak:
         problems.append("memory: the forward's peak exceeds the step's")
     return problems
+
+
+def summarize(problems: list[str], shown: int = 5) -> str:
+    """The first ``shown`` problems on one line, and how many more there are."""
+    listed = "; ".join(problems[:shown])
+    more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+    return f"{len(problems)} problem{'s' if len(problems) != 1 else ''}: {listed}{more}"
 
 
 def check_tree(profile: Profile) -> Profile:

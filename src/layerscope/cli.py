@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from layerscope.errors import LayerscopeError
 
@@ -69,6 +70,7 @@ exit status:
   1  something did: the model's total time (the step's, or the forward's), or the
      self time of a module at least --min-time in BASE or NEW; named after the table
   2  bad input: a missing or damaged file, not a layerscope profile, a bad option
+  4  the report could not be written (to -o's file, or to stdout)
 
 In Python: layerscope.diff(layerscope.load("base.json"), layerscope.load("new.json"))
 and its .regressions(0.1).
@@ -79,17 +81,87 @@ and its .regressions(0.1).
 _RUNS_A_MODEL = frozenset({"profile", "flops", "demo", "bench"})
 
 
+#: Exit status when the output could not be written (a full disk, a closed pipe); 1 is a
+#: model that raised (or, for diff and bench --compare, a regression), 2 bad input, 3 a bug.
+EXIT_WRITE_FAILED = 4
+
+
 class UsageError(LayerscopeError):
     """Bad command-line use: exit status 2."""
 
 
-def _positive(text: str) -> int:
+class OutputError(Exception):
+    """Writing the output failed: exit status 4, one line naming where and the OS error."""
+
+    def __init__(self, destination: str, error: OSError) -> None:
+        super().__init__(destination, error)
+        self.destination = destination
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"cannot write {self.destination}: {self.error.strerror or self.error}"
+
+
+def _print(text: str) -> None:
+    """Write ``text`` to stdout and flush it now, so that a full disk or a closed pipe
+    is an :class:`OutputError` here, not a lost write at exit."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        raise OutputError("stdout", exc) from exc
+
+
+def _write_file(path: str, write: Callable[[], Any], what: str) -> None:
+    """Run ``write()``, which writes ``path``; then say on stderr where ``what`` went."""
+    try:
+        write()
+    except OSError as exc:
+        raise OutputError(repr(path), exc) from exc
+    print(f"layerscope: wrote {what} to {path}", file=sys.stderr)
+
+
+def _drop_stdout() -> None:
+    """After a failed write to stdout, point it at the null device, so that the
+    interpreter's flush at exit does not fail again (and turn the exit status into 120)."""
+    import os
+
+    try:
+        stdout_fd = sys.stdout.fileno()
+        null_fd = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing to drop
+        return
+    os.dup2(null_fd, stdout_fd)
+    os.close(null_fd)
+
+
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """A count that may be zero: --warmup, --depth, --limit."""
+    return _whole(text, 0)
+
+
+def _at_least_one(text: str) -> int:
+    """A count that must be one or more: --repeat, --batch-size, --min-runs."""
+    return _whole(text, 1)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text}")
     return value
 
 
@@ -102,12 +174,12 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         "repeat for several positional inputs",
     )
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
-    parser.add_argument("--batch-size", type=_positive, default=1, help="batch size of a built-in model's default input (default 1)")
+    parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
     if timed:
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
-        parser.add_argument("--repeat", type=_positive, default=5, help="measured passes; medians are reported (default 5)")
+        parser.add_argument("--repeat", type=_at_least_one, default=5, help="measured passes; medians are reported (default 5)")
         parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes, FLOPs and memory")
         parser.add_argument(
             "--with-stack", action="store_true",
@@ -143,6 +215,11 @@ def _add_render_options(parser: argparse.ArgumentParser) -> None:
         help="what folded and speedscope output weigh stacks by (default: time, or flops for a count)",
     )
     parser.add_argument("--ops", action="store_true", help="csv: one row per aten op instead of per module")
+    parser.add_argument(
+        "--columns", action=_ColumnsAction, metavar="COLS",
+        help="text: the table's columns, comma-separated, e.g. self_cpu,flops,params; '--columns list' "
+        "lists them (default: all, with the least important hidden to fit a terminal's width)",
+    )
     parser.add_argument("--format", choices=formats(), help="output format (default: from -o's extension, else text)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")  # fmt: skip
@@ -164,9 +241,9 @@ def _add_op_table_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--module", metavar="PATH", help="only the ops of this module's subtree")
 
 
-def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
-    """The operator table's render options, checked before a run that may take minutes
-    (whether the profile has the metric is known only after it)."""
+def _format_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
+    """The options of the operator table and the text table, checked before a run that
+    may take minutes (whether the profile has the metric is known only after it)."""
     from layerscope.ops import check_options
 
     options = {"sort_by": args.sort_by, "group_by": args.group_by, "limit": args.limit, "module": args.module}
@@ -174,11 +251,71 @@ def _op_table_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
     if given and fmt != "ops":
         raise UsageError(f"{', '.join(given)}: only for --format ops (the format here is {fmt})")
     check_options(sort_by=args.sort_by, group_by=args.group_by)
-    return options
+    if args.columns is not None and fmt != "text":
+        raise UsageError(f"--columns: only for --format text (the format here is {fmt})")
+    return {**options, "columns": args.columns}
+
+
+class _ColumnsAction(argparse.Action):
+    """``--columns a,b,c``: the text table's columns by key; ``--columns list`` prints
+    the keys and exits, as --help does (no SPEC needed)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from layerscope.render.text import column_keys
+
+        if values.strip() == "list":
+            parser._print_message(_columns_help(), sys.stdout)
+            parser.exit()
+        keys = [key.strip() for key in values.split(",")]
+        known = {key for table in column_keys().values() for key in table}
+        unknown = [key for key in keys if key not in known]
+        if not all(keys) or unknown:
+            what = f"unknown column {', '.join(map(repr, unknown))}" if unknown else f"an empty column name in {values!r}"
+            parser.error(f"argument --columns: {what}; '--columns list' lists them")
+        setattr(namespace, self.dest, keys)
+
+
+def _columns_help() -> str:
+    from layerscope.render.text import COLUMNS, STEP_COLUMNS
+
+    def listed(columns: Any) -> str:
+        return "".join(f"  {c.key:<14}{c.header}\n" for c in columns)
+
+    return (
+        "Columns of the text table, for --columns (comma-separated, in the order to show):\n"
+        f"a forward pass:\n{listed(COLUMNS)}"
+        f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
+        "with --show-ops:\n  shapes        Input shapes\n"
+        "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
+        "--peak-tflops). Without --columns every column is shown, and on a terminal the\n"
+        "lowest-priority ones are hidden to fit its width (the footer names them).\n"
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors in one line, and its messages (--help, --version) flushed
+    and their write failures raised: argparse itself swallows an ``OSError`` there, and
+    --help > a full disk would exit 0 with nothing written. Subcommands' parsers are of
+    this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """One line, not argparse's usage block: the error and where to read more."""
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if not message:
+            return
+        stream = file or sys.stderr
+        try:
+            stream.write(message)
+            stream.flush()
+        except OSError as exc:
+            if stream is sys.stdout:
+                raise OutputError("stdout", exc) from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="layerscope",
         description="Where do the time, memory and FLOPs of a PyTorch model go? "
         "Profiles a model layer by layer, forward and backward, and prints the module tree.",
@@ -295,15 +432,15 @@ def _add_bench_parser(sub: Any) -> None:
                        "by more than this (10%% or 0.1) and by more than the noise")  # fmt: skip
     bench.add_argument("--input", action="append", default=[], metavar="SHAPE", help="a random input of this shape, batch 1 first: 1x3x224x224")
     bench.add_argument("--inputs", metavar="SPEC", help="a callable taking the batch size, returning the batch")
-    bench.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
+    bench.add_argument("--batch-sizes", type=_at_least_one, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
     bench.add_argument("--mode", choices=("inference", "train"), default="inference", help="inference (default) or a training step (SGD, on a copy)")
     bench.add_argument("--dtype", help="cast a copy of the model and the float inputs (float32, bfloat16, float16)")
     bench.add_argument("--autocast", metavar="DTYPE", help="run under torch.autocast with this dtype")
     bench.add_argument("--compile", action="store_true", help="torch.compile a copy; compile time reported apart")
     bench.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     bench.add_argument("--warmup", type=_positive, default=3, help="untimed runs per batch size first (default 3)")
-    bench.add_argument("--min-runs", type=_positive, default=10, help="at least this many timed runs (default 10)")
-    bench.add_argument("--min-time", type=float, default=0.5, metavar="SECONDS", help="and at least this much timed time (default 0.5)")
+    bench.add_argument("--min-runs", type=_at_least_one, default=10, help="at least this many timed runs (default 10)")
+    bench.add_argument("--min-time", type=_seconds, default=0.5, metavar="SECONDS", help="and at least this much timed time (default 0.5)")
     bench.add_argument("--lr", type=float, default=1e-3, help="--mode train: SGD's learning rate (default 1e-3)")
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass (CPU)")
     bench.add_argument("--max-batch", action="store_true", help="CUDA: also search the largest batch size that fits")
@@ -357,20 +494,13 @@ def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]
     from layerscope.render import render, render_chunks
 
     rendering = {"depth": args.depth, "show_ops": args.show_ops, "metric": args.metric, "ops": args.ops, **options}
+    if fmt == "text" and not args.output and sys.stdout.isatty():
+        # Fit the terminal; piped or saved output keeps the whole table.
+        rendering["width"] = shutil.get_terminal_size().columns
     if not args.output:
-        sys.stdout.write(render(prof, fmt, **rendering))
-        return 0
-    return _write_out(args.output, lambda: write_atomic(args.output, render_chunks(prof, fmt, **rendering)), fmt)
-
-
-def _write_out(path: str, write: Any, what: str) -> int:
-    """Run ``write()``; a failed write is one line and exit 1, success says where it went."""
-    try:
-        write()
-    except OSError as exc:
-        print(f"layerscope: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"layerscope: wrote {what} to {path}", file=sys.stderr)
+        _print(render(prof, fmt, **rendering))
+    else:
+        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(prof, fmt, **rendering)), fmt)
     return 0
 
 
@@ -379,15 +509,15 @@ def _show(args: argparse.Namespace) -> int:
 
     prof = _load_profile(args.profile)
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
-    options = _op_table_options(args, fmt)
+    options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)
     return _emit(prof, args, fmt, options)
 
 
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
-
     import layerscope
+    from layerscope.capture.modules import refuse_meta_timing
     from layerscope.render import format_for_path
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
@@ -400,9 +530,14 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if shapes and args.inputs:
         raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
 
+    if not count_only and device.type == "meta":
+        raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
+
     # On the meta device the model is built there directly: a 7B model allocates nothing.
-    resolved = resolve_model(spec, batch_size=max(1, args.batch_size), device=device if device.type == "meta" else None)
+    resolved = resolve_model(spec, batch_size=args.batch_size, device=device if device.type == "meta" else None)
     inputs = _inputs_from(args, spec, shapes, resolved.inputs, resolve_inputs)
+    if not count_only:
+        refuse_meta_timing(resolved.model, inputs)  # a SPEC may build its model on meta itself
 
     model = resolved.model.eval().to(device)
     if dtype is not None:
@@ -410,22 +545,20 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     inputs = _move(inputs, device, dtype)
 
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
-    op_table_options = _op_table_options(args, fmt)
+    format_options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     if count_only:
         prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
     else:
-        if device.type == "meta":
-            raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
         with _progress_bar(sys.stderr.isatty()) as report:
             prof = layerscope.profile(
-                model, inputs, warmup=args.warmup, repeat=max(1, args.repeat),
+                model, inputs, warmup=args.warmup, repeat=args.repeat,
                 paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
                 peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
             )
     prof.meta["spec"] = resolved.label
-    return _emit(prof, args, fmt, op_table_options)
+    return _emit(prof, args, fmt, format_options)
 
 
 def _device(text: str) -> Any:
@@ -459,15 +592,26 @@ def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], default
 
 
 def _check_writable(path: str) -> None:
+    """Refuse, before a run, an output that cannot be written: a missing or read-only
+    folder, a folder given as the file. A device or FIFO is written in place, so it is
+    the file itself that must be writable; through a symlink, its target's folder."""
     import os
 
-    folder = os.path.dirname(os.path.abspath(path))
+    from layerscope.io import destination
+
+    try:
+        target, in_place = destination(path)
+    except IsADirectoryError as exc:
+        raise UsageError(str(exc)) from None
+    if in_place:
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"cannot write {path!r}: permission denied")
+        return
+    folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise UsageError(f"cannot write {path!r}: folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise UsageError(f"cannot write {path!r}: folder {folder!r} is not writable")
-    if os.path.isdir(path):
-        raise UsageError(f"cannot write {path!r}: it is a folder; give a file name")
 
 
 def _load_profile(path: str) -> Any:
@@ -494,9 +638,10 @@ def _plot_memory(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.profile}: {exc}") from exc
     _check_writable(args.output)
     try:
-        return _write_out(args.output, lambda: plot_memory(profile, args.output, title=args.title), "the memory timeline")
+        _write_file(args.output, lambda: plot_memory(profile, args.output, title=args.title), "the memory timeline")
     except ImportError as exc:
         raise UsageError(str(exc)) from exc
+    return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -530,13 +675,9 @@ def _diff(args: argparse.Namespace) -> int:
     else:
         text = result.render(limit=args.limit or None) + (f"\n{verdict}\n" if verdict else "")
     if args.output:
-        try:
-            write_atomic(args.output, text)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.output!r}: {exc.strerror or exc}") from exc
-        print(f"layerscope: wrote the {fmt} diff to {args.output}", file=sys.stderr)
+        _write_file(args.output, lambda: write_atomic(args.output, text), f"the {fmt} diff")
     else:
-        sys.stdout.write(text)
+        _print(text)
     if verdict and (args.output or fmt == "json"):
         print(verdict, file=sys.stderr)  # the report went elsewhere; a CI log still says why
     return 1 if regressions else 0
@@ -563,7 +704,7 @@ def _bench_compare(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--fail-above: {exc}") from None
     result = compare(_load_bench(args.compare[0]), _load_bench(args.compare[1]))
-    sys.stdout.write(result.render())
+    _print(result.render())
     regressions = [] if threshold is None else result.regressions(threshold)
     for row in regressions:
         print(f"regression: batch size {row.batch_size} is x{row.ratio:.3f} slower (above {threshold:.0%})", file=sys.stderr)
@@ -596,40 +737,61 @@ def _bench(args: argparse.Namespace) -> int:
     with _progress_bar(sys.stderr.isatty()) as report:
         result = benchmark(
             resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
-            min_runs=max(1, args.min_runs), min_time_s=args.min_time, device=device, dtype=dtype,
+            min_runs=args.min_runs, min_time_s=args.min_time, device=device, dtype=dtype,
             autocast=autocast, compile=args.compile, lr=args.lr, memory=not args.no_memory,
             find_max_batch=args.max_batch, progress=report,
         )  # fmt: skip
     result.model = resolved.label
-    sys.stdout.write(result.render())
-    status = 0
+    _print(result.render())
     if args.output:
-        status |= _write_out(args.output, lambda: result.save(args.output), "the benchmark")
+        _write_file(args.output, lambda: result.save(args.output), "the benchmark")
     if args.plot:
         from layerscope.plot import plot_bench
 
         try:
-            status |= _write_out(args.plot, lambda: plot_bench(result, args.plot), "the plot")
+            _write_file(args.plot, lambda: plot_bench(result, args.plot), "the plot")
         except ImportError as exc:
             raise UsageError(str(exc)) from exc
-    return status
+    return 0
 
 
 def _list_zoo() -> int:
     from layerscope import zoo
 
     width = max(len(n) for n in zoo.names())
-    for name in zoo.names():
-        print(f"zoo:{name.ljust(width)}  {zoo.get(name).description}")
+    _print("".join(f"zoo:{name.ljust(width)}  {zoo.get(name).description}\n" for name in zoo.names()))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except OutputError as exc:
+        print(f"layerscope: error: {exc}", file=sys.stderr)
+        if exc.destination == "stdout":
+            _drop_stdout()
+        return EXIT_WRITE_FAILED
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        raise OutputError("stdout", exc) from exc
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    status = _dispatch(args)
+    _flush_stdout()
+    return status
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     debug = getattr(args, "debug", False)
     try:
         if args.command == "zoo":
@@ -649,6 +811,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "flops":
             return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)
+    except OutputError:
+        raise
     except LayerscopeError as exc:
         if debug:
             traceback.print_exc()

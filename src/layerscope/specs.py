@@ -52,14 +52,16 @@ def parse_dtype(text: str) -> torch.dtype:
 
 
 def parse_shape(text: str) -> tuple[tuple[int, ...], torch.dtype]:
-    """``1x3x224x224`` or ``1,3,224,224``, optionally ``:dtype`` (``1x128:int64``)."""
-    shape_text, _, dtype_text = text.partition(":")
-    parts = [p for p in re.split(r"[x,\s]+", shape_text.strip()) if p]
+    """``1x3x224x224`` or ``1,3,224,224``, optionally ``:dtype`` (``1x128:int64``).
+
+    Every size must be there: ``8x`` or ``8xx3`` is a mistake, never the shape ``(8,)``."""
+    shape_text, colon, dtype_text = text.partition(":")
+    parts = re.split(r"\s*[x,]\s*", shape_text.strip())
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
         dims = ()
-    if not dims or any(d < 0 for d in dims):
+    if not dims or any(d < 0 for d in dims) or (colon and not dtype_text):
         raise InputsError(
             f"cannot parse input shape {text!r}; expected sizes separated by 'x' or ',', "
             "optionally with a dtype, e.g. 1x3x224x224 or 8,128:int64"

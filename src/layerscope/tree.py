@@ -162,11 +162,14 @@ class ModuleNode:
 
     @property
     def name(self) -> str:
-        """The last component of the path (the root's is its type; a label's, its label)."""
+        """The last component of the path (the root's is its type; a label's inside a
+        module, its label). A step part is named by its whole path (``<loss>``,
+        ``<optimizer:AdamW>``), the one spelling the tree, the footer, the memory peak
+        and the exports share."""
         if self.kind != "module":
             if self.path.endswith("]"):
                 return self.path[self.path.rindex("[") + 1 : -1]
-            return self.path.strip("<>")
+            return self.path
         return self.path.rsplit(".", 1)[-1] if self.path else self.type
 
     def phases(self) -> Iterator[tuple[str, PhaseStats]]:

@@ -411,12 +411,14 @@ def _measure(
     for part in static.values():
         for name, nbytes in part.items():
             by_dtype[name] = by_dtype.get(name, 0) + nbytes
+    # No count (it ran out of memory) is unknown, never 0 FLOPs.
     root = counted.root.forward if counted is not None else None
     return BenchResult(
         model=type(eager).__name__, mode="train" if runner.train else "inference", device=str(device),
         dtype=model_dtype(eager) or "none", params=sum(p.numel() for p in params),
         trainable_params=sum(p.numel() for p in params if p.requires_grad), model_bytes_by_dtype=by_dtype,
-        flops=int(root.flops or 0) if root else 0, macs=int(root.macs or 0) if root else 0,
+        flops=None if root is None else root.flops, macs=None if root is None else root.macs,
+        unsupported_ops={} if counted is None else counted.unsupported_ops(),
         count_batch_size=sizes[0], batches=batches, machine=machine_info(device),
         autocast=None if runner.autocast is None else str(runner.autocast).replace("torch.", ""),
         compiled=compile_options is not None, compile_time_ns=compile_time_ns,

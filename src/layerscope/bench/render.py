@@ -31,6 +31,18 @@ def _table(header: list[str], rows: list[list[str]], left: int = 0) -> list[str]
     return [line(header), *(line(row) for row in rows)]
 
 
+def _per_sample(value: float | None) -> str:
+    """A per-sample count; ``?`` when it is unknown, as the tree shows an op with no formula."""
+    return "?" if value is None else fmt.count(round(value))
+
+
+def _unsupported(calls: dict[str, int]) -> list[str]:
+    if not calls:
+        return []
+    listed = ", ".join(f"{name} x{n}" for name, n in sorted(calls.items()))
+    return [f"             ops with no FLOP formula (not counted in FLOPs): {listed}"]
+
+
 def _mode(result: BenchResult) -> str:
     parts = [result.mode, result.dtype, result.device]
     if result.autocast:
@@ -74,8 +86,10 @@ def render_table(result: BenchResult) -> str:
         f"{result.model}: {_mode(result)}",
         f"params       {fmt.count(result.params)} ({fmt.count(result.trainable_params)} trainable)",
         f"size         {fmt.nbytes(result.model_bytes)}" + (f" ({sizes})" if sizes else ""),
-        f"per sample   {fmt.count(round(result.macs_per_sample))} MACs, "
-        f"{fmt.count(round(result.flops_per_sample))} FLOPs (forward, counted at batch size {result.count_batch_size})",
+        f"per sample   {_per_sample(result.macs_per_sample)} MACs, {_per_sample(result.flops_per_sample)} FLOPs "
+        + (f"(forward, counted at batch size {result.count_batch_size})" if result.flops is not None
+           else "(unknown: the count ran out of memory)"),
+        *_unsupported(result.unsupported_ops),
         f"machine      {_machine(result.machine)}",
         f"runs         {settings.get('warmup', '?')} warm-up, then at least {settings.get('min_runs', '?')} runs "
         f"and {settings.get('min_time_s', '?')}s per batch size",

@@ -159,7 +159,9 @@ class BenchResult:
     peak memory per batch size, with the settings and the machine it ran on.
 
     ``flops`` / ``macs`` were counted once, at ``count_batch_size`` (the smallest batch
-    size), for the forward pass; the per-sample figures divide by that batch size.
+    size), for the forward pass; the per-sample figures divide by that batch size. They
+    are None when the count could not run (out of memory), never 0; calls of ops with no
+    FLOP formula are in ``unsupported_ops`` (op name -> calls), as in a profile.
     """
 
     model: str
@@ -169,8 +171,8 @@ class BenchResult:
     params: int
     trainable_params: int
     model_bytes_by_dtype: dict[str, int]
-    flops: int
-    macs: int
+    flops: int | None
+    macs: int | None
     count_batch_size: int
     batches: list[BatchResult]
     settings: dict[str, Any] = field(default_factory=dict)
@@ -180,18 +182,19 @@ class BenchResult:
     compile_time_ns: int | None = None
     #: CUDA only, with ``find_max_batch=True``: the largest batch size that fit.
     max_batch_size: int | None = None
+    unsupported_ops: dict[str, int] = field(default_factory=dict)
 
     @property
     def model_bytes(self) -> int:
         return sum(self.model_bytes_by_dtype.values())
 
     @property
-    def flops_per_sample(self) -> float:
-        return self.flops / self.count_batch_size
+    def flops_per_sample(self) -> float | None:
+        return None if self.flops is None else self.flops / self.count_batch_size
 
     @property
-    def macs_per_sample(self) -> float:
-        return self.macs / self.count_batch_size
+    def macs_per_sample(self) -> float | None:
+        return None if self.macs is None else self.macs / self.count_batch_size
 
     @property
     def measured(self) -> list[BatchResult]:
@@ -242,6 +245,7 @@ class BenchResult:
             "model_bytes_by_dtype": dict(self.model_bytes_by_dtype),
             "flops": self.flops,
             "macs": self.macs,
+            "unsupported_ops": dict(self.unsupported_ops),
             "count_batch_size": self.count_batch_size,
             "settings": dict(self.settings),
             "machine": dict(self.machine),
@@ -264,6 +268,10 @@ class BenchResult:
 
 
 _BATCH_FIELDS = ("first_run_ns", "peak_memory_bytes", "h2d_ns", "d2h_ns")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _int_or_none(value: Any, what: str, source: str) -> int | None:
@@ -290,7 +298,7 @@ def _batch_from_dict(entry: Any, source: str) -> BatchResult:
 
 _REQUIRED = {
     "model": str, "mode": str, "device": str, "dtype": str, "params": int, "trainable_params": int,
-    "model_bytes_by_dtype": dict, "flops": int, "macs": int, "count_batch_size": int, "batches": list,
+    "model_bytes_by_dtype": dict, "count_batch_size": int, "batches": list,
 }  # fmt: skip
 
 
@@ -304,10 +312,15 @@ def from_dict(doc: Any, source: str = "document") -> BenchResult:
     for key, kind in _REQUIRED.items():
         if not isinstance(doc.get(key), kind):
             raise SchemaError(f"{source}: {key!r} is missing or not a {kind.__name__}")
+    unsupported = doc.get("unsupported_ops") or {}
+    if not isinstance(unsupported, dict) or not all(_is_count(calls) for calls in unsupported.values()):
+        raise SchemaError(f"{source}: 'unsupported_ops' must map op names to numbers of calls")
     return BenchResult(
         model=doc["model"], mode=doc["mode"], device=doc["device"], dtype=doc["dtype"],
         params=doc["params"], trainable_params=doc["trainable_params"],
-        model_bytes_by_dtype=dict(doc["model_bytes_by_dtype"]), flops=doc["flops"], macs=doc["macs"],
+        model_bytes_by_dtype=dict(doc["model_bytes_by_dtype"]),
+        flops=_int_or_none(doc.get("flops"), "'flops'", source), macs=_int_or_none(doc.get("macs"), "'macs'", source),
+        unsupported_ops=dict(unsupported),
         count_batch_size=doc["count_batch_size"],
         batches=[_batch_from_dict(b, source) for b in doc["batches"]],
         settings=dict(doc.get("settings") or {}), machine=dict(doc.get("machine") or {}),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from layerscope.errors import ModelError
 from layerscope.raw import ModuleInfo
@@ -19,6 +22,22 @@ def require_module(model: object) -> nn.Module:
             "class or its output"
         )
     return model
+
+
+def refuse_meta_timing(model: nn.Module, inputs: Any = None) -> None:
+    """Raise :class:`ModelError` if ``model`` (or a tensor in ``inputs``) is on the meta
+    device: meta tensors carry shapes but run no kernels, so timing them measures only
+    the dispatcher and reports absurd FLOP/s. Counting works there:
+    ``layerscope.count_flops``."""
+    on_meta = next((t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_meta), None)
+    if on_meta is None:
+        on_meta = next((t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_meta), None)
+    if on_meta is not None:
+        raise ModelError(
+            f"{type(model).__name__} runs on the meta device, which runs no kernels: there is no time "
+            "to measure. Count its FLOPs, MACs, params and memory without running it: "
+            "layerscope.count_flops(model, inputs) (on the command line: layerscope flops SPEC --device meta)"
+        )
 
 
 def _parent_path(path: str) -> str | None:

@@ -2,24 +2,33 @@
 
 Columns come from ``COLUMNS``; a column is shown only when the profile has its data
 (device time only for accelerator runs), so later metrics slot into the same table.
+Given a ``width``, the table fits it by hiding its lowest-priority columns, and says so;
+``columns=`` picks them by key instead.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from layerscope import fmt
+from layerscope.errors import RenderError
 from layerscope.render import register_renderer
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: ``module`` and ``op`` give a cell's text (None: leave blank)."""
+    """A table column: ``module`` and ``op`` give a cell's text (None: leave blank).
+
+    ``key`` names it for ``columns=`` (``--columns``). ``priority`` decides which columns
+    stay when the table must fit a width: lower first (ties in table order)."""
 
     header: str
+    key: str
+    priority: int
     module: Callable[[ModuleNode, Profile], str]
     op: Callable[[OpStats, Profile], str] | None = None
     shown: Callable[[Profile], bool] = lambda profile: True
@@ -124,114 +133,114 @@ def _step_rate(node: ModuleNode, profile: Profile) -> str:
 
 #: Columns of a forward-only profile.
 COLUMNS: list[Column] = [
-    Column("Type", lambda n, p: n.type, lambda o, p: "", align="<"),
+    Column("Type", "type", 4, lambda n, p: n.type, lambda o, p: "", align="<"),
     Column(
-        "Self CPU",
+        "Self CPU", "self_cpu", 0,
         _timed(lambda n: n.forward.self_cpu_time_ns),
         lambda o, p: fmt.time_ns(o.self_cpu_time_ns),
         shown=_is_timed,
     ),
     Column(
-        "CPU total",
+        "CPU total", "cpu_total", 1,
         _timed(lambda n: n.forward.cpu_time_ns),
         lambda o, p: fmt.time_ns(o.cpu_time_ns),
         shown=_is_timed,
     ),
     Column(
-        "CPU %",
+        "CPU %", "cpu_pct", 7,
         lambda n, p: fmt.percent(n.forward.cpu_time_ns, _whole(p)) if n.profiled else "",
         lambda o, p: fmt.percent(o.cpu_time_ns, _whole(p)),
         shown=_is_timed,
     ),
     Column(
-        "Self Device",
+        "Self Device", "self_device", 3,
         _timed(lambda n: n.forward.self_device_time_ns),
         lambda o, p: fmt.time_ns(o.self_device_time_ns),
         shown=_has_device,
     ),
     Column(
-        "Device total",
+        "Device total", "device_total", 2,
         _timed(lambda n: n.forward.device_time_ns),
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
     ),
     Column(
-        "FLOPs",
+        "FLOPs", "flops", 2,
         lambda n, p: fmt.count(n.forward.flops) if n.profiled else "",
         lambda o, p: fmt.count(o.flops) if o.flops is not None else "?",
         shown=_has_flops,
     ),
     Column(
-        "MACs",
+        "MACs", "macs", 11,
         lambda n, p: fmt.count(n.forward.macs) if n.profiled else "",
         lambda o, p: fmt.count(o.macs) if o.macs is not None else "?",
         shown=_has_flops,
     ),
     Column(
-        "FLOP/s",
+        "FLOP/s", "flop_rate", 8,
         lambda n, p: fmt.rate(n.forward.flops, n.forward.busy_time_ns) if n.profiled else "",
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
     Column(
-        "MFU",
+        "MFU", "mfu", 6,
         lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.get("peak_flops_per_s")) if n.profiled else "",
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.get("peak_flops_per_s")),
         shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
     ),
-    Column("Alloc", _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
-    Column("Peak mem", _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
-    Column("Activations", _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
-    Column("Params", lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
-    Column("Calls", _calls, lambda o, p: str(o.calls)),
+    Column("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
+    Column("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
+    Column("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
+    Column("Params", "params", 4, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    Column("Calls", "calls", 9, _calls, lambda o, p: str(o.calls)),
 ]
 
 #: Columns of a profile with backward: forward, backward (and recompute) side by side.
 STEP_COLUMNS: list[Column] = [
-    Column("Type", lambda n, p: n.type, lambda o, p: "", align="<"),
-    Column("Fwd self", _phase_time("forward", False), _op_phase_time("forward"), shown=_is_timed),
-    Column("Fwd total", _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
-    Column("Bwd self", _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
-    Column("Bwd total", _phase_time("backward", True), _op_phase_time("backward"), shown=_is_timed),
+    Column("Type", "type", 5, lambda n, p: n.type, lambda o, p: "", align="<"),
+    Column("Fwd self", "fwd_self", 0, _phase_time("forward", False), _op_phase_time("forward"), shown=_is_timed),
+    Column("Fwd total", "fwd_total", 3, _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
+    Column("Bwd self", "bwd_self", 1, _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
+    Column("Bwd total", "bwd_total", 4, _phase_time("backward", True), _op_phase_time("backward"), shown=_is_timed),
     Column(
-        "Recompute",
+        "Recompute", "recompute", 7,
         _phase_time("recompute", True),
         _op_phase_time("recompute"),
         shown=lambda p: _is_timed(p) and _has_recompute(p),
     ),
     Column(
-        "Step %",
+        "Step %", "step_pct", 2,
         _step_share,
         lambda o, p: fmt.percent(o.cpu_time_ns, p.step_time_ns or 0),
         shown=lambda p: _is_timed(p) and bool(p.step_time_ns),
     ),
     Column(
-        "Device total",
+        "Device total", "device_total", 3,
         lambda n, p: fmt.time_ns(sum(s.device_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
     ),
-    Column("Fwd FLOPs", _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
-    Column("Bwd FLOPs", _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
+    Column("Fwd FLOPs", "fwd_flops", 4, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
+    Column("Bwd FLOPs", "bwd_flops", 6, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
     Column(
-        "FLOP/s",
+        "FLOP/s", "flop_rate", 9,
         _step_rate,
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
-    Column("Activations", _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_memory),
-    Column("Peak mem", _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
+    Column("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_memory),
+    Column("Peak mem", "peak_mem", 6, _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
     Column(
-        "Alloc",
+        "Alloc", "alloc", 12,
         _mem(lambda n: sum(s.alloc_bytes or 0 for _, s in n.phases())),
         _op_alloc,
         shown=_has_memory,
     ),
-    Column("Params", lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
-    Column("Calls", _calls, lambda o, p: str(o.calls)),
+    Column("Params", "params", 5, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    Column("Calls", "calls", 11, _calls, lambda o, p: str(o.calls)),
 ]
 
-_SHAPES = Column("Input shapes", lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
+_SHAPES = Column("Input shapes", "shapes", 13, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
 
 
 def _rows(
@@ -378,19 +387,79 @@ def _align(text: str, width: int, align: str) -> str:
     return text.ljust(width) if align == "<" else text.rjust(width)
 
 
+def column_keys() -> dict[str, list[str]]:
+    """The keys ``columns=`` accepts, per table: the forward table, the step table (a
+    profile with backward), and ``shapes`` (with ``show_ops``)."""
+    return {
+        "forward": [c.key for c in COLUMNS],
+        "step": [c.key for c in STEP_COLUMNS],
+        "show_ops": [_SHAPES.key],
+    }
+
+
+def _chosen_columns(profile: Profile, table: list[Column], keys: list[str], show_ops: bool) -> list[Column]:
+    """The columns named by ``keys``, in that order; an unknown name, or one for which
+    this profile has no data, is a :class:`RenderError` listing what it has."""
+    available = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
+    by_key = {c.key: c for c in available}
+    missing = [key for key in keys if key not in by_key]
+    if missing:
+        kind = "a training-step" if profile.has_backward else "a forward-only"
+        raise RenderError(
+            f"no column {', '.join(map(repr, missing))} in the table of this profile ({kind} profile); "
+            f"it has: {', '.join(by_key)}"
+        )
+    return [by_key[key] for key in keys]
+
+
+def _table_width(widths: list[int]) -> int:
+    return sum(widths) + 3 * (len(widths) - 1)
+
+
+def _fit(columns: list[Column], widths: list[int], width: int) -> list[int]:
+    """Which of ``columns`` (their indexes) to keep so the table fits in ``width``: the
+    lowest-priority columns are dropped until it does (the most important one stays)."""
+    kept = sorted(range(len(columns)), key=lambda i: columns[i].priority)
+    while len(kept) > 1 and _table_width([widths[0]] + [widths[i + 1] for i in kept]) > width:
+        kept.pop()
+    return sorted(kept)
+
+
 @register_renderer("text", extensions=(".txt",), description="the module tree as a text table")
 def render_text(
-    profile: Profile, *, depth: int | None = None, show_ops: bool = False, **_: Any
+    profile: Profile,
+    *,
+    depth: int | None = None,
+    show_ops: bool = False,
+    width: int | None = None,
+    columns: list[str] | None = None,
+    **_: Any,
 ) -> str:
-    """The module tree as a table; ``depth`` hides deeper modules, ``show_ops`` nests ops."""
+    """The module tree as a table; ``depth`` hides deeper modules, ``show_ops`` nests ops.
+
+    ``columns`` names the columns to show, in order (see :func:`column_keys`). Else every
+    column the profile has data for is shown, unless ``width`` (characters; the CLI passes
+    the terminal's) is too narrow: then the lowest-priority columns are hidden, and a
+    footer line names them. Without ``width`` the table is as wide as it needs.
+    """
     table = STEP_COLUMNS if profile.has_backward else COLUMNS
-    columns = [c for c in table if c.shown(profile)]
-    if show_ops:
-        columns.append(_SHAPES)
-    headers = ["Module"] + [c.header for c in columns]
-    aligns = ["<"] + [c.align for c in columns]
-    rows = _rows(profile, columns, depth, show_ops)
+    if columns is not None:
+        shown = _chosen_columns(profile, table, list(columns), show_ops)
+    else:
+        shown = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
+    rows = _rows(profile, shown, depth, show_ops)
+    headers = ["Module"] + [c.header for c in shown]
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    hidden: list[Column] = []
+    if width is not None and columns is None and _table_width(widths) > width:
+        kept = _fit(shown, widths, width)
+        hidden = [c for i, c in enumerate(shown) if i not in kept]
+        shown = [shown[i] for i in kept]
+        rows = [[row[0]] + [row[i + 1] for i in kept] for row in rows]
+        headers = [headers[0]] + [headers[i + 1] for i in kept]
+        widths = [widths[0]] + [widths[i + 1] for i in kept]
+    aligns = ["<"] + [c.align for c in shown]
+
     # The last column is left-aligned free text; don't pad it with trailing spaces.
     def line(cells: list[str]) -> str:
         text = " | ".join(_align(c, w, a) for c, w, a in zip(cells, widths, aligns))
@@ -399,5 +468,17 @@ def render_text(
     out = [_header_line(profile), "", line(headers), "-|-".join("-" * w for w in widths)]
     out.extend(line(r) for r in rows)
     out.append("")
-    out.extend(_footer(profile))
+    footer = _footer(profile)
+    if hidden:
+        footer.append(
+            f"Hidden to fit a width of {width}: {', '.join(c.key for c in hidden)} "
+            "(choose columns with --columns, or columns= in Python)"
+        )
+    if width is not None:
+        footer = [wrapped for text in footer for wrapped in _wrap(text, width)]
+    out.extend(footer)
     return "\n".join(out) + "\n"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [text]
