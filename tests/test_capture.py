@@ -810,3 +810,15 @@ def test_refuse_meta_timing_refuses_a_meta_model_or_meta_inputs() -> None:
     refuse_meta_timing(nn.Linear(8, 4), (torch.ones(2, 8), 3))  # on the CPU: nothing to refuse
     # Counting is what works on meta:
     assert layerscope.count_flops(on_meta, torch.empty(2, 8, device="meta")).root.forward.macs == 2 * 8 * 4
+
+
+def test_profile_and_profiler_refuse_to_time_a_meta_model() -> None:
+    with torch.device("meta"):
+        on_meta = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    x = torch.empty(2, 8, device="meta")
+    with pytest.raises(ModelError, match=r"meta device.*layerscope\.count_flops"):
+        layerscope.profile(on_meta, x)
+    with pytest.raises(ModelError, match=r"meta device.*layerscope\.count_flops"):
+        layerscope.profile(nn.Linear(8, 4), x)  # meta inputs to a real model
+    with pytest.raises(ModelError, match="meta device"), layerscope.Profiler(on_meta):
+        on_meta(x)

@@ -31,6 +31,7 @@ from layerscope.capture.modules import (
     model_dtype,
     module_table,
     refuse_compiled,
+    refuse_meta_timing,
     require_module,
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
@@ -106,6 +107,7 @@ def profile(
     """
     require_module(model)
     refuse_compiled(model)
+    refuse_meta_timing(model, inputs)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(repeat, int) or repeat < 1:
@@ -377,6 +379,7 @@ class Profiler:
         if self._stack is not None or self._profile is not None:
             raise ProfilerStateError("this Profiler has already run; use a new one for each block")
         refuse_compiled(self.model)
+        refuse_meta_timing(self.model)
         modules, self._infos, self._param_bytes = module_table(
             self.model, self._paths, with_repr=self._record_ops
         )
