@@ -3,6 +3,17 @@
 Matrix products, convolutions and attention use ``torch.utils.flop_counter``'s
 formulas (their count is ``2 * macs``); layerscope adds the non-MAC work around them
 (bias adds, softmax) to ``flops`` only. Everything else here is layerscope's own.
+
+Every formula reads metadata (``TensorMeta``), never data. Most read only the op's
+inputs. These also read ``out``, the output's shape, which ``count_meta`` derives on
+fake tensors when a backend did not record it:
+
+- per output element: the elementwise ops and their backward, softmax, dropout,
+  upsampling, and the per-output part of ``mean``, ``var`` and ``std``;
+- the bias of ``addmm``, ``baddbmm`` and the convolutions (one add per output);
+- torch's convolution formulas: a convolution's count is per output position, and
+  its backward's per gradient asked for;
+- pooling (per output window) and pooling backward (per input gradient element).
 """
 
 from __future__ import annotations
@@ -11,17 +22,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.utils import flop_counter as torch_flops
 
 from layerscope.flops import Formula, declare_free, has_formula, register_flops
+from layerscope.flops.meta import TensorMeta
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 
 
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
+def _first_tensor(value: Any) -> TensorMeta | None:
+    if isinstance(value, TensorMeta):
         return value
     if isinstance(value, (tuple, list)):
         for item in value:
@@ -33,7 +44,10 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 def _out_numel(out: Any) -> int:
     tensor = _first_tensor(out)
-    return tensor.numel() if tensor is not None else 0
+    if tensor is None:
+        # Never 0 by default: without its output the call is unsupported, not free.
+        raise ValueError("this formula needs the op's output")
+    return tensor.numel()
 
 
 def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None) -> Any:
@@ -47,7 +61,7 @@ def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None)
 
 def _shapes(value: Any) -> Any:
     """Tensors replaced by their shapes, as torch's shape-wrapped formulas expect."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, TensorMeta):
         return value.shape
     if isinstance(value, (tuple, list)):
         return type(value)(_shapes(v) for v in value)
@@ -91,7 +105,7 @@ def _conv_backward_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
     return args[0].numel() if mask and mask[2] else 0
 
 
-def _scores(query: torch.Tensor, key: torch.Tensor) -> int:
+def _scores(query: TensorMeta, key: TensorMeta) -> int:
     """Attention score elements: batch * heads * query length * key length."""
     return math.prod(query.shape[:-1]) * key.shape[-2]
 
@@ -122,7 +136,7 @@ _EXTRAS: dict[str, Callable[[Args, Kwargs, Any], int]] = {
     "aten::_scaled_dot_product_cudnn_attention_backward": _softmax_backward_on_scores,
 }
 
-def _matmul_macs(a: torch.Tensor, b: torch.Tensor) -> int:
+def _matmul_macs(a: TensorMeta, b: TensorMeta) -> int:
     """(..., m, k) @ (..., k, n): batch * m * k * n multiply-accumulates."""
     return math.prod(a.shape[:-1]) * a.shape[-1] * b.shape[-1]
 
@@ -359,7 +373,7 @@ def _embedding_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]
 @register_flops("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_")
 def _scatter_add(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     source = args[3] if len(args) > 3 else kwargs.get("src", kwargs.get("source"))
-    return (source.numel() if isinstance(source, torch.Tensor) else 0), 0
+    return (source.numel() if isinstance(source, TensorMeta) else 0), 0
 
 
 @register_flops("aten::index_put", "aten::index_put_", "aten::_index_put_impl_")
@@ -487,8 +501,8 @@ register_flops("aten::log_sigmoid_backward")(_per_output_element(2))
 
 def _list_numel(value: Any) -> int:
     if isinstance(value, (list, tuple)):
-        return sum(t.numel() for t in value if isinstance(t, torch.Tensor))
-    return value.numel() if isinstance(value, torch.Tensor) else 0
+        return sum(t.numel() for t in value if isinstance(t, TensorMeta))
+    return value.numel() if isinstance(value, TensorMeta) else 0
 
 
 def _foreach(flops_per_element: int) -> Formula:
