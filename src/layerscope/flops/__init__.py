@@ -14,6 +14,10 @@ Conventions (docs/flops.md has every formula):
   ``TensorMeta`` (shape, dtype, device; ``.numel()``, ``.dim()``, ``.size(i)``, ...),
   never a live tensor, and scalars are as the op got them. So one formula serves every
   capture backend, and runs once per distinct call signature (``count_op`` caches).
+- An op with no formula that torch implements as a composite of other ops (under
+  ``torch.inference_mode()`` the dispatcher shows ``aten::linear`` instead of ``aten::t``
+  + ``aten::addmm``) is counted by its decomposition, run on fake tensors: the same
+  flops, macs and bytes as its parts when autograd decomposes it.
 
 Users register formulas for their own ops::
 
@@ -127,10 +131,15 @@ def registered() -> list[str]:
     return sorted(_FORMULAS)
 
 
-def _cache_key(name: str, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
+def _cache_key(name: str, args: Any, kwargs: dict[str, Any], out: Any, detailed: bool) -> Any:
     """The call's signature, or None when it is not to be cached."""
     try:
-        return name, signature(args), tuple([(k, signature(v)) for k, v in kwargs.items()]), signature(out)
+        return (
+            name,
+            signature(args, detailed),
+            tuple([(k, signature(v, detailed)) for k, v in kwargs.items()]),
+            signature(out, detailed),
+        )
     except Uncacheable:
         return None
 
@@ -152,11 +161,13 @@ def count_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
     formula = _FORMULAS.get(name)
     if formula is _free:
         return 0, 0, 0
-    key = _cache_key(name, args, kwargs, out)
+    # A composite's decomposition may depend on strides and requires_grad: keep them.
+    detailed = formula is None and fake.is_composite(name)
+    key = _cache_key(name, args, kwargs, out, detailed)
     cached = None if key is None else _cached(key)
     if cached is not None:
         return cached
-    counts = _count(formula, to_meta(args), to_meta(kwargs), to_meta(out))
+    counts = _count(name, formula, to_meta(args, detailed), to_meta(kwargs, detailed), to_meta(out, detailed))
     return counts if key is None else _remember(key, counts)
 
 
@@ -164,22 +175,27 @@ def count_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     """``(flops, macs, bytes)`` of one op call described by metadata alone: tensors in
     ``args``, ``kwargs`` and ``out`` are ``TensorMeta`` (a backend that records shapes
     but no tensors builds them). With ``out=None`` the output's metadata is derived by
-    running the op on fake tensors (``layerscope.flops.fake``), for the formulas that
-    read it."""
+    running the op on fake tensors, for the formulas that read it; an op with no formula
+    that torch implements as a composite (``aten::linear``) is counted by its
+    decomposition (``layerscope.flops.fake``)."""
     formula = _FORMULAS.get(name)
     if formula is _free:
         return 0, 0, 0
-    key = _cache_key(name, args, kwargs, out)
+    key = _cache_key(name, args, kwargs, out, detailed=False)
     cached = None if key is None else _cached(key)
     if cached is not None:
         return cached
-    if out is None:
+    if out is None and (formula is not None or not fake.is_composite(name)):
         out = fake.output_meta(name, args, kwargs)
-    counts = _count(formula, args, kwargs, out)
+    counts = _count(name, formula, args, kwargs, out)
     return counts if key is None else _remember(key, counts)
 
 
-def _count(formula: Formula | None, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Counts:
+def _count(name: str, formula: Formula | None, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Counts:
+    if formula is None and fake.is_composite(name):
+        decomposed = fake.count_decomposition(name, args, kwargs)
+        if decomposed is not None:
+            return decomposed
     nbytes = tensor_bytes(args) + tensor_bytes(list(kwargs.values())) + tensor_bytes(out)
     if formula is None:
         return None, None, nbytes
@@ -192,6 +208,6 @@ def _count(formula: Formula | None, args: tuple[Any, ...], kwargs: dict[str, Any
     return int(flops), int(macs), nbytes
 
 
-# Filling the registry; output shapes need count_op's module defined.
+# Filling the registry; composites and output shapes need count_op defined.
 from layerscope.flops import fake  # noqa: E402
 from layerscope.flops import formulas as _formulas  # noqa: E402,F401

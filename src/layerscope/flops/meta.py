@@ -25,12 +25,17 @@ MAX_CACHED_LIST = 16
 class TensorMeta:
     """A tensor without its data, as a formula reads it: ``.shape``, ``.dtype``,
     ``.numel()``, ``.dim()`` / ``.ndim``, ``.size(i)``, ``.element_size()``,
-    ``.is_floating_point()``. ``device`` is where it lives (fake tensors standing for it
-    live there too); formulas do not read it."""
+    ``.is_floating_point()``.
+
+    ``device``, ``stride`` (None: contiguous) and ``requires_grad`` are what torch reads
+    to choose the kernels a composite op decomposes into (``layerscope.flops.fake``);
+    formulas do not read them, and the last two are kept for composite ops only."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device = _CPU
+    stride: tuple[int, ...] | None = None
+    requires_grad: bool = False
 
     @property
     def ndim(self) -> int:
@@ -67,18 +72,20 @@ class TensorMeta:
         return self.shape[0]
 
 
-def to_meta(value: Any) -> Any:
-    """``value`` with every tensor replaced by its ``TensorMeta``; lists, tuples and dicts
-    (kwargs) keep their kind (a structseq output becomes a tuple), anything else is kept
-    as it is."""
+def to_meta(value: Any, detailed: bool = False) -> Any:
+    """``value`` with every tensor replaced by its ``TensorMeta`` (``detailed``: with its
+    strides and ``requires_grad``); lists, tuples and dicts (kwargs) keep their kind (a
+    structseq output becomes a tuple), anything else is kept as it is."""
     if isinstance(value, torch.Tensor):
+        if detailed:
+            return TensorMeta(value.shape, value.dtype, value.device, value.stride(), value.requires_grad)
         return TensorMeta(value.shape, value.dtype, value.device)
     if isinstance(value, list):
-        return [to_meta(v) for v in value]
+        return [to_meta(v, detailed) for v in value]
     if isinstance(value, tuple) and not isinstance(value, torch.Size):
-        return tuple([to_meta(v) for v in value])
+        return tuple([to_meta(v, detailed) for v in value])
     if isinstance(value, dict):
-        return {k: to_meta(v) for k, v in value.items()}
+        return {k: to_meta(v, detailed) for k, v in value.items()}
     return value
 
 
@@ -86,20 +93,24 @@ class Uncacheable(Exception):
     """A call whose signature would be too large to keep (see ``MAX_CACHED_LIST``)."""
 
 
-def signature(value: Any) -> Any:
-    """A hashable stand-in for a live or metadata value: a tensor is ``(shape, dtype)``,
-    a list a tuple. Called for every counted op.
+def signature(value: Any, detailed: bool = False) -> Any:
+    """A hashable stand-in for a live or metadata value: a tensor is ``(shape, dtype)``
+    (``detailed``: and device, strides and ``requires_grad``), a list a tuple. Called for
+    every counted op.
 
     Raises ``Uncacheable`` for long lists, and hashing the result raises ``TypeError``
     for unhashable arguments (symbolic sizes); such calls are counted uncached."""
     if isinstance(value, torch.Tensor):
+        if detailed:
+            return value.shape, value.dtype, value.device, value.stride(), value.requires_grad
         return value.shape, value.dtype
     if isinstance(value, (list, tuple)):
         if len(value) > MAX_CACHED_LIST:
             raise Uncacheable
-        return tuple([signature(v) for v in value])
+        return tuple([signature(v, detailed) for v in value])
     if isinstance(value, TensorMeta):
-        return "TensorMeta", tuple(value.shape), value.dtype
+        stride = None if value.stride is None else tuple(value.stride)
+        return "TensorMeta", tuple(value.shape), value.dtype, value.device, stride, value.requires_grad
     # NB: other objects (a torch.Generator) hash by identity. No formula reads them.
     return value
 
