@@ -833,3 +833,44 @@ def test_embedding_scatter_and_index_put() -> None:
     # accumulate: one add per value (3); overwrite: 0
     assert counted(aten.index_put.default, torch.zeros(2), rows, values, True) == (3, 0)
     assert counted(aten.index_put.default, torch.zeros(2), rows, values, False) == (0, 0)
+
+
+# -- random numbers ----------------------------------------------------------------------------
+
+
+def test_drawing_random_numbers_is_free() -> None:
+    aten = torch.ops.aten
+    for op in (aten.random_, aten.random, aten.uniform_, aten.uniform, aten.normal_, aten.normal,
+               aten.bernoulli_, aten.bernoulli, aten.randint_like):  # fmt: skip
+        assert is_free(op._qualified_op_name), op
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "flops"),
+    [
+        # -log(1 - u) / lambda: subtract, log, divide = 3 per element of (2,3): 18
+        (torch.ops.aten.exponential_.default, (), 18),
+        (torch.ops.aten.exponential.default, (), 18),
+        # ceil(log(u) / log(1 - p)): log, divide, ceil = 3 * 6 = 18
+        (torch.ops.aten.geometric_.default, (0.3,), 18),
+        # median + sigma * tan(pi * (u - 1/2)): 5 * 6 = 30
+        (torch.ops.aten.cauchy_.default, (), 30),
+        # exp of a normal draw (the draw, with its mean and std, is free): 1 * 6 = 6
+        (torch.ops.aten.log_normal_.default, (), 6),
+    ],
+    ids=["exponential_", "exponential", "geometric_", "cauchy_", "log_normal_"],
+)
+def test_random_transforms_count_the_transform(op: Any, args: tuple[Any, ...], flops: int) -> None:
+    assert counted(op, torch.empty(2, 3), *args) == (flops, 0)
+
+
+def test_a_dataloader_seed_is_not_unsupported() -> None:
+    # Every DataLoader iterator draws its base seed with aten::random_ (and shuffling
+    # uses aten::randperm): drawing is free, never unsupported.
+    model = nn.Linear(4, 2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(randn(8, 4)), batch_size=4, shuffle=True)
+    with layerscope.Profiler(model) as prof:
+        for (x,) in loader:
+            model(x)
+    assert prof.profile.unsupported_ops() == {}
+

@@ -9,8 +9,8 @@ inputs. These also read ``out``, the output's shape, which ``count_meta`` derive
 fake tensors when a backend did not record it:
 
 - per output element: the elementwise ops and their backward, softmax, dropout,
-  upsampling, the ``max``/``min`` of two tensors, and the per-output part of ``mean``,
-  ``var`` and ``std``;
+  upsampling, the random transforms (exponential_, ...), the ``max``/``min`` of two
+  tensors, and the per-output part of ``mean``, ``var`` and ``std``;
 - the bias of ``addmm``, ``baddbmm`` and the convolutions (one add per output);
 - torch's convolution formulas: a convolution's count is per output position, and
   its backward's per gradient asked for;
@@ -438,12 +438,27 @@ declare_free(
         "aten::zero_", "aten::eye", "aten::tril", "aten::triu", "aten::tril_", "aten::triu_",
         "aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::_assert_async",
         "aten::_assert_tensor_metadata", "aten::sym_constrain_range_for_size",
-        # random numbers are not floating-point arithmetic on data
-        "aten::bernoulli", "aten::bernoulli_", "aten::rand", "aten::randn", "aten::randint",
-        "aten::rand_like", "aten::randn_like", "aten::normal_", "aten::uniform_", "aten::randperm",
-        "aten::multinomial",
+        # drawing random numbers: see _RANDOM_TRANSFORMS
+        "aten::random_", "aten::random", "aten::bernoulli", "aten::bernoulli_", "aten::rand",
+        "aten::randn", "aten::randint", "aten::rand_like", "aten::randn_like", "aten::randint_like",
+        "aten::normal", "aten::normal_", "aten::normal_functional", "aten::uniform", "aten::uniform_",
+        "aten::randperm", "aten::multinomial",
     ]
 )  # fmt: skip
+
+# Random numbers. Drawing is free: bits and integers (random_, randint, randperm), uniform
+# (rand, uniform_) and normal (randn, normal_) values in the op's own range, mean and std,
+# bernoulli and multinomial draws are made by the generator, not by arithmetic on data.
+# A distribution that torch makes from a draw by a closed-form transform counts the
+# transform, per output element, one FLOP per operation as elementwise ops count:
+_RANDOM_TRANSFORMS = {
+    "exponential": 3,  # -log(1 - u) / lambda: subtract, log, divide (the sign folded in)
+    "geometric": 3,  # ceil(log(u) / log(1 - p)): log, divide, ceil (log(1 - p) is computed once)
+    "cauchy": 5,  # median + sigma * tan(pi * (u - 1/2)): subtract, multiply, tan, multiply, add
+    "log_normal": 1,  # exp(z) of a normal draw z with the op's mean and std: exp
+}
+for _name, _cost in _RANDOM_TRANSFORMS.items():
+    register_flops(*_with_inplace(f"aten::{_name}"))(_per_output_element(_cost))
 
 
 # -- nn.MultiheadAttention's fused inference path ------------------------------------------
