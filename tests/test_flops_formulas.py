@@ -874,3 +874,55 @@ def test_a_dataloader_seed_is_not_unsupported() -> None:
             model(x)
     assert prof.profile.unsupported_ops() == {}
 
+
+# -- backward of the recurrent kernel and of EmbeddingBag ---------------------------------------
+
+
+def backward_op(prof: Profile, name: str, path: str = "") -> OpStats:
+    found = [op for op in prof[path].ops if op.name == name and op.phase == "backward"]
+    assert len(found) == 1, [(op.name, op.phase) for op in prof[path].ops]
+    return found[0]
+
+
+@pytest.mark.parametrize(("bias", "per_gate_value"), [(True, 8), (False, 6)])
+def test_lstm_backward(bias: bool, per_gate_value: int) -> None:
+    # Input (seq 5, batch 2, 8 features), hidden 16, 4 gates: w_ih (64, 8), w_hh (64, 16).
+    lstm = nn.LSTM(8, 16, bias=bias)
+    prof = layerscope.count_flops(lstm, randn(5, 2, 8), backward=True, loss_fn=lambda out: out[0].sum())
+    forward = only_op(prof, "aten::mkldnn_rnn_layer")
+    # forward: 10 rows x (64*8 + 64*16 = 1,536) = 15,360 MACs
+    assert forward.macs == 15_360
+    # 10 rows x 64 gate pre-activations = 640; forward flops 2*15,360 + 5 (3 without bias) * 640
+    assert forward.flops == 2 * 15_360 + (5 if bias else 3) * 640
+    op = backward_op(prof, "aten::mkldnn_rnn_layer_backward")
+    # Per row, each forward product has two: d_input = d_gates @ w_ih and d_w_ih = d_gates^T @ x
+    # (512 MACs each), d_hidden = d_gates @ w_hh and d_w_hh = d_gates^T @ h (1,024 each):
+    # 10 * (2*512 + 2*1,024) = 30,720 MACs = 2 x forward
+    assert op.macs == 30_720 == 2 * forward.macs
+    # flops 2*30,720 + (2 * 3 activation and state-update gradients + 2 bias gradients) * 640
+    #     = 61,440 + 8*640 = 66,560 with biases; 61,440 + 6*640 = 65,280 without
+    assert op.flops == 2 * 30_720 + per_gate_value * 640
+    assert prof.unsupported_ops() == {}
+
+
+@pytest.mark.parametrize(
+    ("mode", "per_sample_weights", "flops"),
+    [
+        # 2 bags of 3 indices, D = 4: each index's row gets its bag's gradient row: 6*4 = 24
+        ("sum", False, 24),
+        # and each bag's gradient divided by its size first: + (2,4) = 8 -> 32
+        ("mean", False, 32),
+        # each bag's gradient row goes to its maximum's row: (2,4) = 8
+        ("max", False, 8),
+        # every added row scaled by its sample's weight: 24 + 24 = 48
+        ("sum", True, 48),
+    ],
+    ids=["sum", "mean", "max", "per-sample-weights"],
+)
+def test_embedding_bag_backward(mode: str, per_sample_weights: bool, flops: int) -> None:
+    bag = nn.EmbeddingBag(10, 4, mode=mode)
+    indices = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    inputs: Any = (indices, None, torch.rand(2, 3)) if per_sample_weights else indices
+    prof = layerscope.count_flops(bag, inputs, backward=True, loss_fn=lambda out: out.sum())
+    assert (backward_op(prof, "aten::_embedding_bag_backward").flops, prof.root.backward.macs) == (flops, 0)
+    assert prof.unsupported_ops() == {}

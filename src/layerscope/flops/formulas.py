@@ -386,6 +386,31 @@ def _embedding_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]
     return args[0].numel(), 0
 
 
+@register_flops("aten::_embedding_bag_backward")
+def _embedding_bag_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """Gradient of an ``nn.EmbeddingBag``'s weight, dense or sparse.
+
+    ``(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+    scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)``, ``grad`` is
+    (bags, D). Sum (mode 0): each index's row gets its bag's gradient row, one add per
+    index and column: N(indices) * D. Mean (1): the same adds, and each bag's gradient
+    divided by its size first: + N(grad). Max (2): each bag's gradient row goes to its
+    maximum's row: N(grad). ``per_sample_weights`` and ``scale_grad_by_freq`` each
+    multiply every added row: + N(indices) * D. NB: padding indices are counted.
+    """
+    grad, indices = args[0], args[1]
+    mode = int(_arg(args, kwargs, 8, "mode", 0))
+    if mode == 2:
+        return grad.numel(), 0
+    added = indices.numel() * grad.shape[-1]
+    flops = added + (grad.numel() if mode == 1 else 0)
+    if _arg(args, kwargs, 10, "per_sample_weights") is not None:
+        flops += added
+    if _arg(args, kwargs, 7, "scale_grad_by_freq", False):
+        flops += added
+    return flops, 0
+
+
 @register_flops("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_")
 def _scatter_add(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     source = args[3] if len(args) > 3 else kwargs.get("src", kwargs.get("source"))
@@ -493,20 +518,50 @@ def _native_mha(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
 # -- recurrent layers on CPU (oneDNN) -------------------------------------------------------
 
 
+def _rnn_rows_and_gates(inputs: TensorMeta, w_ih: TensorMeta) -> tuple[int, int]:
+    """(steps * batch, gate pre-activations over all steps): one row of the input per
+    step and batch element, and ``w_ih.shape[0]`` (gates * hidden) pre-activations each."""
+    rows = math.prod(inputs.shape[:-1])
+    return rows, rows * w_ih.shape[0]
+
+
 @register_flops("aten::mkldnn_rnn_layer")
 def _mkldnn_rnn_layer(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     """One layer and direction of nn.LSTM/GRU/RNN run by oneDNN.
 
     ``(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size,
-    ...)``: every step multiplies the input by ``w_ih`` and the hidden state by ``w_hh``.
-    NB: besides the MACs, 2 FLOPs per gate pre-activation for the two bias adds and 3
-    per gate pre-activation for the activation and state update.
+    num_layers, has_biases, ...)``: every step multiplies the input by ``w_ih`` and the
+    hidden state by ``w_hh``. NB: besides the MACs, 2 FLOPs per gate pre-activation for
+    the two bias adds (none without biases) and 3 for the activation and state update.
     """
     inputs, w_ih, w_hh = args[0], args[1], args[2]
-    steps_times_batch = math.prod(inputs.shape[:-1])
-    macs = steps_times_batch * (w_ih.numel() + w_hh.numel())
-    gate_values = steps_times_batch * w_ih.shape[0]
-    return 2 * macs + 5 * gate_values, macs
+    rows, gate_values = _rnn_rows_and_gates(inputs, w_ih)
+    macs = rows * (w_ih.numel() + w_hh.numel())
+    per_gate_value = 5 if _arg(args, kwargs, 12, "has_biases", True) else 3
+    return 2 * macs + per_gate_value * gate_values, macs
+
+
+@register_flops("aten::mkldnn_rnn_layer_backward")
+def _mkldnn_rnn_layer_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """Backward of ``mkldnn_rnn_layer``: every gradient, whatever needs it (the kernel
+    has no mask).
+
+    ``(input, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output, grad_hy,
+    grad_cy, reverse, mode, hidden_size, num_layers, has_biases, ...)``. Each of the
+    forward's two matrix products per step (input @ w_ih^T, hidden @ w_hh^T) has two in
+    backward, the gradient of its input and that of its weight, each as many MACs as
+    the forward one: per row of the input, d_input = d_gates @ w_ih and
+    d_w_ih += d_gates^T @ input (N(w_ih) each), d_hidden = d_gates @ w_hh and
+    d_w_hh += d_gates^T @ hidden (N(w_hh) each). NB: besides the MACs, per gate
+    pre-activation, 2 for each of the forward's 3 activation and state-update operations
+    (the derivative and its product with the gradient) and 2 for the bias gradients
+    (one add into each of b_ih's and b_hh's; none without biases).
+    """
+    inputs, w_ih, w_hh = args[0], args[1], args[2]
+    rows, gate_values = _rnn_rows_and_gates(inputs, w_ih)
+    macs = rows * (2 * w_ih.numel() + 2 * w_hh.numel())
+    per_gate_value = 2 * 3 + (2 if _arg(args, kwargs, 17, "has_biases", True) else 0)
+    return 2 * macs + per_gate_value * gate_values, macs
 
 
 # -- vector products and losses ------------------------------------------------------------
