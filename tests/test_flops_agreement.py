@@ -318,3 +318,49 @@ def test_alexnet_and_lenet5_anchor_macs(measure: Any) -> None:
     #   fc3   84*10             =     840
     #   total                   = 416,520
     assert measure("lenet5").profile.root.forward.macs == 416_520
+
+
+# -- grad mode, no_grad and inference_mode count alike ---------------------------------------
+
+#: Models for which torch itself runs other kernels when gradients are on (docs/flops.md),
+#: and what that changes. vit_b_16: nn.MultiheadAttention's fused path runs only without
+#: grad (the same flops, fewer bytes). t5: its attention mask comes from a parameter and
+#: requires grad, so attention runs the math path, whose scale and mask add count as
+#: elementwise ops (the same MACs, more flops).
+GRAD_CHANGES_KERNELS = {"vit_b_16": "bytes", "t5": "flops"}
+
+
+def _per_module(profile: Profile) -> dict[str, tuple[int | None, int | None, int | None]]:
+    return {n.path: (n.forward.self_flops, n.forward.self_macs, n.forward.self_bytes) for n in profile.nodes()}
+
+
+def _root(profile: Profile) -> tuple[int | None, int | None, int | None]:
+    return profile.root.forward.flops, profile.root.forward.macs, profile.root.forward.bytes
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_grad_no_grad_and_inference_mode_count_alike(measure: Any, name: str) -> None:
+    # Under inference mode the dispatcher shows composite ops (aten::linear, aten::conv2d,
+    # aten::layer_norm, aten::scaled_dot_product_attention) instead of their parts; they
+    # are counted by their decomposition, so every figure must be the same.
+    model, inputs = measure(name).model, measure(name).inputs  # in eval
+    grad = layerscope.count_flops(model, inputs, no_grad=False, memory=False)
+    no_grad = layerscope.count_flops(model, inputs, no_grad=True, memory=False)
+    with torch.inference_mode():
+        inference = layerscope.count_flops(model, inputs, memory=False)
+    assert inference.unsupported_ops() == no_grad.unsupported_ops() == grad.unsupported_ops() == {}
+    assert _root(inference) == _root(no_grad)
+    assert _per_module(inference) == _per_module(no_grad)
+    assert no_grad.root.forward.macs
+
+    changes = GRAD_CHANGES_KERNELS.get(name)
+    if changes is None:
+        assert _root(grad) == _root(no_grad)
+        assert _per_module(grad) == _per_module(no_grad)
+    elif changes == "bytes":
+        assert _root(grad)[:2] == _root(no_grad)[:2]
+        assert {p: c[:2] for p, c in _per_module(grad).items()} == {p: c[:2] for p, c in _per_module(no_grad).items()}
+        assert _root(grad)[2] != _root(no_grad)[2]
+    else:
+        assert grad.root.forward.macs == no_grad.root.forward.macs
+        assert grad.root.forward.flops != no_grad.root.forward.flops

@@ -833,3 +833,96 @@ def test_embedding_scatter_and_index_put() -> None:
     # accumulate: one add per value (3); overwrite: 0
     assert counted(aten.index_put.default, torch.zeros(2), rows, values, True) == (3, 0)
     assert counted(aten.index_put.default, torch.zeros(2), rows, values, False) == (0, 0)
+
+
+# -- random numbers ----------------------------------------------------------------------------
+
+
+def test_drawing_random_numbers_is_free() -> None:
+    aten = torch.ops.aten
+    for op in (aten.random_, aten.random, aten.uniform_, aten.uniform, aten.normal_, aten.normal,
+               aten.bernoulli_, aten.bernoulli, aten.randint_like):  # fmt: skip
+        assert is_free(op._qualified_op_name), op
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "flops"),
+    [
+        # -log(1 - u) / lambda: subtract, log, divide = 3 per element of (2,3): 18
+        (torch.ops.aten.exponential_.default, (), 18),
+        (torch.ops.aten.exponential.default, (), 18),
+        # ceil(log(u) / log(1 - p)): log, divide, ceil = 3 * 6 = 18
+        (torch.ops.aten.geometric_.default, (0.3,), 18),
+        # median + sigma * tan(pi * (u - 1/2)): 5 * 6 = 30
+        (torch.ops.aten.cauchy_.default, (), 30),
+        # exp of a normal draw (the draw, with its mean and std, is free): 1 * 6 = 6
+        (torch.ops.aten.log_normal_.default, (), 6),
+    ],
+    ids=["exponential_", "exponential", "geometric_", "cauchy_", "log_normal_"],
+)
+def test_random_transforms_count_the_transform(op: Any, args: tuple[Any, ...], flops: int) -> None:
+    assert counted(op, torch.empty(2, 3), *args) == (flops, 0)
+
+
+def test_a_dataloader_seed_is_not_unsupported() -> None:
+    # Every DataLoader iterator draws its base seed with aten::random_ (and shuffling
+    # uses aten::randperm): drawing is free, never unsupported.
+    model = nn.Linear(4, 2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(randn(8, 4)), batch_size=4, shuffle=True)
+    with layerscope.Profiler(model) as prof:
+        for (x,) in loader:
+            model(x)
+    assert prof.profile.unsupported_ops() == {}
+
+
+# -- backward of the recurrent kernel and of EmbeddingBag ---------------------------------------
+
+
+def backward_op(prof: Profile, name: str, path: str = "") -> OpStats:
+    found = [op for op in prof[path].ops if op.name == name and op.phase == "backward"]
+    assert len(found) == 1, [(op.name, op.phase) for op in prof[path].ops]
+    return found[0]
+
+
+@pytest.mark.parametrize(("bias", "per_gate_value"), [(True, 8), (False, 6)])
+def test_lstm_backward(bias: bool, per_gate_value: int) -> None:
+    # Input (seq 5, batch 2, 8 features), hidden 16, 4 gates: w_ih (64, 8), w_hh (64, 16).
+    lstm = nn.LSTM(8, 16, bias=bias)
+    prof = layerscope.count_flops(lstm, randn(5, 2, 8), backward=True, loss_fn=lambda out: out[0].sum())
+    forward = only_op(prof, "aten::mkldnn_rnn_layer")
+    # forward: 10 rows x (64*8 + 64*16 = 1,536) = 15,360 MACs
+    assert forward.macs == 15_360
+    # 10 rows x 64 gate pre-activations = 640; forward flops 2*15,360 + 5 (3 without bias) * 640
+    assert forward.flops == 2 * 15_360 + (5 if bias else 3) * 640
+    op = backward_op(prof, "aten::mkldnn_rnn_layer_backward")
+    # Per row, each forward product has two: d_input = d_gates @ w_ih and d_w_ih = d_gates^T @ x
+    # (512 MACs each), d_hidden = d_gates @ w_hh and d_w_hh = d_gates^T @ h (1,024 each):
+    # 10 * (2*512 + 2*1,024) = 30,720 MACs = 2 x forward
+    assert op.macs == 30_720 == 2 * forward.macs
+    # flops 2*30,720 + (2 * 3 activation and state-update gradients + 2 bias gradients) * 640
+    #     = 61,440 + 8*640 = 66,560 with biases; 61,440 + 6*640 = 65,280 without
+    assert op.flops == 2 * 30_720 + per_gate_value * 640
+    assert prof.unsupported_ops() == {}
+
+
+@pytest.mark.parametrize(
+    ("mode", "per_sample_weights", "flops"),
+    [
+        # 2 bags of 3 indices, D = 4: each index's row gets its bag's gradient row: 6*4 = 24
+        ("sum", False, 24),
+        # and each bag's gradient divided by its size first: + (2,4) = 8 -> 32
+        ("mean", False, 32),
+        # each bag's gradient row goes to its maximum's row: (2,4) = 8
+        ("max", False, 8),
+        # every added row scaled by its sample's weight: 24 + 24 = 48
+        ("sum", True, 48),
+    ],
+    ids=["sum", "mean", "max", "per-sample-weights"],
+)
+def test_embedding_bag_backward(mode: str, per_sample_weights: bool, flops: int) -> None:
+    bag = nn.EmbeddingBag(10, 4, mode=mode)
+    indices = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    inputs: Any = (indices, None, torch.rand(2, 3)) if per_sample_weights else indices
+    prof = layerscope.count_flops(bag, inputs, backward=True, loss_fn=lambda out: out.sum())
+    assert (backward_op(prof, "aten::_embedding_bag_backward").flops, prof.root.backward.macs) == (flops, 0)
+    assert prof.unsupported_ops() == {}

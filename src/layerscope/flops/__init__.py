@@ -10,25 +10,55 @@ Conventions (docs/flops.md has every formula):
 - An op with no formula is *unsupported*: counted per module and name and shown to the
   user, never silently zero. Ops that do no arithmetic (views, copies, creation) are
   declared free, which is different from unknown.
+- Formulas count from metadata: in ``args``, ``kwargs`` and ``out`` every tensor is a
+  ``TensorMeta`` (shape, dtype, device; ``.numel()``, ``.dim()``, ``.size(i)``, ...),
+  never a live tensor, and scalars are as the op got them. So one formula serves every
+  capture backend, and runs once per distinct call signature (``count_op`` caches).
+- An op with no formula that torch implements as a composite of other ops (under
+  ``torch.inference_mode()`` the dispatcher shows ``aten::linear`` instead of ``aten::t``
+  + ``aten::addmm``) is counted by its decomposition, run on fake tensors: the same
+  flops, macs and bytes as its parts when autograd decomposes it.
 
 Users register formulas for their own ops::
 
     @layerscope.register_flops("mylib::fused_gelu")
     def fused_gelu(args, kwargs, out):
-        return 8 * out.numel(), 0      # (flops, macs)
+        return 8 * out.numel(), 0      # (flops, macs); out is a TensorMeta
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Optional
 
-import torch
+from layerscope.flops.meta import TensorMeta, Uncacheable, signature, tensor_bytes, to_meta
 
-#: ``formula(args, kwargs, out) -> (flops, macs)``; args/kwargs are the op's real arguments.
+__all__ = [
+    "Counts", "Formula", "TensorMeta", "count_meta", "count_op", "declare_free", "formula_for",
+    "has_formula", "is_free", "register_flops", "registered", "unregister_flops",
+]  # fmt: skip
+
+#: ``formula(args, kwargs, out) -> (flops, macs)``; every tensor in them is a ``TensorMeta``.
 Formula = Callable[[tuple[Any, ...], dict[str, Any], Any], tuple[int, int]]
+#: ``(flops, macs, bytes)`` of one call; flops and macs are None for an unsupported op.
+Counts = tuple[Optional[int], Optional[int], int]  # evaluated at run time: no "int | None" on 3.9
 
 _FORMULAS: dict[str, Formula] = {}
+
+#: Counts per call signature. Cleared when the registry changes, and when it grows past
+#: ``_CACHE_LIMIT`` entries, so memory stays bounded whatever a run's shapes.
+_CACHE: dict[Any, Counts] = {}
+_CACHE_LIMIT = 4096
+
+
+def _remember(key: Any, counts: Counts) -> Counts:
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _CACHE.clear()
+    try:
+        _CACHE[key] = counts
+    except TypeError:
+        pass  # unhashable, see _cached
+    return counts
 
 
 def _op_name(target: Any) -> str:
@@ -49,6 +79,9 @@ def _op_name(target: Any) -> str:
 def register_flops(*targets: Any) -> Callable[[Formula], Formula]:
     """Register ``formula(args, kwargs, out) -> (flops, macs)`` for one or more ops.
 
+    The formula gets the call's metadata: each tensor argument and output is a
+    ``TensorMeta`` (``.shape``, ``.dtype``, ``.numel()``, ...), not a tensor. It must
+    count from those and the scalar arguments alone: its result is cached per signature.
     Registering an op that already has a formula is an error.
     """
     if not targets:
@@ -61,6 +94,7 @@ def register_flops(*targets: Any) -> Callable[[Formula], Formula]:
             raise ValueError(f"a FLOP formula for {', '.join(taken)} is already registered")
         for name in names:
             _FORMULAS[name] = formula
+        _CACHE.clear()
         return formula
 
     return decorate
@@ -69,6 +103,7 @@ def register_flops(*targets: Any) -> Callable[[Formula], Formula]:
 def unregister_flops(target: Any) -> None:
     """Remove a formula (for tests and for replacing one deliberately)."""
     _FORMULAS.pop(_op_name(target), None)
+    _CACHE.clear()
 
 
 def _free(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> tuple[int, int]:
@@ -96,28 +131,72 @@ def registered() -> list[str]:
     return sorted(_FORMULAS)
 
 
-def _tensor_bytes(value: Any) -> int:
-    # Called for every op's inputs and outputs: plain loops, no generators.
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    total = 0
-    if isinstance(value, (tuple, list)):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                total += item.numel() * item.element_size()
-            elif isinstance(item, (tuple, list)):
-                total += _tensor_bytes(item)
-    return total
+def _cache_key(name: str, args: Any, kwargs: dict[str, Any], out: Any, detailed: bool) -> Any:
+    """The call's signature, or None when it is not to be cached."""
+    try:
+        return (
+            name,
+            signature(args, detailed),
+            tuple([(k, signature(v, detailed)) for k, v in kwargs.items()]),
+            signature(out, detailed),
+        )
+    except Uncacheable:
+        return None
 
 
-def count_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> tuple[int | None, int | None, int]:
-    """``(flops, macs, bytes)`` of one op call; flops and macs are None when the op has
-    no formula. ``bytes`` estimates traffic as the bytes of tensor inputs plus outputs
-    (0 for free ops, which move no data through arithmetic units)."""
+def _cached(key: Any) -> Counts | None:
+    try:
+        return _CACHE.get(key)
+    except TypeError:  # unhashable (symbolic sizes): counted uncached
+        return None
+
+
+def count_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Counts:
+    """``(flops, macs, bytes)`` of one op call on live tensors; flops and macs are None
+    when the op has no formula. ``bytes`` estimates traffic as the bytes of tensor inputs
+    plus outputs (0 for free ops, which move no data through arithmetic units).
+
+    The tensors are converted to ``TensorMeta`` and the formula runs once per distinct
+    signature (op, shapes, dtypes, devices, scalar arguments); repeats come from a cache."""
     formula = _FORMULAS.get(name)
     if formula is _free:
         return 0, 0, 0
-    nbytes = _tensor_bytes(args) + _tensor_bytes(list(kwargs.values())) + _tensor_bytes(out)
+    # A composite's decomposition may depend on strides and requires_grad: keep them.
+    detailed = formula is None and fake.is_composite(name)
+    key = _cache_key(name, args, kwargs, out, detailed)
+    cached = None if key is None else _cached(key)
+    if cached is not None:
+        return cached
+    counts = _count(name, formula, to_meta(args, detailed), to_meta(kwargs, detailed), to_meta(out, detailed))
+    return counts if key is None else _remember(key, counts)
+
+
+def count_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any = None) -> Counts:
+    """``(flops, macs, bytes)`` of one op call described by metadata alone: tensors in
+    ``args``, ``kwargs`` and ``out`` are ``TensorMeta`` (a backend that records shapes
+    but no tensors builds them). With ``out=None`` the output's metadata is derived by
+    running the op on fake tensors, for the formulas that read it; an op with no formula
+    that torch implements as a composite (``aten::linear``) is counted by its
+    decomposition (``layerscope.flops.fake``)."""
+    formula = _FORMULAS.get(name)
+    if formula is _free:
+        return 0, 0, 0
+    key = _cache_key(name, args, kwargs, out, detailed=False)
+    cached = None if key is None else _cached(key)
+    if cached is not None:
+        return cached
+    if out is None and (formula is not None or not fake.is_composite(name)):
+        out = fake.output_meta(name, args, kwargs)
+    counts = _count(name, formula, args, kwargs, out)
+    return counts if key is None else _remember(key, counts)
+
+
+def _count(name: str, formula: Formula | None, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Counts:
+    if formula is None and fake.is_composite(name):
+        decomposed = fake.count_decomposition(name, args, kwargs)
+        if decomposed is not None:
+            return decomposed
+    nbytes = tensor_bytes(args) + tensor_bytes(list(kwargs.values())) + tensor_bytes(out)
     if formula is None:
         return None, None, nbytes
     try:
@@ -129,5 +208,6 @@ def count_op(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
     return int(flops), int(macs), nbytes
 
 
-# Filling the registry.
+# Filling the registry; composites and output shapes need count_op defined.
+from layerscope.flops import fake  # noqa: E402
 from layerscope.flops import formulas as _formulas  # noqa: E402,F401

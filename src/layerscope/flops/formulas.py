@@ -3,6 +3,24 @@
 Matrix products, convolutions and attention use ``torch.utils.flop_counter``'s
 formulas (their count is ``2 * macs``); layerscope adds the non-MAC work around them
 (bias adds, softmax) to ``flops`` only. Everything else here is layerscope's own.
+
+Every formula reads metadata (``TensorMeta``), never data. Most read only the op's
+inputs. These also read ``out``, the output's shape, which ``count_meta`` derives on
+fake tensors when a backend did not record it:
+
+- per output element: the elementwise ops and their backward, softmax, dropout,
+  upsampling, the random transforms (exponential_, ...), the ``max``/``min`` of two
+  tensors, and the per-output part of ``mean``, ``var`` and ``std``;
+- the bias of ``addmm``, ``baddbmm`` and the convolutions (one add per output);
+- torch's convolution formulas: a convolution's count is per output position, and
+  its backward's per gradient asked for;
+- pooling (per output window) and pooling backward (per input gradient element).
+
+Ops that torch implements as composites (``CompositeImplicitAutograd``: ``linear``,
+``conv2d``, ``max_pool2d``, ``softmax``, ``prelu``, ...) have no formula here on purpose:
+autograd decomposes them, and under ``torch.inference_mode()``, where the dispatch mode
+sees them whole, ``layerscope.flops.fake`` counts their decomposition, so the counts
+agree by construction.
 """
 
 from __future__ import annotations
@@ -11,17 +29,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.utils import flop_counter as torch_flops
 
 from layerscope.flops import Formula, declare_free, has_formula, register_flops
+from layerscope.flops.meta import TensorMeta
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 
 
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
+def _first_tensor(value: Any) -> TensorMeta | None:
+    if isinstance(value, TensorMeta):
         return value
     if isinstance(value, (tuple, list)):
         for item in value:
@@ -33,7 +51,10 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 def _out_numel(out: Any) -> int:
     tensor = _first_tensor(out)
-    return tensor.numel() if tensor is not None else 0
+    if tensor is None:
+        # Never 0 by default: without its output the call is unsupported, not free.
+        raise ValueError("this formula needs the op's output")
+    return tensor.numel()
 
 
 def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None) -> Any:
@@ -47,7 +68,7 @@ def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None)
 
 def _shapes(value: Any) -> Any:
     """Tensors replaced by their shapes, as torch's shape-wrapped formulas expect."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, TensorMeta):
         return value.shape
     if isinstance(value, (tuple, list)):
         return type(value)(_shapes(v) for v in value)
@@ -91,7 +112,7 @@ def _conv_backward_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
     return args[0].numel() if mask and mask[2] else 0
 
 
-def _scores(query: torch.Tensor, key: torch.Tensor) -> int:
+def _scores(query: TensorMeta, key: TensorMeta) -> int:
     """Attention score elements: batch * heads * query length * key length."""
     return math.prod(query.shape[:-1]) * key.shape[-2]
 
@@ -122,7 +143,7 @@ _EXTRAS: dict[str, Callable[[Args, Kwargs, Any], int]] = {
     "aten::_scaled_dot_product_cudnn_attention_backward": _softmax_backward_on_scores,
 }
 
-def _matmul_macs(a: torch.Tensor, b: torch.Tensor) -> int:
+def _matmul_macs(a: TensorMeta, b: TensorMeta) -> int:
     """(..., m, k) @ (..., k, n): batch * m * k * n multiply-accumulates."""
     return math.prod(a.shape[:-1]) * a.shape[-1] * b.shape[-1]
 
@@ -203,12 +224,12 @@ register_flops(
         "aten::relu", "aten::gelu", "aten::silu", "aten::mish", "aten::hardtanh", "aten::hardswish",
         "aten::hardsigmoid", "aten::leaky_relu", "aten::elu", "aten::softplus", "aten::threshold",
         "aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::minimum", "aten::maximum",
-        "aten::erf", "aten::floor", "aten::ceil", "aten::round", "aten::sign", "aten::square",
+        "aten::erf", "aten::floor", "aten::ceil", "aten::round", "aten::sign",
         "aten::eq", "aten::ne", "aten::gt", "aten::ge", "aten::lt", "aten::le",
         "aten::logical_not", "aten::logical_and", "aten::logical_or", "aten::bitwise_not",
         "aten::bitwise_and", "aten::bitwise_or", "aten::fmod", "aten::remainder",
     ),
-    "aten::prelu", "aten::_prelu_kernel", "aten::glu",
+    "aten::_prelu_kernel", "aten::glu",
 )(_per_output_element(1))
 
 # a + value * t1 * t2 and friends: two operations per element.
@@ -226,7 +247,7 @@ register_flops(
 
 # Softmax: exp, sum, divide. Its backward: y * (g - sum(g * y)).
 register_flops(
-    "aten::_softmax", "aten::_safe_softmax", "aten::_log_softmax", "aten::softmax",
+    "aten::_softmax", "aten::_safe_softmax", "aten::_log_softmax",
     "aten::_softmax_backward_data", "aten::_log_softmax_backward_data",
 )(_per_output_element(3))
 
@@ -302,14 +323,14 @@ def _pool(dims: int) -> Formula:
     return formula
 
 
-register_flops("aten::max_pool1d_with_indices", "aten::max_pool1d", "aten::avg_pool1d")(_pool(1))
-register_flops("aten::max_pool2d_with_indices", "aten::max_pool2d", "aten::avg_pool2d")(_pool(2))
-register_flops("aten::max_pool3d_with_indices", "aten::max_pool3d", "aten::avg_pool3d")(_pool(3))
+# max_pool{1,2,3}d, avg_pool1d and adaptive_max_pool1d are composites of these.
+register_flops("aten::max_pool2d_with_indices", "aten::avg_pool2d")(_pool(2))
+register_flops("aten::max_pool3d_with_indices", "aten::avg_pool3d")(_pool(3))
 
 
 @register_flops(
     "aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool3d", "aten::adaptive_max_pool2d",
-    "aten::adaptive_max_pool3d", "aten::adaptive_max_pool1d",
+    "aten::adaptive_max_pool3d",
 )
 def _adaptive_pool(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     # Each input element is read into (about) one window: one add/compare each.
@@ -338,7 +359,7 @@ def _reduction(per_input_element: int, per_output_element: int = 0) -> Formula:
 
 
 register_flops(
-    "aten::sum", "aten::prod", "aten::amax", "aten::amin", "aten::max", "aten::min", "aten::argmax",
+    "aten::sum", "aten::prod", "aten::amax", "aten::amin", "aten::argmax",
     "aten::argmin", "aten::cumsum", "aten::cumprod", "aten::logsumexp", "aten::any", "aten::all",
     "aten::norm", "aten::linalg_vector_norm", "aten::topk", "aten::sort",
 )(_reduction(1))
@@ -347,19 +368,53 @@ register_flops("aten::mean")(_reduction(1, 1))  # the sum, then one divide per o
 register_flops("aten::var", "aten::std", "aten::var_mean", "aten::std_mean")(_reduction(3, 1))
 
 
+@register_flops("aten::max", "aten::min")
+def _max_min(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    # max(a, b) of two tensors is an elementwise maximum (it decomposes into
+    # aten::maximum): one per output element. Otherwise a reduction: one per input.
+    if len(args) > 1 and isinstance(args[1], TensorMeta):
+        return _out_numel(out), 0
+    return args[0].numel(), 0
+
+
 # -- embedding, scatter, interpolation ---------------------------------------------------
 
 
-@register_flops("aten::embedding_dense_backward", "aten::embedding_backward")
+@register_flops("aten::embedding_dense_backward")
 def _embedding_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     # Each gradient row is added into its token's row: one add per grad element.
     return args[0].numel(), 0
 
 
+@register_flops("aten::_embedding_bag_backward")
+def _embedding_bag_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """Gradient of an ``nn.EmbeddingBag``'s weight, dense or sparse.
+
+    ``(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+    scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)``, ``grad`` is
+    (bags, D). Sum (mode 0): each index's row gets its bag's gradient row, one add per
+    index and column: N(indices) * D. Mean (1): the same adds, and each bag's gradient
+    divided by its size first: + N(grad). Max (2): each bag's gradient row goes to its
+    maximum's row: N(grad). ``per_sample_weights`` and ``scale_grad_by_freq`` each
+    multiply every added row: + N(indices) * D. NB: padding indices are counted.
+    """
+    grad, indices = args[0], args[1]
+    mode = int(_arg(args, kwargs, 8, "mode", 0))
+    if mode == 2:
+        return grad.numel(), 0
+    added = indices.numel() * grad.shape[-1]
+    flops = added + (grad.numel() if mode == 1 else 0)
+    if _arg(args, kwargs, 10, "per_sample_weights") is not None:
+        flops += added
+    if _arg(args, kwargs, 7, "scale_grad_by_freq", False):
+        flops += added
+    return flops, 0
+
+
 @register_flops("aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_")
 def _scatter_add(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     source = args[3] if len(args) > 3 else kwargs.get("src", kwargs.get("source"))
-    return (source.numel() if isinstance(source, torch.Tensor) else 0), 0
+    return (source.numel() if isinstance(source, TensorMeta) else 0), 0
 
 
 @register_flops("aten::index_put", "aten::index_put_", "aten::_index_put_impl_")
@@ -388,6 +443,7 @@ declare_free(
         "aten::movedim", "aten::flatten", "aten::unflatten", "aten::diagonal", "aten::numpy_T",
         "aten::unsafe_split", "aten::unsafe_chunk",
         "aten::unsafe_split_with_sizes", "aten::squeeze_", "aten::unsqueeze_", "aten::t_", "aten::transpose_",
+        "aten::detach_",
         # copies and layout
         "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::copy_", "aten::cat",
         "aten::stack", "aten::repeat", "aten::flip", "aten::roll", "aten::pad",
@@ -398,7 +454,7 @@ declare_free(
         "aten::set_", "aten::upsample_nearest1d", "aten::upsample_nearest2d",
         "aten::upsample_nearest3d", "aten::_upsample_nearest_exact2d", "aten::pixel_shuffle",
         "aten::pixel_unshuffle", "aten::im2col", "aten::col2im", "aten::embedding",
-        "aten::_embedding_bag", "aten::scatter", "aten::scatter_",
+        "aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::scatter", "aten::scatter_",
         # creation
         "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::zeros", "aten::zeros_like",
         "aten::ones", "aten::ones_like", "aten::full", "aten::full_like", "aten::arange",
@@ -407,12 +463,27 @@ declare_free(
         "aten::zero_", "aten::eye", "aten::tril", "aten::triu", "aten::tril_", "aten::triu_",
         "aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::_assert_async",
         "aten::_assert_tensor_metadata", "aten::sym_constrain_range_for_size",
-        # random numbers are not floating-point arithmetic on data
-        "aten::bernoulli", "aten::bernoulli_", "aten::rand", "aten::randn", "aten::randint",
-        "aten::rand_like", "aten::randn_like", "aten::normal_", "aten::uniform_", "aten::randperm",
-        "aten::multinomial",
+        # drawing random numbers: see _RANDOM_TRANSFORMS
+        "aten::random_", "aten::random", "aten::bernoulli", "aten::bernoulli_", "aten::rand",
+        "aten::randn", "aten::randint", "aten::rand_like", "aten::randn_like", "aten::randint_like",
+        "aten::normal", "aten::normal_", "aten::normal_functional", "aten::uniform", "aten::uniform_",
+        "aten::randperm", "aten::multinomial",
     ]
 )  # fmt: skip
+
+# Random numbers. Drawing is free: bits and integers (random_, randint, randperm), uniform
+# (rand, uniform_) and normal (randn, normal_) values in the op's own range, mean and std,
+# bernoulli and multinomial draws are made by the generator, not by arithmetic on data.
+# A distribution that torch makes from a draw by a closed-form transform counts the
+# transform, per output element, one FLOP per operation as elementwise ops count:
+_RANDOM_TRANSFORMS = {
+    "exponential": 3,  # -log(1 - u) / lambda: subtract, log, divide (the sign folded in)
+    "geometric": 3,  # ceil(log(u) / log(1 - p)): log, divide, ceil (log(1 - p) is computed once)
+    "cauchy": 5,  # median + sigma * tan(pi * (u - 1/2)): subtract, multiply, tan, multiply, add
+    "log_normal": 1,  # exp(z) of a normal draw z with the op's mean and std: exp
+}
+for _name, _cost in _RANDOM_TRANSFORMS.items():
+    register_flops(*_with_inplace(f"aten::{_name}"))(_per_output_element(_cost))
 
 
 # -- nn.MultiheadAttention's fused inference path ------------------------------------------
@@ -447,20 +518,50 @@ def _native_mha(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
 # -- recurrent layers on CPU (oneDNN) -------------------------------------------------------
 
 
+def _rnn_rows_and_gates(inputs: TensorMeta, w_ih: TensorMeta) -> tuple[int, int]:
+    """(steps * batch, gate pre-activations over all steps): one row of the input per
+    step and batch element, and ``w_ih.shape[0]`` (gates * hidden) pre-activations each."""
+    rows = math.prod(inputs.shape[:-1])
+    return rows, rows * w_ih.shape[0]
+
+
 @register_flops("aten::mkldnn_rnn_layer")
 def _mkldnn_rnn_layer(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     """One layer and direction of nn.LSTM/GRU/RNN run by oneDNN.
 
     ``(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size,
-    ...)``: every step multiplies the input by ``w_ih`` and the hidden state by ``w_hh``.
-    NB: besides the MACs, 2 FLOPs per gate pre-activation for the two bias adds and 3
-    per gate pre-activation for the activation and state update.
+    num_layers, has_biases, ...)``: every step multiplies the input by ``w_ih`` and the
+    hidden state by ``w_hh``. NB: besides the MACs, 2 FLOPs per gate pre-activation for
+    the two bias adds (none without biases) and 3 for the activation and state update.
     """
     inputs, w_ih, w_hh = args[0], args[1], args[2]
-    steps_times_batch = math.prod(inputs.shape[:-1])
-    macs = steps_times_batch * (w_ih.numel() + w_hh.numel())
-    gate_values = steps_times_batch * w_ih.shape[0]
-    return 2 * macs + 5 * gate_values, macs
+    rows, gate_values = _rnn_rows_and_gates(inputs, w_ih)
+    macs = rows * (w_ih.numel() + w_hh.numel())
+    per_gate_value = 5 if _arg(args, kwargs, 12, "has_biases", True) else 3
+    return 2 * macs + per_gate_value * gate_values, macs
+
+
+@register_flops("aten::mkldnn_rnn_layer_backward")
+def _mkldnn_rnn_layer_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """Backward of ``mkldnn_rnn_layer``: every gradient, whatever needs it (the kernel
+    has no mask).
+
+    ``(input, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output, grad_hy,
+    grad_cy, reverse, mode, hidden_size, num_layers, has_biases, ...)``. Each of the
+    forward's two matrix products per step (input @ w_ih^T, hidden @ w_hh^T) has two in
+    backward, the gradient of its input and that of its weight, each as many MACs as
+    the forward one: per row of the input, d_input = d_gates @ w_ih and
+    d_w_ih += d_gates^T @ input (N(w_ih) each), d_hidden = d_gates @ w_hh and
+    d_w_hh += d_gates^T @ hidden (N(w_hh) each). NB: besides the MACs, per gate
+    pre-activation, 2 for each of the forward's 3 activation and state-update operations
+    (the derivative and its product with the gradient) and 2 for the bias gradients
+    (one add into each of b_ih's and b_hh's; none without biases).
+    """
+    inputs, w_ih, w_hh = args[0], args[1], args[2]
+    rows, gate_values = _rnn_rows_and_gates(inputs, w_ih)
+    macs = rows * (2 * w_ih.numel() + 2 * w_hh.numel())
+    per_gate_value = 2 * 3 + (2 if _arg(args, kwargs, 17, "has_biases", True) else 0)
+    return 2 * macs + per_gate_value * gate_values, macs
 
 
 # -- vector products and losses ------------------------------------------------------------
@@ -487,8 +588,8 @@ register_flops("aten::log_sigmoid_backward")(_per_output_element(2))
 
 def _list_numel(value: Any) -> int:
     if isinstance(value, (list, tuple)):
-        return sum(t.numel() for t in value if isinstance(t, torch.Tensor))
-    return value.numel() if isinstance(value, torch.Tensor) else 0
+        return sum(t.numel() for t in value if isinstance(t, TensorMeta))
+    return value.numel() if isinstance(value, TensorMeta) else 0
 
 
 def _foreach(flops_per_element: int) -> Formula:
