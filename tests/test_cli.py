@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import stat
@@ -536,6 +537,23 @@ def test_a_full_stdout_is_one_line_and_exit_4(
     full = char_device("full", FULL_DEVICE)
     argv = [arg.format(saved=saved_profile) for arg in args]
     assert_write_error(run_cli(*argv, cwd=tmp_path, stdout=full), "stdout")
+
+
+def test_a_reader_that_stops_early_ends_the_output_quietly(
+    saved_profile: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `layerscope show ... | head`: the reader closed the pipe, so writing stdout fails
+    # with EPIPE. (Pipes in this sandbox never report EPIPE, so the failure is raised by
+    # the stream itself, as the OS would.)
+    from layerscope.cli import main
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["show", str(saved_profile)]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_a_full_output_file_is_one_line_and_exit_4(char_device: Any, saved_profile: Path, tmp_path: Path) -> None:

@@ -767,9 +767,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except OutputError as exc:
-        print(f"layerscope: error: {exc}", file=sys.stderr)
         if exc.destination == "stdout":
             _drop_stdout()
+            if isinstance(exc.error, BrokenPipeError):
+                return 0  # the reader stopped early (`| head`): nothing failed here
+        print(f"layerscope: error: {exc}", file=sys.stderr)
         return EXIT_WRITE_FAILED
 
 

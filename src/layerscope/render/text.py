@@ -300,6 +300,7 @@ def _footer(profile: Profile) -> list[str]:
         )
     ]
     lines.extend(_step_lines(profile))
+    lines.extend(_detail_lines(profile))
     lines.extend(_memory_lines(profile))
     passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
     if len(passes) > 1 and profile.step_time_ns is None:
@@ -350,6 +351,28 @@ def _step_lines(profile: Profile) -> list[str]:
         )
     if profile.meta.get("complete") is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
+    return lines
+
+
+def _detail_lines(profile: Profile) -> list[str]:
+    """Where a cycle's figures come from, when its times and counts were measured apart."""
+    meta = profile.meta
+    lines = []
+    if meta.get("counts_from") == "detail step":
+        steps = meta.get("steps")
+        lines.append(
+            f"Times from {steps} step{'s' if steps != 1 else ''} timed with torch's profiler; ops, shapes, FLOPs "
+            f"and memory from detail step {meta.get('detail_step')}, standing for each"
+        )
+    if meta.get("times_from") == "detail step":
+        lines.append(
+            "Times from the detail step, whose op recording inflates small modules: run two steps "
+            "or more, with prof.step() after each, for timed steps"
+        )
+    mismatch = meta.get("detail_mismatch") or []
+    if mismatch:
+        named = ", ".join(repr(path) for path in mismatch[:3]) + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else "")
+        lines.append(f"The detail step ran {named} another number of times than the timed steps: its counts may not fit them")
     return lines
 
 
