@@ -63,8 +63,10 @@ def gpt2() -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 
 def zoo_gpt() -> tuple[nn.Module, Any]:
-    entry = layerscope.zoo.get("gpt")
-    return entry.build(), entry.example_inputs()
+    from layerscope import zoo
+
+    entry = zoo.get("gpt")
+    return entry.build(), entry.example_inputs(2)
 
 
 def tiny() -> tuple[nn.Module, torch.Tensor]:
@@ -228,6 +230,44 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
     return result
 
 
+def run_profile_backward(name: str, rounds: int, steps: int, min_us: float) -> None:
+    """``layerscope.profile(backward=True)``: its backward module times (medians over its
+    timed passes) against the reference's backward spans for the same step (forward,
+    the sum of the output as the loss, backward)."""
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.train()
+
+    def step() -> None:
+        first_float(call(model, inputs)).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    ref_bwd: dict[str, list[float]] = {}
+    ours: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        with Reference(model, backward=True) as ref:
+            for _ in range(steps):
+                step()
+        for path, ns in ref.backward.items():
+            ref_bwd.setdefault(path, []).append(ns / steps)
+        prof = layerscope.profile(model, inputs, backward=True, warmup=1, repeat=steps, record_ops=False)
+        for node in prof.modules():
+            if node.backward is not None:
+                ours.setdefault(node.path, []).append(node.backward.cpu_time_ns)
+    rows = []
+    for path, values in ref_bwd.items():
+        ref_ns = statistics.median(values)
+        if ref_ns >= min_us * 1e3 and path in ours:
+            rows.append((statistics.median(ours[path]) / ref_ns, path, ref_ns))
+    within = sum(1 for r, _, _ in rows if abs(r - 1) <= TOLERANCE)
+    print(f"\n{name}: profile(backward=True), {rounds} rounds x {steps} passes")
+    print(f"  backward: {within}/{len(rows)} modules of >= {min_us:g} us within {TOLERANCE:.0%} of the reference")
+    for ratio, path, ref_ns in sorted(rows, key=lambda r: -abs(r[0] - 1))[:5]:
+        print(f"    {path or '(root)':45s} ref {ref_ns / 1e3:9.1f} us   layerscope x{ratio:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
@@ -245,6 +285,7 @@ def main() -> None:
         run_model(name, False, args.rounds, args.steps, args.min_us)
         if not args.no_train and name != "tiny":
             run_model(name, True, args.rounds, args.steps, args.min_us)
+            run_profile_backward(name, args.rounds, args.steps, args.min_us)
 
 
 if __name__ == "__main__":

@@ -77,9 +77,8 @@ def variants(model: nn.Module, inputs: object) -> dict[str, Callable[[], None]]:
             post.remove()
 
     def layerscope_pass() -> None:
-        with recorder.timing_pass():
+        with recorder.step_pass(detailed=False, steps=False):
             _call(model, inputs)
-        recorder.timing_passes.clear()
 
     def torch_profiler_pass() -> None:
         with _quiet_stderr(), torch.profiler.profile(activities=activities):

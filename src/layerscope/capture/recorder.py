@@ -258,8 +258,6 @@ class Recorder:
                     self._param_owner.setdefault(id(p), i)
         self._clock: Clock = clock or time.perf_counter_ns
         self._timer = CudaTimer(device) if device.type == "cuda" else None
-        self.timing_passes: list[list[Event]] = []
-        self.op_pass: list[Event] | None = None
         self.module_shapes: dict[int, tuple[Any, Any]] = {}
         self._events: list[Event] | None = None
         self._mode_depth = 0
@@ -445,26 +443,6 @@ class Recorder:
                 yield
         finally:
             self.module_shapes = shapes
-
-    @contextmanager
-    def timing_pass(self, *, steps: bool = False) -> Iterator[None]:
-        with self._pass(detailed=False, steps=steps) as events:
-            try:
-                yield
-            finally:
-                self.timing_passes.append(events)
-
-    @contextmanager
-    def detail_pass(self, *, also_timing: bool = False, steps: bool = False) -> Iterator[None]:
-        """A pass that records ops and shapes; ``also_timing`` makes it the timed pass too
-        (a ``Profiler`` block runs the user's code once, so it is both)."""
-        with self._pass(detailed=True, steps=steps) as events:
-            try:
-                yield
-            finally:
-                self.op_pass = events
-                if also_timing:
-                    self.timing_passes.append(events)
 
     @contextmanager
     def step_pass(self, *, detailed: bool, steps: bool = True) -> Iterator[list[Event]]:
