@@ -127,3 +127,25 @@ def test_no_trace_no_chrome() -> None:
         untraced.render("chrome")
     with pytest.raises(ValueError, match="not timed"):
         layerscope.count_flops(model, torch.randn(2, 8)).render("chrome")
+
+
+def test_flows_lead_from_forward_ops_to_their_backward() -> None:
+    # MLP: every Linear's addmm creates an AddmmBackward0 node (and its weight's t a
+    # TBackward0): each flow starts in a forward op of a module and ends at the first
+    # backward op run for that node, which layerscope attributes to the same module.
+    prof = _training_step("mlp")
+    doc = _chrome(prof)
+    spans = _spans(doc)
+    starts = [e for e in doc["traceEvents"] if e["ph"] == "s"]
+    finishes = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "f"}
+    assert starts and len(starts) == len(finishes) == len(prof.trace["flows"])
+    linear_paths = {node.path for node in prof.modules() if node.type == "Linear"}
+    linked = set()
+    for start in starts:
+        end = finishes[start["id"]]
+        assert end["bp"] == "e" and end["ts"] > start["ts"]
+        forward = next(e for e in spans if e["cat"] == "op,forward" and e["ts"] == start["ts"])
+        backward = next(e for e in spans if e["cat"] == "op,backward" and e["ts"] == end["ts"])
+        assert forward["args"]["module"] == backward["args"]["module"]
+        linked.add(forward["args"]["module"])
+    assert linear_paths <= linked

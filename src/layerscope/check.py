@@ -146,7 +146,8 @@ def tree_problems(profile: Profile) -> list[str]:
 
 
 def _trace_problems(profile: Profile) -> list[str]:
-    """Spans are sorted, last no negative time, and name nodes and ops that exist."""
+    """Spans are sorted, last no negative time, and name nodes and ops that exist; flows
+    lead from a forward span to a later backward span."""
     trace = profile.trace
     if trace is None:
         return []
@@ -165,6 +166,13 @@ def _trace_problems(profile: Profile) -> list[str]:
             problems.append(f"trace: span {span} names op {index} of {path!r}, which has {len(profile[path].ops)}")
         if len(problems) > 20:
             break
+    spans = trace["spans"]
+    for flow in trace.get("flows") or ():
+        forward, backward = flow
+        if not (0 <= forward < len(spans) and 0 <= backward < len(spans)):
+            problems.append(f"trace: flow {flow} names a span this trace does not have")
+        elif spans[forward][3] != "forward" or spans[backward][3] != "backward" or spans[forward][0] > spans[backward][0]:
+            problems.append(f"trace: flow {flow} does not lead from a forward op to a later backward op")
     return problems
 
 

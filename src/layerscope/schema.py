@@ -120,7 +120,10 @@ MEMORY = Obj(
     frozenset({"peak_bytes"}),
 )  # fmt: skip
 
-TRACE = Obj({"spans": ListOf(Row((INT, INT, STR, OneOf(PHASES), INT)))}, frozenset({"spans"}))
+TRACE = Obj(
+    {"spans": ListOf(Row((INT, INT, STR, OneOf(PHASES), INT))), "flows": ListOf(Row((INT, INT)))},
+    frozenset({"spans"}),
+)
 
 DOCUMENT = Obj(
     {

@@ -215,16 +215,27 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
 
 
 def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> dict[str, Any] | None:
-    """``Profile.trace``: the op pass (a ``Profiler``'s last step) as spans."""
+    """``Profile.trace``: the op pass (a ``Profiler``'s detail step) as spans, and flows:
+    ``[forward op span, backward op span]`` for each autograd node a forward op created,
+    to the first op that ran for it in backward."""
     if op_result is None or op_result.trace is None:
         return None
     base = op_result.trace_start_ns
     spans = []
-    for t0, t1, key, phase, op_key in op_result.trace:
+    created: dict[int, int] = {}
+    flows = []
+    for t0, t1, key, phase, op_key, node_seq in op_result.trace:
         path = paths[key] if isinstance(key, int) else key
         index = -1 if op_key is None else op_index.get(op_key, -1)
+        if node_seq is not None and index >= 0:
+            if phase == "backward":
+                start = created.pop(node_seq, None)
+                if start is not None:
+                    flows.append([start, len(spans)])
+            elif phase == "forward":
+                created[node_seq] = len(spans)
         spans.append([t0 - base, max(0, t1 - t0), path, phase, index])
-    return {"spans": spans}
+    return {"spans": spans, "flows": flows}
 
 
 def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> dict[str, Any] | None:

@@ -264,7 +264,7 @@ class PassWalker:
         if self.mem is not None:
             self.mem.frame_closed(frame, t, frames)
         if self.trace is not None:
-            self.trace.append((frame.t_enter_ns, t, key, phase, None))
+            self.trace.append((frame.t_enter_ns, t, key, phase, None, None))
         duration = max(0, t - frame.t_enter_ns)
         device_duration = self_device = None
         if frame.device_t_enter_ns is not None:
@@ -367,7 +367,9 @@ class PassWalker:
         name, shapes, stack, flops = event.name, event.input_shapes, event.stack, event.flops
         table_key = (key, phase, name, _shape_key(shapes), stack)
         assert self.trace is not None  # kept whenever ops are collected
-        self.trace.append((event.t0_ns, event.t1_ns, key, phase, table_key))
+        # The autograd node linking a forward op to its backward work, for flow arrows.
+        link = event.fwd_seq if event.grad is None else event.grad[0]
+        self.trace.append((event.t0_ns, event.t1_ns, key, phase, table_key, link))
         ops = self.result.ops
         op = ops.get(table_key)
         if op is None:
@@ -519,13 +521,13 @@ class PassWalker:
             return
         self.part_run = None
         if self.trace is not None:
-            self.trace.append((run.t0_ns, run.t1_ns, run.key, "forward", None))
+            self.trace.append((run.t0_ns, run.t1_ns, run.key, "forward", None, None))
         if self.mem is not None:
             self.mem.part_span(run.key, run.t0_ns, run.t1_ns)
 
     def _backward_span_closed(self, entry: Entry, t: int, still_open: list[Entry]) -> None:
         assert self.trace is not None
-        self.trace.append((entry[1], t, entry[0], "backward", None))
+        self.trace.append((entry[1], t, entry[0], "backward", None, None))
 
     # -- the end ------------------------------------------------------------------------------------
     def finish(self) -> PassResult:

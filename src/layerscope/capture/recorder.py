@@ -170,6 +170,7 @@ class _OpMode(TorchDispatchMode):
         self._param_owner = param_owner or {}
         self._tracker = tracker
         self._names: dict[Any, str] = {}
+        self._last_seq: int | None = _next_seq()
 
     def _name(self, func: Any) -> str:
         name = self._names.get(func)
@@ -210,9 +211,19 @@ class _OpMode(TorchDispatchMode):
         shapes = op_input_shapes(args) if self._record else None
         timer = self._timer
         mark0 = timer.mark() if timer is not None else None
+        # Autograd creates an op's node before the op reaches this mode: if the counter
+        # moved since the last op ended, this op's node is the last number taken (the
+        # link from the op to its backward work, for flow arrows in the trace).
+        fwd_seq = None
+        if node is None and self._record:
+            now = _next_seq()
+            if now is not None and self._last_seq is not None and now > self._last_seq:
+                fwd_seq = now - 1
         t0 = self._clock()
         out = func(*args, **kwargs)
         t1 = self._clock()
+        if self._record:
+            self._last_seq = _next_seq()
         # Until the pass ends, an op's device time is the pair of CUDA marks around it.
         device = (mark0, timer.mark()) if timer is not None else None
         if self._record:
@@ -222,7 +233,7 @@ class _OpMode(TorchDispatchMode):
             nbytes = 0
         allocs = tracker.allocated(out, args, kwargs, name in _FRESH) if tracker is not None else None
         stack = python_stack() if self._with_stack else None
-        self._append(Op(t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs, stack))  # type: ignore[arg-type]
+        self._append(Op(t0, t1, name, shapes, device, flops, macs, nbytes, grad, allocs, stack, fwd_seq))  # type: ignore[arg-type]
         if variable is not None and tracker is not None and grad is not None and grad[1] is not None:
             tracker.gradient(grad[1], variable, out)
         return out

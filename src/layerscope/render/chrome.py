@@ -4,8 +4,9 @@ Drawn from ``Profile.trace``: module, label and step-part spans on the timeline 
 their ops nested inside, forward and backward (in backward a module's span covers the
 ops traced to it and to its descendants). Every span is a complete event (``"ph": "X"``)
 with times in microseconds written to the nanosecond, so nesting survives exactly. Args
-carry the path, phase, shapes and FLOPs per call. With one step's memory, a counter track
-draws live bytes. The document is yielded event by event, so saving a big trace streams
+carry the path, phase, shapes and FLOPs per call. Flow arrows (``"ph": "s"``/``"f"``)
+lead from each forward op that created an autograd node to the first op run for that node
+in backward. With one step's memory, a counter track draws live bytes. The document is yielded event by event, so saving a big trace streams
 it to disk.
 """
 
@@ -58,6 +59,18 @@ def _span_events(profile: Profile, pid: int) -> Iterator[str]:
         yield _event(op.name, f"op,{phase}", start, duration, pid, args)
 
 
+def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
+    """A flow per autograd node: from the forward op that created it (the arrow starts
+    inside that op's span) to the first op run for it in backward (bound to its start)."""
+    assert profile.trace is not None
+    spans = profile.trace["spans"]
+    for n, (forward, backward) in enumerate(profile.trace.get("flows") or ()):
+        start, end = spans[forward][0], spans[backward][0]
+        common = f'"name":"autograd","cat":"flow","id":{n},"pid":{pid},"tid":{_TID}'
+        yield f'{{{common},"ph":"s","ts":{_us(start)}}}'
+        yield f'{{{common},"ph":"f","bp":"e","ts":{_us(end)}}}'
+
+
 def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
     # The memory timeline and the trace come from the same run only for a single step.
     memory = profile.memory
@@ -91,6 +104,8 @@ def render_chrome(profile: Profile, **_: Any) -> Iterator[str]:
     ]
     yield '{"traceEvents":[\n' + ",\n".join(head)
     for event in _span_events(profile, pid):
+        yield ",\n" + event
+    for event in _flow_events(profile, pid):
         yield ",\n" + event
     for event in _memory_events(profile, pid):
         yield ",\n" + event
