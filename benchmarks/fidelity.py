@@ -98,7 +98,9 @@ class Work:
 
     def __init__(self, model: nn.Module, inputs: Any, train: bool) -> None:
         self.model, self.inputs, self.train = model, inputs, train
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+        # lr=0: AdamW does all its work but the weights stay put, so every variant and
+        # round runs the same model (drifting weights can reach denormal values).
+        self.opt = torch.optim.AdamW(model.parameters(), lr=0.0) if train else None
 
     def __call__(self) -> None:
         if not self.train:
@@ -115,7 +117,8 @@ class Work:
 class Reference:
     """Per-module totals from two clock reads per call (and leaf backward spans)."""
 
-    def __init__(self, model: nn.Module, backward: bool) -> None:
+    def __init__(self, model: nn.Module, backward: bool, forward: bool = True) -> None:
+        self._forward = forward
         self.paths = {id(m): p for p, m in model.named_modules()}
         self.forward: dict[str, int] = {}
         self.backward: dict[str, int] = {}
@@ -140,10 +143,12 @@ class Reference:
                 path, t0 = opened.pop()
                 forward[path] = forward.get(path, 0) + clock() - t0
 
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(pre),
-            nn_module.register_module_forward_hook(post, always_call=True),
-        ]
+        self._handles = []
+        if self._forward:
+            self._handles += [
+                nn_module.register_module_forward_pre_hook(pre),
+                nn_module.register_module_forward_hook(post, always_call=True),
+            ]
         for path, module in self._leaves:
 
             def bpre(module: nn.Module, grad_output: Any, path: str = path) -> None:
@@ -186,14 +191,24 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
     ref_bwd: dict[str, list[float]] = {}
     ls_fwd: dict[str, list[float]] = {}
     ls_bwd: dict[str, list[float]] = {}
-    for _ in range(rounds):
+    def plain_variant() -> None:
         walls["plain"].append(timed_steps(work, steps))
-        with Reference(model, backward=train) as ref:
+
+    def reference_variant() -> None:
+        # Forward hooks only: the forward reference. Backward spans come from a variant
+        # of their own, since full backward hooks add autograd nodes to the forward too.
+        with Reference(model, backward=False) as ref:
             walls["reference"].append(timed_steps(work, steps))
         for path, ns in ref.forward.items():
             ref_fwd.setdefault(path, []).append(ns / steps)
+
+    def backward_reference_variant() -> None:
+        with Reference(model, backward=True, forward=False) as ref:
+            timed_steps(work, steps)
         for path, ns in ref.backward.items():
             ref_bwd.setdefault(path, []).append(ns / steps)
+
+    def layerscope_variant() -> None:
         with layerscope.Profiler(model) as prof:
             work()  # the detail step
             prof.step()
@@ -204,9 +219,18 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
             ls_fwd.setdefault(node.path, []).append(node.forward.cpu_time_ns / timed)
             if node.backward is not None:
                 ls_bwd.setdefault(node.path, []).append(node.backward.cpu_time_ns / timed)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as tprof:
+
+    def torch_variant() -> None:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True):
             walls["torch.profiler"].append(timed_steps(work, steps))
-        del tprof
+
+    variants = [plain_variant, reference_variant, layerscope_variant, torch_variant]
+    if train:
+        variants.append(backward_reference_variant)
+    for n in range(rounds):
+        # The order rotates round by round, so no variant always follows the same one.
+        for variant in variants[n % len(variants) :] + variants[: n % len(variants)]:
+            variant()
     plain = statistics.median(walls["plain"])
     print(f"\n{name} ({'training step, AdamW' if train else 'forward, no_grad'}), {rounds} rounds x {steps} steps")
     for variant, values in walls.items():
@@ -247,7 +271,7 @@ def run_profile_backward(name: str, rounds: int, steps: int, min_us: float) -> N
     ref_bwd: dict[str, list[float]] = {}
     ours: dict[str, list[float]] = {}
     for _ in range(rounds):
-        with Reference(model, backward=True) as ref:
+        with Reference(model, backward=True, forward=False) as ref:
             for _ in range(steps):
                 step()
         for path, ns in ref.backward.items():
@@ -278,6 +302,7 @@ def main() -> None:
     parser.add_argument("--no-train", action="store_true", help="forward only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
     # Full backward hooks on a model's first layer warn that its inputs need no grad.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")

@@ -144,12 +144,20 @@ def overhead(name: str, rounds: int, per_round: int) -> None:
     for _ in range(5):
         step()
     times: dict[str, list[float]] = {"plain": [], **{n: [] for n in contexts}}
-    for _ in range(rounds):
+    def plain() -> None:
         t0 = time.perf_counter()
         for _ in range(per_round):
             step()
         times["plain"].append((time.perf_counter() - t0) / per_round)
-        for variant, ctx in contexts.items():
+
+    order: list[str | None] = [None, *contexts]  # None: the plain step
+    for n in range(rounds):
+        # The order rotates round by round, so no variant always follows the same one.
+        for variant in order[n % len(order) :] + order[: n % len(order)]:
+            if variant is None:
+                plain()
+                continue
+            ctx = contexts[variant]
             with ctx(model) as mark:
                 for _ in range(2):  # the detail step, and a warm timed step
                     step()
@@ -246,6 +254,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # training drifts weights; denormals would skew rounds
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")
     for name in args.models.split(","):
         overhead(name, args.rounds, args.per_round)
