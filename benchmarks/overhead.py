@@ -18,10 +18,8 @@ Usage: python benchmarks/overhead.py [--rounds 30] [--models bert,mlp]
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -29,6 +27,7 @@ import torch
 from torch import nn
 
 import layerscope
+from layerscope.capture.kineto import quiet_fd2 as _quiet_stderr
 from layerscope.capture.modules import module_table
 from layerscope.capture.recorder import Recorder
 
@@ -103,21 +102,6 @@ def variants(model: nn.Module, inputs: object) -> dict[str, Callable[[], None]]:
         "layerscope total": layerscope_total,
         "torch.profiler total": torch_profiler_total,
     }
-
-
-class _quiet_stderr:
-    """torch's profiler backend prints USDT lines on fd 2 at start/stop: hide them."""
-
-    def __enter__(self) -> None:
-        sys.stderr.flush()
-        self._saved = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-
-    def __exit__(self, *exc: object) -> None:
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
 
 
 def measure(

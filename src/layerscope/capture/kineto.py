@@ -40,10 +40,12 @@ How the records are derived (``convert``):
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -66,6 +68,27 @@ except ImportError:  # pragma: no cover - older torch
     _Range = None  # type: ignore[assignment,misc]
 
 _graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+@contextmanager
+def quiet_fd2() -> Iterator[None]:
+    """Point file descriptor 2 at the null device for the duration (C++ writes go there
+    directly, so ``sys.stderr`` cannot catch them)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _quiet() -> AbstractContextManager[None]:
+    import layerscope.capture
+
+    return quiet_fd2() if layerscope.capture.QUIET_PROFILER else nullcontext()
 
 
 def available() -> bool:
@@ -432,11 +455,13 @@ class KinetoWindow:
         activities = self._activities()
         stack = ExitStack()
         try:
-            _prepare_profiler(config, activities)
+            with _quiet():
+                _prepare_profiler(config, activities)
             pre, post = self._hooks()
             stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
             stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
-            _enable_profiler(config, activities)
+            with _quiet():
+                _enable_profiler(config, activities)
         except BaseException:
             stack.close()
             raise
@@ -475,7 +500,8 @@ class KinetoWindow:
         try:
             stack.close()
         finally:
-            result = _disable_profiler()
+            with _quiet():
+                result = _disable_profiler()
         kernels = read_kernels(result) if self.has_device else []
         roots = [e for e in result.experimental_event_tree() if e.tag == _TORCH_OP]
         gc_was_on = gc.isenabled()
