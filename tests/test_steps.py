@@ -255,6 +255,41 @@ def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
     assert prof.profile is delivered[-1]
 
 
+def test_the_detail_step_runs_without_torchs_profiler_and_timed_steps_without_a_mode() -> None:
+    seen: list[tuple[str, bool, int]] = []
+
+    class Spy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(("", torch.autograd._profiler_enabled(), torch._C._len_torch_dispatch_stack()))
+            return x
+
+    model = nn.Sequential(nn.Linear(8, 8), Spy())
+    # Two warm-up steps: the first is timed and dropped, the second is the detail step.
+    sched = layerscope.schedule(wait=0, warmup=2, active=2, repeat=1)
+    with layerscope.Profiler(model, schedule=sched) as prof:
+        for _ in range(4):
+            model(torch.randn(2, 8)).sum().backward()
+            prof.step()
+    assert [(profiler, modes) for _, profiler, modes in seen] == [(True, 0), (False, 1), (True, 0), (True, 0)]
+    profile = check_tree(prof.profile)
+    assert profile.meta["detail_step"] == 1 and profile.meta["steps"] == 2
+    assert "detail_mismatch" not in profile.meta
+
+
+def test_inside_a_users_torch_profiler_every_step_is_a_detail_step() -> None:
+    # Only one torch profiler can run: inside the user's, layerscope records every step
+    # with its dispatch mode, and the user's profiler keeps working.
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with torch.profiler.profile() as theirs, layerscope.Profiler(model) as prof:
+        for _ in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            prof.step()
+    profile = check_tree(prof.profile)
+    assert profile.meta["steps"] == 3 and "counts_from" not in profile.meta
+    assert profile[""].calls == 3
+    assert any(e.name == "aten::addmm" for e in theirs.events())
+
+
 # -- misuse ----------------------------------------------------------------------------
 
 

@@ -423,7 +423,10 @@ class Profiler:
         action = self._action(self._step)
         if action is Action.NONE:
             return
-        backend = self._detail_backend if self._is_detail_step(action) else self._timed_backend
+        detail = self._is_detail_step(action)
+        if detail and self._window_steps and self._timed_backend is not self._detail_backend:
+            self._read_window()  # torch's profiler stops before a detail step, not under it
+        backend = self._detail_backend if detail else self._timed_backend
         assert backend is not None
         backend.begin_step()
         self._running = backend

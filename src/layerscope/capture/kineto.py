@@ -93,14 +93,12 @@ def _quiet() -> AbstractContextManager[None]:
 
 def available() -> bool:
     """Whether the Kineto capture can run here: torch has it, and no other profiler
-    (a user's ``torch.profiler``) is running, since only one can be."""
+    (a user's ``torch.profiler``, or another layerscope block's) is running, since only
+    one can."""
     if _Range is None:
         return False
-    try:
-        from torch.autograd.profiler import _is_profiler_enabled
-    except ImportError:  # pragma: no cover
-        return False
-    return not _is_profiler_enabled
+    enabled = getattr(torch.autograd, "_profiler_enabled", None)
+    return enabled is not None and not enabled()
 
 
 class KernelSpan(NamedTuple):
