@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import layerscope
+from layerscope.capture.inputs import split_inputs
 from layerscope.capture.training import first_float_tensor
 
 TOLERANCE = 0.15
@@ -77,11 +78,8 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {"bert": bert, "gpt2": 
 
 
 def call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+    args, kwargs = split_inputs(inputs)
+    return model(*args, **kwargs)
 
 
 def first_float(output: Any) -> torch.Tensor:
