@@ -104,3 +104,44 @@ def test_step_peak_agrees_with_max_memory_allocated() -> None:
     assert memory["device"]["reserved_at_peak_bytes"] >= memory["device"]["allocated_peak_bytes"]
     # ...and the logical growth above the step's start is the allocator's growth.
     assert memory["peak_bytes"] - memory["baseline_bytes"] == allocator_peak - start
+
+
+def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() -> None:
+    # Steps after the detail step are timed through torch's profiler: each module's
+    # device time is the union of its ops' kernels. The root's backward and forward
+    # kernel time must agree with the kernels torch.profiler itself records for the
+    # same steps (within 5%: both are the same kernels, measured on other runs).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)
+    ).cuda()
+    x = torch.randn(256, 512, device="cuda")
+    steps = 5
+
+    def step() -> None:
+        model(x).pow(2).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    with layerscope.Profiler(model) as prof:
+        for _ in range(steps + 1):
+            step()
+            prof.step()
+    profile = layerscope.check_tree(prof.profile)
+    assert profile.meta["steps"] == steps and profile.meta["counts_from"] == "detail step"
+    ours = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns
+    for path in ("0", "2"):
+        assert profile[path].forward.self_device_time_ns > 0
+        assert profile[path].backward.self_device_time_ns > 0
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as theirs:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    cpu = torch._C._autograd.DeviceType.CPU
+    kernels = sum(
+        e.end_ns() - e.start_ns() for e in theirs.profiler.kineto_results.events() if e.device_type() != cpu
+    )
+    assert kernels > 0
+    assert abs(ours - kernels) / kernels < 0.05, (ours, kernels)
