@@ -556,3 +556,17 @@ def test_a_step_part_has_one_spelling_everywhere() -> None:
     assert "+ <optimizer:AdamW> " in step_line and "+ <loss> " in step_line
     bare = [line for line in text.splitlines() if "optimizer:AdamW" in line.replace("<optimizer:AdamW>", "")]
     assert bare == []
+
+
+def test_warmup_steps_are_dropped_when_every_step_is_detailed(fake_clock: Any) -> None:
+    # With a fake clock (as inside a user's torch.profiler) every step is a detail step:
+    # warm-up steps are still not the cycle's.
+    model = nn.Sequential(nn.Linear(4, 4))
+    sched = layerscope.schedule(wait=1, warmup=1, active=2, repeat=1)
+    with layerscope.Profiler(model, schedule=sched, clock=fake_clock) as prof:
+        for _ in range(4):
+            model(torch.randn(2, 4))
+            prof.step()
+    profile = check_tree(prof.profile)
+    assert profile.meta["steps"] == 2
+    assert profile[""].calls == 2

@@ -474,7 +474,10 @@ class Profiler:
         # The step left open after the last step() call usually ran nothing: drop it
         # (but keep a lone step, so a block where nothing ran still has a profile).
         keep = _has_work(events) or (number == 0 and self._schedule is None)
-        if (action is Action.WARMUP and not detail) or not keep:
+        # A warm-up step counts only as a cycle's detail step beside timed steps; when
+        # every step is detailed (no torch profiler), warm-up steps are dropped as such.
+        cycle_detail = detail and self._timed_backend is not None
+        if (action is Action.WARMUP and not cycle_detail) or not keep:
             return
         assert self._recorder is not None
         paths = [info.path for info in self._infos]
@@ -485,7 +488,7 @@ class Profiler:
             collect_ops=detail,
             parents=self._parents,
         )
-        if detail and self._timed_backend is not None:
+        if cycle_detail:
             self._detail = result  # the cycle's one detail step
             self._detail_step = number
             if action is Action.WARMUP:
