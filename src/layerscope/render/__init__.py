@@ -103,4 +103,5 @@ from layerscope.render import (  # noqa: E402,F401
     ops_table,
     speedscope,
     text,
+    torchprof,
 )
