@@ -155,14 +155,9 @@ class EventList(list[OpEvent]):
         """The events in torch's table layout, sorted by the attribute ``sort_by``
         names (descending), the first ``row_limit`` of them. ``top_level_events_only``
         changes nothing: ops here never nest."""
-        events: list[OpEvent] = list(self)
-        if sort_by is not None:
-            attribute = sort_attribute(sort_by)
-            if events and not hasattr(events[0], attribute):
-                raise AttributeError(f"cannot sort events by {sort_by!r}: an event has no {attribute!r}")
-            events.sort(key=lambda event: getattr(event, attribute) or 0, reverse=True)
         from layerscope.render.torch_table import format_events
 
+        events, notes = self._ordered(sort_by)
         return format_events(
             events,
             row_limit=row_limit,
@@ -170,7 +165,18 @@ class EventList(list[OpEvent]):
             max_name_column_width=max_name_column_width,
             max_shapes_column_width=max_shapes_column_width,
             header=header,
+            notes=notes,
         )
+
+    def _ordered(self, sort_by: str | None) -> tuple[list[OpEvent], list[str]]:
+        """The events in the order ``sort_by`` asks for, and notes for the table."""
+        events: list[OpEvent] = list(self)
+        if sort_by is not None:
+            attribute = sort_attribute(sort_by)
+            if events and not hasattr(events[0], attribute):
+                raise AttributeError(f"cannot sort events by {sort_by!r}: an event has no {attribute!r}")
+            events.sort(key=lambda event: getattr(event, attribute) or 0, reverse=True)
+        return events, []
 
     def __str__(self) -> str:
         return self.table()

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.compat.events import EventList, OpEvent
 from layerscope.ops import TORCH_SORT_KEYS, OpTableError
-from layerscope.render.torch_table import format_events
 from layerscope.schedule import Schedule, schedule
 from layerscope.tree import Profile
 
@@ -127,8 +126,8 @@ def _on_device(profile: Profile) -> bool:
 
 class KeyAverages(EventList):
     """``key_averages()``: one :class:`~layerscope.compat.events.OpEvent` per op name
-    (and input shapes, and stack), from ``Profile.ops()``; ``table(sort_by=...)`` takes
-    torch's sort keys and sorts through ``Profile.ops()`` too."""
+    (and input shapes, and stack), from ``Profile.ops()``; ``table(sort_by=...,
+    row_limit=...)`` takes torch's sort keys and sorts through ``Profile.ops()`` too."""
 
     def __init__(self, profile: Profile, group_by: tuple[str, ...]) -> None:
         self.profile = profile
@@ -140,38 +139,18 @@ class KeyAverages(EventList):
         rows = self.profile.ops(sort_by=sort_by, group_by=self.group_by).rows
         return [OpEvent.from_row(row, on_device=on_device) for row in rows]
 
-    def table(
-        self,
-        sort_by: str | None = None,
-        row_limit: int = 100,
-        max_src_column_width: int = 75,
-        max_name_column_width: int = 55,
-        max_shapes_column_width: int = 80,
-        header: str | None = None,
-        top_level_events_only: bool = False,
-    ) -> str:
-        """torch's table of these ops, sorted by ``sort_by`` (torch's keys:
-        ``cpu_time_total``, ``self_cpu_time_total``, ``cuda_time_total``,
-        ``self_cuda_time_total``, ``cpu_memory_usage``, ``self_cpu_memory_usage``,
-        ``count``, ...), descending, the first ``row_limit`` rows. A key this profile has
-        no figures for (CUDA time on the CPU) keeps the default order and says so."""
-        layout = {
-            "row_limit": row_limit,
-            "max_src_column_width": max_src_column_width,
-            "max_name_column_width": max_name_column_width,
-            "max_shapes_column_width": max_shapes_column_width,
-            "header": header,
-        }
+    def _ordered(self, sort_by: str | None) -> tuple[list[OpEvent], list[str]]:
+        """Sorted by ``Profile.ops()`` for torch's sort keys (``cpu_time_total``,
+        ``self_cpu_time_total``, ``cuda_time_total``, ``self_cuda_time_total``,
+        ``cpu_memory_usage``, ``self_cpu_memory_usage``, ``count``, ...); any other
+        attribute (an average) on the events themselves. A key this profile has no
+        figures for (CUDA time on the CPU) keeps the default order and says so."""
         if sort_by is not None and sort_by not in TORCH_SORT_KEYS:
-            # An average or another attribute: sorted on the events themselves.
-            return EventList(self).table(sort_by=sort_by, **layout)
-        notes = []
+            return super()._ordered(sort_by)
         try:
-            events = self._events(sort_by)
+            return self._events(sort_by), []
         except OpTableError as exc:
-            events = list(self)
-            notes.append(f"({str(exc).split(';')[0]}; rows in the default order, by self CPU time)")
-        return format_events(events, notes=notes, **layout)
+            return list(self), [f"({str(exc).split(';')[0]}; rows in the default order, by self CPU time)"]
 
 
 def key_averages(profile: Profile, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> KeyAverages:
