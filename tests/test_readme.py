@@ -29,7 +29,7 @@ def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    for doc in ("memory.md", "flops.md"):
+    for doc in ("memory.md", "flops.md", "migrating.md"):
         path = README.parent / "docs" / doc
         blocks = re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
         assert blocks, f"docs/{doc} has no Python example"

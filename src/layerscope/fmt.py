@@ -102,3 +102,74 @@ def intensity(flops: int | None, nbytes: int | None) -> str:
     if flops is None or not nbytes:
         return ""
     return f"{flops / nbytes:.2f} FLOP/B"
+
+
+# -- other tools' layouts (layerscope.compat): their units, so habits and greps carry over --
+
+
+def si_number(value: float, units: str | None = None, precision: int = 2) -> str:
+    """A number in the DeepSpeed flops profiler's style, the unit's prefix after a space:
+    ``714188480`` -> ``714.19 M``, ``0.0123`` -> ``12.3 m``, ``0`` -> ``0 ``. ``units``
+    forces a prefix (``"G"``); values are rounded to ``precision`` decimals, then printed
+    with ``:g`` (no trailing zeros)."""
+    scales = {"T": 1e12, "G": 1e9, "M": 1e6, "K": 1e3, "": 1.0, "m": 1e-3, "u": 1e-6}
+    if units is None:
+        units = next((prefix for prefix, scale in scales.items() if value >= scale), "u")
+        if value == 0:
+            units = ""
+    return f"{round(value / scales.get(units, 1.0), precision):g} {units}"
+
+
+def ds_macs(macs: float) -> str:
+    """``714.19 MMACs``."""
+    return si_number(macs) + "MACs"
+
+
+def ds_params(params: float) -> str:
+    """``61.1 M``; billions read ``B``, as DeepSpeed prints them."""
+    return si_number(params).replace("G", "B").strip()
+
+
+def ds_seconds(seconds: float) -> str:
+    """``12.3 ms``."""
+    return si_number(seconds) + "s"
+
+
+def ds_rate(flops_per_second: float) -> str:
+    """``116.2 GFLOPS`` (DeepSpeed's spelling of FLOP/s)."""
+    return si_number(flops_per_second) + "FLOPS"
+
+
+def ds_share(part: float | None, whole: float | None) -> str:
+    """``9.84%``: rounded to two decimals, no trailing zeros; ``0%`` of nothing."""
+    if not part or not whole:
+        return "0%"
+    return f"{round(100 * part / whole, 2):g}%"
+
+
+def profiler_time(time_us: float) -> str:
+    """A time in microseconds as torch.profiler's tables print it: ``1.808ms``, ``16.481us``."""
+    if time_us >= 1e6:
+        return f"{time_us / 1e6:.3f}s"
+    if time_us >= 1e3:
+        return f"{time_us / 1e3:.3f}ms"
+    return f"{time_us:.3f}us"
+
+
+def profiler_share(time_us: float, total_us: float) -> str:
+    """``12.34%`` of ``total_us``, as torch.profiler's tables print shares (``NaN`` of 0)."""
+    if not total_us:
+        return "NaN"
+    return f"{time_us * 100.0 / total_us:.2f}%"
+
+
+def profiler_memory(nbytes: int | None, *, legacy: bool = False) -> str:
+    """Bytes as torch.profiler's tables print them (``756.50 KB``); ``legacy`` gives the
+    spelling of torch 1.x that torchprof printed (``756.50 Kb``, ``0 b``); None is blank."""
+    if nbytes is None:
+        return ""
+    units = ("b", "Kb", "Mb", "Gb") if legacy else ("B", "KB", "MB", "GB")
+    for power in (3, 2, 1):
+        if abs(nbytes) >= 1024**power:
+            return f"{nbytes / 1024**power:.2f} {units[power]}"
+    return f"{nbytes} {units[0]}"

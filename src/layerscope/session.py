@@ -329,6 +329,11 @@ class Profiler:
     are those of the cycle's step with the highest peak; allocated and freed bytes are
     summed over its steps like time and FLOPs. If the block raises,
     what was captured up to then is kept, marked ``meta["complete"] = False``.
+
+    torch.profiler's arguments (``activities``, ``record_shapes``, ``profile_memory``,
+    ``on_trace_ready``, ``schedule=torch.profiler.schedule(...)``) and reading calls
+    (``key_averages``, ``export_chrome_trace``, ``export_stacks``, ``step_num``) work
+    too, with their meanings: see ``layerscope.compat.torch_profiler``.
     """
 
     def __init__(
@@ -342,8 +347,19 @@ class Profiler:
         clock: Clock | None = None,
         schedule: Callable[[int], Any] | None = None,
         on_ready: Callable[[Profile], Any] | None = None,
+        activities: Sequence[Any] | None = None,
+        record_shapes: bool | None = None,
+        profile_memory: bool | None = None,
+        on_trace_ready: Callable[[Profiler], Any] | None = None,
     ) -> None:
         self.model = require_module(model)
+        # torch.profiler's arguments, with their meanings: see layerscope.compat.torch_profiler.
+        from layerscope.compat import torch_profiler
+
+        memory, schedule, on_ready = torch_profiler.options(
+            self, memory=memory, schedule=schedule, on_ready=on_ready, activities=activities,
+            record_shapes=record_shapes, profile_memory=profile_memory, on_trace_ready=on_trace_ready,
+        )
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):
@@ -508,12 +524,15 @@ class Profiler:
             )
         action = self._step_action if self._running is not None else Action.NONE
         try:
-            self._end_step()
+            try:
+                self._end_step()
+            finally:
+                # Even if on_ready raises (and the loop goes on), the next step is the next;
+                # on_ready sees it already, as torch's on_trace_ready sees step_num.
+                self._step += 1
             if action is Action.RECORD_AND_SAVE:
                 self._deliver(complete=True)
         finally:
-            # Even if on_ready raised (and the loop goes on), the next step is the next.
-            self._step += 1
             self._begin_step()
 
     def _deliver(self, *, complete: bool) -> Profile | None:
@@ -598,3 +617,27 @@ class Profiler:
 
     def __str__(self) -> str:
         return str(self.profile)
+
+    # -- torch.profiler's names (layerscope.compat.torch_profiler) ----------------------
+    @property
+    def step_num(self) -> int:
+        """How many steps ``step()`` has ended (torch.profiler's name)."""
+        return self._step
+
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
+        """The ops averaged by name (and shapes, and stack), printed by ``.table(sort_by=...)``."""
+        from layerscope.compat import torch_profiler
+
+        return torch_profiler.key_averages(self.profile, group_by_input_shape, group_by_stack_n)
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
+        """The Chrome trace of the profile (its detail step)."""
+        from layerscope.compat import torch_profiler
+
+        torch_profiler.export_chrome_trace(self.profile, path)
+
+    def export_stacks(self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total") -> None:
+        """Folded stacks for flamegraph.pl, in whole microseconds of ``metric``."""
+        from layerscope.compat import torch_profiler
+
+        torch_profiler.export_stacks(self.profile, path, metric)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from layerscope.tree import ModuleNode, Profile
 
@@ -16,16 +16,19 @@ METRICS: dict[str, Callable[[ModuleNode], int | None]] = {
 }
 
 
-def top_by_depth(profile: Profile, metric: str, depth: int, k: int = 3) -> list[tuple[str, int]]:
+def top_by_depth(
+    profile: Profile, metric: str, depth: int, k: int = 3, *, skip_types: Collection[str] = ()
+) -> list[tuple[str, int]]:
     """The ``k`` module types with the largest summed ``metric`` among modules at
-    ``depth``, largest first (ties by type name): ``[("Conv2d", 1234), ...]``."""
+    ``depth``, largest first (ties by type name): ``[("Conv2d", 1234), ...]``. Only the
+    model's modules count (not labels or step parts), minus those of ``skip_types``."""
     try:
         value_of = METRICS[metric]
     except KeyError:
         raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}") from None
     sums: dict[str, int] = {}
-    for node in profile.nodes():
-        if node.depth != depth:
+    for node in profile.modules():
+        if node.depth != depth or node.kind != "module" or node.type in skip_types:
             continue
         value = value_of(node)
         if value is None:

@@ -15,7 +15,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from layerscope.bench.result import BatchResult, BenchResult
 from layerscope.capture.memory import model_memory
-from layerscope.capture.modules import model_device, model_dtype, require_module
+from layerscope.capture.modules import model_device, model_dtype, modes_restored, require_module
 from layerscope.capture.training import loss_of
 from layerscope.errors import InputsError
 
@@ -124,17 +124,6 @@ def machine_info(device: torch.device) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, gpu_memory_bytes=int(props.total_memory), cuda_version=torch.version.cuda)
     return info
-
-
-@contextlib.contextmanager
-def _modes_restored(model: nn.Module) -> Iterator[None]:
-    """Put every submodule's train/eval flag back as it was, even if the run raises."""
-    modes = [(module, module.training) for module in model.modules()]
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 def _at_batch(exc: BaseException, batch_size: int) -> BaseException:
@@ -336,7 +325,7 @@ def benchmark(
     report = progress or (lambda stage, done, total: None)
 
     needs_copy = mode == "train" or cast is not None or compile or run_device != user_device
-    with _modes_restored(model):
+    with modes_restored(model):
         working = copy.deepcopy(model) if needs_copy else model
         if needs_copy:
             working.to(device=run_device, dtype=cast)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +23,17 @@ def require_module(model: object) -> nn.Module:
             "class or its output"
         )
     return model
+
+
+@contextlib.contextmanager
+def modes_restored(model: nn.Module) -> Iterator[None]:
+    """Put every submodule's train/eval flag back as it was, even if the run raises."""
+    modes = [(module, module.training) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def refuse_meta_timing(model: nn.Module, inputs: Any = None) -> None:

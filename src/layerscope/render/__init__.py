@@ -93,4 +93,15 @@ def render_chunks(profile: Profile, fmt: str = "text", **options: Any) -> Iterat
 
 
 # Filling the registry: each module registers itself on import.
-from layerscope.render import chrome, csv_table, folded, json_doc, model, ops_table, speedscope, text  # noqa: E402,F401
+from layerscope.render import (  # noqa: E402,F401
+    chrome,
+    csv_table,
+    deepspeed,
+    folded,
+    json_doc,
+    model,
+    ops_table,
+    speedscope,
+    text,
+    torchprof,
+)

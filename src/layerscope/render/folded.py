@@ -7,7 +7,8 @@ its parent's, ops as leaves, a phase frame first when the model has more than it
 forward phase, step parts (``<optimizer:Adam>``) as roots of their own.
 
 VALUE is a whole number: microseconds of self time (``metric="time"``, the default for a
-timed profile) or FLOPs (``metric="flops"``). Times are rounded cumulatively, in line
+timed profile), of device time (``metric="device_time"``, on a GPU) or FLOPs
+(``metric="flops"``). Times are rounded cumulatively, in line
 order (each value is the difference of consecutive rounded running sums), so the values
 add up exactly to the profile's total rounded to a microsecond: ``step_time_ns`` for a
 step, the root's forward time otherwise. Where a module's ops took longer in the op pass
@@ -27,7 +28,7 @@ from layerscope.render.stacks import build_stacks, metric_for, rescale
 from layerscope.tree import Profile
 
 #: Folded time values are whole microseconds: flame graph tools read integer counts.
-NS_PER_VALUE = {"time": 1000, "flops": 1}
+NS_PER_VALUE = {"time": 1000, "device_time": 1000, "flops": 1}
 
 
 @register_renderer(
@@ -35,7 +36,7 @@ NS_PER_VALUE = {"time": 1000, "flops": 1}
     description="folded stacks for flamegraph.pl, inferno and speedscope (µs or FLOPs)",
 )
 def render_folded(profile: Profile, *, metric: str | None = None, **_: Any) -> str:
-    """Folded stacks; ``metric`` is ``"time"`` (µs, default) or ``"flops"``."""
+    """Folded stacks; ``metric`` is ``"time"`` (µs, default), ``"device_time"`` or ``"flops"``."""
     chosen = metric_for(profile, metric)
     stacks = build_stacks(profile, chosen)
     values = rescale([weight for _, weight in stacks], 1, NS_PER_VALUE[chosen.name])

@@ -5,6 +5,7 @@ here are typed: https://www.speedscope.app/file-format-schema.json (source:
 https://github.com/jlfwong/speedscope/blob/main/src/lib/file-format-spec.ts).
 
 There is one ``sampled`` profile per metric the profile has (CPU time in nanoseconds,
+device time on a GPU,
 then FLOPs), or only the one asked for with ``metric``. Its samples are the stacks of
 ``render/stacks.py`` (the same as the folded format's), weighted exactly: time in whole
 nanoseconds, so ``endValue - startValue == sum(weights)`` is the profile's total.
@@ -71,7 +72,7 @@ class SpeedscopeFile:
         return document
 
 
-_PROFILE_NAMES = {"time": "CPU time", "flops": "FLOPs"}
+_PROFILE_NAMES = {"time": "CPU time", "device_time": "device time", "flops": "FLOPs"}
 
 
 def speedscope_file(profile: Profile, metrics: list[Metric]) -> SpeedscopeFile:

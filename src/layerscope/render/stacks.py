@@ -61,6 +61,12 @@ METRICS: dict[str, Metric] = {
             lambda profile: profile.timed,
         ),
         Metric(
+            "device_time", "nanoseconds",
+            lambda stats: stats.self_device_time_ns,
+            lambda op: op.self_device_time_ns,
+            lambda profile: profile.timed and profile.root.forward.device_time_ns is not None,
+        ),
+        Metric(
             "flops", "none",
             lambda stats: stats.self_flops,
             # An op with no FLOP formula (flops None) adds nothing; it is counted as
@@ -81,7 +87,10 @@ def metric_for(profile: Profile, metric: str | None) -> Metric:
     except KeyError:
         raise MetricError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}") from None
     if not chosen.available(profile):
-        why = "it was counted without timing" if metric == "time" else "no ops were recorded"
+        why = {
+            "time": "it was counted without timing",
+            "device_time": "it has no device time (it did not run on a GPU)",
+        }.get(metric, "no ops were recorded")
         raise MetricError(f"this profile has no {metric} to export: {why}")
     return chosen
 

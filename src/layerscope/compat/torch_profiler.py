@@ -1,0 +1,182 @@
+"""The torch.profiler recipe's calls, on ``layerscope.Profiler``.
+
+Change the import, keep the code::
+
+    # from torch.profiler import profile
+    from layerscope import Profiler as profile
+
+    with profile(model, activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        model(inputs)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=10))
+    prof.export_chrome_trace("trace.json")
+    prof.export_stacks("stacks.txt", "self_cpu_time_total")   # flamegraph.pl input
+
+The only other change: the model is the Profiler's first argument (it profiles a model,
+module by module). ``schedule=torch.profiler.schedule(...)``, ``on_trace_ready``,
+``step()`` and ``step_num`` work as in torch; ``activities``, ``record_shapes``,
+``profile_memory`` and ``with_stack`` are accepted with their meanings (see
+:func:`options`). The Profiler's methods delegate here; everything reads the one
+profile the block built.
+
+Differences (docs/migrating.md): ops are the aten ops seen below autograd (no nesting,
+so an op's total equals its self time), ``record_function`` ranges are nodes of the tree
+rather than rows of the table, ``group_by_stack_n`` is not capped at 5, and
+``export_stacks`` writes the module tree's stacks, which work (torch's own come out
+empty or malformed: pytorch#100253, #73556).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from layerscope.compat.events import EventList, OpEvent
+from layerscope.ops import TORCH_SORT_KEYS, OpTableError
+from layerscope.schedule import Schedule, schedule
+from layerscope.tree import Profile
+
+if TYPE_CHECKING:
+    from layerscope.session import Profiler
+
+#: ``ProfilerActivity`` names layerscope knows. CPU time is always measured; device time
+#: whenever the model runs on a GPU.
+ACTIVITIES = frozenset({"CPU", "CUDA", "XPU", "MTIA", "HPU", "PrivateUse1"})
+
+#: ``export_stacks`` metrics and the folded renderer's metric each one is.
+STACK_METRICS = {
+    "self_cpu_time_total": "time",
+    "self_cuda_time_total": "device_time",
+    "self_device_time_total": "device_time",
+}
+
+
+def as_schedule(value: Callable[[int], Any] | None) -> Callable[[int], Any] | None:
+    """A ``torch.profiler.schedule(...)`` as the same :class:`~layerscope.schedule.Schedule`
+    (same steps, and a readable ``meta["schedule"]``); any other callable as it is (its
+    actions are read by name)."""
+    if value is None or isinstance(value, Schedule) or not str(getattr(value, "__module__", "")).startswith("torch."):
+        return value
+    try:
+        settings = inspect.getclosurevars(value).nonlocals
+    except (TypeError, ValueError):
+        return value
+    names = ("wait", "warmup", "active", "repeat", "skip_first")
+    if settings.get("skip_first_wait", 0) or not all(name in settings for name in names):
+        return value  # a variant layerscope's schedule cannot express: ask it step by step
+    return schedule(**{name: settings[name] for name in names})
+
+
+def _activity_names(activities: Iterable[Any]) -> list[str]:
+    names = []
+    for activity in activities:
+        name = getattr(activity, "name", activity)
+        if not isinstance(name, str) or name not in ACTIVITIES:
+            raise ValueError(f"unknown profiler activity {activity!r}; expected torch.profiler.ProfilerActivity members")
+        names.append(name)
+    return names
+
+
+def options(
+    profiler: Profiler,
+    *,
+    memory: bool,
+    schedule: Callable[[int], Any] | None,
+    on_ready: Callable[[Profile], Any] | None,
+    activities: Iterable[Any] | None,
+    record_shapes: bool | None,
+    profile_memory: bool | None,
+    on_trace_ready: Callable[[Any], Any] | None,
+) -> tuple[bool, Callable[[int], Any] | None, Callable[[Profile], Any] | None]:
+    """``(memory, schedule, on_ready)`` for a Profiler given torch.profiler's arguments.
+
+    - ``profile_memory`` sets ``memory`` when given (torch's default leaves it off; here
+      memory is tracked unless asked not to).
+    - ``schedule`` may be ``torch.profiler.schedule(...)``.
+    - ``on_trace_ready(profiler)`` is called where ``on_ready(profile)`` would be, with the
+      Profiler itself, as torch calls it: ``p.key_averages()``, ``p.step_num`` and
+      ``p.export_chrome_trace(...)`` read the cycle just delivered.
+    - ``activities`` are checked: CPU time is always measured, device time whenever the
+      model runs on a GPU.
+    - ``record_shapes`` changes nothing: the detail step always keeps input shapes (as
+      plain lists, never the tensors).
+    """
+    del record_shapes  # shapes are always recorded, at no cost to the timed steps
+    if activities is not None:
+        _activity_names(activities)
+    if profile_memory is not None:
+        memory = bool(profile_memory)
+    if on_trace_ready is not None:
+        if on_ready is not None:
+            raise TypeError("give on_ready or on_trace_ready (torch.profiler's name), not both")
+        if not callable(on_trace_ready):
+            raise TypeError(f"on_trace_ready must be a callable taking the profiler, got {on_trace_ready!r}")
+        handler = on_trace_ready
+
+        def on_ready(profile: Profile) -> Any:
+            return handler(profiler)
+
+    return memory, as_schedule(schedule), on_ready
+
+
+def _on_device(profile: Profile) -> bool:
+    return str(profile.meta.get("device", "cpu")).startswith("cuda")
+
+
+class KeyAverages(EventList):
+    """``key_averages()``: one :class:`~layerscope.compat.events.OpEvent` per op name
+    (and input shapes, and stack), from ``Profile.ops()``; ``table(sort_by=...,
+    row_limit=...)`` takes torch's sort keys and sorts through ``Profile.ops()`` too."""
+
+    def __init__(self, profile: Profile, group_by: tuple[str, ...]) -> None:
+        self.profile = profile
+        self.group_by = group_by
+        super().__init__(self._events(None))
+
+    def _events(self, sort_by: str | None) -> list[OpEvent]:
+        on_device = _on_device(self.profile)
+        rows = self.profile.ops(sort_by=sort_by, group_by=self.group_by).rows
+        return [OpEvent.from_row(row, on_device=on_device) for row in rows]
+
+    def _ordered(self, sort_by: str | None) -> tuple[list[OpEvent], list[str]]:
+        """Sorted by ``Profile.ops()`` for torch's sort keys (``cpu_time_total``,
+        ``self_cpu_time_total``, ``cuda_time_total``, ``self_cuda_time_total``,
+        ``cpu_memory_usage``, ``self_cpu_memory_usage``, ``count``, ...); any other
+        attribute (an average) on the events themselves. A key this profile has no
+        figures for (CUDA time on the CPU) keeps the default order and says so."""
+        if sort_by is not None and sort_by not in TORCH_SORT_KEYS:
+            return super()._ordered(sort_by)
+        try:
+            return self._events(sort_by), []
+        except OpTableError as exc:
+            return list(self), [f"({str(exc).split(';')[0]}; rows in the default order, by self CPU time)"]
+
+
+def key_averages(profile: Profile, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> KeyAverages:
+    """The profile's ops averaged by name, like ``torch.profiler``'s ``key_averages``:
+    also by input shapes with ``group_by_input_shape``, and by the innermost
+    ``group_by_stack_n`` frames of their Python stack (any number; needs
+    ``with_stack=True``)."""
+    group_by: tuple[str, ...] = ("name",)
+    if group_by_input_shape:
+        group_by += ("shape",)
+    if group_by_stack_n:
+        group_by += (f"stack:{group_by_stack_n}",)
+    return KeyAverages(profile, group_by)
+
+
+def export_chrome_trace(profile: Profile, path: str | os.PathLike[str]) -> None:
+    """The profile's trace (its detail step) as a Chrome trace, for Perfetto or
+    ``chrome://tracing``."""
+    profile.save(os.fspath(path), fmt="chrome")
+
+
+def export_stacks(profile: Profile, path: str | os.PathLike[str], metric: str = "self_cpu_time_total") -> None:
+    """Folded stacks for ``flamegraph.pl`` (``frame;frame;leaf VALUE`` lines, whole
+    microseconds of ``metric``): the module tree down to each aten op."""
+    try:
+        chosen = STACK_METRICS[metric]
+    except KeyError:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(STACK_METRICS)}") from None
+    profile.save(os.fspath(path), fmt="folded", metric=chosen)
