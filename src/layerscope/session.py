@@ -315,20 +315,27 @@ class Profiler:
     ``step``, ``zero_grad``, user labels and everything else (``<other>``) become the
     step's top-level parts, which add up to the step's wall time.
 
-    In a training loop, call ``prof.step()`` after each step. Steps are summed; the
-    profile keeps each step's wall time (``meta["step_times_ns"]``). With
-    ``schedule=layerscope.schedule(...)`` only the active steps of each cycle are
-    recorded and ``on_ready(profile)`` receives each cycle's profile; idle steps install
-    nothing. Raw events are folded into running totals at every step, so memory stays
-    flat on long runs.
+    In a training loop, call ``prof.step()`` after each step. The first step of a block
+    (with a schedule: each cycle's last warm-up step, else its first recorded step) is
+    its *detail step*: ops, shapes, FLOPs, memory and activations are recorded under a
+    dispatch mode, and its times are not used. The steps after it are timed through
+    torch's own profiler, with one range per module call and nothing Python per op, so
+    module times are not inflated by the measuring. Times and calls are the timed
+    steps' sums, the detail step's counts stand for each of them (``meta["steps"]``,
+    ``meta["detail_step"]``), and the profile keeps each step's wall time
+    (``meta["step_times_ns"]``). A block of one step takes its times from its detail
+    step (``meta["times_from"]``). With ``schedule=layerscope.schedule(...)`` only the
+    active steps of each cycle are recorded and ``on_ready(profile)`` receives each
+    cycle's profile; idle steps install nothing. Events are folded into running totals
+    as they are read (torch's profiler at most every ``WINDOW_STEPS`` steps), so memory
+    stays flat on long runs. Only the thread that opened the block is recorded (and
+    autograd's, for its backward).
 
-    ``record_ops=False`` records module forward times only (no dispatch mode: no ops,
-    FLOPs, memory, labels or backward attribution), the leanest timing; ``memory=False``
-    keeps ops but not memory; ``with_stack=True`` keeps each op's Python call site
-    (``OpStats.stack``). Memory sizes (peaks, activations, gradients, the timeline)
-    are those of the cycle's step with the highest peak; allocated and freed bytes are
-    summed over its steps like time and FLOPs. If the block raises,
-    what was captured up to then is kept, marked ``meta["complete"] = False``.
+    ``record_ops=False`` records module times only (no detail step: no ops, FLOPs or
+    memory), the leanest timing; ``memory=False`` keeps ops but not memory;
+    ``with_stack=True`` keeps each op's Python call site (``OpStats.stack``). If the
+    block raises, what was captured up to then is kept, marked
+    ``meta["complete"] = False``.
 
     torch.profiler's arguments (``activities``, ``record_shapes``, ``profile_memory``,
     ``on_trace_ready``, ``schedule=torch.profiler.schedule(...)``) and reading calls
