@@ -35,7 +35,7 @@ from layerscope.capture.modules import (
     require_module,
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
-from layerscope.capture.training import grads_restored, loss_of
+from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.errors import ProfilerStateError
 from layerscope.raw import Enter, Event, Op, RawCapture
 from layerscope.schedule import Action
@@ -103,7 +103,8 @@ def profile(
     is the hardware's peak for MFU (% of peak per module); on common GPUs it is known.
 
     The model is left as it was: hooks are removed and modes exited even if it raises,
-    and its exception reaches the caller unchanged.
+    parameter and buffer values (a train-mode BatchNorm's statistics) and torch's random
+    state are put back, and its exception reaches the caller unchanged.
     """
     require_module(model)
     refuse_compiled(model)
@@ -135,7 +136,7 @@ def profile(
     def step(on: Backend) -> None:
         _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
 
-    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
+    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         for n in range(warmup):
             clear_grads()
             if record_ops and n == warmup - 1:
@@ -268,6 +269,7 @@ def count_flops(
 
     Works on the meta device: build the model under ``with torch.device("meta"):`` and
     pass meta inputs to count a model too large to run (nothing is allocated).
+    Parameter and buffer values and torch's random state are left as they were.
     """
     require_module(model)
     refuse_compiled(model)
@@ -279,7 +281,7 @@ def count_flops(
     recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory)
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
     detail = RecorderSteps(recorder, detailed=True, steps=backward)
-    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
+    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         clear_grads()
         detail.begin_step()
         try:
