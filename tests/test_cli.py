@@ -337,6 +337,36 @@ def test_transformers_model_from_default_config(workdir: Path) -> None:
     assert "Params: 124.44M" in run.stdout
 
 
+# -- the header: inputs and autocast ---------------------------------------------------
+
+
+def run_main(*args: str, capsys: pytest.CaptureFixture[str]) -> Run:
+    """The CLI in this process (no torch import per run): exit status, stdout, stderr."""
+    from layerscope.cli import main
+
+    status = main(list(args))
+    captured = capsys.readouterr()
+    return Run(status, captured.out, captured.err)
+
+
+def header(text: str) -> str:
+    return text.splitlines()[0]
+
+
+def test_header_says_autocast_and_its_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = run_main("profile", "zoo:mlp", *FAST, "--depth", "0", capsys=capsys)
+    assert header(plain.stdout) == "MLP  ·  cpu  ·  float32  ·  input [1, 64] float32  ·  1 measured pass after 0 warm-up"
+    amp = run_main("profile", "zoo:mlp", "--autocast", "bfloat16", *FAST, "--depth", "0", capsys=capsys)
+    assert amp.returncode == 0, amp.stderr
+    assert header(amp.stdout) == (
+        "MLP  ·  cpu  ·  float32  ·  autocast bfloat16  ·  input [1, 64] float32  ·  1 measured pass after 0 warm-up"
+    )
+    counted = run_main("flops", "zoo:mlp", "--autocast", "bf16", "--format", "json", capsys=capsys)
+    assert json.loads(counted.stdout)["meta"]["autocast"] == "bfloat16"
+    line = assert_usage_error(run_main("flops", "zoo:mlp", "--device", "meta", "--autocast", "bfloat16", capsys=capsys))
+    assert "--autocast on meta" in line
+
+
 # -- usage errors ---------------------------------------------------------------------
 
 

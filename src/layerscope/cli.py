@@ -176,6 +176,10 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
     parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
+    parser.add_argument(
+        "--autocast", metavar="DTYPE",
+        help="run the passes under torch.autocast with this dtype (bfloat16, float16); the header says so",
+    )  # fmt: skip
     if timed:
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
@@ -522,7 +526,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
     device = _device(args.device)
-    dtype = parse_dtype(args.dtype) if args.dtype else None
+    dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
     peak = getattr(args, "peak_tflops", None)
     if peak is not None and not peak > 0:
         raise UsageError(f"--peak-tflops must be a positive number of TFLOP/s, got {peak}")
@@ -532,6 +536,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
     if not count_only and device.type == "meta":
         raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
+    amp = _autocast(device, autocast)
 
     # On the meta device the model is built there directly: a 7B model allocates nothing.
     resolved = resolve_model(spec, batch_size=args.batch_size, device=device if device.type == "meta" else None)
@@ -548,15 +553,16 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     format_options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
-    if count_only:
-        prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
-    else:
-        with _progress_bar(sys.stderr.isatty()) as report:
-            prof = layerscope.profile(
-                model, inputs, warmup=args.warmup, repeat=args.repeat,
-                paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
-                peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
-            )
+    with amp:
+        if count_only:
+            prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
+        else:
+            with _progress_bar(sys.stderr.isatty()) as report:
+                prof = layerscope.profile(
+                    model, inputs, warmup=args.warmup, repeat=args.repeat,
+                    paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
+                    peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
+                )
     prof.meta["spec"] = resolved.label
     return _emit(prof, args, fmt, format_options)
 
@@ -572,6 +578,20 @@ def _device(text: str) -> Any:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for, but this torch sees no CUDA device")
     return device
+
+
+def _autocast(device: Any, dtype: Any) -> Any:
+    """``torch.autocast`` on ``device`` with ``dtype`` (``--autocast``), or no context."""
+    import contextlib
+
+    import torch
+
+    if dtype is None:
+        return contextlib.nullcontext()
+    try:
+        return torch.autocast(device.type, dtype=dtype)
+    except RuntimeError as exc:  # no autocast on this device type (meta)
+        raise UsageError(f"--autocast on {device.type}: {exc}") from None
 
 
 def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], default: Any, from_spec: Any) -> Any:

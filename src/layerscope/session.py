@@ -24,9 +24,10 @@ from layerscope.attribute import (
 )
 from layerscope.capture import kineto
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps
-from layerscope.capture.inputs import check_signature, shapes_of, split_inputs
+from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import (
+    autocast_dtype,
     model_device,
     model_dtype,
     module_table,
@@ -184,11 +185,21 @@ def profile(
             no_grad=no_grad,
             backward=backward,
             paths=None if paths is None else list(paths),
-            inputs=[shapes_of(list(args)), shapes_of(kwargs)],
+            **_inputs_meta(args, kwargs, device),
             peak_flops_per_s=peak_flops_per_s,
         ),
     )
     return build_profile(raw)
+
+
+def _inputs_meta(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """What the passes ran on: the inputs' shapes and dtypes (positional, then keyword),
+    and the dtype autocast ran ops in, when it was on."""
+    return {
+        "inputs": [shapes_of(list(args)), shapes_of(kwargs)],
+        "input_dtypes": [dtypes_of(list(args)), dtypes_of(kwargs)],
+        "autocast": autocast_dtype(device),
+    }
 
 
 def _grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
@@ -298,7 +309,7 @@ def count_flops(
         meta=_meta(
             model, device, mode="count", timed=False, no_grad=no_grad, backward=backward,
             paths=None if paths is None else list(paths),
-            inputs=[shapes_of(list(args)), shapes_of(kwargs)],
+            **_inputs_meta(args, kwargs, device),
         ),
     )
     return build_profile(raw)
