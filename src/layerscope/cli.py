@@ -17,7 +17,8 @@ DEMO_SPEC = "zoo:resnet18"
 EPILOG = """\
 SPEC is one of:
   zoo:NAME                   a built-in model (layerscope zoo lists them)
-  transformers:ClassName     a transformers model from its default config, random weights
+  transformers:ClassName     a transformers model from its default config, random weights,
+                             with the inputs its config says it needs
   package.module:callable    a callable returning an nn.Module
   path/to/file.py:callable   the same, from a file
 
@@ -170,8 +171,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         parser.add_argument("spec", metavar="SPEC", help="the model to profile (see below)")
     parser.add_argument(
         "--input", action="append", default=[], metavar="SHAPE",
-        help="a random input tensor of this shape, e.g. 1x3x224x224 or 8x128:int64; "
-        "repeat for several positional inputs",
+        help="a random input tensor of this shape, e.g. 1x3x224x224 or 8x128:int64 (integers are "
+        "drawn below the model's vocabulary); repeat for several positional inputs",
     )
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
     parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
@@ -540,7 +541,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
     # On the meta device the model is built there directly: a 7B model allocates nothing.
     resolved = resolve_model(spec, batch_size=args.batch_size, device=device if device.type == "meta" else None)
-    inputs = _inputs_from(args, spec, shapes, resolved.inputs, resolve_inputs)
+    inputs = _inputs_from(args, spec, shapes, resolved, resolve_inputs)
     if not count_only:
         refuse_meta_timing(resolved.model, inputs)  # a SPEC may build its model on meta itself
 
@@ -553,7 +554,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     format_options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
-    with amp:
+    with _hinted(model, inputs), amp:
         if count_only:
             prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
         else:
@@ -594,20 +595,39 @@ def _autocast(device: Any, dtype: Any) -> Any:
         raise UsageError(f"--autocast on {device.type}: {exc}") from None
 
 
-def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], default: Any, from_spec: Any) -> Any:
-    """The inputs: ``from_spec(--inputs)``, random tensors of the --input shapes, or the
+@contextmanager
+def _hinted(model: Any, inputs: Any) -> Iterator[None]:
+    """When a transformers model raises on the inputs it was given, add a note naming
+    them and what its forward takes: its own error rarely says which input is missing."""
+    from layerscope.specs import input_hint
+
+    try:
+        yield
+    except LayerscopeError:
+        raise
+    except Exception as exc:
+        hint = input_hint(model, inputs)
+        if hint is not None:
+            exc.add_note(hint)
+        raise
+
+
+def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], resolved: Any, from_spec: Any) -> Any:
+    """The inputs: ``from_spec(--inputs)``, random tensors of the --input shapes
+    (integers below the model's vocabulary, so they are valid token ids), or the
     model's own default inputs."""
     import torch
 
-    from layerscope.specs import tensor_for
+    from layerscope.specs import DEFAULT_INT_LIMIT, tensor_for, vocab_size
 
     if args.inputs:
         return from_spec(args.inputs)
     if shapes:
         generator = torch.Generator().manual_seed(0)
-        return tuple(tensor_for(shape, dt, generator) for shape, dt in shapes)
-    if default is not None:
-        return default
+        limit = vocab_size(resolved.model) or DEFAULT_INT_LIMIT
+        return tuple(tensor_for(shape, dt, generator, int_limit=limit) for shape, dt in shapes)
+    if resolved.inputs is not None:
+        return resolved.inputs
     raise UsageError(f"{spec} comes with no default input; pass --input SHAPE or --inputs SPEC")
 
 
@@ -753,7 +773,7 @@ def _bench(args: argparse.Namespace) -> int:
     shapes = [parse_shape(s) for s in args.input]
     resolved = resolve_model(args.spec, batch_size=1)
     # --inputs names a builder here: it is called with each batch size.
-    sample = _inputs_from(args, args.spec, shapes, resolved.inputs, lambda spec: _load_callable(spec, "inputs"))
+    sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: _load_callable(spec, "inputs"))
     with _progress_bar(sys.stderr.isatty()) as report:
         result = benchmark(
             resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
@@ -847,8 +867,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if debug:
             traceback.print_exc()
         elif args.command in _RUNS_A_MODEL:
+            notes = "".join(f"({note})\n" for note in getattr(exc, "__notes__", ()))
             print(
-                f"layerscope: the model raised {type(exc).__name__}: {exc}\n"
+                f"layerscope: the model raised {type(exc).__name__}: {exc}\n{notes}"
                 "(run again with --debug for the traceback)",
                 file=sys.stderr,
             )
