@@ -433,6 +433,17 @@ def test_train_mode_statistics_dropout_and_rng_are_restored(run: Any, backward: 
 
 
 @pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+def test_a_model_built_under_inference_mode_is_restored(run: Any) -> None:
+    # Its parameters and buffers are inference tensors: no version counter, and they
+    # can be written only inside inference_mode.
+    with torch.inference_mode():
+        model = norm_drop()
+        with unchanged(model):
+            run(model, X4, no_grad=False)
+    assert model[1].num_batches_tracked.item() == 0
+
+
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
 def test_untouched_tensors_are_never_written(run: Any) -> None:
     # Writing a value back bumps a tensor's version counter, which would break an
     # autograd graph the user built before profiling; only changed tensors are restored.

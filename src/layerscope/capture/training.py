@@ -84,7 +84,7 @@ def state_restored(model: nn.Module) -> Iterator[None]:
     stays valid. The copies live in host memory: the device's memory, and what the
     profile reports of it, are not doubled. Meta tensors hold no values to keep.
     """
-    saved = [(tensor, tensor._version, tensor.detach().to("cpu", copy=True)) for tensor in _state_tensors(model)]
+    saved = [(tensor, _version(tensor), tensor.detach().to("cpu", copy=True)) for tensor in _state_tensors(model)]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
@@ -93,10 +93,17 @@ def state_restored(model: nn.Module) -> Iterator[None]:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-        with torch.no_grad():
-            for tensor, version, value in saved:
-                if tensor._version != version or not torch.equal(tensor.detach().cpu(), value):
+        for tensor, version, value in saved:
+            if _version(tensor) != version or not torch.equal(tensor.detach().cpu(), value):
+                # A model built under inference_mode holds inference tensors: those
+                # can be written only inside it.
+                with torch.inference_mode() if tensor.is_inference() else torch.no_grad():
                     tensor.copy_(value)
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (None for an inference tensor, which has none)."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
