@@ -26,6 +26,7 @@ from layerscope import zoo
 from layerscope.attribute import build_profile, walk_pass
 from layerscope.check import InvariantError, check_tree
 from layerscope.errors import ModelError
+from layerscope.io import profile_from_dict
 from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture, Step
 from layerscope.tree import Profile
 
@@ -292,6 +293,9 @@ def test_keyword_inputs_and_dict_outputs() -> None:
     # No positional args; the keywords, non-tensors as None.
     assert prof.root.input_shapes == [{"x": [2, 4], "scale": None}]
     assert prof.meta["inputs"] == [[], {"x": [2, 4], "scale": None}]
+    assert prof.meta["input_dtypes"] == [[], {"x": "float32", "scale": None}]
+    assert prof.meta["autocast"] is None
+    assert "  ·  input x [2, 4] float32  ·  " in prof.render("text").splitlines()[0]
     # scale=2.0 reached forward: the multiply only runs when scale != 1.
     assert "aten::mul" in op_names(prof, "")
     assert prof["proj"].output_shapes == [2, 3]
@@ -822,3 +826,26 @@ def test_profile_and_profiler_refuse_to_time_a_meta_model() -> None:
         layerscope.profile(nn.Linear(8, 4), x)  # meta inputs to a real model
     with pytest.raises(ModelError, match="meta device"), layerscope.Profiler(on_meta):
         on_meta(x)
+
+
+def test_the_header_names_nested_inputs_and_autocast() -> None:
+    # What ran: a tuple argument of two tensors, a token-id tensor, and ops in bfloat16.
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+
+        def forward(self, pair: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+            return pair[0] @ pair[1] + self.embed(ids).sum()
+
+    inputs = ((torch.ones(2, 3), torch.ones(3, 2)), torch.zeros(2, dtype=torch.int64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        prof = check_tree(layerscope.count_flops(Pair(), inputs))
+    assert prof.meta["input_dtypes"] == [[["float32", "float32"], "int64"], {}]
+    assert prof.meta["autocast"] == "bfloat16"
+    assert prof.render("text").splitlines()[0] == (
+        "Pair  ·  cpu  ·  float32  ·  autocast bfloat16  ·  inputs [[2, 3], [3, 2]] float32, [2] int64"
+        "  ·  counted in one pass, not timed"
+    )
+    again = profile_from_dict(prof.to_dict())  # as saved and loaded: the schema admits it
+    assert again.render("text") == prof.render("text")

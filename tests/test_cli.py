@@ -337,6 +337,155 @@ def test_transformers_model_from_default_config(workdir: Path) -> None:
     assert "Params: 124.44M" in run.stdout
 
 
+# -- inputs: token ids, what transformers models need, the header ---------------------
+
+TINY_TRANSFORMERS_PY = """\
+import torch
+import transformers as T
+
+
+def bert():
+    return T.BertModel(T.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+    ))
+
+
+def t5():
+    return T.T5Model(T.T5Config(vocab_size=60, d_model=32, d_ff=64, d_kv=16, num_layers=1, num_heads=2))
+
+
+def clip():
+    return T.CLIPModel(T.CLIPConfig(
+        text_config=dict(
+            vocab_size=70, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, max_position_embeddings=20,
+        ),
+        vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            image_size=32, patch_size=8,
+        ),
+    ))
+
+
+def embedding_only():
+    return torch.nn.Sequential(torch.nn.Embedding(30, 8), torch.nn.Linear(8, 2))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file of tiny transformers models (vocabularies under 100), for file SPECs."""
+    pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny") / "tiny_transformers.py"
+    path.write_text(TINY_TRANSFORMERS_PY, encoding="utf-8")
+    return path
+
+
+def run_main(*args: str, capsys: pytest.CaptureFixture[str]) -> Run:
+    """The CLI in this process (no torch import per run): exit status, stdout, stderr."""
+    from layerscope.cli import main
+
+    status = main(list(args))
+    captured = capsys.readouterr()
+    return Run(status, captured.out, captured.err)
+
+
+def header(text: str) -> str:
+    return text.splitlines()[0]
+
+
+@pytest.mark.parametrize("command", [("flops",), ("profile", *FAST)], ids=["flops", "profile"])
+@pytest.mark.parametrize("name", ["bert", "embedding_only"])
+def test_int64_inputs_are_token_ids_below_the_vocabulary(
+    tiny: Path, name: str, command: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Vocabularies of 50 (config.vocab_size) and 30 (the first nn.Embedding): ids drawn
+    # from 0-99 would index out of range.
+    run = run_main(*command, f"{tiny}:{name}", "--input", "2x16:int64", "--depth", "0", capsys=capsys)
+    assert run.returncode == 0, run.stderr
+    assert "  ·  input [2, 16] int64  ·  " in header(run.stdout)
+
+
+def test_token_ids_are_drawn_below_the_vocabulary(tiny: Path) -> None:
+    import torch
+
+    from layerscope.specs import DEFAULT_INT_LIMIT, resolve_model, tensor_for, vocab_size
+
+    models = {name: resolve_model(f"{tiny}:{name}").model for name in ("bert", "t5", "clip", "embedding_only")}
+    assert {name: vocab_size(model) for name, model in models.items()} == {
+        "bert": 50, "t5": 60, "clip": 70, "embedding_only": 30,
+    }  # fmt: skip
+    assert vocab_size(torch.nn.Linear(2, 2)) is None
+    ids = tensor_for((64, 64), torch.int64, torch.Generator().manual_seed(0), int_limit=50)
+    assert 0 <= int(ids.min()) and int(ids.max()) == 49
+    assert int(tensor_for((64, 64), torch.int32, torch.Generator().manual_seed(0)).max()) == DEFAULT_INT_LIMIT - 1
+
+
+def test_encoder_decoder_and_dual_encoder_get_the_inputs_they_need(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # T5 needs decoder_input_ids too; CLIP encodes text and an image of its vision
+    # config's size, its text no longer than its 20 positions.
+    t5 = run_main("flops", f"{tiny}:t5", "--depth", "0", capsys=capsys)
+    assert t5.returncode == 0, t5.stderr
+    assert "  ·  inputs input_ids [1, 128] int64, decoder_input_ids [1, 128] int64  ·  " in header(t5.stdout)
+    clip = run_main("profile", f"{tiny}:clip", "--batch-size", "2", "--depth", "0", *FAST, capsys=capsys)
+    assert clip.returncode == 0, clip.stderr
+    assert "  ·  inputs input_ids [2, 20] int64, pixel_values [2, 3, 32, 32] float32  ·  " in header(clip.stdout)
+
+
+def test_default_inputs_follow_the_config(tiny: Path) -> None:
+    import torch
+    import transformers as T
+
+    from layerscope.errors import SpecError
+    from layerscope.specs import default_transformers_inputs, resolve_model
+
+    def described(model: torch.nn.Module, batch_size: int = 1) -> dict[str, Any]:
+        inputs = default_transformers_inputs(model, batch_size)
+        model(**inputs)  # they run
+        return {name: (list(t.shape), str(t.dtype), int(t.max())) for name, t in inputs.items()}
+
+    t5 = described(resolve_model(f"{tiny}:t5").model, 2)
+    assert t5 == {"input_ids": ([2, 128], "torch.int64", 59), "decoder_input_ids": ([2, 128], "torch.int64", 59)}
+    assert described(resolve_model(f"{tiny}:clip").model)["pixel_values"][0] == [1, 3, 32, 32]
+    small = {"d_model": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "encoder_attention_heads": 2,
+             "decoder_attention_heads": 2, "encoder_layers": 1, "decoder_layers": 1}  # fmt: skip
+    bart = described(T.BartModel(T.BartConfig(vocab_size=40, max_position_embeddings=64, **small)))
+    assert bart == {"input_ids": ([1, 64], "torch.int64", 39), "decoder_input_ids": ([1, 64], "torch.int64", 39)}
+    vit = T.ViTModel(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 image_size=16, patch_size=8, num_channels=1))  # fmt: skip
+    assert described(vit) == {"pixel_values": ([1, 1, 16, 16], "torch.float32", 0)}
+    whisper = T.WhisperModel(T.WhisperConfig(num_mel_bins=8, max_source_positions=16, **small))
+    with pytest.raises(SpecError, match=r"WhisperModel \(its main input is 'input_features'; forward takes input_features"):
+        default_transformers_inputs(whisper, 1)
+
+
+def test_a_transformers_model_that_raises_says_what_it_takes(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One positional tensor is T5's input_ids only; its own error names neither input.
+    run = run_main("flops", f"{tiny}:t5", "--input", "1x8:int64", capsys=capsys)
+    assert run.returncode == 1
+    model_line, hint, debug = run.stderr.splitlines()
+    assert model_line.startswith("layerscope: the model raised ValueError: ")
+    assert hint.startswith("(T5Model.forward takes input_ids, attention_mask, decoder_input_ids, ")
+    assert "it was given (Tensor[1, 8]:int64)" in hint
+    assert "without --input/--inputs layerscope builds input_ids, decoder_input_ids" in hint
+    assert hint.endswith("pass --inputs SPEC naming a callable that returns what it needs as a dict)")
+    assert debug == "(run again with --debug for the traceback)"
+
+
+def test_header_says_autocast_and_its_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = run_main("profile", "zoo:mlp", *FAST, "--depth", "0", capsys=capsys)
+    assert header(plain.stdout) == "MLP  ·  cpu  ·  float32  ·  input [1, 64] float32  ·  1 measured pass after 0 warm-up"
+    amp = run_main("profile", "zoo:mlp", "--autocast", "bfloat16", *FAST, "--depth", "0", capsys=capsys)
+    assert amp.returncode == 0, amp.stderr
+    assert header(amp.stdout) == (
+        "MLP  ·  cpu  ·  float32  ·  autocast bfloat16  ·  input [1, 64] float32  ·  1 measured pass after 0 warm-up"
+    )
+    counted = run_main("flops", "zoo:mlp", "--autocast", "bf16", "--format", "json", capsys=capsys)
+    assert json.loads(counted.stdout)["meta"]["autocast"] == "bfloat16"
+    line = assert_usage_error(run_main("flops", "zoo:mlp", "--device", "meta", "--autocast", "bfloat16", capsys=capsys))
+    assert "--autocast on meta" in line
+
+
 # -- usage errors ---------------------------------------------------------------------
 
 

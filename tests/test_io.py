@@ -203,6 +203,10 @@ DAMAGE = {
     "memory peaks by phase a list": lambda doc: doc["memory"].update(peak_by_phase=[1, 2]),
     "meta a list": _set_top("meta", [1]),
     "step times strings": lambda doc: doc["meta"].update(pass_cpu_time_ns=["1ms"]),
+    # The header reads these three.
+    "inputs an object": lambda doc: doc["meta"].update(inputs={"x": [1, 4]}),
+    "input dtypes not names": lambda doc: doc["meta"].update(input_dtypes=[[7], {}]),
+    "autocast a number": lambda doc: doc["meta"].update(autocast=16),
 }
 
 

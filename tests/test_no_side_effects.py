@@ -1,14 +1,19 @@
 """Profiling leaves the model, torch and the caller's exception exactly as they were.
 
 Each test takes a snapshot of everything a profiler could touch (every submodule's
-``__dict__`` and hook dicts, ``state_dict`` keys, train/eval flags, torch's global module
-hooks, ``torch.nn.functional``, the dispatch-mode stack, grad mode), profiles, and
-compares. ``test_snapshot_sees_each_kind_of_change`` proves the snapshot would notice.
+``__dict__`` and hook dicts, ``state_dict`` keys, train/eval flags, the values of every
+parameter and buffer, torch's global RNG states, torch's global module hooks,
+``torch.nn.functional``, the dispatch-mode stack, grad mode), profiles, and compares.
+``test_snapshot_sees_each_kind_of_change`` proves the snapshot would notice.
+
+A ``Profiler`` block is the exception for values: it wraps the user's own code, whose
+buffer updates and random draws are the user's to keep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -63,7 +68,23 @@ def _contents(value: Any) -> Any:
     return id(value)
 
 
-def snapshot(model: nn.Module) -> dict[str, Any]:
+def _digest(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+    """A tensor's dtype, shape and the hash of its bytes: equal only for the same bits."""
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return str(tensor.dtype), tuple(tensor.shape), hashlib.sha256(data.numpy().tobytes()).hexdigest()
+
+
+def rng_states() -> dict[str, Any]:
+    """torch's global random states: the CPU's, and each CUDA device's once CUDA is up."""
+    states = {"torch CPU RNG": _digest(torch.get_rng_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["torch CUDA RNG"] = [_digest(state) for state in torch.cuda.get_rng_state_all()]
+    return states
+
+
+def snapshot(model: nn.Module, *, values: bool = True) -> dict[str, Any]:
+    """Everything profiling could touch; ``values`` adds every parameter's and buffer's
+    value and the RNG states (a Profiler block's own code may change those)."""
     state: dict[str, Any] = {}
     for path, module in model.named_modules(remove_duplicate=False):
         attrs = vars(module)
@@ -79,6 +100,14 @@ def snapshot(model: nn.Module) -> dict[str, Any]:
     state["dispatch mode"] = _get_current_dispatch_mode()
     state["dispatch stack depth"] = torch._C._len_torch_dispatch_stack()
     state["grad enabled"] = torch.is_grad_enabled()
+    if values:
+        for name, param in model.named_parameters():
+            state[f"parameter {name!r} value"] = _digest(param)
+            if param.grad is not None:
+                state[f"parameter {name!r} grad value"] = _digest(param.grad)
+        for name, buffer in model.named_buffers():
+            state[f"buffer {name!r} value"] = _digest(buffer)
+        state.update(rng_states())
     return state
 
 
@@ -171,10 +200,10 @@ def everything(mode: str) -> nn.Module:
 
 
 @contextlib.contextmanager
-def unchanged(model: nn.Module) -> Iterator[None]:
-    before = snapshot(model)
+def unchanged(model: nn.Module, *, values: bool = True) -> Iterator[None]:
+    before = snapshot(model, values=values)
     yield
-    assert_unchanged(before, snapshot(model))
+    assert_unchanged(before, snapshot(model, values=values))
 
 
 # -- the snapshot itself ---------------------------------------------------------------
@@ -224,14 +253,33 @@ def test_snapshot_sees_each_kind_of_change(monkeypatch: pytest.MonkeyPatch) -> N
     def no_grad(stack: contextlib.ExitStack) -> None:
         stack.enter_context(torch.no_grad())
 
+    def update_statistics(stack: contextlib.ExitStack) -> None:
+        saved = model.blocks[1].norm.running_mean.clone()
+        model.blocks[1].norm.running_mean.add_(1)
+        stack.callback(model.blocks[1].norm.running_mean.copy_, saved)
+
+    def step_a_weight(stack: contextlib.ExitStack) -> None:
+        saved = model.embed.weight.detach().clone()
+        with torch.no_grad():
+            model.embed.weight.mul_(0.5)
+        stack.callback(lambda: model.embed.weight.data.copy_(saved))
+
+    def draw_a_random_number(stack: contextlib.ExitStack) -> None:
+        saved = torch.get_rng_state()
+        torch.rand(1)
+        stack.callback(torch.set_rng_state, saved)
+
     assert changed_by(add_attribute) == ["module 'head' __dict__"]
     assert changed_by(local_hook) == ["module 'blocks.1.fc' __dict__"]
     assert changed_by(global_hook) == ["torch _global_forward_pre_hooks"]
     assert changed_by(patch_functional) == ["torch.nn.functional"]
     assert changed_by(flip_training) == ["module 'blocks.1.norm' __dict__", "module 'blocks.1.norm' training"]
-    assert changed_by(add_buffer) == ["module 'head' __dict__", "state_dict keys"]
+    assert changed_by(add_buffer) == ["buffer 'head.__params__' value", "module 'head' __dict__", "state_dict keys"]
     assert changed_by(enter_mode) == ["dispatch mode", "dispatch stack depth"]
     assert changed_by(no_grad) == ["grad enabled"]
+    assert changed_by(update_statistics) == ["buffer 'blocks.1.norm.running_mean' value"]
+    assert changed_by(step_a_weight) == ["parameter 'embed.weight' value"]
+    assert changed_by(draw_a_random_number) == ["torch CPU RNG"]
     assert_unchanged(base, snapshot(model))
 
 
@@ -340,6 +388,142 @@ def test_profile_backward_raising_in_backward_cleans_up() -> None:
     assert model.fc.weight.grad is None
 
 
+# -- values: buffers, parameters, random states ----------------------------------------
+
+
+def norm_drop() -> nn.Module:
+    """A train-mode model whose every forward moves BatchNorm statistics (running_mean,
+    running_var, num_batches_tracked) and draws a dropout mask from the global RNG."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 2)).train()
+
+
+class SelfTuning(nn.Module):
+    """Steps its own optimizer inside forward (test-time adaptation does this)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.opt = [torch.optim.SGD(self.fc.parameters(), lr=0.1)]  # a list: not a submodule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            self.fc(x).pow(2).sum().backward()
+        self.opt[0].step()
+        self.opt[0].zero_grad(set_to_none=False)
+        return self.fc(x)
+
+
+COUNT_AND_PROFILE = {
+    "profile": lambda model, x, **kw: layerscope.profile(model, x, warmup=1, repeat=2, **kw),
+    "count_flops": layerscope.count_flops,
+}
+
+
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+@pytest.mark.parametrize("backward", [False, True])
+def test_train_mode_statistics_dropout_and_rng_are_restored(run: Any, backward: bool) -> None:
+    model = norm_drop()
+    held = {name: buffer for name, buffer in model.named_buffers()}  # references a user keeps
+    assert held["1.num_batches_tracked"].item() == 0
+    with unchanged(model):
+        check_tree(run(model, X4, backward=backward))
+    assert held["1.num_batches_tracked"].item() == 0
+    assert all(held[name] is buffer for name, buffer in model.named_buffers())
+
+
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+def test_a_model_built_under_inference_mode_is_restored(run: Any) -> None:
+    # Its parameters and buffers are inference tensors: no version counter, and they
+    # can be written only inside inference_mode.
+    with torch.inference_mode():
+        model = norm_drop()
+        with unchanged(model):
+            run(model, X4, no_grad=False)
+    assert model[1].num_batches_tracked.item() == 0
+
+
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+def test_untouched_tensors_are_never_written(run: Any) -> None:
+    # Writing a value back bumps a tensor's version counter, which would break an
+    # autograd graph the user built before profiling; only changed tensors are restored.
+    model = norm_drop().eval()
+    loss = model(X4).sum()
+    versions = [t._version for t in (*model.parameters(), *model.buffers())]
+    run(model, X4)
+    assert [t._version for t in (*model.parameters(), *model.buffers())] == versions
+    loss.backward()  # the graph built before is still valid
+
+
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+def test_a_seeded_run_is_not_shifted_by_profiling(run: Any) -> None:
+    model = norm_drop()
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    run(model, X4)  # dropout draws in every pass
+    assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+def test_parameters_stepped_inside_forward_are_restored(run: Any) -> None:
+    model = SelfTuning()
+    weight = model.fc.weight
+    with unchanged(model):
+        run(model, X4)
+    assert model.fc.weight is weight
+    assert model.fc.weight.grad is None
+
+
+def test_a_gradient_the_user_had_keeps_its_value() -> None:
+    model = SelfTuning()  # its forward accumulates into the existing .grad in place
+    model.fc.bias.grad = torch.ones(4)
+    with unchanged(model):
+        layerscope.profile(model, X4, warmup=0, repeat=1)
+    assert bool((model.fc.bias.grad == 1).all())
+
+
+# (warmup, raise_on) with repeat=1: the last warm-up pass, the timing pass, the op pass
+# raises; every pass before it moved the statistics and drew a dropout mask.
+@pytest.mark.parametrize(("warmup", "raise_on"), [(2, 2), (1, 2), (1, 3)])
+def test_values_are_restored_when_forward_raises(warmup: int, raise_on: int) -> None:
+    model = nn.Sequential(norm_drop(), Raiser(ValueError("boom"), raise_on=raise_on))
+    model.train()
+    with unchanged(model):
+        with pytest.raises(ValueError, match=r"^boom$"):
+            layerscope.profile(model, X4, warmup=warmup, repeat=1)
+    assert model[1].calls == [raise_on]
+
+
+def test_count_flops_values_are_restored_when_forward_raises() -> None:
+    model = nn.Sequential(norm_drop(), Raiser(ValueError("boom")))
+    model.train()
+    with unchanged(model):
+        with pytest.raises(ValueError, match=r"^boom$"):
+            layerscope.count_flops(model, X4)
+
+
+def test_count_flops_leaves_a_train_mode_resnet18_as_it_was() -> None:
+    entry = zoo.get("resnet18")
+    torch.manual_seed(0)
+    model = entry.build().train()
+    with unchanged(model):
+        prof = layerscope.count_flops(model, entry.example_inputs(2))
+    check_tree(prof)
+    assert model.bn1.num_batches_tracked.item() == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("run", COUNT_AND_PROFILE.values(), ids=COUNT_AND_PROFILE.keys())
+def test_cuda_rng_and_statistics_are_restored(run: Any) -> None:
+    model = norm_drop().cuda()
+    x = X4.cuda()
+    model(x)  # CUDA is initialized, and its RNG state is in the snapshot
+    with unchanged(model):
+        check_tree(run(model, x))
+
+
 # -- Profiler --------------------------------------------------------------------------
 
 
@@ -347,12 +531,36 @@ def test_profile_backward_raising_in_backward_cleans_up() -> None:
 @pytest.mark.parametrize("mode", ["train", "eval", "mixed"])
 def test_profiler_block_leaves_no_trace(mode: str, record_ops: bool) -> None:
     model = everything(mode)
-    with unchanged(model):
+    # The block's own forward updates BatchNorm statistics and draws dropout masks in
+    # train mode: that is the user's code, so values are compared with a plain run below.
+    with unchanged(model, values=mode == "eval"):
         with layerscope.Profiler(model, record_ops=record_ops) as prof:
             model(X4, scale=3.0)
     check_tree(prof.profile)
     assert prof["blocks.1.fc"].calls == 1
     assert prof["blocks.0"].calls == 2  # also called as self.alias
+
+
+@pytest.mark.parametrize("record_ops", [True, False])
+def test_profiler_block_keeps_what_the_users_code_did(record_ops: bool) -> None:
+    # A Profiler wraps the user's training code: its BatchNorm updates, optimizer steps
+    # and random draws are its intent, and must be exactly those of the same code run
+    # without a profiler (nothing restored, nothing extra drawn).
+    def train_step(model: nn.Module) -> torch.Tensor:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(X4).sum().backward()
+        opt.step()
+        return torch.rand(3)  # where the user's random stream stands afterwards
+
+    plain, profiled = everything("train"), everything("train")
+    torch.manual_seed(1)
+    expected = train_step(plain)
+    torch.manual_seed(1)
+    with layerscope.Profiler(profiled, record_ops=record_ops):
+        got = train_step(profiled)
+    assert torch.equal(got, expected)
+    for (name, a), b in zip(plain.state_dict().items(), profiled.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 # -- a forward that raises -------------------------------------------------------------

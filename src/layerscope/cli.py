@@ -17,7 +17,8 @@ DEMO_SPEC = "zoo:resnet18"
 EPILOG = """\
 SPEC is one of:
   zoo:NAME                   a built-in model (layerscope zoo lists them)
-  transformers:ClassName     a transformers model from its default config, random weights
+  transformers:ClassName     a transformers model from its default config, random weights,
+                             with the inputs its config says it needs
   package.module:callable    a callable returning an nn.Module
   path/to/file.py:callable   the same, from a file
 
@@ -170,12 +171,16 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         parser.add_argument("spec", metavar="SPEC", help="the model to profile (see below)")
     parser.add_argument(
         "--input", action="append", default=[], metavar="SHAPE",
-        help="a random input tensor of this shape, e.g. 1x3x224x224 or 8x128:int64; "
-        "repeat for several positional inputs",
+        help="a random input tensor of this shape, e.g. 1x3x224x224 or 8x128:int64 (integers are "
+        "drawn below the model's vocabulary); repeat for several positional inputs",
     )
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
     parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
+    parser.add_argument(
+        "--autocast", metavar="DTYPE",
+        help="run the passes under torch.autocast with this dtype (bfloat16, float16); the header says so",
+    )  # fmt: skip
     if timed:
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
@@ -522,7 +527,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
     device = _device(args.device)
-    dtype = parse_dtype(args.dtype) if args.dtype else None
+    dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
     peak = getattr(args, "peak_tflops", None)
     if peak is not None and not peak > 0:
         raise UsageError(f"--peak-tflops must be a positive number of TFLOP/s, got {peak}")
@@ -532,10 +537,11 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
     if not count_only and device.type == "meta":
         raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
+    amp = _autocast(device, autocast)
 
     # On the meta device the model is built there directly: a 7B model allocates nothing.
     resolved = resolve_model(spec, batch_size=args.batch_size, device=device if device.type == "meta" else None)
-    inputs = _inputs_from(args, spec, shapes, resolved.inputs, resolve_inputs)
+    inputs = _inputs_from(args, spec, shapes, resolved, resolve_inputs)
     if not count_only:
         refuse_meta_timing(resolved.model, inputs)  # a SPEC may build its model on meta itself
 
@@ -548,15 +554,16 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     format_options = _format_options(args, fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
-    if count_only:
-        prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
-    else:
-        with _progress_bar(sys.stderr.isatty()) as report:
-            prof = layerscope.profile(
-                model, inputs, warmup=args.warmup, repeat=args.repeat,
-                paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
-                peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
-            )
+    with _hinted(model, inputs), amp:
+        if count_only:
+            prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
+        else:
+            with _progress_bar(sys.stderr.isatty()) as report:
+                prof = layerscope.profile(
+                    model, inputs, warmup=args.warmup, repeat=args.repeat,
+                    paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
+                    peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
+                )
     prof.meta["spec"] = resolved.label
     return _emit(prof, args, fmt, format_options)
 
@@ -574,20 +581,53 @@ def _device(text: str) -> Any:
     return device
 
 
-def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], default: Any, from_spec: Any) -> Any:
-    """The inputs: ``from_spec(--inputs)``, random tensors of the --input shapes, or the
+def _autocast(device: Any, dtype: Any) -> Any:
+    """``torch.autocast`` on ``device`` with ``dtype`` (``--autocast``), or no context."""
+    import contextlib
+
+    import torch
+
+    if dtype is None:
+        return contextlib.nullcontext()
+    try:
+        return torch.autocast(device.type, dtype=dtype)
+    except RuntimeError as exc:  # no autocast on this device type (meta)
+        raise UsageError(f"--autocast on {device.type}: {exc}") from None
+
+
+@contextmanager
+def _hinted(model: Any, inputs: Any) -> Iterator[None]:
+    """When a transformers model raises on the inputs it was given, add a note naming
+    them and what its forward takes: its own error rarely says which input is missing."""
+    from layerscope.specs import input_hint
+
+    try:
+        yield
+    except LayerscopeError:
+        raise
+    except Exception as exc:
+        hint = input_hint(model, inputs)
+        if hint is not None:
+            exc.add_note(hint)
+        raise
+
+
+def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], resolved: Any, from_spec: Any) -> Any:
+    """The inputs: ``from_spec(--inputs)``, random tensors of the --input shapes
+    (integers below the model's vocabulary, so they are valid token ids), or the
     model's own default inputs."""
     import torch
 
-    from layerscope.specs import tensor_for
+    from layerscope.specs import DEFAULT_INT_LIMIT, tensor_for, vocab_size
 
     if args.inputs:
         return from_spec(args.inputs)
     if shapes:
         generator = torch.Generator().manual_seed(0)
-        return tuple(tensor_for(shape, dt, generator) for shape, dt in shapes)
-    if default is not None:
-        return default
+        limit = vocab_size(resolved.model) or DEFAULT_INT_LIMIT
+        return tuple(tensor_for(shape, dt, generator, int_limit=limit) for shape, dt in shapes)
+    if resolved.inputs is not None:
+        return resolved.inputs
     raise UsageError(f"{spec} comes with no default input; pass --input SHAPE or --inputs SPEC")
 
 
@@ -733,7 +773,7 @@ def _bench(args: argparse.Namespace) -> int:
     shapes = [parse_shape(s) for s in args.input]
     resolved = resolve_model(args.spec, batch_size=1)
     # --inputs names a builder here: it is called with each batch size.
-    sample = _inputs_from(args, args.spec, shapes, resolved.inputs, lambda spec: _load_callable(spec, "inputs"))
+    sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: _load_callable(spec, "inputs"))
     with _progress_bar(sys.stderr.isatty()) as report:
         result = benchmark(
             resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
@@ -830,8 +870,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if debug:
             traceback.print_exc()
         elif args.command in _RUNS_A_MODEL:
+            notes = "".join(f"({note})\n" for note in getattr(exc, "__notes__", ()))
             print(
-                f"layerscope: the model raised {type(exc).__name__}: {exc}\n"
+                f"layerscope: the model raised {type(exc).__name__}: {exc}\n{notes}"
                 "(run again with --debug for the traceback)",
                 file=sys.stderr,
             )

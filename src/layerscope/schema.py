@@ -61,7 +61,10 @@ class OneOf:
     choices: tuple[str, ...]
 
 
-INT, STR, BOOL, NUMBER, SHAPE = "a 64-bit whole number", "a string", "true or false", "a number", "a shape"
+INT, STR, BOOL, NUMBER = "a 64-bit whole number", "a string", "true or false", "a number"
+#: Nested data, as shapes nest: whole numbers (a shape) or strings (dtype names) at the
+#: leaves, null for what is not a tensor.
+SHAPE, DTYPES = "a shape", "dtype names"
 
 _PHASE = {name: Opt(INT) for name in (
     "device_time_ns", "self_device_time_ns", "flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes",
@@ -97,7 +100,8 @@ META = Obj(
         "steps": Opt(INT), "step_time_ns": Opt(INT), "step_times_ns": Opt(ListOf(INT)),
         "pass_cpu_time_ns": Opt(ListOf(INT)), "unattributed_ops": Opt(INT), "peak_flops_per_s": Opt(NUMBER),
         "complete": Opt(BOOL), "timed": Opt(BOOL), "rank": Opt(INT), "step_range": Opt(Row((INT, INT))),
-        "spec": Opt(STR),
+        "spec": Opt(STR), "autocast": Opt(STR), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
+        "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))),
     }
 )  # fmt: skip
 
@@ -145,9 +149,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
-def _shape_problem(value: Any) -> str | None:
-    """Why ``value`` is not shape data (ints, nulls, and lists or objects of them), or None.
-    Walked with an explicit stack: the document may nest deeply."""
+def _nested_problem(value: Any, leaf: Any) -> str | None:
+    """Why ``value`` is not nested data with ``leaf`` values (and nulls, in lists or
+    objects), or None. Walked with an explicit stack: the document may nest deeply."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -157,7 +161,7 @@ def _shape_problem(value: Any) -> str | None:
             stack.extend((v, depth + 1) for v in item)
         elif isinstance(item, dict):
             stack.extend((v, depth + 1) for v in item.values())
-        elif item is not None and not _is_int(item):
+        elif item is not None and not leaf(item):
             return f"holds {_describe(item)}"
     return None
 
@@ -176,10 +180,10 @@ def _check(value: Any, spec: Any, where: str, problems: list[str]) -> None:
         expected = None if isinstance(value, bool) else BOOL
     elif spec == NUMBER:
         expected = None if isinstance(value, (int, float)) and not isinstance(value, bool) else NUMBER
-    elif spec == SHAPE:
-        why = _shape_problem(value)
+    elif spec in (SHAPE, DTYPES):
+        why = _nested_problem(value, _is_int if spec == SHAPE else lambda item: isinstance(item, str))
         if why is not None:
-            problems.append(f"{where}: not {SHAPE} ({why})")
+            problems.append(f"{where}: not {spec} ({why})")
         return
     elif isinstance(spec, OneOf):
         expected = None if value in spec.choices else f"one of {', '.join(map(repr, spec.choices))}"

@@ -24,9 +24,10 @@ from layerscope.attribute import (
 )
 from layerscope.capture import kineto
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps
-from layerscope.capture.inputs import check_signature, shapes_of, split_inputs
+from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import (
+    autocast_dtype,
     model_device,
     model_dtype,
     module_table,
@@ -35,7 +36,7 @@ from layerscope.capture.modules import (
     require_module,
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
-from layerscope.capture.training import grads_restored, loss_of
+from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.errors import ProfilerStateError
 from layerscope.raw import Enter, Event, Op, RawCapture
 from layerscope.schedule import Action
@@ -103,7 +104,8 @@ def profile(
     is the hardware's peak for MFU (% of peak per module); on common GPUs it is known.
 
     The model is left as it was: hooks are removed and modes exited even if it raises,
-    and its exception reaches the caller unchanged.
+    parameter and buffer values (a train-mode BatchNorm's statistics) and torch's random
+    state are put back, and its exception reaches the caller unchanged.
     """
     require_module(model)
     refuse_compiled(model)
@@ -135,7 +137,7 @@ def profile(
     def step(on: Backend) -> None:
         _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
 
-    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
+    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         for n in range(warmup):
             clear_grads()
             if record_ops and n == warmup - 1:
@@ -183,11 +185,21 @@ def profile(
             no_grad=no_grad,
             backward=backward,
             paths=None if paths is None else list(paths),
-            inputs=[shapes_of(list(args)), shapes_of(kwargs)],
+            **_inputs_meta(args, kwargs, device),
             peak_flops_per_s=peak_flops_per_s,
         ),
     )
     return build_profile(raw)
+
+
+def _inputs_meta(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """What the passes ran on: the inputs' shapes and dtypes (positional, then keyword),
+    and the dtype autocast ran ops in, when it was on."""
+    return {
+        "inputs": [shapes_of(list(args)), shapes_of(kwargs)],
+        "input_dtypes": [dtypes_of(list(args)), dtypes_of(kwargs)],
+        "autocast": autocast_dtype(device),
+    }
 
 
 def _grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
@@ -268,6 +280,7 @@ def count_flops(
 
     Works on the meta device: build the model under ``with torch.device("meta"):`` and
     pass meta inputs to count a model too large to run (nothing is allocated).
+    Parameter and buffer values and torch's random state are left as they were.
     """
     require_module(model)
     refuse_compiled(model)
@@ -279,7 +292,7 @@ def count_flops(
     recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory)
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
     detail = RecorderSteps(recorder, detailed=True, steps=backward)
-    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads:
+    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         clear_grads()
         detail.begin_step()
         try:
@@ -296,7 +309,7 @@ def count_flops(
         meta=_meta(
             model, device, mode="count", timed=False, no_grad=no_grad, backward=backward,
             paths=None if paths is None else list(paths),
-            inputs=[shapes_of(list(args)), shapes_of(kwargs)],
+            **_inputs_meta(args, kwargs, device),
         ),
     )
     return build_profile(raw)

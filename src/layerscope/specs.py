@@ -2,7 +2,8 @@
 
 - ``zoo:NAME``: a built-in model (``layerscope.zoo``), with its example inputs.
 - ``transformers:ClassName``: that class built from its default config, random weights,
-  nothing downloaded, with a default input for its ``main_input_name``.
+  nothing downloaded, with the inputs it needs built from its config
+  (:func:`default_transformers_inputs`).
 - ``package.module:callable`` or ``path/to/file.py:callable``: the callable returns an
   ``nn.Module`` (for ``--inputs``, a Tensor, tuple or dict).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import re
 import sys
 from collections.abc import Callable
@@ -69,14 +71,33 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], torch.dtype]:
     return dims, parse_dtype(dtype_text) if dtype_text else torch.float32
 
 
-def tensor_for(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
-    """A deterministic random tensor: uniform floats, or small non-negative integers
-    (valid token ids for any vocabulary)."""
+#: Integers are drawn below this when the model names no vocabulary.
+DEFAULT_INT_LIMIT = 100
+
+
+def tensor_for(
+    shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator, *, int_limit: int = DEFAULT_INT_LIMIT
+) -> torch.Tensor:
+    """A deterministic random tensor: uniform floats, or integers in ``[0, int_limit)``
+    (token ids: pass the model's :func:`vocab_size`)."""
     if dtype.is_floating_point:
         return torch.rand(shape, generator=generator).to(dtype)
     if dtype == torch.bool:
         return torch.ones(shape, dtype=torch.bool)
-    return torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+    return torch.randint(0, int_limit, shape, generator=generator, dtype=dtype)
+
+
+def vocab_size(model: nn.Module) -> int | None:
+    """How many token ids ``model`` embeds: its config's ``vocab_size`` (the text
+    config's, for a multimodal model), else the first ``nn.Embedding``'s
+    ``num_embeddings``; None when it has neither."""
+    size = getattr(_text_config(getattr(model, "config", None)), "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            return module.num_embeddings
+    return None
 
 
 def _load_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -145,7 +166,11 @@ def resolve_model(spec: str, *, batch_size: int = 1, device: torch.device | None
             f"model SPEC {spec!r} returned an object of type {type(model).__name__}; "
             "it must return a torch.nn.Module"
         )
-    return Resolved(model, None, spec)
+    inputs = None
+    if is_transformers_model(model):  # built from a config of the user's: the same inputs
+        with contextlib.suppress(SpecError):
+            inputs = default_transformers_inputs(model, batch_size)
+    return Resolved(model, inputs, spec)
 
 
 def resolve_inputs(spec: str) -> Any:
@@ -185,23 +210,114 @@ def _resolve_transformers(class_name: str, batch_size: int, building: Any) -> Re
     return Resolved(model, default_transformers_inputs(model, batch_size), f"transformers:{class_name}")
 
 
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a ``transformers`` model (it has a config and names its main
+    input), without importing transformers."""
+    return hasattr(model, "config") and isinstance(getattr(model, "main_input_name", None), str)
+
+
 def default_transformers_inputs(model: nn.Module, batch_size: int, seq_len: int = 128) -> dict[str, Any]:
-    """A sensible input for a transformers model, by its ``main_input_name``."""
+    """The inputs a transformers model needs, built from its config (random, seeded):
+
+    - its ``main_input_name``: ``input_ids`` below the text config's vocabulary, at most
+      ``seq_len`` long and no longer than its positions allow, or ``pixel_values`` of the
+      vision config's image size;
+    - ``decoder_input_ids`` for an encoder-decoder (``config.is_encoder_decoder``: T5,
+      BART, Whisper, ...) whose forward takes them: T5 cannot run without them;
+    - both ``input_ids`` and ``pixel_values`` for a model with a text and a vision
+      config whose forward takes both (CLIP, SigLIP, BLIP-2): it encodes each. Models
+      that splice image features into the text at image tokens (the config names an
+      ``image_token_id``: LLaVA and kin) get text alone, since their ids would have to
+      hold exactly as many image tokens as the image makes.
+
+    Anything else raises :class:`SpecError` naming what forward takes.
+    """
     config = model.config  # type: ignore[attr-defined]
-    name = getattr(model, "main_input_name", "input_ids")
     generator = torch.Generator().manual_seed(0)
-    if name == "input_ids":
-        vocab = int(getattr(config, "vocab_size", 1000) or 1000)
-        limit = int(getattr(config, "max_position_embeddings", seq_len) or seq_len)
-        length = min(seq_len, limit)
-        ids = torch.randint(0, vocab, (batch_size, length), generator=generator)
-        return {"input_ids": ids}
-    if name == "pixel_values":
-        channels = int(getattr(config, "num_channels", 3))
-        size = getattr(config, "image_size", 224)
-        height, width = (size, size) if isinstance(size, int) else tuple(size)
-        return {"pixel_values": torch.rand((batch_size, channels, height, width), generator=generator)}
-    raise SpecError(
-        f"no default input for {type(model).__name__} (its main input is {name!r}); "
-        "pass --inputs SPEC naming a callable that returns the inputs"
+    inputs: dict[str, Any] = {}
+    for name in default_input_names(model):
+        if name == "pixel_values":
+            vision = _vision_config(config)
+            channels = int(getattr(vision, "num_channels", 3))
+            size = getattr(vision, "image_size", 224)
+            height, width = (size, size) if isinstance(size, int) else tuple(size)
+            inputs[name] = torch.rand((batch_size, channels, height, width), generator=generator)
+            continue
+        text = _text_config(config, decoder=name == "decoder_input_ids")
+        vocab = vocab_size(model) if name == "input_ids" else getattr(text, "vocab_size", None)
+        length = min(seq_len, int(getattr(text, "max_position_embeddings", seq_len) or seq_len))
+        inputs[name] = torch.randint(0, int(vocab or DEFAULT_INT_LIMIT), (batch_size, length), generator=generator)
+    return inputs
+
+
+def default_input_names(model: nn.Module) -> list[str]:
+    """The names :func:`default_transformers_inputs` builds, main input first."""
+    config = model.config  # type: ignore[attr-defined]
+    main = getattr(model, "main_input_name", "input_ids")
+    takes = _forward_parameters(model)
+    if main not in ("input_ids", "pixel_values"):
+        raise SpecError(
+            f"no default input for {type(model).__name__} (its main input is {main!r}; forward takes "
+            f"{', '.join(takes[:6]) or 'nothing named'}{', ...' if len(takes) > 6 else ''}); "
+            "pass --inputs SPEC naming a callable that returns them as a dict"
+        )
+    names = [main]
+    dual = hasattr(config, "vision_config") and hasattr(config, "text_config") and not _names_image_token(config)
+    if dual and {"input_ids", "pixel_values"} <= set(takes):
+        names += [name for name in ("input_ids", "pixel_values") if name != main]
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in takes:
+        names.append("decoder_input_ids")
+    return names
+
+
+def _forward_parameters(model: nn.Module) -> list[str]:
+    """The names ``model.forward`` takes (``**kwargs`` excluded)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _names_image_token(config: Any) -> bool:
+    return any(getattr(config, key, None) is not None for key in ("image_token_id", "image_token_index"))
+
+
+def _text_config(config: Any, *, decoder: bool = False) -> Any:
+    """The config that describes a model's text (token ids): a multimodal model's text
+    config, an encoder-decoder's decoder's with ``decoder``, else the config itself."""
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        with contextlib.suppress(TypeError, ValueError):
+            return get(decoder=True) if decoder else get()
+    return config
+
+
+def _vision_config(config: Any) -> Any:
+    """The config that describes a model's images: its vision config, an image encoder's
+    (VisionEncoderDecoder), else the config itself."""
+    for candidate in (getattr(config, "vision_config", None), getattr(config, "encoder", None)):
+        if candidate is not None and hasattr(candidate, "image_size"):
+            return candidate
+    return config
+
+
+def input_hint(model: nn.Module, inputs: Any) -> str | None:
+    """For a transformers model that raised: one line naming what it was given and what
+    its forward takes, or None for other models (their error speaks for itself)."""
+    if not is_transformers_model(model):
+        return None
+    from layerscope.capture.inputs import describe_value, split_inputs
+
+    args, kwargs = split_inputs(inputs)
+    given = ", ".join([describe_value(a) for a in args] + [f"{k}={describe_value(v)}" for k, v in kwargs.items()])
+    takes = _forward_parameters(model)
+    hint = (
+        f"{type(model).__name__}.forward takes {', '.join(takes[:6])}{', ...' if len(takes) > 6 else ''}; "
+        f"it was given ({given or 'nothing'})"
     )
+    with contextlib.suppress(SpecError):
+        names = default_input_names(model)
+        if args or list(kwargs) != names:
+            hint += f"; without --input/--inputs layerscope builds {', '.join(names)}"
+    return hint + "; pass --inputs SPEC naming a callable that returns what it needs as a dict"

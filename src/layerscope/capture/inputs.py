@@ -4,6 +4,7 @@ how shapes are recorded as plain data (never references to tensors)."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ def check_signature(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
 def describe_value(value: Any) -> str:
     """A short human description of one argument, for error messages."""
     if isinstance(value, torch.Tensor):
-        return f"Tensor{list(value.shape)}:{str(value.dtype).replace('torch.', '')}"
+        return f"Tensor{list(value.shape)}:{dtype_name(value.dtype)}"
     if isinstance(value, (tuple, list)):
         inner = ", ".join(describe_value(v) for v in list(value)[:4])
         more = ", ..." if len(value) > 4 else ""
@@ -67,12 +68,25 @@ def describe_value(value: Any) -> str:
 def shapes_of(value: Any) -> Any:
     """Shapes in ``value`` as JSON-ready data: a tensor becomes its shape as a list, a
     tuple/list a list, a dict (or ModelOutput) a dict; anything else None."""
+    return _tensor_data(value, lambda tensor: list(tensor.shape))
+
+
+def dtypes_of(value: Any) -> Any:
+    """Dtype names in ``value`` (``"int64"``), nested as :func:`shapes_of` nests shapes."""
+    return _tensor_data(value, lambda tensor: dtype_name(tensor.dtype))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _tensor_data(value: Any, of_tensor: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(value, torch.Tensor):
-        return list(value.shape)
+        return of_tensor(value)
     if isinstance(value, (tuple, list)):
-        return [shapes_of(v) for v in value[:_MAX_ITEMS]]
+        return [_tensor_data(v, of_tensor) for v in value[:_MAX_ITEMS]]
     if isinstance(value, dict):
-        return {str(k): shapes_of(v) for k, v in list(value.items())[:_MAX_ITEMS]}
+        return {str(k): _tensor_data(v, of_tensor) for k, v in list(value.items())[:_MAX_ITEMS]}
     return None
 
 

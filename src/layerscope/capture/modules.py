@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from layerscope.capture.inputs import dtype_name
 from layerscope.errors import ModelError
 from layerscope.raw import ModuleInfo
 
@@ -141,8 +142,18 @@ def model_device(model: nn.Module) -> torch.device:
 
 def model_dtype(model: nn.Module) -> str | None:
     for tensor in model.parameters():
-        return str(tensor.dtype).replace("torch.", "")
+        return dtype_name(tensor.dtype)
     return None
+
+
+def autocast_dtype(device: torch.device) -> str | None:
+    """The dtype ``torch.autocast`` runs ops in on ``device``'s type now, or None when it
+    is off there (the model's own dtype then says what runs)."""
+    try:
+        enabled = torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type with no autocast (meta)
+        return None
+    return dtype_name(torch.get_autocast_dtype(device.type)) if enabled else None
 
 
 def compiled_modules(model: nn.Module) -> list[str]:

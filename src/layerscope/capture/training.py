@@ -1,5 +1,7 @@
-"""What ``profile(..., backward=True)`` needs around the model: a loss to call backward
-on, and the parameters' ``.grad`` left exactly as the user had them."""
+"""What ``profile()`` and ``count_flops()`` need around the model: a loss to call
+backward on, and the model left exactly as the user had it: parameters' ``.grad``,
+parameter and buffer values (a train-mode BatchNorm moves its statistics in every
+pass), and torch's random state (dropout draws from it)."""
 
 from __future__ import annotations
 
@@ -52,20 +54,67 @@ def loss_of(output: Any, loss_fn: Callable[[Any], Any] | None) -> torch.Tensor:
 
 @contextmanager
 def grads_restored(model: nn.Module, *, clear: bool = True) -> Iterator[Callable[[], None]]:
-    """Keep every parameter's ``.grad`` as it was; yields a function that clears them
-    (each measured pass starts from no gradients, so passes do the same work)."""
-    if not clear:
-        yield lambda: None
-        return
+    """Keep every parameter's ``.grad`` object as it was (a forward may run backward
+    itself); yields a function that clears them when ``clear`` (each measured pass of a
+    step starts from no gradients, so passes do the same work)."""
     params = list(model.parameters())
     saved = [p.grad for p in params]
 
     def clear_all() -> None:
-        for p in params:
-            p.grad = None
+        if clear:
+            for p in params:
+                p.grad = None
 
     try:
         yield clear_all
     finally:
         for p, grad in zip(params, saved):
             p.grad = grad
+
+
+@contextmanager
+def state_restored(model: nn.Module) -> Iterator[None]:
+    """Put every parameter's, existing gradient's and buffer's value and torch's global
+    random state back as they were, when the block ends or raises.
+
+    Restored in place (``copy_`` into the same tensor objects), so references a user
+    holds stay valid, and only where a tensor changed: its version counter moved or its
+    value differs (BatchNorm updates its running statistics without moving theirs).
+    Untouched tensors are never written, so an autograd graph the user built before
+    stays valid. The copies live in host memory: the device's memory, and what the
+    profile reports of it, are not doubled. Meta tensors hold no values to keep.
+    """
+    saved = [(tensor, _version(tensor), tensor.detach().to("cpu", copy=True)) for tensor in _state_tensors(model)]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        for tensor, version, value in saved:
+            if _version(tensor) != version or not torch.equal(tensor.detach().cpu(), value):
+                # A model built under inference_mode holds inference tensors: those
+                # can be written only inside it.
+                with torch.inference_mode() if tensor.is_inference() else torch.no_grad():
+                    tensor.copy_(value)
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (None for an inference tensor, which has none)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The model's parameters, their existing gradients and its buffers that hold
+    values, each once."""
+    seen: set[int] = set()
+    tensors = []
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    for tensor in (*params, *grads, *model.buffers()):
+        if id(tensor) not in seen and tensor.device.type != "meta":
+            seen.add(id(tensor))
+            tensors.append(tensor)
+    return tensors

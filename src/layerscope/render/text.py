@@ -268,11 +268,44 @@ def _rows(
     return rows
 
 
+#: Inputs the header names one by one; the rest are counted.
+HEADER_INPUTS = 4
+
+
 def _header_line(profile: Profile) -> str:
+    return _HEADER_SEPARATOR.join(_header_parts(profile))
+
+
+_HEADER_SEPARATOR = "  ·  "
+
+
+def _header_lines(profile: Profile, width: int | None) -> list[str]:
+    """The header, broken between its parts to fit ``width`` (a part longer than the
+    width is wrapped itself); continuation lines are indented."""
+    parts = _header_parts(profile)
+    if width is None:
+        return [_HEADER_SEPARATOR.join(parts)]
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + len(_HEADER_SEPARATOR) + len(part) <= width:
+            lines[-1] += _HEADER_SEPARATOR + part
+        else:
+            lines.extend(_wrap("  " + part, width))
+    return lines
+
+
+def _header_parts(profile: Profile) -> list[str]:
+    """Model, device, the model's dtype, autocast's when it was on (ops ran in it), the
+    inputs' shapes and dtypes, and how the figures were taken."""
     meta = profile.meta
     parts = [str(meta.get("model", profile.root.type)), str(meta.get("device", "cpu"))]
     if meta.get("dtype"):
         parts.append(str(meta["dtype"]))
+    if meta.get("autocast"):
+        parts.append(f"autocast {meta['autocast']}")
+    inputs = _inputs_text(meta.get("inputs"), meta.get("input_dtypes"))
+    if inputs:
+        parts.append(inputs)
     if meta.get("mode") == "profile":
         repeat = meta.get("repeat")
         passes = "1 measured pass" if repeat == 1 else f"median of {repeat} passes"
@@ -281,7 +314,43 @@ def _header_line(profile: Profile) -> str:
         parts.append("one profiled run")
     elif meta.get("mode") == "count":
         parts.append("counted in one pass, not timed")
-    return "  ·  ".join(parts)
+    return parts
+
+
+def _inputs_text(shapes: Any, dtypes: Any) -> str | None:
+    """``input [2, 16] int64``, or ``inputs input_ids [2, 16] int64, ...`` for keyword
+    inputs; arguments that hold no tensor are left out. None without dtypes (a
+    ``Profiler`` block, or a profile saved before they were kept)."""
+    if not (isinstance(shapes, list) and isinstance(dtypes, list) and len(shapes) == len(dtypes) == 2):
+        return None
+    (arg_shapes, kw_shapes), (arg_dtypes, kw_dtypes) = shapes, dtypes
+    named = [(None, shape, dtype) for shape, dtype in zip(arg_shapes, arg_dtypes)]
+    named += [(name, kw_shapes.get(name), dtype) for name, dtype in kw_dtypes.items()]
+    entries = []
+    for name, shape, dtype in named:
+        dtype_names = _leaves(dtype)
+        if dtype_names:
+            entries.append(" ".join(filter(None, [name, fmt.shape(shape), "/".join(dtype_names)])))
+    if not entries:
+        return None
+    shown = entries[:HEADER_INPUTS] + [f"+{len(entries) - HEADER_INPUTS} more"] * (len(entries) > HEADER_INPUTS)
+    return ("input " if len(entries) == 1 else "inputs ") + ", ".join(shown)
+
+
+def _leaves(nested: Any) -> list[str]:
+    """The distinct strings in nested lists and dicts, in order."""
+    found: list[str] = []
+    stack = [nested]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if item not in found:
+                found.append(item)
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+    return found
 
 
 def _footer(profile: Profile) -> list[str]:
@@ -488,7 +557,7 @@ def render_text(
         text = " | ".join(_align(c, w, a) for c, w, a in zip(cells, widths, aligns))
         return text.rstrip()
 
-    out = [_header_line(profile), "", line(headers), "-|-".join("-" * w for w in widths)]
+    out = [*_header_lines(profile, width), "", line(headers), "-|-".join("-" * w for w in widths)]
     out.extend(line(r) for r in rows)
     out.append("")
     footer = _footer(profile)
