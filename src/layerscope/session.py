@@ -344,8 +344,9 @@ class Profiler:
     stays flat on long runs. Only the thread that opened the block is recorded (and
     autograd's, for its backward).
 
-    ``record_ops=False`` records module times only (no detail step: no ops, FLOPs or
-    memory), the leanest timing; ``memory=False`` keeps ops but not memory;
+    ``record_ops=False`` records module forward times only, by two hooks on a clock (no
+    detail step, no torch profiler: no ops, FLOPs, memory or backward), the leanest
+    timing; ``memory=False`` keeps ops but not memory;
     ``with_stack=True`` keeps each op's Python call site (``OpStats.stack``). If the
     block raises, what was captured up to then is kept, marked
     ``meta["complete"] = False``.
@@ -432,11 +433,11 @@ class Profiler:
         self._detail_backend = RecorderSteps(self._recorder, detailed=self._record_ops)
         # Timed steps go through torch's profiler; without it (a user's torch.profiler
         # already runs, or a fake clock in tests) every step is a detail step, timed too.
-        self._timed_backend = None if self._clock is not None else _timed_backend(
-            self._recorder, modules, selected, self._device
-        )
-        if self._timed_backend is None and not self._record_ops:
+        # record_ops=False is the leanest timing: module hooks on a clock, forward only.
+        if not self._record_ops:
             self._timed_backend = self._detail_backend
+        elif self._clock is None:
+            self._timed_backend = _timed_backend(self._recorder, modules, selected, self._device)
         self._parents = parent_indices(self._infos)
         stack = contextlib.ExitStack()
         try:
