@@ -69,7 +69,8 @@ SHAPE, DTYPES = "a shape", "dtype names"
 _PHASE = {name: Opt(INT) for name in (
     "device_time_ns", "self_device_time_ns", "flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes",
     "alloc_bytes", "self_alloc_bytes", "freed_bytes", "self_freed_bytes", "peak_bytes", "activation_bytes",
-    "self_activation_bytes", "grad_bytes", "self_grad_bytes",
+    "self_activation_bytes", "grad_bytes", "self_grad_bytes", "comm_time_ns", "self_comm_time_ns", "comm_bytes",
+    "self_comm_bytes",
 )}  # fmt: skip
 PHASE_STATS = Obj({**_PHASE, "cpu_time_ns": INT, "self_cpu_time_ns": INT}, frozenset({"cpu_time_ns", "self_cpu_time_ns"}))
 

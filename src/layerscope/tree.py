@@ -29,6 +29,8 @@ ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
     ("freed_bytes", "self_freed_bytes"),
     ("activation_bytes", "self_activation_bytes"),
     ("grad_bytes", "self_grad_bytes"),
+    ("comm_time_ns", "self_comm_time_ns"),
+    ("comm_bytes", "self_comm_bytes"),
 )
 
 #: The phases a node's work is split into. ``recompute`` is forward work run again
@@ -37,7 +39,7 @@ PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
 
 #: Node kinds: modules of the model, user labels (``record_function``/``layerscope.label``)
 #: and the parts of a training step outside the model.
-NODE_KINDS: tuple[str, ...] = ("module", "label", "loss", "optimizer", "zero_grad", "other")
+NODE_KINDS: tuple[str, ...] = ("module", "label", "loss", "optimizer", "zero_grad", "communication", "other")
 
 
 @dataclass
@@ -54,6 +56,11 @@ class PhaseStats:
     memory when it started (not additive); ``activation_bytes`` is what its forward
     allocated and left alive for backward (saved tensors); ``grad_bytes`` is the
     gradients written for its parameters in backward.
+
+    Communication (``None`` when no collective ran): ``comm_time_ns`` is host time in
+    collective ops (``c10d::allreduce_``, ...) plus, for the ``<communication>`` part,
+    time spent waiting for collectives in flight; ``comm_bytes`` is the payload the
+    collectives moved (the buffer size, as bus-bandwidth figures count it).
     """
 
     cpu_time_ns: int = 0
@@ -75,6 +82,10 @@ class PhaseStats:
     self_activation_bytes: int | None = None
     grad_bytes: int | None = None
     self_grad_bytes: int | None = None
+    comm_time_ns: int | None = None
+    self_comm_time_ns: int | None = None
+    comm_bytes: int | None = None
+    self_comm_bytes: int | None = None
 
     @property
     def busy_time_ns(self) -> int | None:
@@ -82,12 +93,21 @@ class PhaseStats:
         return self.device_time_ns if self.device_time_ns is not None else self.cpu_time_ns
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        # Communication fields are written only where a collective ran, so a profile of
+        # one process reads as before.
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (f.name in _COMM_FIELDS and getattr(self, f.name) is None)
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PhaseStats:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_COMM_FIELDS = frozenset({"comm_time_ns", "self_comm_time_ns", "comm_bytes", "self_comm_bytes"})
 
 
 @dataclass
