@@ -18,7 +18,7 @@ from layerscope.capture.kineto import (
     convert,
     union_ns,
 )
-from layerscope.raw import NO_SEQ, Enter, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.raw import NO_SEQ, Collective, Enter, Exit, LabelEnter, LabelExit, Op, Step
 
 EVAL = "autograd::engine::evaluate_function: "
 
@@ -214,3 +214,28 @@ def test_real_profiler_run_converts_to_a_stream_per_step():
     from torch.nn.modules import module as nn_module
 
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+
+
+def test_collectives_from_a_gradient_hook_and_gloo_thread() -> None:
+    """DDP's reducer starts its all-reduce inside the gradient accumulation node's range
+    (a hook); gloo runs it on its own thread. The all-reduce becomes a backward op of the
+    same node, cutting the node's op where it starts; the gloo range becomes a
+    ``Collective`` note; a collective range on another thread outside the step is dropped."""
+    roots = [
+        step(
+            0, 500,
+            module(0, 10, 100, op("aten::addmm", 20, 90, seq=7)),
+            op(EVAL + "AddmmBackward0", 110, 150, seq=7),
+            op(EVAL + "torch::autograd::AccumulateGrad", 150, 170, op("c10d::allreduce_", 160, 168)),
+        ),
+        op("gloo:all_reduce", 165, 390, tid=3),
+        op("gloo:all_reduce", 600, 700, tid=3),
+    ]  # fmt: skip
+    (stream,) = convert(roots)
+    ops = [e for e in stream if isinstance(e, Op) and e.grad is not None]
+    assert [(o.name, o.t0_ns, o.t1_ns, o.grad) for o in ops] == [
+        ("AddmmBackward0", 110, 150, (7, None)),
+        ("torch::autograd::AccumulateGrad", 150, 160, (7, None)),
+        ("c10d::allreduce_", 160, 168, (7, None)),
+    ]
+    assert [e for e in stream if isinstance(e, Collective)] == [Collective(165, 390, "gloo:all_reduce")]

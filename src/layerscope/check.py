@@ -7,6 +7,7 @@ corrupted file), never something to render.
 
 from __future__ import annotations
 
+from layerscope.comm import is_communication
 from layerscope.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile
 
 
@@ -76,17 +77,22 @@ def _op_problems(node: ModuleNode) -> list[str]:
         if op.phase not in PHASES or getattr(node, op.phase) is None:
             problems.append(f"{where} is in phase {op.phase!r}, which the node lacks")
             continue
-        for field, _ in _OP_SUMS:
+        comm = is_communication(op.name)
+        for field, self_field in _OP_SUMS:
             value = getattr(op, field)
             if value is not None:
-                key = (op.phase, field)
+                # A collective's bytes are its payload: the node's communication bytes.
+                key = (op.phase, "self_comm_bytes" if comm and field == "bytes" else self_field)
                 sums[key] = (sums.get(key) or 0) + value
     for phase, stats in node.phases():
-        for field, self_field in _OP_SUMS:
+        for field, self_field in (*_OP_SUMS, ("bytes", "self_comm_bytes")):
             own = getattr(stats, self_field)
-            ops_sum = sums.get((phase, field))
+            ops_sum = sums.get((phase, self_field))
+            if self_field == "self_comm_bytes" and own is None:
+                continue  # no collective ran: none of its ops can be one
             if (own or 0) != (ops_sum or 0):
-                problems.append(f"{node.path!r} {phase}: {self_field}={own} != its ops' {field} ({ops_sum or 0})")
+                where = "collectives'" if self_field == "self_comm_bytes" else "ops'"
+                problems.append(f"{node.path!r} {phase}: {self_field}={own} != its {where} {field} ({ops_sum or 0})")
     return problems
 
 

@@ -11,6 +11,7 @@ An event stream is a list of typed records, in the order they happened:
   optimizer step, ``zero_grad``) or a step part run by layerscope (the loss)
 - :class:`Step`: the first and last events of a pass or training step
 
+A :class:`Collective` notes a collective running on a process group's own thread.
 With memory tracking, also :class:`Free`, :class:`Saved`, :class:`Grad`, :class:`Adopt`,
 :class:`Optim` and :class:`DeviceMem` (memory notes: they take no time of their own).
 
@@ -159,10 +160,23 @@ class DeviceMem(NamedTuple):
     reserved_at_peak_bytes: int
 
 
-Event = Union[Enter, Exit, Op, LabelEnter, LabelExit, Step, Free, Saved, Grad, Adopt, Optim, DeviceMem]
+class Collective(NamedTuple):
+    """A collective in flight from ``t0_ns`` to ``t1_ns`` on a thread of the process
+    group's own (``gloo:all_reduce``): it takes none of the profiled thread's time, but
+    time that thread spends idle meanwhile is waiting for it."""
+
+    t0_ns: int
+    t1_ns: int
+    name: str
+
+
+Event = Union[Enter, Exit, Op, LabelEnter, LabelExit, Step, Free, Saved, Grad, Adopt, Optim, DeviceMem, Collective]
 
 #: Events that note memory and take no time of their own.
 MEMORY_NOTES = (Free, Saved, Grad, Adopt, Optim, DeviceMem)
+#: Every event that takes no time of its own thread: it neither ends a backward slot nor
+#: starts a pass.
+NOTES = (*MEMORY_NOTES, Collective)
 
 #: Memory categories of the live bytes at the step's peak.
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")

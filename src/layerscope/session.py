@@ -22,7 +22,7 @@ from layerscope.attribute import (
     parent_indices,
     walk_pass,
 )
-from layerscope.capture import kineto
+from layerscope.capture import distributed, kineto
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
@@ -246,14 +246,6 @@ def _timed_backend(recorder: Recorder, modules: list[nn.Module], selected: list[
     return KinetoSteps(kineto.KinetoWindow(index, device=device))
 
 
-def _rank() -> int:
-    """This process's rank in a distributed job (0 when there is none)."""
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return int(os.environ.get("RANK", "0") or 0)
-
-
 def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
     if peak_tflops is not None:
         if not peak_tflops > 0:
@@ -410,6 +402,7 @@ class Profiler:
         self._cycle_last: int | None = None
         self._step_action = Action.NONE
         self._delivered = 0
+        self._identity: dict[str, Any] = {}
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -439,6 +432,8 @@ class Profiler:
         elif self._clock is None:
             self._timed_backend = _timed_backend(self._recorder, modules, selected, self._device)
         self._parents = parent_indices(self._infos)
+        # Rank, world size, host and the run id (agreed with the other ranks once).
+        self._identity = distributed.identity()
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(exclusive(self.model))
@@ -586,7 +581,7 @@ class Profiler:
                 step_range=[self._cycle_first, self._cycle_last],
                 complete=complete,
                 schedule=None if self._schedule is None else str(self._schedule),
-                rank=_rank(),
+                **self._identity,
                 **({"detail_step": self._detail_step} if self._detail is not None else {}),
             ),
         )

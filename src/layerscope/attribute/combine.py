@@ -29,7 +29,11 @@ class Accumulator:
 
     def add(self, result: PassResult) -> None:
         total = self.total
-        for table, other in ((total.self_cpu, result.self_cpu), (total.self_dev, result.self_dev)):
+        for table, other in (
+            (total.self_cpu, result.self_cpu),
+            (total.self_dev, result.self_dev),
+            (total.self_comm, result.self_comm),
+        ):
             for k, v in other.items():
                 table[k] = table.get(k, 0) + v
         for k, v in result.calls.items():
@@ -86,6 +90,9 @@ def median_result(passes: list[PassResult]) -> PassResult:
     dev_keys = {k for p in passes for k in p.self_dev}
     for k in dev_keys:
         out.self_dev[k] = _median([p.self_dev.get(k, 0) for p in passes])
+    comm_keys = {k for p in passes for k in p.self_comm}
+    for k in comm_keys:
+        out.self_comm[k] = _median([p.self_comm.get(k, 0) for p in passes])
     call_keys = {k for p in passes for k in p.calls}
     for k in call_keys:
         out.calls[k] = _median([p.calls.get(k, 0) for p in passes])

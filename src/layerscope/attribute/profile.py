@@ -10,6 +10,7 @@ from layerscope.attribute.chain import Key
 from layerscope.attribute.combine import Accumulator, median_result, scaled
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
+from layerscope.comm import is_communication
 from layerscope.raw import RawCapture
 from layerscope.tree import ADDITIVE_PHASE_METRICS, PHASES, ModuleNode, OpStats, PhaseStats, Profile, link
 
@@ -93,10 +94,21 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
             op_index[table_key] = len(listed)
             listed.append(op)
 
+    # Communication figures exist only where a collective ran (timed, or in the op rows).
+    has_comm = bool(times.self_comm) or any(is_communication(op.name) for op in (op_result.ops.values() if op_result else ()))
+
     def phase_stats(key: Key, phase: str, selected: bool) -> PhaseStats | None:
         if phase != "forward" and phase not in phases:
             return None
         own_ops = [op for op in ops_by_key.get(key, []) if op.phase == phase] if selected else []
+        comm: dict[str, int | None] = {}
+        if has_comm:
+            comm_ops = [op for op in own_ops if is_communication(op.name)]
+            comm = {
+                "self_comm_time_ns": times.self_comm.get((key, phase), 0) if selected else 0,
+                "self_comm_bytes": sum(op.bytes or 0 for op in comm_ops) if counted else None,
+            }
+            own_ops = [op for op in own_ops if not is_communication(op.name)] if comm_ops else own_ops
         self_dev = times.self_dev.get((key, phase), 0) if has_device and selected else None
         mem: dict[str, int | None] = {}
         if memory is not None:
@@ -114,6 +126,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
             }
         return PhaseStats(
             **mem,
+            **comm,
             self_cpu_time_ns=times.self_cpu.get((key, phase), 0) if selected else 0,
             self_device_time_ns=self_dev,
             device_time_ns=0 if has_device else None,
@@ -265,7 +278,7 @@ def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[st
     }
 
 
-_PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "other": 4}
+_PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "communication": 4, "other": 5}
 
 
 def _part_order(node: ModuleNode) -> int:

@@ -34,10 +34,13 @@ from typing import Any, NamedTuple
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key
 from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, scan
+from layerscope.comm import is_communication
 from layerscope.raw import (
     MEMORY_NOTES,
     NO_SEQ,
+    NOTES,
     Adopt,
+    Collective,
     DeviceMem,
     Enter,
     Event,
@@ -55,6 +58,7 @@ from layerscope.tree import OpStats
 
 OTHER = "<other>"
 LOSS = "<loss>"
+COMMUNICATION = "<communication>"
 
 @dataclass
 class Dynamic:
@@ -72,6 +76,8 @@ class PassResult:
 
     self_cpu: dict[Site, int] = field(default_factory=dict)
     self_dev: dict[Site, int] = field(default_factory=dict)
+    #: Host time in collectives (their ops, and waiting for them: ``<communication>``).
+    self_comm: dict[Site, int] = field(default_factory=dict)
     calls: dict[Key, int] = field(default_factory=dict)
     dynamic: dict[str, Dynamic] = field(default_factory=dict)
     ops: dict[tuple[Any, ...], OpStats] = field(default_factory=dict)
@@ -170,6 +176,10 @@ class PassWalker:
         self.t_start: int | None = None
         #: Host time of the step already charged to a top-level node (the rest is <other>).
         self.accounted_ns = 0
+        #: The ``[t0, t1)`` intervals charged at the top level, and collectives in flight
+        #: on other threads: idle time during a collective is waiting for it.
+        self.covered: list[tuple[int, int]] = []
+        self.collectives: list[tuple[int, int]] = []
         self.chain = BackwardChain(_ancestry(parents))
         #: Backward spans end where their last op's slot ends, not at the event that closes them.
         self.last_backward_end = 0
@@ -189,6 +199,7 @@ class PassWalker:
             LabelEnter: self.on_label_enter,
             LabelExit: self.on_label_exit,
             Step: self.on_step,
+            Collective: self.on_collective,
         }
         for kind in MEMORY_NOTES:
             handlers[kind] = _skip
@@ -205,7 +216,7 @@ class PassWalker:
 
     def feed(self, event: Event) -> None:
         """Walk one more record of the stream."""
-        if not isinstance(event, MEMORY_NOTES):
+        if not isinstance(event, NOTES):
             if self.open_slot is not None:
                 self._close_slot(event)
             if self.t_start is None:
@@ -281,7 +292,7 @@ class PassWalker:
             frames[-1].child_ns += duration
             frames[-1].child_device_ns += device_duration or 0
         else:
-            self.accounted_ns += duration
+            self.account(frame.t_enter_ns, t)
             if isinstance(key, int) and phase == "forward":
                 # A forward of the model after backward work starts a new iteration (a
                 # block of several without step() between them): what follows until its
@@ -301,6 +312,7 @@ class PassWalker:
             if self.has_device:
                 top.op_device_ns += event.device_time_ns or 0
             memory = self.op_memory((top.key, top.phase), event)
+            self.comm_op((top.key, top.phase), event)
             self.record_op(top.key, top.phase, event, memory)
         else:
             self._op_outside_frames(event)
@@ -315,6 +327,7 @@ class PassWalker:
         if not self.frames:
             self.chain.move(key, event.t0_ns)
         memory = self.op_memory((key, "backward"), event)
+        self.comm_op((key, "backward"), event)
         # Its time is charged when the slot ends, at the next timed record.
         self.open_slot = (key, event)
         self.record_op(key, "backward", event, memory)
@@ -336,7 +349,7 @@ class PassWalker:
             if self.has_device:
                 self.frames[-1].child_device_ns += event.device_time_ns or 0
         else:
-            self.accounted_ns += slot
+            self.account(event.t0_ns, end)
 
     def _op_outside_frames(self, event: Op) -> None:
         """Forward work outside every frame: the loss (after the model's forward, before
@@ -356,8 +369,23 @@ class PassWalker:
             self.part_run = PartRun(key, event.t0_ns, event.t1_ns)
         elapsed = max(0, event.t1_ns - event.t0_ns)
         self.charge(key, "forward", elapsed, event.device_time_ns if self.has_device else None)
-        self.accounted_ns += elapsed
+        self.account(event.t0_ns, event.t1_ns)
+        self.comm_op((key, "forward"), event)
         self.record_op(key, "forward", event, memory)
+
+    def comm_op(self, site: Site, event: Op) -> None:
+        """A collective's own time is communication time of the node that ran it."""
+        if is_communication(event.name):
+            comm = self.result.self_comm
+            comm[site] = comm.get(site, 0) + max(0, event.t1_ns - event.t0_ns)
+
+    def on_collective(self, event: Collective) -> None:
+        self.collectives.append((event.t0_ns, event.t1_ns))
+
+    def account(self, t0: int, t1: int) -> None:
+        """``[t0, t1)`` of the step is charged to a top-level node."""
+        self.accounted_ns += max(0, t1 - t0)
+        self.covered.append((t0, t1))
 
     def record_op(self, key: Key, phase: str, event: Op, memory: tuple[int, int]) -> None:
         """Add ``event`` to ``key``'s op table (when ops are collected)."""
@@ -549,9 +577,52 @@ class PassWalker:
             result.trace_start_ns = t_base
         if self.t_first is not None and self.t_last is not None:
             result.wall_ns = self.t_last - self.t_first
+            wait = 0
+            if self.collectives:
+                wait = waiting_ns(self.t_first, self.t_last, self.covered, self.collectives)
+                if wait:
+                    result.dynamic.setdefault(COMMUNICATION, Dynamic(COMMUNICATION, None, "communication", "communication"))
+                    self.charge(COMMUNICATION, "forward", wait, None)
+                    result.self_comm[(COMMUNICATION, "forward")] = wait
             self.ensure_part(OTHER)
-            self.charge(OTHER, "forward", max(0, result.wall_ns - self.accounted_ns), None)
+            self.charge(OTHER, "forward", max(0, result.wall_ns - self.accounted_ns - wait), None)
         return result
+
+
+def waiting_ns(t_first: int, t_last: int, covered: list[tuple[int, int]], collectives: list[tuple[int, int]]) -> int:
+    """Time of ``[t_first, t_last)`` the profiled thread spent idle (in no ``covered``
+    interval) while a collective was in flight: waiting for it."""
+    idle: list[tuple[int, int]] = []
+    cursor = t_first
+    for t0, t1 in sorted(covered):
+        if t0 > cursor:
+            idle.append((cursor, min(t0, t_last)))
+        cursor = max(cursor, t1)
+    if cursor < t_last:
+        idle.append((cursor, t_last))
+    busy = _merged([(max(a, t_first), min(b, t_last)) for a, b in collectives if b > a])
+    total = 0
+    j = 0
+    for a, b in idle:
+        while j < len(busy) and busy[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(busy) and busy[k][0] < b:
+            total += max(0, min(b, busy[k][1]) - max(a, busy[k][0]))
+            k += 1
+    return total
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def parent_indices(modules: list[Any]) -> list[int | None]:

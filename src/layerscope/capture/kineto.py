@@ -54,7 +54,8 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from layerscope.capture.recorder import label_kind
-from layerscope.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.comm import is_communication
+from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 MODULE_PREFIX = "layerscope.module#"
 PART_PREFIX = "layerscope.part#"
@@ -188,6 +189,8 @@ def _kind(event: Any, name: str | None = None) -> str:
         return "part"
     if name.startswith(_EVALUATE):
         return "backward"
+    if is_communication(name):
+        return "op"  # a process group's range around a collective (gloo:all_reduce)
     if getattr(event.extra_fields, "scope", None) == _USER_SCOPE:
         return "label"
     return "op"
@@ -318,6 +321,14 @@ class _Converter:
             for child, kind in nested:
                 if kind == "backward":
                     self.on_backward(child)
+                elif kind == "comm":
+                    # A collective the node's hooks started (DDP's reducer, from gradient
+                    # accumulation): communication of the same node's module.
+                    start = child.start_time_ns
+                    op = Op(start, child.end_time_ns, child.name, grad=(seq, None), tid=child.start_tid)
+                    if self.has_device:
+                        op = op._replace(device_time_ns=self.kernel_time(child))
+                    self.put(start, op)
                 else:
                     self.walk(child, kind, True)
         if self.has_device:
@@ -337,6 +348,9 @@ class _Converter:
                 self.walk(root, kind, False)
             elif kind == "backward" and any(s <= root.start_time_ns <= e for s, e in steps):
                 self.on_backward(root)  # autograd's device thread, backward of a step
+            elif is_communication(root.name) and any(root.start_time_ns < e and s < root.end_time_ns for s, e in steps):
+                # A collective running on the process group's own thread (gloo's worker).
+                self.put(root.start_time_ns, Collective(root.start_time_ns, root.end_time_ns, root.name))
             # anything else on another thread is not the profiled block's work
         self.records.sort(key=lambda r: (r[0], r[1]))
         self.seq_marks.sort()
@@ -371,8 +385,8 @@ class _Converter:
 
 
 def _nested_frames(event: Any) -> list[tuple[Any, str]]:
-    """Module, label and node ranges under a backward node or a custom ``Function``,
-    outermost only. Namespaced ops (``aten::mm``) never run modules, so their subtrees
+    """Module, label and node ranges and collectives under a backward node or a custom
+    ``Function``, outermost only. Namespaced ops (``aten::mm``) never run modules, so their subtrees
     (most of the events) are not read."""
     found: list[tuple[Any, str]] = []
     pending = list(reversed(event.children))
@@ -382,6 +396,8 @@ def _nested_frames(event: Any) -> list[tuple[Any, str]]:
         kind = _kind(item, name)
         if kind in ("module", "label", "part", "backward"):
             found.append((item, kind))
+        elif is_communication(name):
+            found.append((item, "comm"))
         elif "::" not in name:
             pending.extend(reversed(item.children))
     return found

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
+from layerscope.comm import is_communication, payload_bytes
 from layerscope.flops.meta import TensorMeta, Uncacheable, signature, tensor_bytes, to_meta
 
 __all__ = [
@@ -192,6 +193,9 @@ def count_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 
 
 def _count(name: str, formula: Formula | None, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Counts:
+    if is_communication(name):
+        # A collective does no arithmetic worth counting; its bytes are its payload.
+        return 0, 0, payload_bytes(name, args, out, tensor_bytes)
     if formula is None and fake.is_composite(name):
         decomposed = fake.count_decomposition(name, args, kwargs)
         if decomposed is not None:

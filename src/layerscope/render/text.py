@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope import fmt
+from layerscope.comm import is_communication
 from layerscope.errors import RenderError
 from layerscope.render import register_renderer
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
@@ -113,6 +114,11 @@ def _calls(node: ModuleNode, profile: Profile) -> str:
 def _whole(profile: Profile) -> int:
     """What "CPU %" is a share of: the step when there is one, else the forward."""
     return profile.step_time_ns or profile.root.forward.cpu_time_ns
+
+
+def _has_comm(profile: Profile) -> bool:
+    """Whether a collective ran (its figures are None otherwise)."""
+    return any(stats.comm_time_ns is not None for node in [profile.root, *profile.parts] for _, stats in node.phases())
 
 
 def _has_recompute(profile: Profile) -> bool:
@@ -219,6 +225,18 @@ STEP_COLUMNS: list[Column] = [
         lambda n, p: fmt.time_ns(sum(s.device_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
+    ),
+    Column(
+        "Comm", "comm", 5,
+        lambda n, p: fmt.time_ns(sum(s.comm_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
+        lambda o, p: fmt.time_ns(o.cpu_time_ns) if is_communication(o.name) else "",
+        shown=lambda p: _is_timed(p) and _has_comm(p),
+    ),
+    Column(
+        "Comm bytes", "comm_bytes", 8,
+        _mem(lambda n: sum(s.comm_bytes or 0 for _, s in n.phases())),
+        lambda o, p: fmt.nbytes(o.bytes) if is_communication(o.name) and o.bytes is not None else "",
+        shown=_has_comm,
     ),
     Column("Fwd FLOPs", "fwd_flops", 4, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
     Column("Bwd FLOPs", "bwd_flops", 6, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),

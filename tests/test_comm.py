@@ -1,0 +1,103 @@
+"""Communication: the collective registry, payload bytes, and waiting in the walk,
+on hand-written event streams with hand-computed figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from layerscope import comm
+from layerscope.attribute.profile import build_profile
+from layerscope.check import check_tree
+from layerscope.flops import count_meta
+from layerscope.flops.meta import TensorMeta
+from layerscope.raw import Collective, Enter, Exit, ModuleInfo, Op, RawCapture, Step
+
+
+@pytest.mark.parametrize(
+    ("name", "is_comm", "kind"),
+    [
+        ("c10d::allreduce_", True, "all_reduce"),
+        ("c10d::_allgather_base_", True, "all_gather"),
+        ("c10d::_reduce_scatter_base_", True, "reduce_scatter"),
+        ("c10d::broadcast_", True, "broadcast"),
+        ("_c10d_functional::all_gather_into_tensor", True, "all_gather"),
+        ("_c10d_functional::wait_tensor", True, "wait"),
+        ("gloo:all_reduce", True, "all_reduce"),
+        ("nccl:reduce_scatter", True, "reduce_scatter"),
+        ("record_param_comms", True, None),
+        ("aten::mm", False, None),
+        ("my_label", False, None),
+    ],
+)
+def test_registry(name: str, is_comm: bool, kind: str | None) -> None:
+    assert comm.is_communication(name) is is_comm
+    if is_comm:
+        assert comm.kind(name) == kind
+
+
+def test_bus_factor_follows_the_bandwidth_convention() -> None:
+    assert comm.bus_factor("c10d::allreduce_", 4) == pytest.approx(2 * 3 / 4)
+    assert comm.bus_factor("c10d::_allgather_base_", 8) == pytest.approx(7 / 8)
+    assert comm.bus_factor("c10d::broadcast_", 8) == 1.0
+
+
+def _t(*shape: int) -> TensorMeta:
+    import torch
+
+    return TensorMeta(tuple(shape), torch.float32, "cpu")
+
+
+def test_payload_bytes_per_collective() -> None:
+    # An all-reduce moves its tensors: 10 + 6 floats.
+    assert count_meta("c10d::allreduce_", ([_t(10), _t(2, 3)],), {}, out=None)[2] == 64
+    # An all-gather is about what it gathers (output 4 x 8 floats), not its input (8).
+    assert count_meta("c10d::_allgather_base_", (_t(4, 8), _t(8)), {}, out=None)[2] == 128
+    # A reduce-scatter is about its input (4 x 8), not its output shard (8).
+    assert count_meta("c10d::_reduce_scatter_base_", (_t(8), _t(4, 8)), {}, out=None)[2] == 128
+    # No arithmetic is counted for a collective.
+    assert count_meta("c10d::allreduce_", ([_t(10)],), {}, out=None)[:2] == (0, 0)
+    assert count_meta("c10d::barrier", (_t(1),), {}, out=None)[2] == 0
+
+
+MODULES = [ModuleInfo(path="", type="Root", parent=None, depth=0, params=0)]
+
+
+def test_idle_time_during_a_collective_is_waiting_and_the_step_adds_up() -> None:
+    """Forward 10-100; one backward node 110-150 whose hook starts an all-reduce at
+    150-160 (enqueue on this thread); the collective runs on gloo's thread 155-390, while
+    this thread is idle from 160 to 400 (the reducer waits); a copy 400-420; step 0-500.
+
+    Waiting = idle time inside the collective = 160..390 = 230 ns. <other> is the rest of
+    the idle time: 0..10, 100..110, 390..400, 420..500 = 10 + 10 + 10 + 80 = 110 ns."""
+    stream = [
+        Step(0),
+        Enter(10, 0, None, 1),
+        Exit(100, 0, None, 2),
+        Op(110, 150, "AddmmBackward0", grad=(1, None)),
+        Op(150, 160, "c10d::allreduce_", grad=(1, None)),
+        Collective(155, 390, "gloo:all_reduce"),
+        Op(400, 420, "aten::copy_"),
+        Step(500),
+    ]
+    profile = build_profile(RawCapture(modules=MODULES, timing_passes=[stream], op_pass=None))
+    check_tree(profile)
+    parts = {node.path: node for node in profile.parts}
+    wait = parts["<communication>"]
+    assert wait.kind == "communication"
+    assert wait.forward.self_cpu_time_ns == 230
+    assert wait.forward.comm_time_ns == 230
+    assert parts["<other>"].forward.self_cpu_time_ns == 110 + 20  # and the copy, 400..420
+    backward = profile.root.backward
+    assert backward is not None
+    # The node's slot runs to the collective's start (40); the collective's, to its end (10).
+    assert backward.self_cpu_time_ns == 50
+    assert backward.comm_time_ns == 10
+    assert profile.step_time_ns == 500
+
+
+def test_no_collective_no_communication_figures() -> None:
+    stream = [Step(0), Enter(10, 0, None, 1), Exit(100, 0, None, 2), Step(120)]
+    profile = build_profile(RawCapture(modules=MODULES, timing_passes=[stream]))
+    assert profile.root.forward.comm_time_ns is None
+    assert "comm_time_ns" not in profile.root.forward.to_dict()
+    assert [n.path for n in profile.parts] == ["<other>"]
