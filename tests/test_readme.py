@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
@@ -42,9 +43,21 @@ def _cli_lines() -> list[list[str]]:
     for block in _blocks("bash"):
         for line in block.splitlines():
             line = line.split("#", 1)[0].strip()
-            if line.startswith("layerscope "):
-                lines.append(shlex.split(line)[1:])
+            if line.startswith(("layerscope ", "torchrun ")):
+                lines.append(shlex.split(line))
     return lines
+
+
+def _command(argv: list[str], cwd: Path) -> list[str]:
+    """The line as the shell would run it: globs expanded in ``cwd``, and ``torchrun``
+    as this Python's ``torch.distributed.run``."""
+    words = []
+    for word in argv[1:]:
+        found = sorted(glob.glob(word, root_dir=cwd)) if any(c in word for c in "*?[") else []
+        words.extend(found or [word])
+    if argv[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *words]
+    return [sys.executable, "-m", "layerscope", *words]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +71,7 @@ def shell_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     env = dict(os.environ)
     result = subprocess.run(
-        [sys.executable, "-m", "layerscope", *argv],
+        _command(argv, shell_dir),
         cwd=shell_dir, capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stderr
