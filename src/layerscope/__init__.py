@@ -33,6 +33,7 @@ __all__ = [
     "diff",
     "label",
     "load",
+    "merge",
     "profile",
     "register_flops",
     "schedule",
@@ -43,6 +44,7 @@ from layerscope.check import InvariantError, check_tree
 from layerscope.diff import diff
 from layerscope.errors import LayerscopeError
 from layerscope.io import load
+from layerscope.ranks import merge
 from layerscope.schedule import schedule
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 

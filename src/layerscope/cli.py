@@ -62,7 +62,13 @@ examples:
   layerscope diff base.json new.json --fail-above 10%      # exit 1 if over 10% slower
   layerscope diff base.json new.json --fail-above 0.1 --min-time 200us --limit 10
   layerscope diff base.json new.json --format json -o diff.json
+  layerscope diff run/layerscope_steps0-4_rank0.json run/layerscope_steps0-4_rank3.json
+  layerscope diff merged.json --ranks 0 3                  # two ranks of a merged run
+  layerscope diff merged_before.json merged_after.json     # two merged runs
 
+Two merged runs (layerscope merge) compare their median ranks' trees, then how each
+node's imbalance over the ranks (max / median time) moved. A merged run and --ranks A B
+compares its rank A (base) with its rank B (new); two rank files compare as profiles.
 Modules, labels and step parts are matched by path; ops by (module, phase, name,
 input shapes). Rows only in NEW are marked added, rows only in BASE removed.
 
@@ -366,9 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
         "  layerscope show run.json --depth 2\n"
         "  layerscope show run.json --format ops --group-by shape --limit 20\n"
         "  layerscope show run.json -o run.trace.json        # Chrome trace / Perfetto\n"
-        "  layerscope show run.json --format folded --metric flops\n",
+        "  layerscope show run.json --format folded --metric flops\n"
+        "  layerscope show merged.json                      # ranks merged by 'layerscope merge'\n"
+        "  layerscope show merged.json --rank 3 --depth 2   # the tree of rank 3\n",
     )
-    show.add_argument("profile", metavar="PROFILE", help="a profile saved as JSON")
+    show.add_argument("profile", metavar="PROFILE", help="a profile saved as JSON, or a merged run (layerscope merge)")
+    show.add_argument(
+        "--rank", type=_positive, metavar="N",
+        help="a merged run: render rank N's profile (any format) instead of the report of all ranks",
+    )
     _add_render_options(show)
 
     plot = sub.add_parser(
@@ -389,8 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
         "diff", help="compare two saved profiles: what got slower, and where", description=DIFF_DESCRIPTION,
         epilog=DIFF_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    compare.add_argument("base", metavar="BASE", help="the profile before the change (JSON)")
-    compare.add_argument("new", metavar="NEW", help="the profile after the change (JSON)")
+    compare.add_argument("base", metavar="BASE", help="the profile before the change (JSON), or a merged run")
+    compare.add_argument("new", metavar="NEW", nargs="?", help="the profile after the change (JSON), or a merged run")
+    compare.add_argument(
+        "--ranks", nargs=2, type=_positive, metavar=("A", "B"),
+        help="BASE is a merged run (layerscope merge) and NEW is not given: compare its rank A (as base) "
+        "with its rank B (as new)",
+    )
     compare.add_argument(
         "--fail-above", metavar="THRESHOLD",
         help="exit 1 if the model's total time or a module's self time grew by more than this: 10%% or 0.1",
@@ -404,8 +421,56 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     compare.add_argument("--limit", type=_positive, default=20, metavar="N", help="show at most N module and N op rows (default 20; 0 shows all)")
     compare.add_argument("--debug", action="store_true", help="show full tracebacks")
+    _add_merge_parser(sub)
     _add_bench_parser(sub)
     return parser
+
+
+MERGE_EPILOG = """\
+examples:
+  layerscope merge run/layerscope_steps0-4_rank*.json -o merged.json
+  layerscope merge run/layerscope_steps0-4_rank*.json                 # the report on stdout
+  layerscope show merged.json                                         # the report again
+  layerscope show merged.json --rank 3 --depth 2                      # rank 3's tree
+  layerscope diff merged.json --ranks 0 3                             # rank 0 against rank 3
+  layerscope diff before.json after.json                              # two merged runs
+  layerscope merge run/layerscope_steps0-4_rank*.json -o run.trace.json   # Perfetto, pid = rank
+  layerscope merge merged_0-3.json merged_4-7.json -o merged.json     # merged runs merge again
+
+The report: per node and phase, the time on every rank (or, beyond 8 ranks, the most
+imbalanced nodes), its median, max and slowest rank, and max / median; the stragglers
+(a rank whose self time in a node exceeds the other ranks' median by more than
+--threshold and --min-time), largest excess first; each rank's waiting in collectives;
+the ranks missing from the world size. Files of other runs (run_id), models, world sizes
+or cycles (step ranges), or one rank given twice, are refused (exit 2).
+"""
+
+
+def _add_merge_parser(sub: Any) -> None:
+    merge = sub.add_parser(
+        "merge", help="merge the per-rank profiles of a distributed run: imbalance, stragglers, waiting",
+        epilog=MERGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Merge the profiles a distributed job wrote, one per rank (one cycle: files of one\n"
+        "step range), or merged runs of it, into one layerscope-ranks/1 document.",
+    )  # fmt: skip
+    merge.add_argument("files", metavar="FILE", nargs="+", help="rank profiles (JSON) or merged runs")
+    merge.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    merge.add_argument(
+        "--format", choices=("text", "json", "chrome"),
+        help="json: the merged document; text: the report; chrome: one Chrome trace with a process per "
+        "rank, from the rank files' traces (default: from -o's extension: .trace.json chrome, .json json, "
+        "else text)",
+    )
+    merge.add_argument(
+        "--threshold", metavar="RATIO", default="10%",
+        help="a straggler's self time exceeds the other ranks' median by more than this (default 10%%)",
+    )
+    merge.add_argument(
+        "--min-time", metavar="TIME", default="1ms",
+        help="... and by at least this much (1ms, 500us; a bare number is ns; default 1ms)",
+    )
+    merge.add_argument("--depth", type=_positive, help="text: rank table rows down to this depth (root is 0)")
+    merge.add_argument("--debug", action="store_true", help="show full tracebacks")
 
 
 BENCH_EPILOG = """\
@@ -510,9 +575,16 @@ def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]
 
 
 def _show(args: argparse.Namespace) -> int:
+    from layerscope.ranks import MergedRun
     from layerscope.render import format_for_path
 
     prof = _load_profile(args.profile)
+    if isinstance(prof, MergedRun):
+        if args.rank is None:
+            return _show_merged(prof, args)
+        prof = _rank_of(prof, args.rank, args.profile)
+    elif args.rank is not None:
+        raise UsageError(f"--rank: {args.profile} is one rank's profile, not a merged run (layerscope merge)")
     fmt = args.format or (format_for_path(args.output) if args.output else "text")
     options = _format_options(args, fmt)
     if args.output:
@@ -666,6 +738,101 @@ def _load_profile(path: str) -> Any:
         raise UsageError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
 
 
+def _rank_of(run: Any, rank: int, name: str) -> Any:
+    try:
+        return run.rank_profile(rank)
+    except KeyError as exc:
+        raise UsageError(f"{name}: {exc.args[0]}") from None
+
+
+def _show_merged(run: Any, args: argparse.Namespace) -> int:
+    """The report of a merged run (text or json); profile-only options are refused."""
+    from layerscope.io import write_atomic
+    from layerscope.render import format_for_path, formats, render
+
+    fmt = args.format or (format_for_path(args.output, document="ranks") if args.output else "text")
+    if fmt not in formats("ranks"):
+        raise UsageError(
+            f"a merged run renders as {' or '.join(formats('ranks'))}, not {fmt}; "
+            f"--rank N renders rank N's profile in any format"
+        )
+    given = [
+        flag for flag, value in (
+            ("--show-ops", args.show_ops), ("--ops", args.ops), ("--metric", args.metric), ("--columns", args.columns),
+            ("--sort-by", args.sort_by), ("--group-by", args.group_by), ("--module", args.module),
+        ) if value
+    ]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)}: for a profile; give --rank N to render one rank's")
+    options: dict[str, Any] = {"depth": args.depth}
+    if args.limit is not None:
+        options["limit"] = args.limit or None
+    text = render(run, fmt, **options)
+    if args.output:
+        _check_writable(args.output)
+        _write_file(args.output, lambda: write_atomic(args.output, text), f"the {fmt} report")
+    else:
+        _print(text)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """Merge rank files; a mismatch is a MergeError (exit 2)."""
+    from layerscope.diff import parse_duration_ns, parse_threshold
+    from layerscope.io import write_atomic
+    from layerscope.ranks import MergedRun, RankTraces, merge
+    from layerscope.render import render, render_chunks
+
+    try:
+        threshold = parse_threshold(args.threshold)
+    except ValueError as exc:
+        raise UsageError(f"--threshold: {exc}") from None
+    try:
+        floor = parse_duration_ns(args.min_time)
+    except ValueError as exc:
+        raise UsageError(f"--min-time: {exc}") from None
+    output = args.output
+    if args.format:
+        fmt = args.format
+    elif output is None:
+        fmt = "text"
+    else:
+        lowered = output.lower()
+        fmt = "chrome" if lowered.endswith(".trace.json") else "json" if lowered.endswith(".json") else "text"
+    if output:
+        _check_writable(output)
+    files_of_rank: dict[int, str] = {}
+
+    def loaded() -> Iterator[Any]:
+        # One file at a time: merge keeps what a merged run needs and drops the rest.
+        for path in args.files:
+            item = _load_profile(path)
+            if isinstance(item, MergedRun):
+                if fmt == "chrome":
+                    raise UsageError(
+                        f"{path} is a merged run, which keeps no traces; --format chrome needs the rank files"
+                    )
+            else:
+                files_of_rank.setdefault(item.meta.get("rank"), path)
+            yield item
+
+    run = merge(loaded(), sources=args.files, threshold=threshold, min_time_ns=floor)
+    if fmt == "chrome":
+        traces = RankTraces(_load_profile(files_of_rank[rank]) for rank in run.rank_numbers)
+        chunks = render_chunks(traces, "chrome")
+        if not output:
+            _print("".join(chunks))
+            return 0
+        _write_file(output, lambda: write_atomic(output, chunks), "the Chrome trace of every rank")
+        return 0
+    options: dict[str, Any] = {"depth": args.depth} if fmt == "text" else {}
+    if not output:
+        _print(render(run, fmt, **options))
+    else:
+        _write_file(output, lambda: write_atomic(output, render_chunks(run, fmt, **options)), f"the merged run ({fmt})")
+    return 0
+
+
 def _plot_memory(args: argparse.Namespace) -> int:
     if not args.output.lower().endswith(".png"):
         raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
@@ -703,17 +870,27 @@ def _diff(args: argparse.Namespace) -> int:
     fmt = args.format or ("json" if args.output and args.output.lower().endswith(".json") else "text")
     if args.output:
         _check_writable(args.output)
-    result = diff(_load_profile(args.base), _load_profile(args.new), min_time_ns=floor)
+    base, new, imbalance = _diff_sides(args)
+    result = diff(base, new, min_time_ns=floor)
     regressions = [] if threshold is None else result.regressions(threshold)
     verdict = None if threshold is None else regressions_line(regressions, threshold)
+    if imbalance is not None:
+        from layerscope.render.ranks_text import imbalance_lines
+
+        extra = "".join(line + "\n" for line in imbalance_lines(imbalance, limit=args.limit or None))
     if fmt == "json":
         doc = result.to_dict()
+        if imbalance is not None:
+            doc["imbalance"] = [row.to_dict() for row in imbalance]
         if threshold is not None:
             doc["fail_above"] = threshold
             doc["regressions"] = [r.to_dict() for r in regressions]
         text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     else:
-        text = result.render(limit=args.limit or None) + (f"\n{verdict}\n" if verdict else "")
+        text = result.render(limit=args.limit or None)
+        if imbalance is not None:
+            text += extra
+        text += f"\n{verdict}\n" if verdict else ""
     if args.output:
         _write_file(args.output, lambda: write_atomic(args.output, text), f"the {fmt} diff")
     else:
@@ -721,6 +898,34 @@ def _diff(args: argparse.Namespace) -> int:
     if verdict and (args.output or fmt == "json"):
         print(verdict, file=sys.stderr)  # the report went elsewhere; a CI log still says why
     return 1 if regressions else 0
+
+
+def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The two profiles to compare, and for two merged runs the changes in imbalance.
+
+    Two profiles: as they are. A merged run with --ranks A B: its ranks A and B. Two
+    merged runs: their median ranks' trees, and how each node's imbalance moved."""
+    from layerscope.ranks import MergedRun, imbalance_changes
+
+    base = _load_profile(args.base)
+    if args.ranks is not None:
+        if args.new is not None or not isinstance(base, MergedRun):
+            raise UsageError("--ranks A B compares two ranks of one merged run: give that run alone (diff MERGED --ranks A B)")
+        first, second = args.ranks
+        return _rank_of(base, first, args.base), _rank_of(base, second, args.base), None
+    if args.new is None:
+        raise UsageError("diff needs BASE and NEW, or a merged run and --ranks A B")
+    new = _load_profile(args.new)
+    merged = (isinstance(base, MergedRun), isinstance(new, MergedRun))
+    if merged == (True, True):
+        return base.median_profile(), new.median_profile(), imbalance_changes(base, new)
+    if any(merged):
+        which = args.base if merged[0] else args.new
+        raise UsageError(
+            f"{which} is a merged run and the other a profile: compare two merged runs, two profiles, "
+            f"or two ranks of a merged run (--ranks A B)"
+        )
+    return base, new, None
 
 
 def _load_bench(path: str) -> Any:
@@ -853,6 +1058,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _bench(args)
         if args.command == "show":
             return _show(args)
+        if args.command == "merge":
+            return _merge(args)
         if args.command == "flops":
             return _run_profile(args, args.spec, count_only=True)
         return _run_profile(args, args.spec)

@@ -30,3 +30,8 @@ class ProfilerStateError(LayerscopeError, RuntimeError):
 
 class RenderError(LayerscopeError, ValueError):
     """A format cannot be drawn from this profile (it has no trace, or lacks a metric)."""
+
+
+class MergeError(LayerscopeError, ValueError):
+    """Profiles that cannot be merged into one run: other runs, models, world sizes or
+    cycles, or the same rank twice. The message names what differs and what was expected."""

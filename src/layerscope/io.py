@@ -89,9 +89,9 @@ def _write_all(handle: BinaryIO, text: str | bytes | Iterable[str]) -> None:
 
 
 def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
-    from layerscope.render import format_for_path, render_chunks
+    from layerscope.render import document_kind, format_for_path, render_chunks
 
-    chosen = fmt or format_for_path(path, default="json")
+    chosen = fmt or format_for_path(path, default="json", document=document_kind(profile))
     write_atomic(path, render_chunks(profile, chosen, **options))
 
 
@@ -211,6 +211,14 @@ def read_json(path: str | os.PathLike[str], what: str) -> tuple[Any, str]:
 
 
 def load(path: str | os.PathLike[str]) -> Any:
-    """Read a profile saved as JSON; a clear :class:`SchemaError` for anything else."""
+    """Read a profile saved as JSON (a :class:`~layerscope.tree.Profile`), or a merged run
+    of ranks (``layerscope-ranks/1``, a :class:`~layerscope.ranks.MergedRun`); a clear
+    :class:`SchemaError` for anything else."""
     doc, name = read_json(path, "profile")
+    from layerscope.ranks import SCHEMA as RANKS_SCHEMA
+
+    if isinstance(doc, dict) and doc.get("schema") == RANKS_SCHEMA:
+        from layerscope.ranks import ranks_from_dict
+
+        return ranks_from_dict(doc, source=repr(name))
     return profile_from_dict(doc, source=repr(name))

@@ -219,6 +219,14 @@ def _check(value: Any, spec: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: expected {expected}, got {_describe(value)}")
 
 
+def check_value(value: Any, spec: Any, where: str = "") -> list[str]:
+    """Each field of ``value`` that does not fit ``spec`` (built from the classes above),
+    as ``place: what``: for documents other than a profile (a merged run of ranks)."""
+    problems: list[str] = []
+    _check(value, spec, where, problems)
+    return problems
+
+
 def document_problems(doc: Any) -> list[str]:
     """Each field of ``doc`` that holds the wrong kind of value, as ``place: what``."""
     problems: list[str] = []

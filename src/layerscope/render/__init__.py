@@ -1,5 +1,10 @@
 """Renderers: pure functions ``Profile -> str``, one file each, in one registry.
 
+The registry has one table per document kind: ``profile`` (a :class:`Profile`, the
+default), ``ranks`` (a merged run of several ranks, ``layerscope.ranks.MergedRun``) and
+``rank-traces`` (the rank files themselves, for their traces). A format
+name is unique within its table, so ``text`` and ``json`` exist for both.
+
 A renderer of a document that can be big (the Chrome trace) is registered with
 ``chunks=True`` and yields its text in pieces (``Profile -> Iterator[str]``): saving
 writes the pieces as they come, so the whole document never sits in memory.
@@ -30,61 +35,80 @@ class Renderer:
     chunks: bool = False
 
 
+#: The profile formats (the ``profile`` table).
 _RENDERERS: dict[str, Renderer] = {}
+#: Every table, by document kind.
+_TABLES: dict[str, dict[str, Renderer]] = {"profile": _RENDERERS, "ranks": {}, "rank-traces": {}}
+
+
+def _table(document: str) -> dict[str, Renderer]:
+    try:
+        return _TABLES[document]
+    except KeyError:
+        raise ValueError(f"unknown document kind {document!r}; expected one of: {', '.join(_TABLES)}") from None
 
 
 def register_renderer(
-    name: str, *, extensions: tuple[str, ...] = (), description: str = "", chunks: bool = False
+    name: str, *, extensions: tuple[str, ...] = (), description: str = "", chunks: bool = False,
+    document: str = "profile",
 ) -> Callable[[RenderFn], RenderFn]:
-    """Register ``fn(profile, **options) -> str`` as format ``name`` (with ``chunks``,
-    ``fn`` yields the text in pieces); duplicates are an error."""
+    """Register ``fn(doc, **options) -> str`` as format ``name`` of ``document``'s table
+    (with ``chunks``, ``fn`` yields the text in pieces); duplicates are an error."""
+    table = _table(document)
 
     def decorate(fn: RenderFn) -> RenderFn:
-        if name in _RENDERERS:
-            raise ValueError(f"a renderer named {name!r} is already registered")
-        taken = {ext: r.name for r in _RENDERERS.values() for ext in r.extensions}
+        if name in table:
+            raise ValueError(f"a {document} renderer named {name!r} is already registered")
+        taken = {ext: r.name for r in table.values() for ext in r.extensions}
         for ext in extensions:
             if ext in taken:
                 raise ValueError(f"extension {ext!r} already belongs to format {taken[ext]!r}")
-        _RENDERERS[name] = Renderer(name, fn, tuple(extensions), description or (fn.__doc__ or "").strip(), chunks)
+        table[name] = Renderer(name, fn, tuple(extensions), description or (fn.__doc__ or "").strip(), chunks)
         return fn
 
     return decorate
 
 
-def formats() -> list[str]:
-    """Registered format names, in registration order."""
-    return list(_RENDERERS)
+def document_kind(doc: Any) -> str:
+    """``profile`` for a :class:`Profile`; a document class's own ``DOCUMENT`` otherwise."""
+    return "profile" if isinstance(doc, Profile) else str(getattr(doc, "DOCUMENT", "profile"))
 
 
-def get_renderer(fmt: str) -> Renderer:
+def formats(document: str = "profile") -> list[str]:
+    """Registered format names of ``document``'s table, in registration order."""
+    return list(_table(document))
+
+
+def get_renderer(fmt: str, document: str = "profile") -> Renderer:
+    table = _table(document)
     try:
-        return _RENDERERS[fmt]
+        return table[fmt]
     except KeyError:
-        raise ValueError(f"unknown format {fmt!r}; expected one of: {', '.join(_RENDERERS)}") from None
+        what = "format" if document == "profile" else f"format for a {document} document"
+        raise ValueError(f"unknown {what} {fmt!r}; expected one of: {', '.join(table)}") from None
 
 
-def format_for_path(path: str | os.PathLike[str], default: str = "text") -> str:
+def format_for_path(path: str | os.PathLike[str], default: str = "text", document: str = "profile") -> str:
     """The format an output file's extension implies (``.json`` -> ``json``)."""
     name = os.fspath(path).lower()
     best = ""
     found = default
-    for renderer in _RENDERERS.values():
+    for renderer in _table(document).values():
         for ext in renderer.extensions:
             if name.endswith(ext) and len(ext) > len(best):
                 best, found = ext, renderer.name
     return found
 
 
-def render(profile: Profile, fmt: str = "text", **options: Any) -> str:
-    renderer = get_renderer(fmt)
+def render(profile: Any, fmt: str = "text", **options: Any) -> str:
+    renderer = get_renderer(fmt, document_kind(profile))
     out = renderer.fn(profile, **options)
     return "".join(out) if renderer.chunks else out
 
 
-def render_chunks(profile: Profile, fmt: str = "text", **options: Any) -> Iterator[str]:
+def render_chunks(profile: Any, fmt: str = "text", **options: Any) -> Iterator[str]:
     """The rendering in pieces: a chunked renderer's own, else the whole text as one."""
-    renderer = get_renderer(fmt)
+    renderer = get_renderer(fmt, document_kind(profile))
     out = renderer.fn(profile, **options)
     if renderer.chunks:
         yield from out
@@ -101,6 +125,8 @@ from layerscope.render import (  # noqa: E402,F401
     json_doc,
     model,
     ops_table,
+    ranks_chrome,
+    ranks_text,
     speedscope,
     text,
     torchprof,

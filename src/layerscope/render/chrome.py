@@ -12,6 +12,7 @@ it to disk.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -81,6 +82,31 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
         yield f'{{"name":"live memory","ph":"C","ts":{_us(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
 
 
+def process_events(profile: Profile, pid: int, process_name: str) -> Iterator[str]:
+    """One profile's events as process ``pid``: its name, then spans, flows and memory.
+    A Chrome trace of several profiles (the ranks of a run) holds one such process each."""
+    if profile.trace is None:
+        raise RenderError(
+            "this profile has no trace to draw: it was made without recording ops "
+            "(record_ops=False / --no-ops); profile again with ops recorded, the default"
+        )
+    if not profile.timed:
+        raise RenderError("this profile was counted, not timed (count_flops / layerscope flops): it has no timeline")
+    yield f'{{"name":"process_name","ph":"M","pid":{pid},"tid":0,"args":{{"name":{json.dumps(process_name)}}}}}'
+    yield f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{_TID},"args":{{"name":"forward and backward"}}}}'
+    yield from _span_events(profile, pid)
+    yield from _flow_events(profile, pid)
+    yield from _memory_events(profile, pid)
+
+
+def document(processes: Iterator[str], other: dict[str, Any]) -> Iterator[str]:
+    """The Trace Event Format document around ``processes``' events, in pieces."""
+    yield '{"traceEvents":[\n'
+    for n, event in enumerate(processes):
+        yield event if n == 0 else ",\n" + event
+    yield '\n],"displayTimeUnit":"ns","otherData":' + json.dumps(other) + "}\n"
+
+
 @register_renderer(
     "chrome",
     extensions=(".trace.json",),
@@ -89,25 +115,9 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
 )
 def render_chrome(profile: Profile, **_: Any) -> Iterator[str]:
     """The trace, in pieces (see the module docstring)."""
-    if profile.trace is None:
-        raise RenderError(
-            "this profile has no trace to draw: it was made without recording ops "
-            "(record_ops=False / --no-ops); profile again with ops recorded, the default"
-        )
-    if not profile.timed:
-        raise RenderError("this profile was counted, not timed (count_flops / layerscope flops): it has no timeline")
     pid = int(profile.meta.get("rank") or 0)
     model = str(profile.meta.get("model") or profile.root.type)
-    head = [
-        f'{{"name":"process_name","ph":"M","pid":{pid},"tid":0,"args":{{"name":{json.dumps(f"{model} (layerscope)")}}}}}',
-        f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{_TID},"args":{{"name":"forward and backward"}}}}',
-    ]
-    yield '{"traceEvents":[\n' + ",\n".join(head)
-    for event in _span_events(profile, pid):
-        yield ",\n" + event
-    for event in _flow_events(profile, pid):
-        yield ",\n" + event
-    for event in _memory_events(profile, pid):
-        yield ",\n" + event
+    events = process_events(profile, pid, f"{model} (layerscope)")
+    first = next(events)  # a profile without a trace is refused before anything is written
     other = {"layerscope_version": __version__, "model": model, "device": profile.meta.get("device")}
-    yield '\n],"displayTimeUnit":"ns","otherData":' + json.dumps(other) + "}\n"
+    yield from document(itertools.chain([first], events), other)

@@ -169,10 +169,10 @@ OP_COLUMNS: list[Column] = [
 def _table(columns: list[Column], rows: list[DiffRow], diff: ProfileDiff) -> list[str]:
     shown = [c for c in columns if c.shown(diff, rows)]
     cells = [[c.header for c in shown]] + [[c.cell(row) for c in shown] for row in rows]
-    return _lines(cells, [c.align for c in shown])
+    return table_lines(cells, [c.align for c in shown])
 
 
-def _lines(cells: list[list[str]], aligns: list[str]) -> list[str]:
+def table_lines(cells: list[list[str]], aligns: list[str]) -> list[str]:
     """Rows of cells as aligned lines, a rule under the first (the header)."""
     widths = [max(len(row[i]) for row in cells) for i in range(len(aligns))]
 
@@ -209,7 +209,7 @@ def _summary_lines(diff: ProfileDiff) -> list[str]:
             signed(change.delta, formatter),
             change_percent(change),
         ])
-    return _lines(cells, ["<", ">", ">", ">", ">"])
+    return table_lines(cells, ["<", ">", ">", ">", ">"])
 
 
 def _side(diff: ProfileDiff, side: str) -> str:

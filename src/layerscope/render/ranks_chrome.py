@@ -1,0 +1,48 @@
+"""The ranks of one run in one Chrome trace, for Perfetto: one process per rank
+(``pid`` = the rank, named ``rank N``), each drawn by ``render/chrome.py`` from that
+rank's own trace. Each rank's clock starts at its own step, so the ranks line up at 0.
+
+Drawn from the rank files (a :class:`~layerscope.ranks.RankTraces`), not from a merged
+document, which keeps no traces. Profiles are read one at a time as the document is
+written, so the traces of many ranks never sit in memory together.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from layerscope import __version__
+from layerscope.errors import RenderError
+from layerscope.ranks import RankTraces
+from layerscope.render import register_renderer
+from layerscope.render.chrome import document, process_events
+
+
+def _processes(traces: RankTraces, models: list[str]) -> Iterator[str]:
+    for profile in traces.profiles:
+        rank = profile.meta.get("rank")
+        if not isinstance(rank, int):
+            raise RenderError("a rank file has no rank in its meta: one process per rank needs it")
+        if not models:
+            models.append(str(profile.meta.get("model") or profile.root.type))
+        try:
+            yield from process_events(profile, rank, f"rank {rank}")
+        except RenderError as exc:
+            raise RenderError(f"rank {rank}: {exc}") from None
+
+
+@register_renderer(
+    "chrome", document="rank-traces", extensions=(".trace.json",), chunks=True,
+    description="a Chrome trace / Perfetto JSON with one process per rank",
+)  # fmt: skip
+def render_rank_traces(traces: RankTraces, **_: Any) -> Iterator[str]:
+    models: list[str] = []
+    events = _processes(traces, models)
+    first = next(events, None)  # a rank without a trace is refused before anything is written
+    if first is None:
+        raise RenderError("no rank files to draw")
+    other = {"layerscope_version": __version__, "model": models[0], "processes": "one per rank (pid = rank)"}
+    yield from document(itertools.chain([first], events), other)
+

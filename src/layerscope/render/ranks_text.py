@@ -1,0 +1,173 @@
+"""A merged run of many ranks (``layerscope.ranks.MergedRun``) as text and JSON.
+
+The text report: which ranks were merged (and which are missing), the rank table (each
+node and phase, its time on every rank, then median, max and imbalance; with many ranks,
+the most imbalanced nodes only), the stragglers, and the waiting in collectives per rank.
+Pure and deterministic: the same merged run gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from layerscope import fmt
+from layerscope.ranks import ImbalanceChange, MergedRun, Spread
+from layerscope.render import register_renderer
+from layerscope.render.diff_text import display_path, table_lines
+
+#: Up to this many ranks, the rank table has a column per rank.
+MAX_RANK_COLUMNS = 8
+#: With more ranks, the rank table lists this many of the most imbalanced nodes.
+TOP_IMBALANCED = 20
+
+
+def _imbalance(row: Spread) -> str:
+    return "" if row.imbalance is None else f"x{row.imbalance:.2f}"
+
+
+def _header(run: MergedRun) -> list[str]:
+    first = ["Ranks", str(run.model or "model")]
+    if run.run_id is not None:
+        first.append(f"run {run.run_id}")
+    if run.world_size is not None:
+        first.append(f"world size {run.world_size}")
+    if run.step_range is not None:
+        first.append(f"steps {run.step_range[0]}-{run.step_range[1]}")
+    first.append("device time" if run.time_metric == "device" else "CPU time")
+    ranks = run.rank_numbers
+    second = f"Merged {len(ranks)} rank{'s' if len(ranks) != 1 else ''}: {_ranges(ranks)}."
+    missing = run.missing_ranks
+    if missing:
+        second += f" Missing {len(missing)} of {run.world_size}: {_ranges(missing)} (no file given)."
+    median = run.median_rank
+    step = run.step_time_ns(run.record(median))
+    second += f" Median rank by step time: {median} ({fmt.time_ns(step)}); 'show --rank {median}' draws its tree."
+    return ["  ·  ".join(first), second]
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``0-3, 5, 7-8``."""
+    out: list[str] = []
+    start = previous = None
+    for rank in [*ranks, None]:
+        if rank is not None and previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            out.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    return ", ".join(out) or "none"
+
+
+def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
+    shapes = {shape.path: shape for shape in run.nodes}
+    rows = [
+        row for row in run.spreads()
+        if row.metric == "time_ns" and (depth is None or shapes[row.path].depth <= depth)
+    ]  # fmt: skip
+    ranks = run.rank_numbers
+    if len(ranks) <= MAX_RANK_COLUMNS:
+        title = "Time per rank (each node's total in the phase), median, slowest rank and max / median:"
+        header = ["Module", "Phase", *(f"rank {r}" for r in ranks), "Median", "Max", "Slowest", "Imbalance"]
+        cells = [header]
+        for row in rows:
+            by_rank = {rank: value for value, rank in run.values_by_rank(row.path, row.phase, "time_ns")}
+            cells.append([
+                _indented(shapes[row.path].depth, row.path), row.phase,
+                *(fmt.time_ns(by_rank.get(r)) for r in ranks),
+                fmt.time_ns(row.median), fmt.time_ns(row.max), f"rank {row.argmax_rank}", _imbalance(row),
+            ])  # fmt: skip
+        aligns = ["<", "<", *(">" for _ in ranks), ">", ">", ">", ">"]
+        return ["", title, *table_lines(cells, aligns)]
+    floor = run.min_time_ns
+    ranked = sorted(
+        (row for row in rows if row.max >= floor and row.imbalance is not None),
+        key=lambda row: (-(row.imbalance or 0.0), -row.max, row.path, row.phase),
+    )
+    shown = ranked[:TOP_IMBALANCED]
+    title = (
+        f"The {len(shown)} most imbalanced of {len(ranked)} node phases (max / median over the ranks; "
+        f"those with a max of {fmt.time_ns(floor)} or more):"
+    )
+    cells = [["Module", "Phase", "Min", "Median", "Max", "Slowest", "Imbalance"]]
+    for row in shown:
+        cells.append([
+            display_path(row.path), row.phase, fmt.time_ns(row.min), fmt.time_ns(row.median), fmt.time_ns(row.max),
+            f"rank {row.argmax_rank}", _imbalance(row),
+        ])  # fmt: skip
+    return ["", title, *table_lines(cells, ["<", "<", ">", ">", ">", ">", ">"])]
+
+
+def _indented(depth: int, path: str) -> str:
+    return "  " * depth + display_path(path)
+
+
+def _stragglers(run: MergedRun, limit: int | None) -> list[str]:
+    found = run.stragglers()
+    test = f"self time over the other ranks' median by more than {100 * run.threshold:g}% and {fmt.time_ns(run.min_time_ns)}"
+    if len(run.ranks) < 2:
+        return ["", "Stragglers: one rank only, nothing to compare."]
+    if not found:
+        return ["", f"No stragglers ({test})."]
+    shown = found if limit is None else found[:limit]
+    cells = [["Module", "Phase", "Rank", "Self time", "Others' median", "Excess", "Excess %"]]
+    for row in shown:
+        relative = "" if row.relative is None else f"+{100 * row.relative:.1f}%"
+        cells.append([
+            display_path(row.path), row.phase, str(row.rank), fmt.time_ns(row.self_time_ns),
+            fmt.time_ns(row.others_median_ns), "+" + fmt.time_ns(row.excess_ns), relative,
+        ])  # fmt: skip
+    out = ["", f"Stragglers ({test}), largest excess first:", *table_lines(cells, ["<", "<", ">", ">", ">", ">", ">"])]
+    if len(shown) < len(found):
+        out.append(f"{len(found) - len(shown)} more straggler rows not shown (limit {limit})")
+    return out
+
+
+def _waiting(run: MergedRun) -> list[str]:
+    cells = [["Rank", "Step", "Waiting", "% of step"]]
+    for row in run.waiting():
+        cells.append([
+            str(row.rank), fmt.time_ns(row.step_time_ns), fmt.time_ns(row.wait_ns),
+            fmt.percent(row.wait_ns, row.step_time_ns),
+        ])  # fmt: skip
+    title = (
+        "Waiting in collectives per rank (the <communication> part); the fast ranks wait for "
+        "the slow one, so a straggler shows as its peers' waiting:"
+    )
+    return ["", title, *table_lines(cells, [">", ">", ">", ">"])]
+
+
+def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) -> list[str]:
+    """Two merged runs: how each node's imbalance (max / median over the ranks) moved,
+    largest move first; appended to the diff of their median ranks' trees."""
+
+    def ratio(value: float | None) -> str:
+        return "" if value is None else f"x{value:.2f}"
+
+    shown = rows if limit is None else rows[:limit]
+    cells = [["Module", "Phase", "Imbalance base", "Imbalance new", "Change"]]
+    for row in shown:
+        delta = "" if row.delta is None else f"{row.delta:+.2f}"
+        cells.append([display_path(row.path), row.phase, ratio(row.base), ratio(row.new), delta])
+    out = ["", "Imbalance over the ranks (max / median time), largest change first:"]
+    out += table_lines(cells, ["<", "<", ">", ">", ">"])
+    if len(shown) < len(rows):
+        out.append(f"{len(rows) - len(shown)} more imbalance rows not shown (limit {limit})")
+    return out
+
+
+@register_renderer("text", document="ranks", extensions=(".txt",), description="the merged ranks as a text report")
+def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | None = 20, **_: Any) -> str:
+    """The header, the rank table (down to ``depth``), up to ``limit`` stragglers (None:
+    all), and the waiting per rank."""
+    out = _header(run)
+    out += _rank_table(run, depth)
+    out += _stragglers(run, limit)
+    out += _waiting(run)
+    return "\n".join(out) + "\n"
+
+
+@register_renderer("json", document="ranks", extensions=(".json",), description="the layerscope-ranks/1 JSON document")
+def render_ranks_json(run: MergedRun, *, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(run.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False) + "\n"
