@@ -433,3 +433,16 @@ def test_cli_chrome_has_one_process_per_rank(tmp_path: Path, capsys: pytest.Capt
     merge([rank_profile(0)]).save(str(merged))
     again = _main(capsys, "merge", merged, "-o", tmp_path / "x.trace.json")
     assert again.returncode == 2 and "keeps no traces" in again.stderr
+
+
+def test_commands_for_one_profile_refuse_a_merged_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    merged = tmp_path / "m.json"
+    layerscope.merge([rank_profile(0), rank_profile(1)]).save(str(merged))
+    plot = _main(capsys, "plot-memory", merged, "-o", tmp_path / "m.png")
+    assert plot.returncode == 2 and "keeps no memory timelines" in plot.stderr
+    ops = _main(capsys, "show", merged, "--show-ops")
+    assert ops.returncode == 2 and "--show-ops: for a profile; give --rank N" in ops.stderr
+    single = tmp_path / "r0.json"
+    rank_profile(0).save(str(single))
+    rank = _main(capsys, "show", single, "--rank", "0")
+    assert rank.returncode == 2 and "is one rank's profile, not a merged run" in rank.stderr

@@ -727,7 +727,8 @@ def _check_writable(path: str) -> None:
 
 
 def _load_profile(path: str) -> Any:
-    """A saved profile; a missing or unreadable file is a usage error (exit 2)."""
+    """A saved profile, or a merged run of ranks; a missing or unreadable file is a usage
+    error (exit 2)."""
     import layerscope
 
     try:
@@ -838,6 +839,10 @@ def _plot_memory(args: argparse.Namespace) -> int:
         raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
     profile = _load_profile(args.profile)
     from layerscope.plot import memory_timeline, plot_memory
+    from layerscope.ranks import MergedRun
+
+    if isinstance(profile, MergedRun):
+        raise UsageError(f"{args.profile} is a merged run, which keeps no memory timelines: give one rank's file")
 
     try:
         memory_timeline(profile)
