@@ -17,7 +17,7 @@ union of the ranks' node structure (path, type, parent, ...) once, and for each 
 meta, its memory summary and its own figures per node and phase. Everything else in the
 document is derived from those, so a merged document is merged again exactly as the rank
 files it came from. Not kept (they stay in the rank files): op rows, and with them FLOPs,
-MACs and bytes, whose invariant is that a node's op rows add up to them; traces; memory
+MACs and bytes (communication bytes too), whose invariant is that a node's op rows add up to them; traces; memory
 timelines; input and output shapes.
 
 Plain Python, no torch; no number becomes a string here (``render/ranks_text.py``).
@@ -57,7 +57,9 @@ DEFAULT_THRESHOLD = 0.1
 DEFAULT_MIN_TIME_NS = 1_000_000
 
 #: Figures that come from op rows (a node's ops add up to them): not kept per rank.
-_FROM_OPS = frozenset({"flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes"})
+_FROM_OPS = frozenset({
+    "flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes", "comm_bytes", "self_comm_bytes",
+})
 
 #: Node fields that must agree across ranks: the model's structure.
 _STRUCTURE = ("type", "parent", "depth", "kind", "params", "params_total", "extra_repr")
