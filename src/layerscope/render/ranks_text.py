@@ -65,6 +65,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
     rows = [
         row for row in run.spreads()
         if row.metric == "time_ns" and (depth is None or shapes[row.path].depth <= depth)
+        and (row.max or row.phase == "forward")  # a phase no rank spent time in (a part's backward)
     ]  # fmt: skip
     ranks = run.rank_numbers
     if len(ranks) <= MAX_RANK_COLUMNS:
