@@ -4,6 +4,7 @@ run is the shipped example, ``layerscope.examples.ddp_train``.)
 
     python tests/dist_worker.py trainer OUT                  # HF Trainer with the callback
     python tests/dist_worker.py die OUT                      # rank 1 raises in its second cycle
+    python tests/dist_worker.py rank0 OUT                    # only rank 0 profiles
 
 Every mode uses the gloo backend and one thread per rank.
 """
@@ -40,6 +41,18 @@ def die(out: str) -> None:
             prof.step()
 
 
+def rank0(out: str) -> None:
+    """Only rank 0 profiles (``if rank == 0: with Profiler(...)``); then every rank meets
+    at a barrier. Nothing in the profiler may wait for the other ranks."""
+    net = model()
+    x = torch.randn(16, 64)
+    if dist.get_rank() == 0:
+        with layerscope.Profiler(net) as prof:
+            net(x)
+        prof.profile.save(f"{out}/rank0.json")
+    dist.barrier()
+
+
 def trainer(out: str) -> None:
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
@@ -62,7 +75,7 @@ def trainer(out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["die", "trainer"])
+    parser.add_argument("mode", choices=["die", "rank0", "trainer"])
     parser.add_argument("out")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -71,7 +84,7 @@ def main() -> None:
         return
     dist.init_process_group("gloo")
     try:
-        die(args.out)
+        die(args.out) if args.mode == "die" else rank0(args.out)
     finally:
         dist.destroy_process_group()
 

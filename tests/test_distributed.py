@@ -184,3 +184,9 @@ def test_a_rank_dies(tmp_path: Path) -> None:
     assert first.rank_numbers == [0, 1]
     second = layerscope.load(tmp_path / "merged" / "layerscope_steps7-9_ranks.json")
     assert second.rank_numbers == [0] and second.missing_ranks == [1]
+
+
+def test_profiling_rank_0_alone_does_not_wait_for_the_others(tmp_path: Path) -> None:
+    torchrun(str(WORKER), "rank0", str(tmp_path), timeout=120)
+    profile = layerscope.load(tmp_path / "rank0.json")
+    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 2 and profile.meta["run_id"]

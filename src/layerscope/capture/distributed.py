@@ -1,23 +1,31 @@
 """Who this process is in a distributed job: rank, world size, local rank, host and the
 run id every file of one run shares. Built on ``torch.distributed`` itself.
 
-The run id is made by rank 0 and broadcast over the default process group the first
-time a profiler starts in it (every rank enters its ``Profiler`` at the same point of
-the same script, as for any collective), then kept for the life of that group, so later
-blocks of the run need no collective. ``LAYERSCOPE_RUN_ID`` in the environment names
-the run instead, with no collective at all (for a job that profiles some ranks only).
+The run id is made by rank 0 and broadcast through the default process group's
+key-value store (the one its ranks met through) the first time a profiler starts, then
+kept for the life of that group. Rank 0 never waits for anyone: profiling rank 0 alone
+(``if rank == 0: with Profiler(...)``) cannot hang. Another rank waits for rank 0's id
+up to ``RUN_ID_WAIT_S`` seconds, then makes its own and says so on stderr. Without a
+store (an unusual init method) the id goes out by ``broadcast_object_list``, a
+collective every rank must join. ``LAYERSCOPE_RUN_ID`` in the environment names the run
+instead, with no communication at all.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import torch
 
 RUN_ID_ENV = "LAYERSCOPE_RUN_ID"
+#: How long a rank other than 0 waits for rank 0's run id.
+RUN_ID_WAIT_S = 60.0
+_STORE_KEY = "layerscope/run_id"
 
 #: The run id agreed in each default process group, by the group's id.
 _agreed: dict[int, str] = {}
@@ -44,8 +52,7 @@ def new_run_id() -> str:
 
 def identity() -> dict[str, Any]:
     """``rank``, and inside an initialised process group also ``world_size``,
-    ``local_rank``, ``host`` and ``run_id`` (a collective the first time; see the
-    module's docstring)."""
+    ``local_rank``, ``host`` and ``run_id`` (see the module's docstring)."""
     dist = _dist()
     if dist is None:
         return {"rank": rank()}
@@ -71,10 +78,32 @@ def run_id() -> str:
     key = id(group)
     agreed = _agreed.get(key)
     if agreed is None:
+        agreed = _agreed[key] = _agree(dist)
+    return agreed
+
+
+def _agree(dist: Any) -> str:
+    """Rank 0's new run id, as every rank learns it (see the module's docstring)."""
+    store = default_store()
+    if store is None:
         box = [new_run_id() if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        agreed = _agreed[key] = str(box[0])
-    return agreed
+        return str(box[0])
+    if dist.get_rank() == 0:
+        made = new_run_id()
+        store.set(_STORE_KEY, made)
+        return made
+    try:
+        store.wait([_STORE_KEY], timedelta(seconds=RUN_ID_WAIT_S))
+        return bytes(store.get(_STORE_KEY)).decode()
+    except Exception:  # the store's timeout error
+        made = new_run_id()
+        print(
+            f"layerscope: rank {dist.get_rank()} heard no run id from rank 0 within {RUN_ID_WAIT_S:g}s "
+            f"(is rank 0 profiling?); its files carry run id {made} (set {RUN_ID_ENV} to name the run)",
+            file=sys.stderr,
+        )
+        return made
 
 
 def default_store() -> Any:
