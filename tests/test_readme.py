@@ -15,8 +15,9 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def _blocks(lang: str, text: str | None = None) -> list[str]:
+    text = README.read_text(encoding="utf-8") if text is None else text
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
 def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,9 +39,9 @@ def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             exec(compile(block, str(path), "exec"), {"__name__": "__docs__"})
 
 
-def _cli_lines() -> list[list[str]]:
+def _cli_lines(text: str | None = None) -> list[list[str]]:
     lines = []
-    for block in _blocks("bash"):
+    for block in _blocks("bash", text):
         for line in block.splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith(("layerscope ", "torchrun ")):
@@ -76,3 +77,17 @@ def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_distributed_doc_lines_run(tmp_path: Path) -> None:
+    """docs/distributed.md's command lines, in order, in one folder: the example job
+    under torchrun, then merging, showing and diffing its files."""
+    text = (README.parent / "docs" / "distributed.md").read_text(encoding="utf-8")
+    lines = _cli_lines(text)
+    assert lines[0][0] == "torchrun" and len(lines) > 8
+    for argv in lines:
+        result = subprocess.run(
+            _command(argv, tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, (argv, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
