@@ -5,6 +5,7 @@ run is the shipped example, ``layerscope.examples.ddp_train``.)
     python tests/dist_worker.py trainer OUT                  # HF Trainer with the callback
     python tests/dist_worker.py die OUT                      # rank 1 raises in its second cycle
     python tests/dist_worker.py rank0 OUT                    # only rank 0 profiles
+    python tests/dist_worker.py fsdp OUT                     # FSDP2 (fully_shard), 3 steps
 
 Every mode uses the gloo backend and one thread per rank.
 """
@@ -53,6 +54,26 @@ def rank0(out: str) -> None:
     dist.barrier()
 
 
+def fsdp(out: str) -> None:
+    """The example's model sharded with FSDP2: its two Linear layers, then the whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    fully_shard(net[0])
+    fully_shard(net[3])
+    fully_shard(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    with layerscope.Profiler(net) as prof:
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    prof.profile.save(f"{out}/fsdp_rank{dist.get_rank()}.json")
+
+
 def trainer(out: str) -> None:
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
@@ -75,7 +96,7 @@ def trainer(out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["die", "rank0", "trainer"])
+    parser.add_argument("mode", choices=["die", "fsdp", "rank0", "trainer"])
     parser.add_argument("out")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -84,7 +105,7 @@ def main() -> None:
         return
     dist.init_process_group("gloo")
     try:
-        die(args.out) if args.mode == "die" else rank0(args.out)
+        {"die": die, "fsdp": fsdp, "rank0": rank0}[args.mode](args.out)
     finally:
         dist.destroy_process_group()
 

@@ -10,7 +10,7 @@ from layerscope.attribute.profile import build_profile
 from layerscope.check import check_tree
 from layerscope.flops import count_meta
 from layerscope.flops.meta import TensorMeta
-from layerscope.raw import Collective, Enter, Exit, ModuleInfo, Op, RawCapture, Step
+from layerscope.raw import NO_SEQ, Collective, Enter, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
 
 
 @pytest.mark.parametrize(
@@ -101,3 +101,55 @@ def test_no_collective_no_communication_figures() -> None:
     assert profile.root.forward.comm_time_ns is None
     assert "comm_time_ns" not in profile.root.forward.to_dict()
     assert [n.path for n in profile.parts] == ["<other>"]
+
+
+def test_collectives_no_module_started_go_to_the_communication_part() -> None:
+    """A collective outside the model (the loss all-reduced for logging, 130-150) and one
+    in backward run for no known autograd node (160-170) are the
+    <communication> part's, with their own time; the loss op before stays <loss>."""
+    stream = [
+        Step(0),
+        Enter(10, 0, None, 1),
+        Exit(100, 0, None, 2),
+        Op(110, 120, "aten::mean"),
+        Op(130, 150, "c10d::allreduce_"),
+        Op(160, 170, "c10d::allreduce_", grad=(NO_SEQ, None)),
+        Step(200),
+    ]
+    profile = build_profile(RawCapture(modules=MODULES, timing_passes=[stream]))
+    check_tree(profile)
+    parts = {node.path: node for node in profile.parts}
+    assert set(parts) == {"<loss>", "<communication>", "<other>"}
+    assert parts["<loss>"].forward.self_cpu_time_ns == 10
+    wait = parts["<communication>"]
+    assert (wait.forward.self_cpu_time_ns, wait.forward.comm_time_ns) == (20, 20)
+    assert wait.backward is not None and (wait.backward.self_cpu_time_ns, wait.backward.comm_time_ns) == (10, 10)
+    # 0..10, 100..110, 120..130, 150..160, 170..200
+    assert parts["<other>"].forward.self_cpu_time_ns == 10 + 10 + 10 + 10 + 30
+
+
+def test_a_backward_hook_label_and_a_synchronous_collective_in_it() -> None:
+    """Module 0's forward creates autograd node 1. In backward, node 1's hook opens a
+    label (115-150) whose all-gather op (120-130) starts a collective on gloo's thread
+    (121-145): the label is backward work under module 0; its time idle during the
+    collective (130-145) is its waiting, communication time with the op's own 10 ns."""
+    stream = [
+        Step(0),
+        Enter(10, 0, None, 1),
+        Exit(100, 0, None, 2),
+        Op(110, 115, "AddmmBackward0", grad=(1, None)),
+        LabelEnter(115, "FSDP::pre_backward (0)", "label", None, None, True, (1, None)),
+        Op(120, 130, "c10d::_allgather_base_"),
+        Collective(121, 145, "gloo:all_gather"),
+        LabelExit(150, None, None, True),
+        Step(200),
+    ]
+    profile = build_profile(RawCapture(modules=MODULES, timing_passes=[stream]))
+    check_tree(profile)
+    (label,) = profile.root.children
+    assert (label.path, label.kind) == ("[FSDP::pre_backward (0)]", "label")
+    assert label.recompute is None and label.backward is not None
+    assert label.backward.self_cpu_time_ns == 35
+    assert label.backward.comm_time_ns == 10 + 15
+    assert profile.root.backward is not None and profile.root.backward.self_cpu_time_ns == 5
+    assert "<communication>" not in {n.path for n in profile.parts}

@@ -190,3 +190,26 @@ def test_profiling_rank_0_alone_does_not_wait_for_the_others(tmp_path: Path) -> 
     torchrun(str(WORKER), "rank0", str(tmp_path), timeout=120)
     profile = layerscope.load(tmp_path / "rank0.json")
     assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 2 and profile.meta["run_id"]
+
+
+def test_fsdp_collectives_sit_under_the_modules_that_ran_them(tmp_path: Path) -> None:
+    """FSDP2 all-gathers each unit's parameters in its forward pre-hook and reduce-scatters
+    its gradients after its backward: every byte is counted, once per step, and the
+    hooks' labels are forward or backward work, never recompute."""
+    torchrun(str(WORKER), "fsdp", str(tmp_path))
+    for rank in range(2):
+        profile = layerscope.load(tmp_path / f"fsdp_rank{rank}.json")
+        check_tree(profile)
+        steps = profile.meta["steps"]
+        assert profile.param_bytes == GRAD_BYTES  # the unsharded model's
+        rows = [(node, op) for tree in [profile.root, *profile.parts] for node in tree.walk() for op in node.ops]
+        gathered = sum(op.bytes for node, op in rows if op.name == "c10d::_allgather_base_" and op.phase == "forward")
+        scattered = sum(op.bytes for node, op in rows if op.name == "c10d::_reduce_scatter_base_")
+        assert gathered == steps * GRAD_BYTES and scattered == steps * GRAD_BYTES
+        # Module 0's all-gather runs in its forward pre-hook, under it; waiting for it
+        # there is communication time of module 0.
+        first = next(n for n in profile.root.walk() if n.path == "0")
+        assert first.forward.comm_bytes == steps * (64 * 128 + 128) * 4
+        assert first.forward.comm_time_ns and first.forward.comm_time_ns > 0
+        assert profile.root.recompute is None
+        assert all(node.recompute is None for tree in [profile.root, *profile.parts] for node in tree.walk())

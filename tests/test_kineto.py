@@ -239,3 +239,28 @@ def test_collectives_from_a_gradient_hook_and_gloo_thread() -> None:
         ("c10d::allreduce_", 160, 168, (7, None)),
     ]
     assert [e for e in stream if isinstance(e, Collective)] == [Collective(165, 390, "gloo:all_reduce")]
+
+
+def test_a_node_with_hooks_takes_its_number_from_its_own_range_and_its_hook_labels() -> None:
+    """A node with a pre-hook (FSDP's pre-backward) leaves its evaluate range unnumbered;
+    the node's own range inside carries the number. A label the hook opens is backward
+    work of that node (``grad``), with its collective inside as an op."""
+    roots = [
+        step(
+            0, 300,
+            module(0, 10, 100, op("aten::addmm", 20, 90, seq=7)),
+            op(
+                EVAL + "AddmmBackward0", 110, 200,
+                label("FSDP::pre_backward (0)", 115, 150, op("c10d::_allgather_base_", 120, 130)),
+                op("AddmmBackward0", 150, 190, seq=7),
+            ),
+        ),
+    ]  # fmt: skip
+    (stream,) = convert(roots)
+    body = [e for e in stream if not isinstance(e, (Step, Enter, Exit)) and getattr(e, "name", "") != "aten::addmm"]
+    assert body == [
+        Op(110, 115, "AddmmBackward0", grad=(7, None), tid=1),
+        LabelEnter(115, "FSDP::pre_backward (0)", "label", None, None, True, (7, None)),
+        Op(120, 130, "c10d::_allgather_base_", tid=1),
+        LabelExit(150, None, None, True),
+    ]

@@ -84,7 +84,10 @@ class Op(NamedTuple):
 
 class LabelEnter(NamedTuple):
     """A labelled range began. ``kind`` is ``label`` (``record_function`` /
-    ``layerscope.label``), ``optimizer``, ``zero_grad`` or ``loss``."""
+    ``layerscope.label``), ``optimizer``, ``zero_grad`` or ``loss``. ``grad`` is set when
+    it began inside autograd's execution of a node (a hook of that node: FSDP's
+    pre-backward and reduce-scatter), as :attr:`Op.grad`: the node's number, or the
+    module owning the parameter of a gradient accumulation."""
 
     t_ns: int
     name: str
@@ -92,6 +95,7 @@ class LabelEnter(NamedTuple):
     device_t_ns: int | None = None
     seq: int | None = None
     in_backward: bool = False
+    grad: tuple[int | None, int | None] | None = None
 
 
 class LabelExit(NamedTuple):

@@ -96,8 +96,8 @@ class Frame:
     """A module call or label the walk is inside."""
 
     __slots__ = (
-        "child_device_ns", "child_ns", "device_t_enter_ns", "key", "live_at_enter", "live_top", "op_device_ns",
-        "phase", "t_enter_ns",
+        "child_device_ns", "child_ns", "covered", "device_t_enter_ns", "key", "live_at_enter", "live_top",
+        "op_device_ns", "phase", "t_enter_ns",
     )  # fmt: skip
 
     def __init__(self, key: Key, phase: str, t_enter_ns: int, device_t_enter_ns: int | None, live_bytes: int) -> None:
@@ -114,6 +114,9 @@ class Frame:
         #: Live bytes when it opened, and the highest since (memory tracking).
         self.live_at_enter = live_bytes
         self.live_top = live_bytes
+        #: The intervals its direct ops, backward slots and child frames took, kept only
+        #: when collectives ran: its idle time during one is waiting for it.
+        self.covered: list[tuple[int, int]] | None = None
 
 
 class PartRun(NamedTuple):
@@ -136,7 +139,10 @@ def walk_pass(
     """Self times, calls and (with ``collect_ops``) op tables of one event stream, and
     its memory when it holds memory events. ``parents`` (each module's parent index)
     lets backward memory peaks cover a module's ancestors too."""
-    walker = PassWalker(paths, has_device=has_device, collect_ops=collect_ops, parents=parents, memory=scan(events))
+    walker = PassWalker(
+        paths, has_device=has_device, collect_ops=collect_ops, parents=parents, memory=scan(events),
+        waits=any(type(event) is Collective for event in events),
+    )  # fmt: skip
     for event in events:
         walker.feed(event)
     return walker.finish()
@@ -157,8 +163,11 @@ class PassWalker:
         collect_ops: bool = False,
         parents: list[int | None] | None = None,
         memory: dict[str, Any] | None = None,
+        waits: bool = False,
     ) -> None:
         self.paths = paths
+        #: Collectives run in this stream: frames keep what covered them (see Frame.covered).
+        self.waits = waits
         self.has_device = has_device
         self.collect_ops = collect_ops
         self.result = PassResult()
@@ -234,18 +243,38 @@ class PassWalker:
 
     def on_label_enter(self, event: LabelEnter) -> None:
         frames = self.frames
+        if (frames and frames[-1].phase == "backward") or (event.grad is not None and not frames):
+            # A hook of an autograd node (FSDP's pre-backward, its reduce-scatter): backward
+            # work of the module whose forward created the node, under that module.
+            parent: Key | None = frames[-1].key if frames else self.backward_owner(event.grad)
+            if isinstance(parent, str) and not frames:
+                self.ensure_part(parent)
+            path = self.ensure_dynamic(parent, event.name, event.kind)
+            self.result.calls[path] = self.result.calls.get(path, 0) + 1
+            self._push(Frame(path, "backward", event.t_ns, event.device_t_ns, self.live()))
+            return
         path = self.ensure_dynamic(frames[-1].key if frames else None, event.name, event.kind)
         self.note_seq(event.seq, path)
-        self._open(path, event)
+        # A label takes the phase of the frame it runs in (recompute inside a module
+        # recomputing); one the engine runs outside any node and frame (a callback queued
+        # for the end of backward) is a part of the step like any top-level label.
+        self._open(path, event, recompute=bool(frames) and frames[-1].phase == "recompute")
 
-    def _open(self, key: Key, event: Enter | LabelEnter) -> None:
-        if not event.in_backward:
+    def _open(self, key: Key, event: Enter | LabelEnter, recompute: bool | None = None) -> None:
+        """Open a frame; ``recompute`` defaults to whether autograd's engine runs."""
+        if recompute is None:
+            recompute = event.in_backward
+        if not recompute:
             self.result.calls[key] = self.result.calls.get(key, 0) + 1
             if not self.frames:
                 self.end_backward()
                 self.close_part_run()
-        phase = "recompute" if event.in_backward else "forward"
-        self.frames.append(Frame(key, phase, event.t_ns, event.device_t_ns, self.live()))
+        self._push(Frame(key, "recompute" if recompute else "forward", event.t_ns, event.device_t_ns, self.live()))
+
+    def _push(self, frame: Frame) -> None:
+        if self.waits:
+            frame.covered = []
+        self.frames.append(frame)
 
     def on_exit(self, event: Exit) -> None:
         # Exits match their enters (forward hooks run even when forward raises). If one
@@ -288,7 +317,16 @@ class PassWalker:
             self_device = frame.op_device_ns
             device_duration = self_device + frame.child_device_ns
         self.charge(key, phase, max(0, duration - frame.child_ns), self_device)
+        if frame.covered is not None and self.collectives:
+            # Idle in this frame while a collective was in flight (a synchronous
+            # collective: FSDP's all-gather): its own time, spent waiting.
+            wait = waiting_ns(frame.t_enter_ns, t, frame.covered, self.collectives)
+            if wait:
+                comm = self.result.self_comm
+                comm[(key, phase)] = comm.get((key, phase), 0) + wait
         if frames:
+            if frames[-1].covered is not None:
+                frames[-1].covered.append((frame.t_enter_ns, t))
             frames[-1].child_ns += duration
             frames[-1].child_device_ns += device_duration or 0
         else:
@@ -305,13 +343,15 @@ class PassWalker:
     def on_op(self, event: Op) -> None:
         frames = self.frames
         grad = event.grad
-        if grad is not None and not (frames and frames[-1].phase == "recompute"):
+        if grad is not None and not (frames and frames[-1].phase in ("recompute", "backward")):
             self._backward_op(event, grad)
         elif frames:
             top = frames[-1]
             if self.has_device:
                 top.op_device_ns += event.device_time_ns or 0
             memory = self.op_memory((top.key, top.phase), event)
+            if top.covered is not None:
+                top.covered.append((event.t0_ns, event.t1_ns))
             self.comm_op((top.key, top.phase), event)
             self.record_op(top.key, top.phase, event, memory)
         else:
@@ -322,6 +362,8 @@ class PassWalker:
         self.backward_ran = True
         self.close_part_run()
         key = self.backward_owner(grad)
+        if key == OTHER and is_communication(event.name):
+            key = COMMUNICATION  # a collective no module's backward started
         if isinstance(key, str):
             self.ensure_part(key)
         if not self.frames:
@@ -345,6 +387,8 @@ class PassWalker:
         self.last_backward_end = max(self.last_backward_end, end)
         self.charge(key, "backward", slot, event.device_time_ns if self.has_device else None)
         if self.frames:
+            if self.frames[-1].covered is not None:
+                self.frames[-1].covered.append((event.t0_ns, end))
             self.frames[-1].child_ns += slot
             if self.has_device:
                 self.frames[-1].child_device_ns += event.device_time_ns or 0
@@ -355,7 +399,12 @@ class PassWalker:
         """Forward work outside every frame: the loss (after the model's forward, before
         backward) or other glue. Without step marks it is outside the tree."""
         self.end_backward()
-        site = self.top_site()
+        if self.t_first is not None and is_communication(event.name):
+            # A collective outside the model (the loss all-reduced for logging).
+            self.ensure_part(COMMUNICATION)
+            site: Site | None = (COMMUNICATION, "forward")
+        else:
+            site = self.top_site()
         memory = self.op_memory(site, event)
         if site is None:
             self.result.outside_ops += 1
@@ -495,9 +544,11 @@ class PassWalker:
         return self.top_site(create=False)
 
     def ensure_part(self, key: str) -> None:
-        """The <loss> or <other> part exists (labels exist from their entry on)."""
+        """The <loss>, <communication> or <other> part exists (labels exist from their
+        entry on)."""
         if key not in self.result.dynamic:
-            self.result.dynamic[key] = Dynamic(key, None, "loss" if key == LOSS else "other", key[1:-1])
+            kind = {LOSS: "loss", COMMUNICATION: "communication"}.get(key, "other")
+            self.result.dynamic[key] = Dynamic(key, None, kind, key[1:-1])
 
     def ensure_dynamic(self, parent: Key | None, name: str, kind: str) -> str:
         """The node of a label or step part entered inside ``parent``; returns its path."""
@@ -581,9 +632,10 @@ class PassWalker:
             if self.collectives:
                 wait = waiting_ns(self.t_first, self.t_last, self.covered, self.collectives)
                 if wait:
-                    result.dynamic.setdefault(COMMUNICATION, Dynamic(COMMUNICATION, None, "communication", "communication"))
+                    self.ensure_part(COMMUNICATION)
                     self.charge(COMMUNICATION, "forward", wait, None)
-                    result.self_comm[(COMMUNICATION, "forward")] = wait
+                    comm = result.self_comm
+                    comm[(COMMUNICATION, "forward")] = comm.get((COMMUNICATION, "forward"), 0) + wait
             self.ensure_part(OTHER)
             self.charge(OTHER, "forward", max(0, result.wall_ns - self.accounted_ns - wait), None)
         return result

@@ -179,7 +179,7 @@ def _kind(event: Any, name: str | None = None) -> str:
     namespaced name (``aten::mm``) is an op without looking further."""
     if name is None:
         name = event.name
-    if "::" in name and not name.startswith(_EVALUATE):
+    if "::" in name and not name.startswith(_EVALUATE) and _op_like(name):
         return "op"
     if name.startswith(MODULE_PREFIX):
         return "module"
@@ -194,6 +194,14 @@ def _kind(event: Any, name: str | None = None) -> str:
     if getattr(event.extra_fields, "scope", None) == _USER_SCOPE:
         return "label"
     return "op"
+
+
+def _op_like(name: str) -> bool:
+    """Whether a namespaced name reads as an op's (``aten::mm``, ``c10d::allreduce_``):
+    a lower-case namespace and no spaces. ``record_function`` ranges named like
+    ``FSDP::pre_forward (0)`` are told apart by their scope instead."""
+    namespace = name.split("::", 1)[0]
+    return " " not in name and namespace == namespace.lower()
 
 
 def convert(roots: list[Any], kernels: list[KernelSpan] = (), *, has_device: bool = False) -> list[list[Event]]:  # type: ignore[assignment]
@@ -245,8 +253,9 @@ class _Converter:
         return union_ns(spans)
 
     # -- one method per kind of range ---------------------------------------------------
-    def walk(self, event: Any, kind: str, in_backward: bool) -> None:
-        """Write ``event``'s records and its children's, in time order."""
+    def walk(self, event: Any, kind: str, in_backward: bool, grad: tuple[int, None] | None = None) -> None:
+        """Write ``event``'s records and its children's, in time order. ``grad``: the
+        autograd node whose execution a label runs in (a hook of it)."""
         if kind == "step":
             if self.on_owner:
                 self.put(event.start_time_ns, Step(event.start_time_ns))
@@ -263,7 +272,7 @@ class _Converter:
                 label = lkind = event.name[len(PART_PREFIX) :]
             else:
                 lkind, label = label_kind(event.name)
-            self.put(event.start_time_ns, LabelEnter(event.start_time_ns, label, lkind, None, None, in_backward))
+            self.put(event.start_time_ns, LabelEnter(event.start_time_ns, label, lkind, None, None, in_backward, grad))
             self.walk_children(event, in_backward)
             self.put(event.end_time_ns, LabelExit(event.end_time_ns, None, None, in_backward))
         elif kind == "backward":
@@ -307,6 +316,10 @@ class _Converter:
         is counted twice."""
         node = event.name[len(_EVALUATE) :]
         seq = _sequence_nr(event)
+        if seq < 0 and not node.endswith(_ACCUMULATE):
+            # A node with hooks (FSDP's pre-backward) leaves its evaluate range unnumbered;
+            # the node's own range inside it carries the number.
+            seq = next((_sequence_nr(c) for c in event.children if c.name == node), -1)
         if seq < 0 or node.endswith(_ACCUMULATE):
             # No number: gradient accumulation runs right after the node that completed
             # its gradient (it has the engine's highest priority), so it belongs to the
@@ -330,7 +343,7 @@ class _Converter:
                         op = op._replace(device_time_ns=self.kernel_time(child))
                     self.put(start, op)
                 else:
-                    self.walk(child, kind, True)
+                    self.walk(child, kind, True, (seq, None))
         if self.has_device:
             self.replace(at, device_time_ns=self.kernel_time(event))
 
@@ -398,7 +411,7 @@ def _nested_frames(event: Any) -> list[tuple[Any, str]]:
             found.append((item, kind))
         elif is_communication(name):
             found.append((item, "comm"))
-        elif "::" not in name:
+        elif "::" not in name or not _op_like(name):
             pending.extend(reversed(item.children))
     return found
 

@@ -184,11 +184,23 @@ class _OpMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             kind, label = label_kind(str(args[0]))
             mark = timer.mark() if timer is not None else None
-            self._append(LabelEnter(self._clock(), label, kind, mark, _next_seq(), _graph_task() != -1))
+            node = _current_node()
+            grad = None if node is None else self._node_grad(node)[0]
+            self._append(LabelEnter(self._clock(), label, kind, mark, _next_seq(), _graph_task() != -1, grad))
             return out
         mark = timer.mark() if timer is not None else None
         self._append(LabelExit(self._clock(), mark, _next_seq(), _graph_task() != -1))
         return func(*args, **kwargs)
+
+    def _node_grad(self, node: Any) -> tuple[tuple[int, int | None], Any]:
+        """``(Op.grad, variable)`` for the autograd node being executed: its number, or
+        for a gradient accumulation (no number) the module owning its parameter."""
+        seq = node._sequence_nr()
+        owner = variable = None
+        if seq == NO_SEQ:
+            variable = getattr(node, "variable", None)
+            owner = self._param_owner.get(id(variable))
+        return (seq, owner), variable
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -200,12 +212,7 @@ class _OpMode(TorchDispatchMode):
         tracker = self._tracker
         variable = None
         if node is not None:
-            seq = node._sequence_nr()
-            owner = None
-            if seq == NO_SEQ:
-                variable = getattr(node, "variable", None)
-                owner = self._param_owner.get(id(variable))
-            grad = (seq, owner)
+            grad, variable = self._node_grad(node)
             if tracker is not None:
                 tracker.backward_node(node, _graph_task())
         shapes = op_input_shapes(args) if self._record else None
