@@ -10,7 +10,18 @@ from layerscope.attribute.profile import build_profile
 from layerscope.check import check_tree
 from layerscope.flops import count_meta
 from layerscope.flops.meta import TensorMeta
-from layerscope.raw import NO_SEQ, Collective, Enter, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
+from layerscope.raw import (
+    NO_SEQ,
+    Collective,
+    Enter,
+    Exit,
+    LabelEnter,
+    LabelExit,
+    ModuleInfo,
+    Op,
+    RawCapture,
+    Step,
+)
 
 
 @pytest.mark.parametrize(
