@@ -164,3 +164,36 @@ def test_a_backward_hook_label_and_a_synchronous_collective_in_it() -> None:
     assert label.backward.comm_time_ns == 10 + 15
     assert profile.root.backward is not None and profile.root.backward.self_cpu_time_ns == 5
     assert "<communication>" not in {n.path for n in profile.parts}
+
+
+def test_golden_rank_profile_text(golden: object) -> None:
+    """A rank's tree with collectives: the Comm columns and the communication line. One
+    step, 0-1000: fc's forward 20-300 (autograd nodes 1-2), its backward node 400-450,
+    whose gradient hook all-reduces 64 floats (450-470, 256 bytes) on gloo's thread
+    455-900, this thread idle from 470 to 920 (waiting 470-900 = 430 ns)."""
+    modules = [
+        ModuleInfo(path="", type="Net", parent=None, depth=0, params=16),
+        ModuleInfo(path="fc", type="Linear", parent="", depth=1, params=64),
+    ]
+    stream = [
+        Step(0),
+        Enter(10, 0, None, 1),
+        Enter(20, 1, None, 1),
+        Op(30, 290, "aten::addmm", ((4, 8), (8, 8)), flops=512, macs=256, bytes=384),
+        Exit(300, 1, None, 3),
+        Exit(310, 0, None, 3),
+        Op(400, 450, "AddmmBackward0", grad=(1, None)),
+        Op(450, 470, "c10d::allreduce_", [[(64,)]], flops=0, macs=0, bytes=256, grad=(1, None)),
+        Collective(455, 900, "gloo:all_reduce"),
+        Op(920, 940, "aten::copy_"),
+        Step(1000),
+    ]
+    raw = RawCapture(
+        modules=modules, timing_passes=[stream], op_pass=stream, param_bytes=320,
+        meta={"model": "Net", "device": "cpu", "mode": "context", "rank": 1, "world_size": 4, "host": "node7"},
+    )  # fmt: skip
+    profile = build_profile(raw)
+    check_tree(profile)
+    fc = profile.root.children[0]
+    assert fc.backward is not None and (fc.backward.comm_time_ns, fc.backward.comm_bytes) == (20, 256)
+    golden("rank_comm.out", profile.render("text"))  # type: ignore[operator]

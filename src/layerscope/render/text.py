@@ -387,6 +387,7 @@ def _footer(profile: Profile) -> list[str]:
         )
     ]
     lines.extend(_step_lines(profile))
+    lines.extend(_comm_lines(profile))
     lines.extend(_detail_lines(profile))
     lines.extend(_memory_lines(profile))
     passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
@@ -439,6 +440,26 @@ def _step_lines(profile: Profile) -> list[str]:
     if profile.meta.get("complete") is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
     return lines
+
+
+def _comm_lines(profile: Profile) -> list[str]:
+    """Who this rank is, and what its collectives moved and cost it."""
+    if not _has_comm(profile):
+        return []
+    meta = profile.meta
+    trees = [profile.root, *profile.parts]
+    moved = sum(stats.comm_bytes or 0 for node in trees for _, stats in node.phases())
+    calls = sum(op.calls for node in trees for n in node.walk() for op in n.ops if is_communication(op.name))
+    spent = sum(stats.comm_time_ns or 0 for node in trees for _, stats in node.phases())
+    wait = sum(part.forward.cpu_time_ns for part in profile.parts if part.kind == "communication")
+    who = ""
+    if meta.get("world_size") is not None:
+        who = f"rank {meta.get('rank', 0)} of {meta['world_size']}" + (f" on {meta['host']}" if meta.get("host") else "") + ": "
+    line = f"Communication: {who}{fmt.nbytes(moved)} in {calls} collective call{'s' * (calls != 1)}, {fmt.time_ns(spent)} in them"
+    step = profile.step_time_ns
+    if wait and step:
+        line += f", of which {fmt.time_ns(wait)} waiting outside the model ({fmt.percent(wait, step)} of the step)"
+    return [line]
 
 
 def _detail_lines(profile: Profile) -> list[str]:
