@@ -343,6 +343,23 @@ def test_plot_bench_from_a_dict(tmp_path: Path) -> None:
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_plot_draws_peak_memory_per_batch_size() -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from layerscope.plot import draw_bench
+
+    axes = draw_bench(Figure(), made(BASE))
+    assert [a.get_ylabel() for a in axes] == ["latency per batch (us)", "throughput (samples/s)", "peak memory (KiB)"]
+    (line,) = axes[2].get_lines()
+    # made() gives batch n a peak of 4096 * n bytes: 4 and 32 KiB.
+    assert list(line.get_xdata()) == [1, 8] and list(line.get_ydata()) == [4.0, 32.0]
+    bare = made(BASE)
+    for entry in bare.batches:
+        entry.peak_memory_bytes = None
+    assert len(draw_bench(Figure(), bare)) == 2  # nothing measured, no memory panel
+
+
 # -- CUDA (skipped without a GPU) -----------------------------------------------------------
 
 cuda = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -105,21 +105,38 @@ NO_MATPLOTLIB_BENCH = "plotting a benchmark needs matplotlib: pip install 'layer
 def plot_bench(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> None:
     """Draw a benchmark (a ``BenchResult`` or its ``to_dict()``) as a PNG at ``path``,
     written atomically: latency (p50, with the p10-p90 band and min) and throughput
-    against batch size, on log2 batch axes. Batch sizes that ran out of memory are
-    marked. Raises ``ImportError`` without matplotlib."""
+    against batch size, on log2 batch axes, and the peak memory per batch size when it was
+    measured. Batch sizes that ran out of memory are marked. Raises ``ImportError``
+    without matplotlib."""
     write_atomic(path, render_bench_png(result, title=title))
 
 
 def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
     """The PNG bytes :func:`plot_bench` writes."""
+    fig = _figure(NO_MATPLOTLIB_BENCH)
+    draw_bench(fig, result, title=title)
+    return _png(fig)
+
+
+def draw_bench(fig: Any, result: Any, *, title: str | None = None) -> list[Any]:
+    """Draw a benchmark on ``fig``; returns its axes: latency, throughput, and peak memory
+    per batch size when the benchmark measured it."""
     from layerscope.bench import BenchResult, from_dict
 
     bench = result if isinstance(result, BenchResult) else from_dict(result)
-    fig = _figure(NO_MATPLOTLIB_BENCH)
     ok = sorted(bench.measured, key=lambda b: b.batch_size)
     sizes = [b.batch_size for b in ok]
     unit, scale = _time_unit(max((b.p90_ns for b in ok), default=0.0))
-    latency, throughput = fig.subplots(1, 2)
+    peaks = [b for b in ok if b.peak_memory_bytes is not None]
+    axes = list(fig.subplots(1, 3 if peaks else 2))
+    latency, throughput = axes[:2]
+    if peaks:
+        memory = axes[2]
+        mem_unit, mem_scale = _byte_unit(max(b.peak_memory_bytes or 0 for b in peaks))
+        memory.plot([b.batch_size for b in peaks], [(b.peak_memory_bytes or 0) / mem_scale for b in peaks],
+                    "o-", color=PEAK_COLOUR)  # fmt: skip
+        memory.set_ylabel(f"peak memory ({mem_unit})")
+        fig.subplots_adjust(wspace=0.4)  # room for the middle panels' axis labels
     latency.fill_between(sizes, [b.p10_ns / scale for b in ok], [b.p90_ns / scale for b in ok],
                          color=PHASE_COLOURS["forward"], alpha=0.2, label="p10-p90")  # fmt: skip
     latency.plot(sizes, [b.p50_ns / scale for b in ok], "o-", color=PHASE_COLOURS["forward"], label="p50")
@@ -133,9 +150,9 @@ def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
         throughput.legend(loc="lower right")
     for entry in bench.batches:
         if entry.status == "oom":
-            for axis in (latency, throughput):
+            for axis in axes:
                 axis.axvline(entry.batch_size, color=PEAK_COLOUR, linestyle=":", label="out of memory")
-    for axis in (latency, throughput):
+    for axis in axes:
         if len(sizes) > 1:
             axis.set_xscale("log", base=2)
         axis.set_xticks(sizes, [str(n) for n in sizes])
@@ -147,7 +164,7 @@ def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
     heading = title if title is not None else f"{bench.model}: {bench.mode}, {bench.dtype}, {bench.device}"
     fig.suptitle(f"{heading}\n{machine.get('cpu', '')}, threads: {machine.get('threads', '?')}, "
                  f"torch {machine.get('torch_version', '?')}", fontsize=11)  # fmt: skip
-    return _png(fig)
+    return axes
 
 
 def _time_unit(largest_ns: float) -> tuple[str, float]:
