@@ -32,6 +32,7 @@ from typing import Any
 
 from layerscope.ops import OpTableError, op_table
 from layerscope.render import register_renderer
+from layerscope.render.text import _inputs_text as inputs_text
 from layerscope.tree import PHASES, PhaseStats, Profile
 
 #: The version of the embedded document; the page refuses another.
@@ -61,6 +62,8 @@ def report_data(profile: Profile) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "meta": dict(profile.meta),
+        # The inputs as the text header names them (shapes with dtypes, keywords by name).
+        "inputs_text": _inputs(profile),
         "param_bytes": profile.param_bytes,
         "phase_fields": list(PHASE_FIELDS),
         "nodes": [
@@ -86,6 +89,12 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "ops": _op_tables(profile),
         "memory": profile.memory,
     }
+
+
+def _inputs(profile: Profile) -> str | None:
+    """``[8, 16] float32, ...``: the text header's words, without its "input(s) " lead."""
+    text = inputs_text(profile.meta.get("inputs"), profile.meta.get("input_dtypes"))
+    return None if text is None else text.split(" ", 1)[1]
 
 
 def _op_tables(profile: Profile) -> dict[str, Any]:

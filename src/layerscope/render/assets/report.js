@@ -211,7 +211,7 @@
     const fact = (label, value) => { if (value !== null && value !== undefined && value !== "") facts.push(el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { text: value }))); };
     fact("device", META.device || "cpu");
     fact("dtype", META.dtype ? META.dtype + (META.autocast ? " (autocast " + META.autocast + ")" : "") : "");
-    fact("inputs", inputsText(META.inputs, META.input_dtypes));
+    fact("inputs", DATA.inputs_text);
     fact("torch", META.torch_version);
     fact("mode", modeText());
     if (META.step_range) fact("steps", META.step_range[0] + "–" + META.step_range[1] + (META.steps !== undefined ? " (" + META.steps + " timed)" : ""));
@@ -224,13 +224,6 @@
       el("h1", {}, el("span", { text: String(META.model || modelRoot.type) }), el("span", { class: "muted", text: " · layerscope report" })),
       el("dl", { class: "facts" }, ...facts),
       breakdown());
-  }
-
-  function inputsText(inputs, dtypes) {
-    if (inputs === null || inputs === undefined) return "";
-    const list = Array.isArray(inputs) ? inputs : [inputs];
-    const types = Array.isArray(dtypes) ? dtypes : [];
-    return list.map((shape, i) => fmt.shape(shape) + (typeof types[i] === "string" ? " " + types[i] : "")).join(", ");
   }
 
   function modeText() {
