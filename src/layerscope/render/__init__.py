@@ -122,6 +122,7 @@ from layerscope.render import (  # noqa: E402,F401
     csv_table,
     deepspeed,
     folded,
+    html,
     json_doc,
     model,
     ops_table,

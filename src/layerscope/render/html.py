@@ -1,0 +1,147 @@
+"""An interactive report: one self-contained HTML file (data and code inline, no network).
+
+The page is ``assets/report.html``'s skeleton with ``assets/report.css`` and
+``assets/report.js`` inlined, and the profile as one JSON document in a
+``<script type="application/json">`` element, which the script reads with ``JSON.parse``.
+The JSON holds raw numbers only (the page formats them, with one set of functions that
+follow ``layerscope.fmt``); it is derived from the tree here and nothing is measured again:
+
+``meta``           the profile's meta, as saved
+``phase_fields``   the names of the numbers in each node's phase arrays (``PhaseStats``)
+``nodes``          every node in ``Profile.nodes()`` order (the model, then the step's
+                   parts), with its parent's index, and its phases as arrays
+``ops``            the operator table grouped a few ways (``OP_GROUPINGS``), each with its
+                   columns, its rows as arrays and its total
+``memory``         ``Profile.memory`` (the step's peak, its culprit and the timeline)
+
+Safety: names come from the user's code. The JSON is escaped so that ``</script>`` or
+``<!--`` in a name cannot end the element (``<``, ``>`` and ``&`` are written as
+``\\u003c`` ...), and the script builds the page with ``textContent`` and
+``setAttribute`` only, never ``innerHTML``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import fields
+from html import escape as escape_html
+from importlib import resources
+from typing import Any
+
+from layerscope.ops import OpTableError, op_table
+from layerscope.render import register_renderer
+from layerscope.render.text import _inputs_text as inputs_text
+from layerscope.tree import PHASES, PhaseStats, Profile
+
+#: The version of the embedded document; the page refuses another.
+SCHEMA = "layerscope-html/1"
+
+#: The op-table groupings the page can switch between (precomputed: the page does not
+#: regroup). ``stack`` is left out: only profiles taken with ``with_stack`` have it.
+OP_GROUPINGS: tuple[str, ...] = ("name", "module", "shape", "module_type")
+
+PHASE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(PhaseStats))
+
+# What a JSON string needs so that no HTML parser sees markup in it: inside a <script>
+# element only "</script" and "<!--" matter, but escaping every <, > and & is simpler to
+# check, and JSON.parse reads the escapes back as the same characters.
+_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026"}
+
+
+def script_json(document: Any) -> str:
+    """``document`` as JSON that is safe as the text of a ``<script>`` element."""
+    return json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
+
+
+def report_data(profile: Profile) -> dict[str, Any]:
+    """The document the page embeds: raw numbers, derived from the tree only."""
+    nodes = list(profile.nodes())
+    index = {node.path: i for i, node in enumerate(nodes)}
+    return {
+        "schema": SCHEMA,
+        "meta": dict(profile.meta),
+        # The inputs as the text header names them (shapes with dtypes, keywords by name).
+        "inputs_text": _inputs(profile),
+        "param_bytes": profile.param_bytes,
+        "phase_fields": list(PHASE_FIELDS),
+        "nodes": [
+            {
+                "path": node.path,
+                "name": node.name,
+                "type": node.type,
+                "kind": node.kind,
+                "parent": -1 if node.parent is None else index[node.parent],
+                "calls": node.calls,
+                "params": node.params,
+                "params_total": node.params_total,
+                "profiled": node.profiled,
+                "phases": {
+                    phase: [getattr(stats, name) for name in PHASE_FIELDS] for phase, stats in node.phases()
+                },
+                "unsupported_calls": sum(node.unsupported_ops.values()),
+            }
+            for node in nodes
+        ],
+        "phases": [phase for phase in PHASES if getattr(profile.root, phase) is not None],
+        "unsupported_ops": profile.unsupported_ops(),
+        "ops": _op_tables(profile),
+        "memory": profile.memory,
+    }
+
+
+def _inputs(profile: Profile) -> str | None:
+    """``[8, 16] float32, ...``: the text header's words, without its "input(s) " lead."""
+    text = inputs_text(profile.meta.get("inputs"), profile.meta.get("input_dtypes"))
+    return None if text is None else text.split(" ", 1)[1]
+
+
+def _op_tables(profile: Profile) -> dict[str, Any]:
+    tables: dict[str, Any] = {}
+    for grouping in OP_GROUPINGS:
+        try:
+            table = op_table(profile, group_by=grouping)
+        except OpTableError:  # nothing to sort by: a profile without ops
+            continue
+        tables[grouping] = {
+            "sort_by": table.sort_by,
+            "columns": table.columns,
+            "rows": [[getattr(row, name) for name in table.columns] for row in table.rows],
+            "total": [getattr(table.total, name) for name in table.columns],
+        }
+    return tables
+
+
+def _asset(name: str) -> str:
+    return resources.files("layerscope.render").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _fill(page: str, values: list[tuple[str, str]]) -> str:
+    """``page`` with each marker replaced, in the order given: the text already filled in
+    (which may come from the profile) is never searched for a marker again."""
+    out = []
+    for marker, value in values:
+        before, page = page.split(marker, 1)
+        out += [before, value]
+    return "".join([*out, page])
+
+
+@register_renderer(
+    "html", extensions=(".html", ".htm"),
+    description="an interactive report in one self-contained HTML file (tree, icicle, ops, memory)",
+)
+def render_html(profile: Profile, **_: Any) -> str:
+    script = _asset("report.js")
+    # The policy lets only this script run (by its hash) and loads nothing from anywhere:
+    # a name that did reach the page as markup could neither run code nor fetch.
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    policy = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'"
+    title = f"{profile.meta.get('model', profile.root.type)} · layerscope"
+    return _fill(_asset("report.html"), [
+        ("/*@CSP@*/", policy),
+        ("@TITLE@", escape_html(str(title))),
+        ("/*@CSS@*/", _asset("report.css")),
+        ("@DATA@", script_json(report_data(profile))),
+        ("/*@JS@*/", script),
+    ])
