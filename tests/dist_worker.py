@@ -101,7 +101,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.mode == "trainer":
-        trainer(args.out)  # the Trainer sets up the process group itself
+        try:
+            trainer(args.out)  # the Trainer sets up the process group itself ...
+        finally:
+            # ... and leaves it up: torn down at exit with gloo's threads running, a
+            # rank can abort ("terminate called without an active exception").
+            if dist.is_initialized():
+                dist.destroy_process_group()
         return
     dist.init_process_group("gloo")
     try:
