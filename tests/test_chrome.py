@@ -12,7 +12,7 @@ from torch import nn
 
 import layerscope
 from layerscope import check_tree, zoo
-from layerscope.tree import Profile
+from layerscope.tree import ModuleNode, PhaseStats, Profile, link
 
 
 def _training_step(name: str = "mlp", batch: int = 4) -> Profile:
@@ -40,6 +40,29 @@ def _spans(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _ns(us: float) -> int:
     return round(us * 1000)
+
+
+def crossing_spans(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The complete events of each thread that overlap without nesting, read as a viewer
+    reads them: ``ts`` and ``dur`` as floats (``json.loads``, like ``JSON.parse``), a
+    span's end ``ts + dur`` in float arithmetic. Sorted by start, longest first, a span
+    must end by the end of the innermost open span it starts in."""
+    tracks: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    crossing = []
+    for events in tracks.values():
+        events.sort(key=lambda span: (span[0], -span[1]))
+        open_spans: list[tuple[float, float, str]] = []
+        for start, end, name in events:
+            while open_spans and open_spans[-1][1] <= start:
+                open_spans.pop()
+            if open_spans and end > open_spans[-1][1]:
+                crossing.append((open_spans[-1][2], name))
+                continue  # a viewer drops it; the rest are checked against what nests
+            open_spans.append((start, end, name))
+    return crossing
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
@@ -149,3 +172,85 @@ def test_flows_lead_from_forward_ops_to_their_backward() -> None:
         assert forward["args"]["module"] == backward["args"]["module"]
         linked.add(forward["args"]["module"])
     assert linear_paths <= linked
+
+
+def _two_spans(trace: list[list[Any]]) -> Profile:
+    """Net > lin, with ``trace`` as the trace (hand-built; times in ns)."""
+    end = max(start + duration for start, duration, *_ in trace)
+    lin = ModuleNode(
+        "lin", "Linear", parent="", depth=1, calls=1, forward=PhaseStats(cpu_time_ns=end, self_cpu_time_ns=end)
+    )
+    root = ModuleNode("", "Net", calls=1, forward=PhaseStats(cpu_time_ns=end, self_cpu_time_ns=0))
+    link([root, lin])
+    profile = check_tree(Profile(root, meta={"model": "Net"}))
+    profile.trace = {"spans": trace}
+    return profile
+
+
+def test_spans_sharing_an_end_nest_when_read_as_floats() -> None:
+    # Both spans end at 7367461 ns. Written as microseconds with three decimals, a
+    # viewer's float sums differ: 7002.020 + 365.441 = 7367.461 for the child but
+    # 7001.994 + 365.467 = 7367.460999999999 for its parent, so the child would cross
+    # its parent's end.
+    end = 7_367_461
+    profile = _two_spans(
+        [[7_001_994, end - 7_001_994, "", "forward", -1], [7_002_020, end - 7_002_020, "lin", "forward", -1]]
+    )
+    doc = _chrome(profile)
+    assert crossing_spans(doc) == []
+    [net, lin] = _spans(doc)
+    assert net["ts"] + net["dur"] == lin["ts"] + lin["dur"]
+    # Every boundary and duration still reads back to the exact nanosecond.
+    read_back = [_ns(net["ts"]), _ns(net["dur"]), _ns(lin["ts"]), _ns(lin["dur"])]
+    assert read_back == [7_001_994, 365_467, 7_002_020, 365_441]
+    assert _ns(lin["ts"] + lin["dur"]) == end
+
+
+def test_back_to_back_spans_touch_but_do_not_overlap_as_floats() -> None:
+    # Siblings in a row: each one's float end is exactly the next one's float start.
+    trace = [[0, 3_000_000, "", "forward", -1]]
+    starts = [1, 333_334, 1_000_001, 1_999_999, 2_123_457]
+    trace += [[a, b - a, "lin", "forward", -1] for a, b in zip(starts, [*starts[1:], 3_000_000])]
+    doc = _chrome(_two_spans(trace))
+    assert crossing_spans(doc) == []
+    lins = [e for e in _spans(doc) if e["name"] == "lin"]
+    assert [e["ts"] + e["dur"] for e in lins[:-1]] == [e["ts"] for e in lins[1:]]
+
+
+def _gpt2_training_step() -> Profile:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_embd=64, n_layer=2, n_head=2, vocab_size=256, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters())
+    with layerscope.Profiler(model) as prof:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return check_tree(prof.profile)
+
+
+def _zoo_backward(name: str) -> Profile:
+    # What `layerscope profile zoo:NAME --backward --repeat 1` runs.
+    entry = zoo.get(name)
+    torch.manual_seed(0)
+    model, inputs = entry.build(), entry.example_inputs(1)
+    return check_tree(layerscope.profile(model, inputs, backward=True, warmup=1, repeat=1))
+
+
+@pytest.mark.parametrize("make", ["zoo:gpt", "zoo:mlp", "step:gpt", "step:gpt2"])
+def test_real_traces_nest_when_read_as_floats(make: str) -> None:
+    # Backward spans run back to back, so many ends meet: before times were written on
+    # a binary grid, 8 spans crossed in these gpt and mlp traces and 13 to 25 in GPT-2's.
+    kind, name = make.split(":")
+    if kind == "zoo":
+        profile = _zoo_backward(name)
+    else:
+        profile = _gpt2_training_step() if name == "gpt2" else _training_step(name)
+    doc = _chrome(profile)
+    assert len(_spans(doc)) > 50
+    assert crossing_spans(doc) == []

@@ -3,7 +3,8 @@
 Drawn from ``Profile.trace``: module, label and step-part spans on the timeline with
 their ops nested inside, forward and backward (in backward a module's span covers the
 ops traced to it and to its descendants). Every span is a complete event (``"ph": "X"``)
-with times in microseconds written to the nanosecond, so nesting survives exactly. Args
+with times in microseconds on a binary grid finer than a nanosecond (see
+:func:`_grid`), so spans nest exactly as a viewer reads them, in float arithmetic. Args
 carry the path, phase, shapes and FLOPs per call. Flow arrows (``"ph": "s"``/``"f"``)
 lead from each forward op that created an autograd node to the first op run for that node
 in backward. With one step's memory, a counter track draws live bytes. The document is yielded event by event, so saving a big trace streams
@@ -25,15 +26,48 @@ from layerscope.tree import Profile
 _TID = 1
 
 
-def _us(ns: int) -> str:
-    # Integer nanoseconds as exact microseconds (three decimals): no rounding to break nesting.
-    return f"{ns // 1000}.{ns % 1000:03d}"
+#: Times are written on a grid of 2**-GRID_BITS µs (about 0.24 ns), whose values a
+#: double holds exactly; see :func:`_grid`.
+GRID_BITS = 12
+_GRID = 1 << GRID_BITS
+#: The decimal digits of one grid step: 2**-12 == 5**12 / 10**12.
+_STEP_DIGITS = 5**GRID_BITS
+
+
+def _grid(ns: int) -> int:
+    """Integer nanoseconds as a whole number of grid steps, rounded up.
+
+    A viewer reads ``ts`` and ``dur`` as doubles and ends a span at ``ts + dur``. With
+    three decimals of microseconds, the doubles are not the decimals, and two spans that
+    end on the same nanosecond can end one ulp apart: a child past its parent, a span
+    past its successor's start. On a binary grid each value is a double exactly, and so
+    is the sum of two (below 2**41 µs, 25 days), so ``ts + dur`` is exactly the end on
+    the grid, and spans that nest or touch in nanoseconds nest or touch as read. The
+    step is finer than a nanosecond, so reading a time back rounds to its exact
+    nanosecond (and, rounded up, truncating a start does too, as Perfetto's importer does).
+    """
+    return -((-ns * _GRID) // 1000)
+
+
+def _us(steps: int) -> str:
+    """Grid steps as exact decimal microseconds (at most 12 decimals, trailing zeros cut)."""
+    whole, fraction = divmod(steps, _GRID)
+    if not fraction:
+        return str(whole)
+    return f"{whole}.{fraction * _STEP_DIGITS:012d}".rstrip("0")
+
+
+def _ts(ns: int) -> str:
+    return _us(_grid(ns))
 
 
 def _event(name: str, cat: str, start_ns: int, dur_ns: int, pid: int, args: dict[str, Any]) -> str:
+    # The end is put on the grid, not the duration: dur is the difference of two grid
+    # points, so the start plus dur is the end exactly.
+    start = _grid(start_ns)
     return (
         f'{{"name":{json.dumps(name, ensure_ascii=False)},"cat":"{cat}","ph":"X",'
-        f'"ts":{_us(start_ns)},"dur":{_us(dur_ns)},"pid":{pid},"tid":{_TID},'
+        f'"ts":{_us(start)},"dur":{_us(_grid(start_ns + dur_ns) - start)},"pid":{pid},"tid":{_TID},'
         f'"args":{json.dumps(args, ensure_ascii=False, separators=(",", ":"))}}}'
     )
 
@@ -68,8 +102,8 @@ def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
     for n, (forward, backward) in enumerate(profile.trace.get("flows") or ()):
         start, end = spans[forward][0], spans[backward][0]
         common = f'"name":"autograd","cat":"flow","id":{n},"pid":{pid},"tid":{_TID}'
-        yield f'{{{common},"ph":"s","ts":{_us(start)}}}'
-        yield f'{{{common},"ph":"f","bp":"e","ts":{_us(end)}}}'
+        yield f'{{{common},"ph":"s","ts":{_ts(start)}}}'
+        yield f'{{{common},"ph":"f","bp":"e","ts":{_ts(end)}}}'
 
 
 def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
@@ -79,7 +113,7 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
         return
     timeline = memory.get("timeline") or {}
     for t, live in zip(timeline.get("t_ns") or [], timeline.get("bytes") or []):
-        yield f'{{"name":"live memory","ph":"C","ts":{_us(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
+        yield f'{{"name":"live memory","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
 
 
 def process_events(profile: Profile, pid: int, process_name: str) -> Iterator[str]:
