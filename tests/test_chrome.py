@@ -35,7 +35,8 @@ def _chrome(profile: Profile) -> dict[str, Any]:
 
 
 def _spans(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    """Module, label, step-part and op spans (not the step's own span, on its own track)."""
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "step"]
 
 
 def _ns(us: float) -> int:
@@ -254,3 +255,66 @@ def test_real_traces_nest_when_read_as_floats(make: str) -> None:
     doc = _chrome(profile)
     assert len(_spans(doc)) > 50
     assert crossing_spans(doc) == []
+
+
+# -- the step, memory and how times were measured ---------------------------------------
+
+
+def test_hand_built_step_span_has_its_own_track() -> None:
+    # Net [100, 900) > lin [200, 700), in a step whose marks are 1000 ns apart.
+    profile = _two_spans([[100, 800, "", "forward", -1], [200, 500, "lin", "forward", -1]])
+    profile.trace["step_ns"] = 1000
+    profile.meta.update(mode="context", step_range=[3, 5], detail_step=4)
+    doc = _chrome(profile)
+    [step] = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert (step["name"], step["ts"], step["dur"], step["tid"]) == ("step 4", 0, 1, 0)
+    assert step["args"] == {"step": 4, "step_ns": 1000}
+    tracks = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert tracks == {0: "step", 1: "forward and backward"}
+    assert {e["tid"] for e in _spans(doc)} == {1}
+    # Without step marks (an old file, a pass without them) there is no step track.
+    del profile.trace["step_ns"]
+    assert not [e for e in _chrome(profile)["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+
+
+def test_training_step_span_covers_every_span() -> None:
+    prof = _training_step("mlp")
+    doc = _chrome(prof)
+    [step] = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
+    # A one-step block takes its times from the step it traced: its length is the step's.
+    assert step["name"] == "step 0" and step["ts"] == 0
+    assert _ns(step["dur"]) == prof.trace["step_ns"] == prof.meta["step_time_ns"]
+    assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= step["dur"] for e in _spans(doc))
+    assert crossing_spans(doc) == []
+
+
+def test_memory_peak_marks_its_categories() -> None:
+    prof = _training_step("mlp")
+    doc = _chrome(prof)
+    [peak] = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    memory = prof.memory
+    assert peak["name"] == "memory peak" and _ns(peak["ts"]) == memory["peak_at"]["t_ns"]
+    categories = {k: v for k, v in peak["args"].items() if k not in ("bytes", "path", "phase")}
+    assert categories == memory["peak_categories"]
+    assert sum(categories.values()) == peak["args"]["bytes"] == memory["peak_bytes"]
+    # The live-bytes counter reaches the same peak at the same time.
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    top = max(counters, key=lambda e: e["args"]["bytes"])
+    assert top["args"]["bytes"] == memory["peak_bytes"] and top["ts"] == peak["ts"]
+
+
+def test_other_data_says_how_times_were_measured() -> None:
+    entry = zoo.get("mlp")
+    model, x = entry.build(), entry.example_inputs(4)
+    with layerscope.Profiler(model) as prof:
+        for _ in range(3):
+            model(x).pow(2).mean().backward()
+            prof.step()
+    other = _chrome(check_tree(prof.profile))["otherData"]
+    assert other["mode"] == "context" and other["counts_from"] == "detail step"
+    assert other["trace_run"] == f"step {other['detail_step']}"
+    assert other["times"].startswith(f"module times: {other['steps']} steps timed with torch's profiler")
+    assert "dispatch mode" in other["trace_times"] and "2^-12" in other["time_unit"]
+    one = _chrome(_zoo_backward("mlp"))["otherData"]
+    assert (one["mode"], one["trace_run"], one["repeat"]) == ("profile", "op pass", 1)
+    assert one["times"] == "module times: median of 1 timed pass after 1 warm-up, apart from the traced op pass"
