@@ -12,7 +12,7 @@ from torch import nn
 
 import layerscope
 from layerscope import check_tree, zoo
-from layerscope.tree import Profile
+from layerscope.tree import ModuleNode, PhaseStats, Profile, link
 
 
 def _training_step(name: str = "mlp", batch: int = 4) -> Profile:
@@ -35,11 +35,35 @@ def _chrome(profile: Profile) -> dict[str, Any]:
 
 
 def _spans(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    """Module, label, step-part and op spans (not the step's own span, on its own track)."""
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "step"]
 
 
 def _ns(us: float) -> int:
     return round(us * 1000)
+
+
+def crossing_spans(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The complete events of each thread that overlap without nesting, read as a viewer
+    reads them: ``ts`` and ``dur`` as floats (``json.loads``, like ``JSON.parse``), a
+    span's end ``ts + dur`` in float arithmetic. Sorted by start, longest first, a span
+    must end by the end of the innermost open span it starts in."""
+    tracks: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    crossing = []
+    for events in tracks.values():
+        events.sort(key=lambda span: (span[0], -span[1]))
+        open_spans: list[tuple[float, float, str]] = []
+        for start, end, name in events:
+            while open_spans and open_spans[-1][1] <= start:
+                open_spans.pop()
+            if open_spans and end > open_spans[-1][1]:
+                crossing.append((open_spans[-1][2], name))
+                continue  # a viewer drops it; the rest are checked against what nests
+            open_spans.append((start, end, name))
+    return crossing
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
@@ -149,3 +173,148 @@ def test_flows_lead_from_forward_ops_to_their_backward() -> None:
         assert forward["args"]["module"] == backward["args"]["module"]
         linked.add(forward["args"]["module"])
     assert linear_paths <= linked
+
+
+def _two_spans(trace: list[list[Any]]) -> Profile:
+    """Net > lin, with ``trace`` as the trace (hand-built; times in ns)."""
+    end = max(start + duration for start, duration, *_ in trace)
+    lin = ModuleNode(
+        "lin", "Linear", parent="", depth=1, calls=1, forward=PhaseStats(cpu_time_ns=end, self_cpu_time_ns=end)
+    )
+    root = ModuleNode("", "Net", calls=1, forward=PhaseStats(cpu_time_ns=end, self_cpu_time_ns=0))
+    link([root, lin])
+    profile = check_tree(Profile(root, meta={"model": "Net"}))
+    profile.trace = {"spans": trace}
+    return profile
+
+
+def test_spans_sharing_an_end_nest_when_read_as_floats() -> None:
+    # Both spans end at 7367461 ns. Written as microseconds with three decimals, a
+    # viewer's float sums differ: 7002.020 + 365.441 = 7367.461 for the child but
+    # 7001.994 + 365.467 = 7367.460999999999 for its parent, so the child would cross
+    # its parent's end.
+    end = 7_367_461
+    profile = _two_spans(
+        [[7_001_994, end - 7_001_994, "", "forward", -1], [7_002_020, end - 7_002_020, "lin", "forward", -1]]
+    )
+    doc = _chrome(profile)
+    assert crossing_spans(doc) == []
+    [net, lin] = _spans(doc)
+    assert net["ts"] + net["dur"] == lin["ts"] + lin["dur"]
+    # Every boundary and duration still reads back to the exact nanosecond.
+    read_back = [_ns(net["ts"]), _ns(net["dur"]), _ns(lin["ts"]), _ns(lin["dur"])]
+    assert read_back == [7_001_994, 365_467, 7_002_020, 365_441]
+    assert _ns(lin["ts"] + lin["dur"]) == end
+
+
+def test_back_to_back_spans_touch_but_do_not_overlap_as_floats() -> None:
+    # Siblings in a row: each one's float end is exactly the next one's float start.
+    trace = [[0, 3_000_000, "", "forward", -1]]
+    starts = [1, 333_334, 1_000_001, 1_999_999, 2_123_457]
+    trace += [[a, b - a, "lin", "forward", -1] for a, b in zip(starts, [*starts[1:], 3_000_000])]
+    doc = _chrome(_two_spans(trace))
+    assert crossing_spans(doc) == []
+    lins = [e for e in _spans(doc) if e["name"] == "lin"]
+    assert [e["ts"] + e["dur"] for e in lins[:-1]] == [e["ts"] for e in lins[1:]]
+
+
+def _gpt2_training_step() -> Profile:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_embd=64, n_layer=2, n_head=2, vocab_size=256, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters())
+    with layerscope.Profiler(model) as prof:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return check_tree(prof.profile)
+
+
+def _zoo_backward(name: str) -> Profile:
+    # What `layerscope profile zoo:NAME --backward --repeat 1` runs.
+    entry = zoo.get(name)
+    torch.manual_seed(0)
+    model, inputs = entry.build(), entry.example_inputs(1)
+    return check_tree(layerscope.profile(model, inputs, backward=True, warmup=1, repeat=1))
+
+
+@pytest.mark.parametrize("make", ["zoo:gpt", "zoo:mlp", "step:gpt", "step:gpt2"])
+def test_real_traces_nest_when_read_as_floats(make: str) -> None:
+    # Backward spans run back to back, so many ends meet: before times were written on
+    # a binary grid, 8 spans crossed in these gpt and mlp traces and 13 to 25 in GPT-2's.
+    kind, name = make.split(":")
+    if kind == "zoo":
+        profile = _zoo_backward(name)
+    else:
+        profile = _gpt2_training_step() if name == "gpt2" else _training_step(name)
+    doc = _chrome(profile)
+    assert len(_spans(doc)) > 50
+    assert crossing_spans(doc) == []
+
+
+# -- the step, memory and how times were measured ---------------------------------------
+
+
+def test_hand_built_step_span_has_its_own_track() -> None:
+    # Net [100, 900) > lin [200, 700), in a step whose marks are 1000 ns apart.
+    profile = _two_spans([[100, 800, "", "forward", -1], [200, 500, "lin", "forward", -1]])
+    profile.trace["step_ns"] = 1000
+    profile.meta.update(mode="context", step_range=[3, 5], detail_step=4)
+    doc = _chrome(profile)
+    [step] = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert (step["name"], step["ts"], step["dur"], step["tid"]) == ("step 4", 0, 1, 0)
+    assert step["args"] == {"step": 4, "step_ns": 1000}
+    tracks = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert tracks == {0: "step", 1: "forward and backward"}
+    assert {e["tid"] for e in _spans(doc)} == {1}
+    # Without step marks (an old file, a pass without them) there is no step track.
+    del profile.trace["step_ns"]
+    assert not [e for e in _chrome(profile)["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+
+
+def test_training_step_span_covers_every_span() -> None:
+    prof = _training_step("mlp")
+    doc = _chrome(prof)
+    [step] = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
+    # A one-step block takes its times from the step it traced: its length is the step's.
+    assert step["name"] == "step 0" and step["ts"] == 0
+    assert _ns(step["dur"]) == prof.trace["step_ns"] == prof.meta["step_time_ns"]
+    assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= step["dur"] for e in _spans(doc))
+    assert crossing_spans(doc) == []
+
+
+def test_memory_peak_marks_its_categories() -> None:
+    prof = _training_step("mlp")
+    doc = _chrome(prof)
+    [peak] = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    memory = prof.memory
+    assert peak["name"] == "memory peak" and _ns(peak["ts"]) == memory["peak_at"]["t_ns"]
+    categories = {k: v for k, v in peak["args"].items() if k not in ("bytes", "path", "phase")}
+    assert categories == memory["peak_categories"]
+    assert sum(categories.values()) == peak["args"]["bytes"] == memory["peak_bytes"]
+    # The live-bytes counter reaches the same peak at the same time.
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    top = max(counters, key=lambda e: e["args"]["bytes"])
+    assert top["args"]["bytes"] == memory["peak_bytes"] and top["ts"] == peak["ts"]
+
+
+def test_other_data_says_how_times_were_measured() -> None:
+    entry = zoo.get("mlp")
+    model, x = entry.build(), entry.example_inputs(4)
+    with layerscope.Profiler(model) as prof:
+        for _ in range(3):
+            model(x).pow(2).mean().backward()
+            prof.step()
+    other = _chrome(check_tree(prof.profile))["otherData"]
+    assert other["mode"] == "context" and other["counts_from"] == "detail step"
+    assert other["trace_run"] == f"step {other['detail_step']}"
+    assert other["times"].startswith(f"module times: {other['steps']} steps timed with torch's profiler")
+    assert "dispatch mode" in other["trace_times"] and "2^-12" in other["time_unit"]
+    one = _chrome(_zoo_backward("mlp"))["otherData"]
+    assert (one["mode"], one["trace_run"], one["repeat"]) == ("profile", "op pass", 1)
+    assert one["times"] == "module times: median of 1 timed pass after 1 warm-up, apart from the traced op pass"

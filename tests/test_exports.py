@@ -26,7 +26,7 @@ import layerscope
 from layerscope import zoo
 from layerscope.check import check_tree
 from layerscope.render import format_for_path, formats
-from layerscope.render.stacks import MetricError, sanitize
+from layerscope.render.stacks import METRICS, MetricError, build_stacks, sanitize
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 from test_cli import FAST, assert_usage_error, run_cli
 
@@ -272,11 +272,12 @@ def test_speedscope_has_a_profile_per_metric_with_exact_weights(real: Profile) -
     assert (time["unit"], flops["unit"]) == ("nanoseconds", "none")
     assert time["endValue"] == whole_time_ns(real)
     assert flops["endValue"] == every_self(real, "self_flops")
-    # The same stacks as the folded export, in the same order.
+    # The same stacks and weights as the folded export; speedscope's come in the order
+    # they ran (the trace's), folded ones in tree order.
     names = [frame["name"] for frame in doc["shared"]["frames"]]
     stacks = [";".join(names[i] for i in sample) for sample in flops["samples"]]
     folded = real.render("folded", metric="flops")
-    assert [f"{s} {w}" for s, w in zip(stacks, flops["weights"])] == folded.splitlines()
+    assert sorted(f"{s} {w}" for s, w in zip(stacks, flops["weights"])) == sorted(folded.splitlines())
 
 
 def test_speedscope_keeps_same_named_modules_apart(mlp_step: Profile) -> None:
@@ -293,6 +294,60 @@ def test_hand_built_speedscope_weights_are_exact_nanoseconds() -> None:
     (time,) = doc["profiles"]
     assert time["weights"] == [1000, 500, 1000, 1000, 300]
     assert time["endValue"] == 3800
+
+
+def _sample_names(doc: dict[str, Any], profile: int = 0) -> list[str]:
+    names = [frame["name"] for frame in doc["shared"]["frames"]]
+    return [";".join(names[i] for i in sample) for sample in doc["profiles"][profile]["samples"]]
+
+
+def test_hand_built_speedscope_samples_come_in_the_order_they_ran() -> None:
+    # Net > a, b; forward runs a then b, backward b then a (as autograd does). Self ns:
+    # forward Net 20, a 30, b 50; backward Net 10, a 40, b 50.
+    def stats(total: int, own: int) -> PhaseStats:
+        return PhaseStats(cpu_time_ns=total, self_cpu_time_ns=own)
+
+    a = ModuleNode("a", "Linear", parent="", depth=1, calls=1, forward=stats(30, 30), backward=stats(40, 40))
+    b = ModuleNode("b", "Linear", parent="", depth=1, calls=1, forward=stats(50, 50), backward=stats(50, 50))
+    root = ModuleNode("", "Net", calls=1, forward=stats(100, 20), backward=stats(100, 10))
+    link([root, a, b])
+    profile = check_tree(Profile(root, meta={"model": "Net"}))
+    profile.trace = {
+        "spans": [
+            [0, 100, "", "forward", -1], [10, 30, "a", "forward", -1], [40, 50, "b", "forward", -1],
+            [200, 100, "", "backward", -1], [200, 50, "b", "backward", -1], [250, 50, "a", "backward", -1],
+        ]
+    }  # fmt: skip
+    doc = check_speedscope(profile.render("speedscope", metric="time"))
+    assert list(zip(_sample_names(doc), doc["profiles"][0]["weights"])) == [
+        ("forward;Net", 20), ("forward;Net;a", 30), ("forward;Net;b", 50),
+        ("backward;Net", 10), ("backward;Net;b", 50), ("backward;Net;a", 40),
+    ]  # fmt: skip
+    # Folded stacks keep tree order; without a trace, so does speedscope.
+    folded_order = [";".join(f.name for f in stack) for stack, _ in build_stacks(profile, METRICS["time"])]
+    assert folded_order[-2:] == ["backward;Net;a", "backward;Net;b"]
+    profile.trace = None
+    tree_order = _sample_names(check_speedscope(profile.render("speedscope", metric="time")))
+    assert tree_order[-2:] == ["backward;Net;a", "backward;Net;b"]
+
+
+def test_speedscope_backward_runs_from_the_last_layer(mlp_step: Profile) -> None:
+    doc = check_speedscope(mlp_step.render("speedscope", metric="time"))
+    samples = _sample_names(doc)
+    linears = sorted(node.path for node in mlp_step.modules() if node.type == "Linear")
+    first_seen = {}
+    for n, sample in enumerate(samples):
+        phase = sample.split(";")[0]
+        for path in linears:
+            if f";{path.replace('.', ';')};" in f";{sample};":
+                first_seen.setdefault((phase, path), n)
+    forward = sorted(linears, key=lambda path: first_seen[("forward", path)])
+    backward = sorted(linears, key=lambda path: first_seen[("backward", path)])
+    assert forward == linears and backward == linears[::-1]
+    # The step runs forward, the loss, backward, then the optimizer.
+    roots = [sample.split(";")[0] for sample in samples]
+    firsts = [root for n, root in enumerate(roots) if root not in roots[:n]]
+    assert firsts[:4] == ["forward", "<loss>", "backward", "<optimizer:Adam>"]
 
 
 # -- CSV ------------------------------------------------------------------------------

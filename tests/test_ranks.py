@@ -410,6 +410,7 @@ def test_cli_chrome_has_one_process_per_rank(tmp_path: Path, capsys: pytest.Capt
         # A trace of one span per node: the root, then head inside it.
         head = profile["head"].forward.cpu_time_ns
         profile.trace = {"spans": [[0, profile.root.forward.cpu_time_ns, "", "forward", -1], [100, head, "head", "forward", -1]]}
+        profile.trace["step_ns"] = profile.root.forward.cpu_time_ns
     paths = []
     for profile in reversed(profiles):  # any order of files
         path = tmp_path / f"r{profile.meta['rank']}.json"
@@ -424,6 +425,10 @@ def test_cli_chrome_has_one_process_per_rank(tmp_path: Path, capsys: pytest.Capt
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "head"]
     assert sorted(e["pid"] for e in spans) == [0, 1, 2, 3]
     assert next(e for e in spans if e["pid"] == 2)["dur"] == 20_000.0  # us
+    # Each rank has its step on a track of its own; the document says how times were taken.
+    steps = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
+    assert sorted((e["pid"], e["tid"]) for e in steps) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert doc["otherData"]["trace_run"] == "op pass" and "trace_times" in doc["otherData"]
     # Without traces, the refusal names the rank; a merged run keeps none.
     plain = tmp_path / "plain.json"
     rank_profile(0).save(str(plain))

@@ -127,7 +127,7 @@ MEMORY = Obj(
 )  # fmt: skip
 
 TRACE = Obj(
-    {"spans": ListOf(Row((INT, INT, STR, OneOf(PHASES), INT))), "flows": ListOf(Row((INT, INT)))},
+    {"spans": ListOf(Row((INT, INT, STR, OneOf(PHASES), INT))), "flows": ListOf(Row((INT, INT))), "step_ns": Opt(INT)},
     frozenset({"spans"}),
 )
 

@@ -230,7 +230,8 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
 def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> dict[str, Any] | None:
     """``Profile.trace``: the op pass (a ``Profiler``'s detail step) as spans, and flows:
     ``[forward op span, backward op span]`` for each autograd node a forward op created,
-    to the first op that ran for it in backward."""
+    to the first op that ran for it in backward; ``step_ns``, the run's step, from its
+    first step mark (time 0) to its last, when it had step marks."""
     if op_result is None or op_result.trace is None:
         return None
     base = op_result.trace_start_ns
@@ -248,7 +249,11 @@ def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], p
             elif phase == "forward":
                 created[node_seq] = len(spans)
         spans.append([t0 - base, max(0, t1 - t0), path, phase, index])
-    return {"spans": spans, "flows": flows}
+    trace: dict[str, Any] = {"spans": spans, "flows": flows}
+    if op_result.wall_ns is not None:
+        # A run with step marks starts at its first (time 0) and ends at its last.
+        trace["step_ns"] = op_result.wall_ns
+    return trace
 
 
 def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> dict[str, Any] | None:

@@ -3,11 +3,23 @@
 Drawn from ``Profile.trace``: module, label and step-part spans on the timeline with
 their ops nested inside, forward and backward (in backward a module's span covers the
 ops traced to it and to its descendants). Every span is a complete event (``"ph": "X"``)
-with times in microseconds written to the nanosecond, so nesting survives exactly. Args
+with times in microseconds on a binary grid finer than a nanosecond (see
+:func:`_grid`), so spans nest exactly as a viewer reads them, in float arithmetic. Args
 carry the path, phase, shapes and FLOPs per call. Flow arrows (``"ph": "s"``/``"f"``)
 lead from each forward op that created an autograd node to the first op run for that node
-in backward. With one step's memory, a counter track draws live bytes. The document is yielded event by event, so saving a big trace streams
-it to disk.
+in backward. A track of its own holds one span for the traced step (``step N``, or
+``op pass`` for ``profile()``), when the run had step marks.
+
+Memory, with one step's (the timeline and the trace are then the same run): a counter
+of live bytes over time, and an instant event at the peak whose args are the peak's
+bytes by category. The timeline keeps live bytes only, not their categories, so there
+is no counter per category: categories are known at the peak alone.
+
+``otherData`` says how the times were measured: the spans are the traced run's own
+times (under the dispatch mode that records ops, so slower than an unrecorded run),
+while the profile's module times come from ``meta["times_from"]`` /
+``meta["counts_from"]`` (timed steps or passes beside the traced one, or the traced step
+itself). The document is yielded event by event, so saving a big trace streams it to disk.
 """
 
 from __future__ import annotations
@@ -23,17 +35,52 @@ from layerscope.render import register_renderer
 from layerscope.tree import Profile
 
 _TID = 1
+#: The step's own track, above the spans.
+_STEP_TID = 0
 
 
-def _us(ns: int) -> str:
-    # Integer nanoseconds as exact microseconds (three decimals): no rounding to break nesting.
-    return f"{ns // 1000}.{ns % 1000:03d}"
+#: Times are written on a grid of 2**-GRID_BITS µs (about 0.24 ns), whose values a
+#: double holds exactly; see :func:`_grid`.
+GRID_BITS = 12
+_GRID = 1 << GRID_BITS
+#: The decimal digits of one grid step: 2**-12 == 5**12 / 10**12.
+_STEP_DIGITS = 5**GRID_BITS
 
 
-def _event(name: str, cat: str, start_ns: int, dur_ns: int, pid: int, args: dict[str, Any]) -> str:
+def _grid(ns: int) -> int:
+    """Integer nanoseconds as a whole number of grid steps, rounded up.
+
+    A viewer reads ``ts`` and ``dur`` as doubles and ends a span at ``ts + dur``. With
+    three decimals of microseconds, the doubles are not the decimals, and two spans that
+    end on the same nanosecond can end one ulp apart: a child past its parent, a span
+    past its successor's start. On a binary grid each value is a double exactly, and so
+    is the sum of two (below 2**41 µs, 25 days), so ``ts + dur`` is exactly the end on
+    the grid, and spans that nest or touch in nanoseconds nest or touch as read. The
+    step is finer than a nanosecond, so reading a time back rounds to its exact
+    nanosecond (and, rounded up, truncating a start does too, as Perfetto's importer does).
+    """
+    return -((-ns * _GRID) // 1000)
+
+
+def _us(steps: int) -> str:
+    """Grid steps as exact decimal microseconds (at most 12 decimals, trailing zeros cut)."""
+    whole, fraction = divmod(steps, _GRID)
+    if not fraction:
+        return str(whole)
+    return f"{whole}.{fraction * _STEP_DIGITS:012d}".rstrip("0")
+
+
+def _ts(ns: int) -> str:
+    return _us(_grid(ns))
+
+
+def _event(name: str, cat: str, start_ns: int, dur_ns: int, pid: int, args: dict[str, Any], tid: int = _TID) -> str:
+    # The end is put on the grid, not the duration: dur is the difference of two grid
+    # points, so the start plus dur is the end exactly.
+    start = _grid(start_ns)
     return (
         f'{{"name":{json.dumps(name, ensure_ascii=False)},"cat":"{cat}","ph":"X",'
-        f'"ts":{_us(start_ns)},"dur":{_us(dur_ns)},"pid":{pid},"tid":{_TID},'
+        f'"ts":{_us(start)},"dur":{_us(_grid(start_ns + dur_ns) - start)},"pid":{pid},"tid":{tid},'
         f'"args":{json.dumps(args, ensure_ascii=False, separators=(",", ":"))}}}'
     )
 
@@ -68,8 +115,8 @@ def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
     for n, (forward, backward) in enumerate(profile.trace.get("flows") or ()):
         start, end = spans[forward][0], spans[backward][0]
         common = f'"name":"autograd","cat":"flow","id":{n},"pid":{pid},"tid":{_TID}'
-        yield f'{{{common},"ph":"s","ts":{_us(start)}}}'
-        yield f'{{{common},"ph":"f","bp":"e","ts":{_us(end)}}}'
+        yield f'{{{common},"ph":"s","ts":{_ts(start)}}}'
+        yield f'{{{common},"ph":"f","bp":"e","ts":{_ts(end)}}}'
 
 
 def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
@@ -79,7 +126,68 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
         return
     timeline = memory.get("timeline") or {}
     for t, live in zip(timeline.get("t_ns") or [], timeline.get("bytes") or []):
-        yield f'{{"name":"live memory","ph":"C","ts":{_us(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
+        yield f'{{"name":"live memory","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
+    at = memory.get("peak_at") or {}
+    if at.get("t_ns") is not None:
+        args = {"bytes": memory["peak_bytes"], **(memory.get("peak_categories") or {})}
+        args.update({"path": at["path"] or profile.meta.get("model"), "phase": at.get("phase")})
+        yield (
+            f'{{"name":"memory peak","ph":"i","s":"t","ts":{_ts(at["t_ns"])},"pid":{pid},"tid":{_TID},'
+            f'"args":{json.dumps(args, separators=(",", ":"))}}}'
+        )
+
+
+def traced_step(meta: dict[str, Any]) -> int | None:
+    """The number of the step the trace holds: a ``Profiler``'s detail step, or its last
+    step when every step was detailed; None for ``profile()``'s op pass."""
+    if meta.get("mode") != "context":
+        return None
+    if meta.get("detail_step") is not None:
+        return int(meta["detail_step"])
+    last = (meta.get("step_range") or [None, None])[1]
+    return None if last is None else int(last)
+
+
+def _step_events(profile: Profile, pid: int) -> Iterator[str]:
+    assert profile.trace is not None
+    step_ns = profile.trace.get("step_ns")
+    if step_ns is None:
+        return
+    number = traced_step(profile.meta)
+    name = "op pass" if number is None else f"step {number}"
+    yield f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{_STEP_TID},"args":{{"name":"step"}}}}'
+    yield _event(name, "step", 0, step_ns, pid, {"step": number, "step_ns": step_ns}, tid=_STEP_TID)
+
+
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+
+
+def timing_metadata(profile: Profile) -> dict[str, Any]:
+    """How the trace's times and the profile's times were measured, for ``otherData``."""
+    meta = profile.meta
+    number = traced_step(meta)
+    if meta.get("mode") == "profile":
+        times = (
+            f"module times: median of {_count(meta.get('repeat'), 'timed pass')} after "
+            f"{meta.get('warmup')} warm-up, apart from the traced op pass"
+        )
+    elif meta.get("counts_from") == "detail step":
+        times = (
+            f"module times: {_count(meta.get('steps'), 'step')} timed with torch's profiler; ops, shapes, "
+            f"FLOPs and memory from detail step {meta.get('detail_step')}, the traced step"
+        )
+    else:
+        times = "module times: from the traced step itself"
+    keys = ("mode", "times_from", "counts_from", "steps", "step_range", "detail_step", "repeat", "warmup")
+    return {
+        "trace_run": "op pass" if number is None else f"step {number}",
+        "trace_times": "the traced run's own, recorded under the dispatch mode that records ops "
+        "(slower than an unrecorded run)",
+        "times": times,
+        **{key: meta[key] for key in keys if meta.get(key) is not None},
+        "time_unit": "ts and dur in µs on a 2^-12 µs grid: round(x * 1000) is the exact ns",
+    }
 
 
 def process_events(profile: Profile, pid: int, process_name: str) -> Iterator[str]:
@@ -94,6 +202,7 @@ def process_events(profile: Profile, pid: int, process_name: str) -> Iterator[st
         raise RenderError("this profile was counted, not timed (count_flops / layerscope flops): it has no timeline")
     yield f'{{"name":"process_name","ph":"M","pid":{pid},"tid":0,"args":{{"name":{json.dumps(process_name)}}}}}'
     yield f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{_TID},"args":{{"name":"forward and backward"}}}}'
+    yield from _step_events(profile, pid)
     yield from _span_events(profile, pid)
     yield from _flow_events(profile, pid)
     yield from _memory_events(profile, pid)
@@ -120,4 +229,5 @@ def render_chrome(profile: Profile, **_: Any) -> Iterator[str]:
     events = process_events(profile, pid, f"{model} (layerscope)")
     first = next(events)  # a profile without a trace is refused before anything is written
     other = {"layerscope_version": __version__, "model": model, "device": profile.meta.get("device")}
+    other.update(timing_metadata(profile))
     yield from document(itertools.chain([first], events), other)

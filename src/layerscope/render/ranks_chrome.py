@@ -17,16 +17,17 @@ from layerscope import __version__
 from layerscope.errors import RenderError
 from layerscope.ranks import RankTraces
 from layerscope.render import register_renderer
-from layerscope.render.chrome import document, process_events
+from layerscope.render.chrome import document, process_events, timing_metadata
 
 
-def _processes(traces: RankTraces, models: list[str]) -> Iterator[str]:
+def _processes(traces: RankTraces, measured: dict[str, Any]) -> Iterator[str]:
     for profile in traces.profiles:
         rank = profile.meta.get("rank")
         if not isinstance(rank, int):
             raise RenderError("a rank file has no rank in its meta: one process per rank needs it")
-        if not models:
-            models.append(str(profile.meta.get("model") or profile.root.type))
+        if not measured:
+            # The ranks ran the same steps: the first rank's says how all were measured.
+            measured.update(model=str(profile.meta.get("model") or profile.root.type), **timing_metadata(profile))
         try:
             yield from process_events(profile, rank, f"rank {rank}")
         except RenderError as exc:
@@ -38,11 +39,11 @@ def _processes(traces: RankTraces, models: list[str]) -> Iterator[str]:
     description="a Chrome trace / Perfetto JSON with one process per rank",
 )  # fmt: skip
 def render_rank_traces(traces: RankTraces, **_: Any) -> Iterator[str]:
-    models: list[str] = []
-    events = _processes(traces, models)
+    measured: dict[str, Any] = {}
+    events = _processes(traces, measured)
     first = next(events, None)  # a rank without a trace is refused before anything is written
     if first is None:
         raise RenderError("no rank files to draw")
-    other = {"layerscope_version": __version__, "model": models[0], "processes": "one per rank (pid = rank)"}
+    other = {"layerscope_version": __version__, **measured, "processes": "one per rank (pid = rank)"}
     yield from document(itertools.chain([first], events), other)
 

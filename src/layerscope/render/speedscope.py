@@ -9,6 +9,9 @@ device time on a GPU,
 then FLOPs), or only the one asked for with ``metric``. Its samples are the stacks of
 ``render/stacks.py`` (the same as the folded format's), weighted exactly: time in whole
 nanoseconds, so ``endValue - startValue == sum(weights)`` is the profile's total.
+Samples come in the order they ran when the profile has a trace (speedscope's "Time
+Order" view then shows backward from the last layer back, the loss between forward
+and backward), else in tree order; the weights are the same either way.
 Frames are shared between profiles; a module or label frame carries its full path in
 ``file``, so that two modules both shown as ``0`` can be told apart in speedscope.
 """
@@ -90,7 +93,7 @@ def speedscope_file(profile: Profile, metrics: list[Metric]) -> SpeedscopeFile:
     model = str(profile.meta.get("model") or profile.root.type)
     profiles = []
     for metric in metrics:
-        stacks = build_stacks(profile, metric)
+        stacks = build_stacks(profile, metric, run_order=True)
         weights = [weight for _, weight in stacks]
         profiles.append(
             SampledProfile(

@@ -23,7 +23,10 @@ tree, never re-measured:
   otherwise (or the FLOPs over all phases).
 - **Order.** Stacks come in tree order (phase by phase for the model, then the parts),
   equal stacks merged at their first place, zero weights dropped: the same profile
-  always gives the same stacks.
+  always gives the same stacks. With ``run_order=True`` and a trace, they come in the
+  order they ran instead: each stack where its node's or op's first span starts in
+  ``Profile.trace`` (so backward runs from the last layer back), ties and stacks the
+  trace lacks kept in tree order after the stack before them. Weights do not change.
 """
 
 from __future__ import annotations
@@ -148,50 +151,69 @@ def _frame(node: ModuleNode) -> Frame:
     return Frame(sanitize(relative), node.path)
 
 
+#: Where a stack's weight comes from, as a trace span names it: (path, phase, op index
+#: into the node's ops, or -1 for the node's own line).
+Origin = tuple[str, str, int]
+
+
 def _node_stacks(
     node: ModuleNode, phase: str, prefix: Stack, metric: Metric
-) -> Iterator[tuple[Stack, int]]:
+) -> Iterator[tuple[Stack, int, Origin]]:
     """The stacks of ``node`` and its descendants in one phase, depth first."""
     stack = (*prefix, _frame(node))
     stats = getattr(node, phase)
     if stats is not None:
         own = metric.node_value(stats) or 0
-        ops = [op for op in node.ops if op.phase == phase]
-        op_values = [metric.op_value(op) or 0 for op in ops]
+        ops = [(index, op) for index, op in enumerate(node.ops) if op.phase == phase]
+        op_values = [metric.op_value(op) or 0 for _, op in ops]
         ops_total = sum(op_values)
         if ops_total > own:
             op_values = rescale(op_values, own, ops_total)
             ops_total = own
-        yield stack, own - ops_total
-        for op, value in zip(ops, op_values):
-            yield (*stack, Frame(sanitize(op.name))), value
+        yield stack, own - ops_total, (node.path, phase, -1)
+        for (index, op), value in zip(ops, op_values):
+            yield (*stack, Frame(sanitize(op.name))), value, (node.path, phase, index)
     for child in node.children:
         yield from _node_stacks(child, phase, stack, metric)
 
 
-def _part_stacks(part: ModuleNode, metric: Metric) -> Iterator[tuple[Stack, int]]:
+def _part_stacks(part: ModuleNode, metric: Metric) -> Iterator[tuple[Stack, int, Origin]]:
     for phase, _ in part.phases():
         if phase == "forward":
             yield from _node_stacks(part, phase, (), metric)
             continue
         # The phase frame goes after the part's name: <loss>;backward;aten::expand.
-        for stack, value in _node_stacks(part, phase, (), metric):
-            yield (stack[0], Frame(phase), *stack[1:]), value
+        for stack, value, origin in _node_stacks(part, phase, (), metric):
+            yield (stack[0], Frame(phase), *stack[1:]), value, origin
 
 
-def build_stacks(profile: Profile, metric: Metric) -> list[tuple[Stack, int]]:
-    """Every distinct stack with its weight (> 0), in tree order; see the module doc."""
+def build_stacks(profile: Profile, metric: Metric, *, run_order: bool = False) -> list[tuple[Stack, int]]:
+    """Every distinct stack with its weight (> 0), in tree order, or with ``run_order``
+    in the order the trace ran them; see the module doc."""
     model_phases = [phase for phase, _ in profile.root.phases()]
     merged: dict[Stack, int] = {}
+    origins: dict[Stack, list[Origin]] = {}
 
-    def add(pairs: Iterator[tuple[Stack, int]]) -> None:
-        for stack, value in pairs:
+    def add(items: Iterator[tuple[Stack, int, Origin]]) -> None:
+        for stack, value, origin in items:
             merged[stack] = merged.get(stack, 0) + value
+            origins.setdefault(stack, []).append(origin)
 
     for phase in model_phases:
         prefix = (Frame(phase),) if len(model_phases) > 1 else ()
         add(_node_stacks(profile.root, phase, prefix, metric))
     for part in profile.parts:
         add(_part_stacks(part, metric))
-    return [(stack, value) for stack, value in merged.items() if value > 0]
+    stacks = [(stack, value) for stack, value in merged.items() if value > 0]
+    if not run_order or profile.trace is None:
+        return stacks
+    first: dict[Origin, int] = {}
+    for start, _, path, phase, index in profile.trace["spans"]:
+        first.setdefault((path, phase, index), start)
+    keys: list[int] = []
+    for stack, _ in stacks:
+        starts = [first[origin] for origin in origins[stack] if origin in first]
+        keys.append(min(starts) if starts else keys[-1] if keys else -1)
+    order = sorted(range(len(stacks)), key=keys.__getitem__)  # stable: ties stay in tree order
+    return [stacks[i] for i in order]
 
