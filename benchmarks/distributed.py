@@ -23,6 +23,7 @@ Collective waits are in every variant alike: the ranks run in lockstep.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -54,12 +55,23 @@ def _build(kind: str) -> tuple[Any, Any, Any, Any]:
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        _measure(args)
+    finally:
+        gc.collect()  # DDP's reducer before its process group (see layerscope.examples.ddp_train)
+        dist.destroy_process_group()
+
+
+def _measure(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
     from torch import nn
 
     import layerscope
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
     net, x, y, kind = _build(args.model)
     ddp = nn.parallel.DistributedDataParallel(net)
@@ -101,7 +113,6 @@ def worker(args: argparse.Namespace) -> None:
             medians[variant].append(statistics.median(block(variant)))
     if rank == 0:
         _report(args, kind, dist.get_world_size(), medians)
-    dist.destroy_process_group()
 
 
 def _report(args: argparse.Namespace, kind: str, world: int, medians: dict[str, list[float]]) -> None:

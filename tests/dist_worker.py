@@ -13,6 +13,7 @@ Every mode uses the gloo backend and one thread per rank.
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -107,12 +108,14 @@ def main() -> None:
             # ... and leaves it up: torn down at exit with gloo's threads running, a
             # rank can abort ("terminate called without an active exception").
             if dist.is_initialized():
+                gc.collect()  # the Trainer's DDP before its process group (see the example)
                 dist.destroy_process_group()
         return
     dist.init_process_group("gloo")
     try:
         {"die": die, "fsdp": fsdp, "rank0": rank0}[args.mode](args.out)
     finally:
+        gc.collect()
         dist.destroy_process_group()
 
 

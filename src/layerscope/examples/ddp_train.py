@@ -17,6 +17,7 @@ is available and ``--backend nccl``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(args.folder, straggler_ms=args.straggler_ms, device=device)
     finally:
+        # DDP's reducer must be gone before its process group: left to interpreter exit,
+        # their teardown can abort the process ("terminate called without an active
+        # exception", torch 2.13 with gloo).
+        gc.collect()
         dist.destroy_process_group()
 
 
