@@ -1,5 +1,5 @@
 // layerscope's HTML pages: what every page shares. Each page's script follows this one
-// in the same <script> element (the policy allows that one script, by its hash) and
+// in the same script element (the policy allows that one script, by its hash) and
 // takes its helpers from layerscopePage.
 //
 // Safety: every name in the data comes from user code. Pages are built with
