@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from layerscope.ranks import MergedRun, merge
 from layerscope.render import format_for_path, formats, render
 from layerscope.tree import Profile
 from test_cli import run_cli
-from test_html import XSS_NAME, Page, browser  # noqa: F401  (the module's one browser)
+from test_html import XSS_NAME, Page, browser, open_html  # noqa: F401  (one browser for the module)
 from test_ranks import MS, four_ranks
 
 BREAKOUT = "</script><!--"
@@ -284,20 +283,13 @@ def test_an_unwritable_folder_is_refused_before_any_work_as_a_usage_error(
 
 
 @pytest.fixture
-def open_page(browser: Any, tmp_path: Path) -> Iterator[Any]:  # noqa: F811
-    pages: list[Page] = []
-
+def open_page(open_html: Any, tmp_path: Path) -> Any:  # noqa: F811
     def open_(text: str, name: str) -> Page:
         path = tmp_path / name
         path.write_text(text, encoding="utf-8")
-        pages.append(Page(browser, path))
-        return pages[-1]
+        return open_html(path)
 
-    yield open_
-    for opened in pages:
-        assert opened.errors == [], opened.errors
-        assert opened.dialogs == []
-        opened.page.close()
+    return open_
 
 
 def _no_markup(page: Any) -> None:
