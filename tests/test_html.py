@@ -180,12 +180,12 @@ class Page:
 
 
 @pytest.fixture
-def open_report(browser: Any, tmp_path: Path) -> Iterator[Any]:
+def open_html(browser: Any) -> Iterator[Any]:
+    """``open_html(path)``: a page in the browser; at the end, none may have logged an
+    error or opened a dialog."""
     pages: list[Page] = []
 
-    def open_(prof: Profile, name: str = "report.html") -> Page:
-        path = tmp_path / name
-        prof.save(str(path))
+    def open_(path: Path) -> Page:
         pages.append(Page(browser, path))
         return pages[-1]
 
@@ -194,6 +194,16 @@ def open_report(browser: Any, tmp_path: Path) -> Iterator[Any]:
         assert opened.errors == [], opened.errors
         assert opened.dialogs == []
         opened.page.close()
+
+
+@pytest.fixture
+def open_report(open_html: Any, tmp_path: Path) -> Any:
+    def open_(prof: Profile, name: str = "report.html") -> Page:
+        path = tmp_path / name
+        prof.save(str(path))
+        return open_html(path)
+
+    return open_
 
 
 @pytest.mark.browser

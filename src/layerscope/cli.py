@@ -334,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from layerscope import __version__
+    from layerscope.render import formats
 
     parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -417,7 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="noise floor: ignore modules whose self time is below this in both profiles "
         "(50us, 1ms, 200ns; a bare number is ns; default 50us)",
     )
-    compare.add_argument("--format", choices=("text", "json"), help="output format (default: from -o's extension, else text)")
+    compare.add_argument(
+        "--format", choices=formats("diff"), help="output format (default: from -o's extension, else text)"
+    )
     compare.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     compare.add_argument("--limit", type=_positive, default=20, metavar="N", help="show at most N module and N op rows (default 20; 0 shows all)")
     compare.add_argument("--debug", action="store_true", help="show full tracebacks")
@@ -447,6 +450,8 @@ or cycles (step ranges), or one rank given twice, are refused (exit 2).
 
 
 def _add_merge_parser(sub: Any) -> None:
+    from layerscope.render import formats
+
     merge = sub.add_parser(
         "merge", help="merge the per-rank profiles of a distributed run: imbalance, stragglers, waiting",
         epilog=MERGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -456,10 +461,10 @@ def _add_merge_parser(sub: Any) -> None:
     merge.add_argument("files", metavar="FILE", nargs="+", help="rank profiles (JSON) or merged runs")
     merge.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     merge.add_argument(
-        "--format", choices=("text", "json", "chrome"),
-        help="json: the merged document; text: the report; chrome: one Chrome trace with a process per "
-        "rank, from the rank files' traces (default: from -o's extension: .trace.json chrome, .json json, "
-        "else text)",
+        "--format", choices=(*formats("ranks"), *formats("rank-traces")),
+        help="json: the merged document; text: the report; html: an interactive page (heat map, stragglers, "
+        "waiting); chrome: one Chrome trace with a process per rank, from the rank files' traces (default: "
+        "from -o's extension: .trace.json chrome, .json json, .html html, else text)",
     )
     merge.add_argument(
         "--threshold", metavar="RATIO", default="10%",
@@ -489,6 +494,8 @@ size and returning the whole batch instead. Throughput is batch size / mean late
 
 
 def _add_bench_parser(sub: Any) -> None:
+    from layerscope.render import formats
+
     bench = sub.add_parser(
         "bench", help="benchmark a whole model: latency, throughput and memory per batch size",
         epilog=EPILOG.split("examples:")[0] + BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -514,7 +521,14 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument("--lr", type=float, default=1e-3, help="--mode train: SGD's learning rate (default 1e-3)")
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass (CPU)")
     bench.add_argument("--max-batch", action="store_true", help="CUDA: also search the largest batch size that fits")
-    bench.add_argument("-o", "--output", metavar="FILE.json", help="write the result as JSON (atomically)")
+    bench.add_argument(
+        "-o", "--output", metavar="FILE", help="also write the result to FILE (atomically): JSON, or HTML for .html"
+    )
+    bench.add_argument(
+        "--format", choices=formats("bench"),
+        help="-o's format (default: from its extension: .html html, .txt text, else json); without -o, stdout's "
+        "(default text)",
+    )
     bench.add_argument("--plot", metavar="OUT.png", help="draw latency and throughput against batch size (needs matplotlib)")
     bench.add_argument("--debug", action="store_true", help="show full tracebacks")
 
@@ -782,7 +796,7 @@ def _merge(args: argparse.Namespace) -> int:
     from layerscope.diff import parse_duration_ns, parse_threshold
     from layerscope.io import write_atomic
     from layerscope.ranks import MergedRun, RankTraces, merge
-    from layerscope.render import render, render_chunks
+    from layerscope.render import format_for_path, render, render_chunks
 
     try:
         threshold = parse_threshold(args.threshold)
@@ -797,9 +811,8 @@ def _merge(args: argparse.Namespace) -> int:
         fmt = args.format
     elif output is None:
         fmt = "text"
-    else:
-        lowered = output.lower()
-        fmt = "chrome" if lowered.endswith(".trace.json") else "json" if lowered.endswith(".json") else "text"
+    else:  # a trace of the rank files (.trace.json), else the merged run's formats
+        fmt = format_for_path(output, default="", document="rank-traces") or format_for_path(output, document="ranks")
     if output:
         _check_writable(output)
     files_of_rank: dict[int, str] = {}
@@ -858,10 +871,9 @@ def _plot_memory(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     """Exit 0 when nothing regressed above --fail-above, 1 when something did."""
-    import json
-
     from layerscope.diff import DEFAULT_MIN_TIME_NS, diff, parse_duration_ns, parse_threshold
     from layerscope.io import write_atomic
+    from layerscope.render import format_for_path, render, render_chunks
     from layerscope.render.diff_text import regressions_line
 
     try:
@@ -872,35 +884,19 @@ def _diff(args: argparse.Namespace) -> int:
         floor = DEFAULT_MIN_TIME_NS if args.min_time is None else parse_duration_ns(args.min_time)
     except ValueError as exc:
         raise UsageError(f"--min-time: {exc}") from None
-    fmt = args.format or ("json" if args.output and args.output.lower().endswith(".json") else "text")
+    fmt = args.format or (format_for_path(args.output, document="diff") if args.output else "text")
     if args.output:
         _check_writable(args.output)
     base, new, imbalance = _diff_sides(args)
     result = diff(base, new, min_time_ns=floor)
     regressions = [] if threshold is None else result.regressions(threshold)
     verdict = None if threshold is None else regressions_line(regressions, threshold)
-    if imbalance is not None:
-        from layerscope.render.ranks_text import imbalance_lines
-
-        extra = "".join(line + "\n" for line in imbalance_lines(imbalance, limit=args.limit or None))
-    if fmt == "json":
-        doc = result.to_dict()
-        if imbalance is not None:
-            doc["imbalance"] = [row.to_dict() for row in imbalance]
-        if threshold is not None:
-            doc["fail_above"] = threshold
-            doc["regressions"] = [r.to_dict() for r in regressions]
-        text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    else:
-        text = result.render(limit=args.limit or None)
-        if imbalance is not None:
-            text += extra
-        text += f"\n{verdict}\n" if verdict else ""
+    options = {"limit": args.limit or None, "imbalance": imbalance, "fail_above": threshold}
     if args.output:
-        _write_file(args.output, lambda: write_atomic(args.output, text), f"the {fmt} diff")
+        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(result, fmt, **options)), f"the {fmt} diff")
     else:
-        _print(text)
-    if verdict and (args.output or fmt == "json"):
+        _print(render(result, fmt, **options))
+    if verdict and (args.output or fmt != "text"):
         print(verdict, file=sys.stderr)  # the report went elsewhere; a CI log still says why
     return 1 if regressions else 0
 
@@ -970,6 +966,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("bench needs a SPEC to benchmark (e.g. zoo:mlp), or --compare BASE NEW")
 
     from layerscope.bench import benchmark
+    from layerscope.io import write_atomic
+    from layerscope.render import format_for_path, render, render_chunks
     from layerscope.specs import _load_callable, parse_dtype, parse_shape, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
@@ -992,9 +990,12 @@ def _bench(args: argparse.Namespace) -> int:
             find_max_batch=args.max_batch, progress=report,
         )  # fmt: skip
     result.model = resolved.label
-    _print(result.render())
     if args.output:
-        _write_file(args.output, lambda: result.save(args.output), "the benchmark")
+        _print(render(result, "text"))
+        fmt = args.format or format_for_path(args.output, default="json", document="bench")
+        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(result, fmt)), f"the benchmark ({fmt})")
+    else:
+        _print(render(result, args.format or "text"))
     if args.plot:
         from layerscope.plot import plot_bench
 

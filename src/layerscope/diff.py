@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -210,12 +211,22 @@ class ProfileDiff:
                 found.append(Regression(row.path, "self_time_ns", change))
         return found
 
-    def render(self, *, limit: int | None = None) -> str:
-        """The diff as text: the summary, then the nodes and the changed ops, largest
-        change first; ``limit`` caps the rows of each table (None: every row)."""
-        from layerscope.render.diff_text import render_diff
+    DOCUMENT = "diff"  # its table in the renderer registry
 
-        return render_diff(self, limit=limit)
+    def render(self, fmt: str = "text", *, limit: int | None = None, **options: Any) -> str:
+        """The diff in a registered format (``layerscope.render.formats("diff")``); as
+        text: the summary, then the nodes and the changed ops, largest change first;
+        ``limit`` caps the rows of each table (None: every row)."""
+        from layerscope.render import render
+
+        return render(self, fmt, limit=limit, **options)
+
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
+        """Write the diff to ``path`` atomically; the format follows the extension
+        (``.json``, ``.html``, ``.txt``; JSON otherwise)."""
+        from layerscope.io import save
+
+        save(self, path, fmt=fmt, **options)
 
     def __str__(self) -> str:
         return self.render()

@@ -1,15 +1,20 @@
 """Pure renderers of benchmarks: ``BenchResult -> str`` and ``BenchComparison -> str``.
 
+``render_table`` and ``render_json`` are the ``text`` and ``json`` formats of the
+registry's ``bench`` table (``render/bench_html.py`` is its ``html``).
+
 Deterministic: the same result gives the same text (no dates), rows in ascending batch
 size. Numbers become strings only through :mod:`layerscope.fmt`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from layerscope import fmt
 from layerscope.bench.result import BatchResult, BenchComparison, BenchResult
+from layerscope.render import register_renderer
 
 
 def _ns(value: float | None) -> str:
@@ -78,7 +83,8 @@ def _batch_row(entry: BatchResult, show_transfer: bool) -> list[str]:
     return cells
 
 
-def render_table(result: BenchResult) -> str:
+@register_renderer("text", document="bench", extensions=(".txt",), description="the benchmark as a text table")
+def render_table(result: BenchResult, **_: Any) -> str:
     """The benchmark as text: the model's size and cost, then one row per batch size."""
     sizes = ", ".join(f"{name} {fmt.nbytes(n)}" for name, n in sorted(result.model_bytes_by_dtype.items()))
     settings = result.settings
@@ -109,6 +115,11 @@ def render_table(result: BenchResult) -> str:
         lines.append(f"best throughput: batch size {best}, {fmt.count(round(result.batch(best).throughput_per_s))} samples/s")
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
+
+
+@register_renderer("json", document="bench", extensions=(".json",), description="the layerscope-bench/1 JSON document")
+def render_json(result: BenchResult, **_: Any) -> str:
+    return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
 def render_comparison(comparison: BenchComparison) -> str:

@@ -8,7 +8,6 @@ computed from those runs, so a saved result and a re-loaded one give the same nu
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -184,6 +183,8 @@ class BenchResult:
     max_batch_size: int | None = None
     unsupported_ops: dict[str, int] = field(default_factory=dict)
 
+    DOCUMENT = "bench"  # its table in the renderer registry
+
     @property
     def model_bytes(self) -> int:
         return sum(self.model_bytes_by_dtype.values())
@@ -252,16 +253,18 @@ class BenchResult:
             "batches": [b.to_dict() for b in self.batches],
         }
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the result as JSON (``layerscope-bench/1``), atomically."""
-        from layerscope.io import write_atomic
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
+        """Write the result atomically: as JSON (``layerscope-bench/1``), or in the format
+        ``path``'s extension names (``.html``, ``.txt``), or ``fmt``."""
+        from layerscope.io import save
 
-        write_atomic(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+        save(self, path, fmt=fmt, **options)
 
-    def render(self) -> str:
-        from layerscope.bench.render import render_table
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """The result in a registered format (``layerscope.render.formats("bench")``)."""
+        from layerscope.render import render
 
-        return render_table(self)
+        return render(self, fmt, **options)
 
     def __str__(self) -> str:
         return self.render()

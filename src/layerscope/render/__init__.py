@@ -1,9 +1,11 @@
 """Renderers: pure functions ``Profile -> str``, one file each, in one registry.
 
 The registry has one table per document kind: ``profile`` (a :class:`Profile`, the
-default), ``ranks`` (a merged run of several ranks, ``layerscope.ranks.MergedRun``) and
-``rank-traces`` (the rank files themselves, for their traces). A format
-name is unique within its table, so ``text`` and ``json`` exist for both.
+default), ``ranks`` (a merged run of several ranks, ``layerscope.ranks.MergedRun``),
+``rank-traces`` (the rank files themselves, for their traces), ``diff`` (two profiles
+compared, ``layerscope.diff.ProfileDiff``) and ``bench`` (a model-level benchmark,
+``layerscope.bench.BenchResult``). A format name is unique within its table, so
+``text``, ``json`` and ``html`` exist for several.
 
 A renderer of a document that can be big (the Chrome trace) is registered with
 ``chunks=True`` and yields its text in pieces (``Profile -> Iterator[str]``): saving
@@ -38,7 +40,9 @@ class Renderer:
 #: The profile formats (the ``profile`` table).
 _RENDERERS: dict[str, Renderer] = {}
 #: Every table, by document kind.
-_TABLES: dict[str, dict[str, Renderer]] = {"profile": _RENDERERS, "ranks": {}, "rank-traces": {}}
+_TABLES: dict[str, dict[str, Renderer]] = {
+    "profile": _RENDERERS, "ranks": {}, "rank-traces": {}, "diff": {}, "bench": {},
+}
 
 
 def _table(document: str) -> dict[str, Renderer]:
@@ -117,16 +121,20 @@ def render_chunks(profile: Any, fmt: str = "text", **options: Any) -> Iterator[s
 
 
 # Filling the registry: each module registers itself on import.
+from layerscope.bench import render as _bench_render  # noqa: E402,F401  (the bench table's text and json)
 from layerscope.render import (  # noqa: E402,F401
+    bench_html,
     chrome,
     csv_table,
     deepspeed,
+    diff_html,
     folded,
     html,
     json_doc,
     model,
     ops_table,
     ranks_chrome,
+    ranks_html,
     ranks_text,
     speedscope,
     text,

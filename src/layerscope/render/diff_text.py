@@ -1,21 +1,26 @@
-"""A :class:`~layerscope.diff.ProfileDiff` as text: the model's summary, then the nodes
-and the changed ops, largest change in self time first.
+"""A :class:`~layerscope.diff.ProfileDiff` as text (the model's summary, then the nodes
+and the changed ops, largest change in self time first) and as JSON
+(``layerscope-diff/1``): the ``text`` and ``json`` formats of the registry's ``diff``
+table. Like every renderer they are pure functions: the same diff gives the same bytes.
 
-Not in the renderer registry: that registry holds ``Profile -> str`` formats (the
-``--format`` of ``layerscope profile``), and a diff is not a profile. Like every
-renderer it is a pure function: the same diff gives the same bytes.
+Both take what ``layerscope diff`` adds to a diff: ``imbalance`` (how each node's
+imbalance moved, for two merged runs) and ``fail_above`` (the threshold whose
+regressions the verdict names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from layerscope import fmt
+from layerscope.render import register_renderer
 
 if TYPE_CHECKING:
     from layerscope.diff import Change, DiffRow, ProfileDiff, Regression
+    from layerscope.ranks import ImbalanceChange
 
 Formatter = Callable[[int], str]
 
@@ -256,3 +261,35 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
             "in both profiles is never counted as a regression."
         )
     return "\n".join(out) + "\n"
+
+
+@register_renderer("text", document="diff", extensions=(".txt",), description="the diff as text tables")
+def render_diff_text(
+    diff: ProfileDiff, *, limit: int | None = None, imbalance: Sequence[ImbalanceChange] | None = None,
+    fail_above: float | None = None, **_: Any,
+) -> str:
+    """:func:`render_diff`, then the changes in imbalance and the verdict when given."""
+    text = render_diff(diff, limit=limit)
+    if imbalance is not None:
+        from layerscope.render.ranks_text import imbalance_lines
+
+        text += "".join(line + "\n" for line in imbalance_lines(list(imbalance), limit=limit))
+    if fail_above is not None:
+        text += f"\n{regressions_line(diff.regressions(fail_above), fail_above)}\n"
+    return text
+
+
+@register_renderer("json", document="diff", extensions=(".json",), description="the layerscope-diff/1 JSON document")
+def render_diff_json(
+    diff: ProfileDiff, *, imbalance: Sequence[ImbalanceChange] | None = None, fail_above: float | None = None,
+    **_: Any,
+) -> str:
+    """``diff.to_dict()``, with ``imbalance`` and, given ``fail_above``, the threshold and
+    its regressions."""
+    doc = diff.to_dict()
+    if imbalance is not None:
+        doc["imbalance"] = [row.to_dict() for row in imbalance]
+    if fail_above is not None:
+        doc["fail_above"] = fail_above
+        doc["regressions"] = [r.to_dict() for r in diff.regressions(fail_above)]
+    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n"

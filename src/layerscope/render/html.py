@@ -1,8 +1,9 @@
 """An interactive report: one self-contained HTML file (data and code inline, no network).
 
 The page is ``assets/report.html``'s skeleton with ``assets/report.css`` and
-``assets/report.js`` inlined, and the profile as one JSON document in a
-``<script type="application/json">`` element, which the script reads with ``JSON.parse``.
+``assets/page.js`` + ``assets/report.js`` inlined (:func:`html_page`, which the pages
+of the other documents share: ``diff_html.py``, ``ranks_html.py``, ``bench_html.py``),
+and the profile as one JSON document in a ``<script type="application/json">`` element, which the script reads with ``JSON.parse``.
 The JSON holds raw numbers only (the page formats them, with one set of functions that
 follow ``layerscope.fmt``); it is derived from the tree here and nothing is measured again:
 
@@ -127,21 +128,28 @@ def _fill(page: str, values: list[tuple[str, str]]) -> str:
     return "".join([*out, page])
 
 
+def html_page(script: str, title: str, data: Any) -> str:
+    """A self-contained page: ``assets/report.html``'s skeleton with the shared
+    ``report.css``, ``data`` as escaped JSON, and the shared ``page.js`` (formats, DOM
+    helpers, sortable tables, the tooltip) followed by the asset ``script`` as the one
+    inline script, the only code the page's policy lets run."""
+    code = _asset("page.js") + _asset(script)
+    # The policy lets only this script run (by its hash) and loads nothing from anywhere:
+    # a name that did reach the page as markup could neither run code nor fetch.
+    digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
+    policy = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'"
+    return _fill(_asset("report.html"), [
+        ("/*@CSP@*/", policy),
+        ("@TITLE@", escape_html(f"{title} · layerscope")),
+        ("/*@CSS@*/", _asset("report.css")),
+        ("@DATA@", script_json(data)),
+        ("/*@JS@*/", code),
+    ])
+
+
 @register_renderer(
     "html", extensions=(".html", ".htm"),
     description="an interactive report in one self-contained HTML file (tree, icicle, ops, memory)",
 )
 def render_html(profile: Profile, **_: Any) -> str:
-    script = _asset("report.js")
-    # The policy lets only this script run (by its hash) and loads nothing from anywhere:
-    # a name that did reach the page as markup could neither run code nor fetch.
-    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    policy = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'"
-    title = f"{profile.meta.get('model', profile.root.type)} · layerscope"
-    return _fill(_asset("report.html"), [
-        ("/*@CSP@*/", policy),
-        ("@TITLE@", escape_html(str(title))),
-        ("/*@CSS@*/", _asset("report.css")),
-        ("@DATA@", script_json(report_data(profile))),
-        ("/*@JS@*/", script),
-    ])
+    return html_page("report.js", str(profile.meta.get("model", profile.root.type)), report_data(profile))

@@ -5,113 +5,15 @@
 // Scale: the module tree builds rows only for expanded nodes, and at most
 // CHILD_PAGE children of one node until asked for more; the icicle skips
 // boxes narrower than half a pixel; the op table shows OP_PAGE rows at first.
-"use strict";
+// It runs after page.js (one script), whose helpers it takes from layerscopePage.
 (function () {
   const started = performance.now();
   const CHILD_PAGE = 200;
   const OP_PAGE = 200;
-  const SVG_NS = "http://www.w3.org/2000/svg";
-
-  // -- formatting: the page's one set of number formats (as layerscope/fmt.py) ----------
-  const fmt = {
-    sig4(value) {
-      for (const [decimals, floor] of [[3, 10], [2, 100]]) {
-        if (Number(value.toFixed(decimals)) < floor) return value.toFixed(decimals);
-      }
-      return value.toFixed(1);
-    },
-    time(ns) {
-      if (ns === null || ns === undefined) return "";
-      if (ns < 1000) return ns + "ns";
-      for (const [unit, scale] of [["us", 1e3], ["ms", 1e6], ["s", 1e9]]) {
-        const scaled = ns / scale;
-        if (scaled < 1000 || unit === "s") {
-          const text = fmt.sig4(scaled);
-          if (Number(text) < 1000 || unit === "s") return text + unit;
-        }
-      }
-      return (ns / 1e9).toFixed(1) + "s";
-    },
-    count(value) {
-      if (value === null || value === undefined) return "";
-      if (Math.abs(value) < 1000) return String(value);
-      for (const [suffix, scale] of [["K", 1e3], ["M", 1e6], ["G", 1e9], ["T", 1e12]]) {
-        const scaled = value / scale;
-        if (Math.abs(scaled) < 999.995 || suffix === "T") return scaled.toFixed(2) + suffix;
-      }
-      return String(value);
-    },
-    bytes(value) {
-      if (value === null || value === undefined) return "";
-      if (Math.abs(value) < 1024) return value + " B";
-      let scaled = value;
-      let unit = "";
-      for (unit of ["KiB", "MiB", "GiB", "TiB"]) {
-        scaled /= 1024;
-        if (Math.abs(scaled) < 1023.995) break;
-      }
-      return scaled.toFixed(2) + " " + unit;
-    },
-    percent(part, whole) {
-      if (part === null || part === undefined || !whole) return "";
-      return (100 * part / whole).toFixed(1) + "%";
-    },
-    rate(flops, ns) {
-      if (!flops || !ns) return "";
-      const perSecond = flops * 1e9 / ns;
-      for (const [unit, scale] of [["TFLOP/s", 1e12], ["GFLOP/s", 1e9], ["MFLOP/s", 1e6], ["KFLOP/s", 1e3]]) {
-        if (perSecond >= scale) return (perSecond / scale).toFixed(2) + " " + unit;
-      }
-      return perSecond.toFixed(0) + " FLOP/s";
-    },
-    shape(value) {
-      if (value === null || value === undefined) return "";
-      if (Array.isArray(value)) {
-        if (value.every((v) => Number.isInteger(v))) return "[" + value.join(", ") + "]";
-        return "[" + value.map((v) => (v === null ? "-" : fmt.shape(v))).join(", ") + "]";
-      }
-      if (typeof value === "object") {
-        return "{" + Object.keys(value).map((k) => k + ": " + (value[k] === null ? "-" : fmt.shape(value[k]))).join(", ") + "}";
-      }
-      return String(value);
-    },
-    // A value of a column kind: time, count, bytes, rate (already a string), text.
-    as(kind, value) {
-      if (kind === "time") return fmt.time(value);
-      if (kind === "count") return fmt.count(value);
-      if (kind === "bytes") return fmt.bytes(value);
-      if (kind === "int") return value === null || value === undefined ? "" : String(value);
-      if (kind === "shape") return fmt.shape(value);
-      return value === null || value === undefined ? "" : String(value);
-    },
-  };
-
-  // -- DOM helpers: text only, never markup ---------------------------------------------
-  function el(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    setAttrs(node, attrs);
-    for (const child of children) {
-      if (child === null || child === undefined) continue;
-      node.append(typeof child === "string" ? document.createTextNode(child) : child);
-    }
-    return node;
-  }
-  function svg(tag, attrs) {
-    const node = document.createElementNS(SVG_NS, tag);
-    setAttrs(node, attrs);
-    return node;
-  }
-  function setAttrs(node, attrs) {
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "text") node.textContent = String(value);
-      else node.setAttribute(key, String(value));
-    }
-  }
+  const { fmt, el, svg, section, showTip, hideTip, readData } = layerscopePage;
 
   // -- the data -------------------------------------------------------------------------
-  const DATA = JSON.parse(document.getElementById("layerscope-data").textContent);
-  if (DATA.schema !== "layerscope-html/1") throw new Error("unknown report data " + DATA.schema);
+  const DATA = readData("layerscope-html/1");
   const META = DATA.meta || {};
   const TIMED = META.timed !== false;
   const PHASES = DATA.phases;
@@ -202,10 +104,6 @@
   }
 
   // -- sections ---------------------------------------------------------------------------
-  function section(id, title, ...children) {
-    return el("section", { id, class: "card" }, el("h2", { text: title }), ...children);
-  }
-
   function header() {
     const facts = [];
     const fact = (label, value) => { if (value !== null && value !== undefined && value !== "") facts.push(el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { text: value }))); };
@@ -641,17 +539,6 @@
       el("div", { class: "muted", text: "live bytes over " + fmt.time(end) + "; the dot marks the peak, the dashed line the memory at the start; below, the step's parts and the model's modules." }));
     return { element, draw };
   }
-
-  // -- the tooltip ------------------------------------------------------------------------------
-  const tip = document.getElementById("tooltip");
-  function showTip(event, lines) {
-    tip.replaceChildren(...lines.map((line) => el("div", { text: line })));
-    tip.hidden = false;
-    const left = Math.min(event.clientX + 14, window.innerWidth - tip.offsetWidth - 8);
-    tip.style.left = Math.max(4, left) + "px";
-    tip.style.top = event.clientY + 16 + "px";
-  }
-  function hideTip() { tip.hidden = true; }
 
   // -- the page ------------------------------------------------------------------------------
   const main = document.getElementById("report");

@@ -1,0 +1,70 @@
+"""A merged run (``layerscope.ranks.MergedRun``) as one self-contained HTML page (the
+``html`` format of the registry's ``ranks`` table): the nodes by ranks as a heat map
+(each node and phase a row, each rank a column, a cell coloured by its time over the
+row's median), the stragglers, and the waiting per rank. The page machinery is
+``html.py``'s; the data holds raw numbers only, taken from the run's own methods:
+
+``heat``        per node and phase: each rank's total and self time (``values_by_rank``,
+                None where the rank lacks the node) and their medians (as ``spread``'s)
+``stragglers``  ``MergedRun.stragglers()`` at the run's threshold and floor
+``waiting``     ``MergedRun.waiting()``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The table's text and json first: formats() lists them in registration order.
+import layerscope.render.ranks_text  # noqa: F401
+from layerscope.ranks import MergedRun
+from layerscope.ranks import _median as median  # the spreads' own median (lower, to the ns)
+from layerscope.render import register_renderer
+from layerscope.render.html import html_page
+from layerscope.tree import PHASES
+
+SCHEMA = "layerscope-ranks-html/1"
+
+
+def ranks_data(run: MergedRun) -> dict[str, Any]:
+    """The document the page embeds."""
+    ranks = run.rank_numbers
+    column = {rank: i for i, rank in enumerate(ranks)}
+    metric = run.time_metric
+    heat = []
+    for index, shape in enumerate(run.nodes):
+        for phase in PHASES:
+            row: dict[str, Any] = {"node": index, "phase": phase}
+            for key, name in (("time", "time_ns"), ("self", "self_time_ns")):
+                found = run.values_by_rank(shape.path, phase, name, metric)
+                if not found:
+                    break
+                values: list[int | None] = [None] * len(ranks)
+                for value, rank in found:
+                    values[column[rank]] = value
+                row[key] = values
+                row[key + "_median"] = median([value for value, _ in found])
+            else:
+                heat.append(row)
+    return {
+        "schema": SCHEMA,
+        "run": {
+            "model": run.model, "run_id": run.run_id, "world_size": run.world_size, "step_range": run.step_range,
+            "ranks": ranks, "missing_ranks": run.missing_ranks, "median_rank": run.median_rank,
+            "time_metric": metric, "threshold": run.threshold, "min_time_ns": run.min_time_ns,
+            "step_time_ns": [run.step_time_ns(record) for record in run.ranks],
+        },
+        "nodes": [
+            {"path": shape.path, "type": shape.type, "depth": shape.depth, "kind": shape.kind} for shape in run.nodes
+        ],
+        "heat": heat,
+        "stragglers": [row.to_dict() for row in run.stragglers()],
+        "waiting": [row.to_dict() for row in run.waiting()],
+    }
+
+
+@register_renderer(
+    "html", document="ranks", extensions=(".html", ".htm"),
+    description="the merged ranks as one self-contained HTML page: heat map, stragglers, waiting",
+)  # fmt: skip
+def render_ranks_html(run: MergedRun, **_: Any) -> str:
+    return html_page("ranks.js", f"{run.model or 'model'} · {len(run.ranks)} ranks", ranks_data(run))
