@@ -8,12 +8,20 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import importlib.util
+import json
+import os
 import re
 import shutil
 import subprocess
+import threading
+import urllib.parse
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +69,103 @@ def test_folded_stacks_render_in_flamegraph_pl(gpt_step: layerscope.Profile, tmp
     for frames, total in totals.items():
         assert total in drawn[frames[-1]], (frames, total, drawn[frames[-1]][:5])
     assert {"forward", "backward", "GPT", "aten::mm"} <= set(drawn)
+
+
+# -- speedscope --------------------------------------------------------------------------
+
+#: speedscope's web app from npm, as tests/viewers/install.sh installs it (package-lock.json).
+SPEEDSCOPE_APP = Path(__file__).resolve().parent / "viewers" / "node_modules" / "speedscope" / "dist" / "release"
+#: speedscope's ``TimeFormatter`` (nanoseconds): two decimals in the largest unit that fits.
+_SPEEDSCOPE_TIME_UNITS_NS = {"ns": 1, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A folder served on 127.0.0.1 (a random port): the folder and its URL."""
+    handler = functools.partial(_QuietHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield tmp_path, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _frame_totals(document: dict[str, Any], profile: dict[str, Any]) -> dict[tuple[str, str | None], int]:
+    """What speedscope's Sandwich view gives as each frame's total: the weight of the samples
+    with the frame on their stack (once per sample, as a recursive frame counts once)."""
+    # No file and an empty one look the same there (a cell without a title).
+    frames = [(frame["name"], frame.get("file") or None) for frame in document["shared"]["frames"]]
+    assert len(set(frames)) == len(frames)  # else the view's rows could not be told apart
+    totals: dict[tuple[str, str | None], int] = defaultdict(int)
+    for stack, weight in zip(profile["samples"], profile["weights"]):
+        for index in set(stack):
+            totals[frames[index]] += weight
+    return dict(totals)
+
+
+def _assert_shown(shown: str, expected: int, unit: str) -> None:
+    """``shown`` is ``expected`` as speedscope formats a weight of ``unit``."""
+    if unit == "none":  # Number.toLocaleString() in the page's en-US locale
+        assert shown == f"{expected:,}"
+        return
+    assert unit == "nanoseconds", unit
+    value, suffix = re.fullmatch(r"([\d.]+)(ns|µs|ms|s)", shown).groups()
+    scale = _SPEEDSCOPE_TIME_UNITS_NS[suffix]
+    assert abs(float(value) * scale - expected) <= 0.005 * scale * (1 + 1e-9), (shown, expected)
+
+
+@pytest.mark.browser
+def test_speedscope_file_imports_in_speedscope(gpt_step: layerscope.Profile, browser: Any, served: tuple[Path, str]) -> None:
+    if not (SPEEDSCOPE_APP / "index.html").exists():
+        # CI installs it (.ci/run): there a missing viewer fails the run instead of skipping it.
+        missing = pytest.fail if os.environ.get("CI") else pytest.skip
+        missing(f"no speedscope app at {SPEEDSCOPE_APP} (run tests/viewers/install.sh)")
+    folder, url = served
+    (folder / "speedscope").symlink_to(SPEEDSCOPE_APP, target_is_directory=True)
+    gpt_step.save(str(folder / "gpt.speedscope.json"))
+    document = json.loads((folder / "gpt.speedscope.json").read_text())
+    profiles = document["profiles"]
+    assert [p["unit"] for p in profiles] == ["nanoseconds", "none"]  # CPU time, then FLOPs
+
+    page = browser.new_page(viewport={"width": 1400, "height": 2400}, locale="en-US")
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/speedscope/index.html#profileURL=" + urllib.parse.quote(f"{url}/gpt.speedscope.json", safe=""))
+    page.get_by_text(f"(1/{len(profiles)})").wait_for(timeout=15_000)
+    # The profile switcher (a table, hidden until the title is clicked) lists every profile
+    # with its total weight.
+    switcher = page.eval_on_selector_all(
+        "tr[title]", "rows => rows.map(r => [r.title, r.cells[r.cells.length - 1].textContent])"
+    )
+    assert [name for name, _ in switcher] == [p["name"] for p in profiles]
+    for (_, shown), profile in zip(switcher, profiles):
+        _assert_shown(shown, profile["endValue"] - profile["startValue"], profile["unit"])
+
+    page.get_by_text("Sandwich").click()
+    for number, profile in enumerate(profiles, start=1):
+        if number > 1:
+            page.get_by_text(f"({number - 1}/{len(profiles)})").click()  # opens the switcher
+            page.locator(f"tr[title={json.dumps(profile['name'], ensure_ascii=False)}]").click()
+            page.get_by_text(f"({number}/{len(profiles)})").wait_for()
+        # Sandwich rows: total, self, then the name, whose cell's title is the frame's file.
+        rows = page.eval_on_selector_all(
+            "tr", """rows => rows.filter(r => r.cells.length === 3 && r.cells[0].textContent.includes('%'))
+                .map(r => [r.cells[2].textContent, r.cells[2].getAttribute('title'),
+                           r.cells[0].firstChild.textContent.split(' (')[0]])""",
+        )
+        shown = {(name, file or None): total for name, file, total in rows}
+        expected = _frame_totals(document, profile)
+        assert len(rows) == len(shown) and set(shown) == set(expected), (profile["name"], set(shown) ^ set(expected))
+        for key, total in expected.items():
+            _assert_shown(shown[key], total, profile["unit"])
+    assert {"forward", "backward", "GPT", "aten::mm"} <= {name for name, _ in shown}
+    assert "Something went wrong" not in page.inner_text("body")
+    assert errors == []
+    page.close()
