@@ -17,8 +17,9 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 import urllib.parse
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 import layerscope
+from conftest import CHROMIUM, CHROMIUM_ARGS
 from layerscope import zoo
 
 
@@ -169,3 +171,101 @@ def test_speedscope_file_imports_in_speedscope(gpt_step: layerscope.Profile, bro
     assert "Something went wrong" not in page.inner_text("body")
     assert errors == []
     page.close()
+
+
+# -- Chrome's DevTools Performance panel ---------------------------------------------------
+
+#: The parsed trace, as the panel's trace engine reads it: per thread, its events nested into
+#: a tree. ``getParsedTraceForLayoutTests`` is DevTools' own hook for its tests.
+_PARSED_TRACE_JS = """async () => {
+  const timeline = await import('/devtools/panels/timeline/timeline.js');
+  const panel = timeline.TimelinePanel.TimelinePanel.instance();
+  for (let tries = 0; tries < 200 && !panel.hasActiveTrace(); tries++) {
+    await new Promise(resolve => setTimeout(resolve, 50));
+  }
+  const parsed = panel.getParsedTraceForLayoutTests();
+  const data = parsed.data || parsed;
+  const threads = [];
+  for (const process of data.Renderer.processes.values()) for (const thread of process.threads.values()) {
+    const nodes = [];
+    const walk = (node, parent) => {
+      nodes.push({name: node.entry.name, args: node.entry.args, parentArgs: parent ? parent.entry.args : null});
+      for (const child of node.children) walk(child, node);
+    };
+    for (const root of thread.tree.roots) walk(root, null);
+    threads.push({name: thread.name, entries: thread.entries.length, nodes});
+  }
+  return threads;
+}"""
+
+
+@pytest.fixture
+def devtools(playwright: Any, tmp_path: Path) -> Iterator[tuple[Any, str]]:
+    """A chromium with remote debugging on (which serves its bundled DevTools front end), and
+    the front end's address."""
+    profile_dir = tmp_path / "chromium-profile"
+    context = playwright.chromium.launch_persistent_context(
+        str(profile_dir), executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, "--remote-debugging-port=0"]
+    )
+    active_port = profile_dir / "DevToolsActivePort"  # the port chromium picked, on its first line
+    for _ in range(200):
+        if active_port.exists() and active_port.read_text().strip():
+            break
+        time.sleep(0.05)
+    yield context, f"http://127.0.0.1:{active_port.read_text().split()[0]}/devtools"
+    context.close()
+
+
+@pytest.mark.browser
+def test_chrome_trace_loads_in_the_devtools_performance_panel(
+    gpt_step: layerscope.Profile, devtools: tuple[Any, str], tmp_path: Path
+) -> None:
+    context, front_end = devtools
+    trace_path = tmp_path / "gpt.trace.json"
+    gpt_step.save(str(trace_path))
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    page = context.new_page()
+    errors: list[str] = []
+    failed: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+    page.goto(f"{front_end}/trace_app.html?panel=timeline")
+    with page.expect_file_chooser() as chooser:
+        # A dialog of the front end's first run may cover the toolbar: the click is sent to
+        # the button itself, as a user's would reach it once the dialog is closed.
+        page.get_by_role("button", name="Load trace").dispatch_event("click")
+    chooser.value.set_files(str(trace_path))
+    threads = {thread["name"]: thread for thread in page.evaluate(_PARSED_TRACE_JS)}
+
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert Counter(names[e["pid"], e["tid"]] for e in spans) == {name: t["entries"] for name, t in threads.items()}
+    # Every span is in the panel's tree (one it cannot nest is dropped), under the span
+    # layerscope meant: an op under its module's span, a module under its nearest
+    # ancestor's span, in the same phase.
+    nodes = [node for thread in threads.values() for node in thread["nodes"]]
+    assert len(nodes) == len(spans)
+    model = gpt_step.meta.get("model")
+    with_span = {(node["args"]["path"], node["args"]["phase"]) for node in nodes if "path" in node["args"]}
+    for node in nodes:
+        args, parent = node["args"], node["parentArgs"]
+        if "module" in args:  # an op
+            module = "" if args["module"] == model else args["module"]
+            assert parent is not None and (parent["path"], parent["phase"]) == (module, args["phase"]), node
+        elif "path" in args:  # a module or label span
+            ancestors = [p for p, phase in with_span if phase == args["phase"] and _is_ancestor(p, args["path"])]
+            expected = max(ancestors, key=len, default=None)
+            got = None if parent is None else (parent["path"], parent["phase"])
+            assert got == (None if expected is None else (expected, args["phase"])), node
+    assert {"GPT", "GPT (backward)", "blocks.0.attn", "aten::mm"} <= {node["name"] for node in nodes}
+    # The front end asks its server for a favicon it does not serve: that 404 is not the trace's.
+    assert [url for url in failed if not url.endswith("favicon.ico")] == []
+    assert [e for e in errors if "Failed to load resource" not in e] == []
+    page.close()
+
+
+def _is_ancestor(path: str, of: str) -> bool:
+    """Whether module ``path`` holds module ``of`` (the root, ``""``, holds every module, not
+    the step's parts beside the model such as ``<loss>``)."""
+    return path != of and ((path == "" and not of.startswith("<")) or of.startswith(path + "."))
