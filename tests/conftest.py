@@ -1,14 +1,23 @@
-"""Shared test fixtures: a fake clock, golden-file comparison, tree checking, device nodes."""
+"""Shared test fixtures: a fake clock, golden-file comparison, tree checking, device nodes, and a
+headless chromium driven by playwright."""
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+#: Debian's chromium; playwright's own browser download (``playwright install``) is never used.
+CHROMIUM = os.environ.get("LAYERSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--no-first-run", "--disable-sync",
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -80,3 +89,29 @@ def char_device(tmp_path: Path):
         return path
 
     return make
+
+
+def missing(reason: str) -> None:
+    """Skip for want of a tool the browser tests need; fail instead under CI, which installs
+    them all (.ci/run)."""
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Any]:
+    """Playwright's sync API, started once for the session (it allows one per thread)."""
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("the browser tests need playwright (pip install playwright)")
+    if not os.path.exists(CHROMIUM):
+        missing(f"no chromium at {CHROMIUM} (apt-get install chromium, or set LAYERSCOPE_CHROMIUM)")
+    with sync_api.sync_playwright() as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Any) -> Iterator[Any]:
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()

@@ -3,8 +3,9 @@ headless chromium, through playwright) a page whose figures are the profile's.
 
 The browser tests need ``pip install playwright`` (the test extra) and a chromium at
 ``/usr/bin/chromium`` (Debian's ``chromium`` package; ``LAYERSCOPE_CHROMIUM`` names
-another). They are skipped, with the reason, when either is missing. Playwright's own
-browser download (``playwright install``) is never used.
+another). They are skipped, with the reason, when either is missing (conftest.py's
+``browser`` fixture). Playwright's own browser download (``playwright install``) is
+never used.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -29,11 +29,6 @@ from layerscope.render import format_for_path
 from layerscope.render.html import report_data, script_json
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
-CHROMIUM = os.environ.get("LAYERSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--no-first-run", "--disable-sync",
-]
 #: Where a screenshot is kept for people to look at (not part of the repository).
 #: Where to keep the screenshots for a person to look at (``LAYERSCOPE_SCREENSHOTS=dir``);
 #: by default they stay in the test's tmp folder, and the checkout is never written.
@@ -146,22 +141,6 @@ def test_a_profile_without_ops_or_memory_still_renders() -> None:
 
 
 # -- in a browser -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    # CI installs both (.ci/run): there a missing browser fails the run instead of skipping it.
-    missing = pytest.fail if os.environ.get("CI") else pytest.skip
-    try:
-        from playwright import sync_api
-    except ImportError:
-        missing("the browser tests need playwright (pip install playwright)")
-    if not os.path.exists(CHROMIUM):
-        missing(f"no chromium at {CHROMIUM} (apt-get install chromium, or set LAYERSCOPE_CHROMIUM)")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 class Page:
