@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterator
