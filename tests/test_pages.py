@@ -29,7 +29,7 @@ from layerscope.ranks import MergedRun, merge
 from layerscope.render import format_for_path, formats, render
 from layerscope.tree import Profile
 from test_cli import run_cli
-from test_html import XSS_NAME, Page, browser, open_html  # noqa: F401  (one browser for the module)
+from test_html import XSS_NAME, Page, open_html  # noqa: F401  (the page fixture, on the session's browser)
 from test_ranks import MS, four_ranks
 
 BREAKOUT = "</script><!--"

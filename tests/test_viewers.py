@@ -121,6 +121,15 @@ def _frame_totals(document: dict[str, Any], profile: dict[str, Any]) -> dict[tup
     return dict(totals)
 
 
+def _all_shown(shown: dict[Any, str], expected: dict[Any, int], unit: str) -> bool:
+    try:
+        for key, total in expected.items():
+            _assert_shown(shown[key], total, unit)
+    except (AssertionError, KeyError, AttributeError):
+        return False
+    return True
+
+
 def _assert_shown(shown: str, expected: int, unit: str) -> None:
     """``shown`` is ``expected`` as speedscope formats a weight of ``unit``."""
     if unit == "none":  # Number.toLocaleString() in the page's en-US locale
@@ -167,13 +176,21 @@ def test_speedscope_file_imports_in_speedscope(gpt_step: layerscope.Profile, bro
             page.locator(f"tr[title={json.dumps(profile['name'], ensure_ascii=False)}]").click()
             page.get_by_text(f"({number}/{len(profiles)})").wait_for()
         # Sandwich rows: total, self, then the name, whose cell's title is the frame's file.
-        rows = page.eval_on_selector_all(
-            "tr", """rows => rows.filter(r => r.cells.length === 3 && r.cells[0].textContent.includes('%'))
-                .map(r => [r.cells[2].textContent, r.cells[2].getAttribute('title'),
-                           r.cells[0].firstChild.textContent.split(' (')[0]])""",
-        )
-        shown = {(name, file or None): total for name, file, total in rows}
+        sandwich = "[...document.querySelectorAll('tr')].filter(r => r.cells.length === 3 && r.cells[0].textContent.includes('%'))"
         expected = _frame_totals(document, profile)
+        read = f"""() => {sandwich}.map(r => [r.cells[2].textContent, r.cells[2].getAttribute('title'),
+                                             r.cells[0].firstChild.textContent.split(' (')[0]])"""
+        # The view draws its rows after the click returns: read until this profile's frames
+        # are the ones shown (or 15 s pass; the assertions below then say what differs).
+        deadline = time.monotonic() + 15
+        while True:
+            rows = page.evaluate(read)
+            shown = {(name, file or None): total for name, file, total in rows}
+            if set(shown) == set(expected) and _all_shown(shown, expected, profile["unit"]):
+                break
+            if time.monotonic() > deadline:
+                break
+            page.wait_for_timeout(100)
         assert len(rows) == len(shown) and set(shown) == set(expected), (profile["name"], set(shown) ^ set(expected))
         for key, total in expected.items():
             _assert_shown(shown[key], total, profile["unit"])
