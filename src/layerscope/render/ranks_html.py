@@ -20,9 +20,15 @@ from layerscope.ranks import MergedRun
 from layerscope.ranks import _median as median  # the spreads' own median (lower, to the ns)
 from layerscope.render import register_renderer
 from layerscope.render.html import html_page
-from layerscope.tree import PHASES
+from layerscope.tree import PHASES, ModuleNode
 
 SCHEMA = "layerscope-ranks-html/1"
+
+
+def _name(shape: Any) -> str:
+    """A node's name as the tree draws it (``ModuleNode.name``): a label's own text, a
+    step part's whole path, a module's last path component (the root's type)."""
+    return ModuleNode(path=shape.path, type=shape.type, kind=shape.kind).name
 
 
 def ranks_data(run: MergedRun) -> dict[str, Any]:
@@ -44,7 +50,8 @@ def ranks_data(run: MergedRun) -> dict[str, Any]:
                 row[key] = values
                 row[key + "_median"] = median([value for value, _ in found])
             else:
-                heat.append(row)
+                if phase == "forward" or any(row["time"]):  # not a phase no rank spent time in
+                    heat.append(row)
     return {
         "schema": SCHEMA,
         "run": {
@@ -54,7 +61,8 @@ def ranks_data(run: MergedRun) -> dict[str, Any]:
             "step_time_ns": [run.step_time_ns(record) for record in run.ranks],
         },
         "nodes": [
-            {"path": shape.path, "type": shape.type, "depth": shape.depth, "kind": shape.kind} for shape in run.nodes
+            {"path": shape.path, "name": _name(shape), "type": shape.type, "depth": shape.depth, "kind": shape.kind}
+            for shape in run.nodes
         ],
         "heat": heat,
         "stragglers": [row.to_dict() for row in run.stragglers()],

@@ -51,7 +51,7 @@
         const median = row[key + "_median"];
         const max = Math.max(...values.filter((v) => v !== null));
         const tr = el("tr", { "data-path": node.path, "data-phase": row.phase, class: "kind-" + node.kind });
-        tr.append(el("td", { class: "name", style: "padding-left:" + (8 + node.depth * 14) + "px", title: node.path + " · " + node.type, text: node.path === "" ? node.type : node.path.split(".").pop() }));
+        tr.append(el("td", { class: "name", style: "padding-left:" + (8 + node.depth * 14) + "px", title: node.path + " · " + node.type, text: node.name }));
         tr.append(el("td", { text: PHASE_LABEL[row.phase] || row.phase }));
         tr.append(el("td", { class: "num", "data-key": "median", "data-value": median, text: fmt.time(median) }));
         tr.append(el("td", { class: "num", "data-key": "imbalance", text: median ? "x" + (max / median).toFixed(2) : "" }));
