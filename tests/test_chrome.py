@@ -118,7 +118,7 @@ def test_trace_event_format_fields_and_args() -> None:
     # FLOPs per call: 2 * batch * in * out plus the bias add (4 x 256).
     assert addmm["args"]["flops"] == 2 * 4 * 64 * 256 + 4 * 256
     assert addmm["args"]["input_shapes"] == [[256], [4, 64], [64, 256]]
-    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "live memory"]
     assert counters and max(e["args"]["bytes"] for e in counters) == prof.memory["peak_bytes"]
 
 
@@ -298,7 +298,7 @@ def test_memory_peak_marks_its_categories() -> None:
     assert categories == memory["peak_categories"]
     assert sum(categories.values()) == peak["args"]["bytes"] == memory["peak_bytes"]
     # The live-bytes counter reaches the same peak at the same time.
-    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "live memory"]
     top = max(counters, key=lambda e: e["args"]["bytes"])
     assert top["args"]["bytes"] == memory["peak_bytes"] and top["ts"] == peak["ts"]
 

@@ -554,3 +554,32 @@ def test_walk_backward_slots_run_past_memory_notes() -> None:
     raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[events], op_pass=events)
     prof = check_tree(build_profile(raw))
     assert prof["a"].backward.self_cpu_time_ns == (30 - 10) + (40 - 30)
+
+
+def test_the_timeline_splits_live_bytes_by_category_at_every_point() -> None:
+    """Each timeline point carries its live bytes by category, adding up to its bytes
+    (check_tree checks it on every tree); at the peak they are the peak's categories,
+    parameters stay the model's parameter bytes throughout (nothing frees or adds
+    one), and the Chrome trace draws them as one stacked counter."""
+    import json
+
+    from layerscope import zoo
+
+    entry = zoo.get("mlp")
+    profile = layerscope.profile(entry.build(), entry.example_inputs(4), backward=True, repeat=1, warmup=1)
+    layerscope.check_tree(profile)
+    memory = profile.memory
+    assert memory is not None
+    timeline = memory["timeline"]
+    split = timeline["categories"]
+    assert list(split) == ["parameters", "gradients", "optimizer_state", "activations", "other"]
+    for i, total in enumerate(timeline["bytes"]):
+        assert sum(series[i] for series in split.values()) == total
+    at_peak = timeline["bytes"].index(memory["peak_bytes"])
+    assert {name: series[at_peak] for name, series in split.items()} == memory["peak_categories"]
+    assert set(split["parameters"]) == {profile.param_bytes}
+    assert max(split["activations"]) > 0 and max(split["gradients"]) > 0
+    events = json.loads(profile.render("chrome"))["traceEvents"]
+    counters = [e for e in events if e.get("name") == "memory by category"]
+    assert len(counters) == len(timeline["t_ns"])
+    assert counters[at_peak]["args"] == memory["peak_categories"]

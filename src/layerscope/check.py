@@ -203,6 +203,13 @@ def _memory_problems(profile: Profile) -> list[str]:
         problems.append(f"memory: the timeline's highest point ({max(timeline['bytes'])}) is not the peak ({peak})")
     if len(timeline.get("bytes") or []) != len(timeline.get("t_ns") or []):
         problems.append("memory: timeline t_ns and bytes differ in length")
+    split = timeline.get("categories")
+    if split:
+        series = list(split.values())
+        if any(len(s) != len(timeline.get("bytes") or []) for s in series):
+            problems.append("memory: a timeline category has another number of points than bytes")
+        elif any(sum(values) != total or min(values) < 0 for total, values in zip(timeline["bytes"], zip(*series))):
+            problems.append("memory: the timeline's categories do not add up to its bytes at every point")
     root = profile.root.forward
     if root.peak_bytes is not None and root.peak_bytes > peak:
         problems.append("memory: the forward's peak exceeds the step's")

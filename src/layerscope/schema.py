@@ -116,7 +116,7 @@ MEMORY = Obj(
         "peak_at": Opt(Obj({"path": STR, "phase": Opt(STR), "t_ns": Opt(INT)}, frozenset({"path", "phase"}))),
         "timeline": Opt(Obj({
             "t_ns": ListOf(INT), "bytes": ListOf(INT), "points_recorded": INT,
-            "spans": ListOf(Row((INT, INT, STR, Opt(STR)))),
+            "spans": ListOf(Row((INT, INT, STR, Opt(STR)))), "categories": Opt(DictOf(ListOf(INT))),
         })),
         "device": Opt(Obj(
             {"allocated_peak_bytes": INT, "reserved_at_peak_bytes": INT},

@@ -129,7 +129,8 @@ class MemoryWalk:
         self._cat: dict[int, str] = {}
         self._site: dict[int, Site] = {}
         self._all_sizes: dict[int, int] = {}
-        self._points: list[tuple[int, int]] = []
+        #: ``(t, live, live per category in MEMORY_CATEGORIES order)`` after each change.
+        self._points: list[tuple[int, int, tuple[int, ...]]] = []
         self._spans: list[tuple[int, int, Key, str]] = []
         self._optim: dict[str, dict[Any, dict[str, int]]] = {}
         self._snapshot(None, 0)
@@ -138,7 +139,8 @@ class MemoryWalk:
 
     # -- live bytes ------------------------------------------------------------------------
     def _snapshot(self, site: Site | None, t: int) -> None:
-        self._points.append((t, self.live))
+        cat_live = self.cat_live
+        self._points.append((t, self.live, tuple(cat_live[name] for name in MEMORY_CATEGORIES)))
 
     def _raised(self, site: Site | None, t: int, frames: list[Frame]) -> None:
         live = self.live
@@ -276,13 +278,14 @@ class MemoryWalk:
 
 
 def _timeline(
-    points: list[tuple[int, int]],
+    points: list[tuple[int, int, tuple[int, ...]]],
     spans: list[tuple[int, int, Key, str]],
     t_base: int,
     path_of: Callable[[Key], str],
 ) -> dict[str, Any]:
     """Live bytes over the pass, at most ``TIMELINE_POINTS`` points (min and max of
-    each bucket, so the peak survives), and the spans of the top-level modules."""
+    each bucket, so the peak survives), split by category at each point (the
+    categories add up to the bytes), and the spans of the top-level modules."""
     kept = points
     if len(points) > TIMELINE_POINTS:
         buckets = TIMELINE_POINTS // 2
@@ -299,8 +302,9 @@ def _timeline(
     if len(spans) > TIMELINE_SPANS:
         spans = spans[:TIMELINE_SPANS]
     return {
-        "t_ns": [max(0, t - t_base) for t, _ in kept],
-        "bytes": [b for _, b in kept],
+        "t_ns": [max(0, point[0] - t_base) for point in kept],
+        "bytes": [point[1] for point in kept],
+        "categories": {name: [point[2][i] for point in kept] for i, name in enumerate(MEMORY_CATEGORIES)},
         "points_recorded": len(points),
         # A step part has no forward: only its backward work (the loss's) names a phase.
         "spans": [

@@ -11,9 +11,9 @@ in backward. A track of its own holds one span for the traced step (``step N``, 
 ``op pass`` for ``profile()``), when the run had step marks.
 
 Memory, with one step's (the timeline and the trace are then the same run): a counter
-of live bytes over time, and an instant event at the peak whose args are the peak's
-bytes by category. The timeline keeps live bytes only, not their categories, so there
-is no counter per category: categories are known at the peak alone.
+of live bytes over time, a counter of the same bytes split by category (parameters,
+gradients, optimizer state, activations, other: viewers stack them), and an instant
+event at the peak whose args are the peak's bytes by category.
 
 ``otherData`` says how the times were measured: the spans are the traced run's own
 times (under the dispatch mode that records ops, so slower than an unrecorded run),
@@ -127,6 +127,11 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
     timeline = memory.get("timeline") or {}
     for t, live in zip(timeline.get("t_ns") or [], timeline.get("bytes") or []):
         yield f'{{"name":"live memory","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
+    split = timeline.get("categories") or {}
+    names = list(split)
+    for i, t in enumerate(timeline.get("t_ns") or [] if names else []):
+        args = ",".join(f"{json.dumps(name)}:{split[name][i]}" for name in names)
+        yield f'{{"name":"memory by category","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{{args}}}}}'
     at = memory.get("peak_at") or {}
     if at.get("t_ns") is not None:
         args = {"bytes": memory["peak_bytes"], **(memory.get("peak_categories") or {})}
