@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import struct
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,7 +20,16 @@ import torch
 import layerscope
 import layerscope.zoo
 from layerscope import cli
-from layerscope.plot import DPI, FIGSIZE, NO_MATPLOTLIB, _breakdown, _byte_unit, _lanes, plot_memory
+from layerscope.plot import (
+    DPI,
+    FIGSIZE,
+    NO_MATPLOTLIB,
+    _breakdown,
+    _byte_unit,
+    _lanes,
+    plot_memory,
+    render_memory_png,
+)
 from test_cli import assert_usage_error, run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -290,3 +300,25 @@ def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
     assert err.splitlines()[-1] == f"layerscope: error: no such profile file: {missing!r}"
+
+
+def test_png_is_a_registered_binary_format(tmp_path: Path) -> None:
+    """``-o x.png`` draws the memory timeline of a profile and a benchmark's curves, through
+    the registry; on stdout a picture is refused with what to do instead."""
+    pytest.importorskip("matplotlib")
+    from layerscope.render import format_for_path, get_renderer
+
+    assert format_for_path("m.png") == "png" and format_for_path("b.png", document="bench") == "png"
+    assert get_renderer("png").binary and get_renderer("png", "bench").binary
+    entry = layerscope.zoo.get("mlp")
+    prof = layerscope.profile(entry.build(), entry.example_inputs(2), backward=True, repeat=1, warmup=1)
+    prof.save(str(tmp_path / "m.png"))
+    picture = (tmp_path / "m.png").read_bytes()
+    assert picture[:8] == b"\x89PNG\r\n\x1a\n" and picture == prof.render("png")
+    assert picture == render_memory_png(prof)  # the drawing plot-memory writes
+    json_path = tmp_path / "step.json"
+    prof.save(str(json_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "layerscope", "show", str(json_path), "--format", "png"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "-o NAME.png" in done.stderr and done.stdout == ""

@@ -109,9 +109,12 @@ class OutputError(Exception):
         return f"cannot write {self.destination}: {self.error.strerror or self.error}"
 
 
-def _print(text: str) -> None:
+def _print(text: str | bytes) -> None:
     """Write ``text`` to stdout and flush it now, so that a full disk or a closed pipe
-    is an :class:`OutputError` here, not a lost write at exit."""
+    is an :class:`OutputError` here, not a lost write at exit. A picture (a binary
+    format's bytes) is refused: it belongs in a file."""
+    if isinstance(text, bytes):
+        raise UsageError("that format is a picture (PNG): write it to a file with -o NAME.png")
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

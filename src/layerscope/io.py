@@ -85,7 +85,7 @@ def _write_all(handle: BinaryIO, text: str | bytes | Iterable[str]) -> None:
         handle.write(text.encode("utf-8") if isinstance(text, str) else text)
         return
     for chunk in text:
-        handle.write(chunk.encode("utf-8"))
+        handle.write(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8"))
 
 
 def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:

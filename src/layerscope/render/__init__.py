@@ -35,6 +35,8 @@ class Renderer:
     extensions: tuple[str, ...]
     description: str
     chunks: bool = False
+    #: The renderer returns bytes (a picture), written to a file only.
+    binary: bool = False
 
 
 #: The profile formats (the ``profile`` table).
@@ -54,10 +56,11 @@ def _table(document: str) -> dict[str, Renderer]:
 
 def register_renderer(
     name: str, *, extensions: tuple[str, ...] = (), description: str = "", chunks: bool = False,
-    document: str = "profile",
+    document: str = "profile", binary: bool = False,
 ) -> Callable[[RenderFn], RenderFn]:
     """Register ``fn(doc, **options) -> str`` as format ``name`` of ``document``'s table
-    (with ``chunks``, ``fn`` yields the text in pieces); duplicates are an error."""
+    (with ``chunks``, ``fn`` yields the text in pieces; with ``binary``, it returns bytes,
+    a picture, which is written to files only); duplicates are an error."""
     table = _table(document)
 
     def decorate(fn: RenderFn) -> RenderFn:
@@ -67,7 +70,7 @@ def register_renderer(
         for ext in extensions:
             if ext in taken:
                 raise ValueError(f"extension {ext!r} already belongs to format {taken[ext]!r}")
-        table[name] = Renderer(name, fn, tuple(extensions), description or (fn.__doc__ or "").strip(), chunks)
+        table[name] = Renderer(name, fn, tuple(extensions), description or (fn.__doc__ or "").strip(), chunks, binary)
         return fn
 
     return decorate
@@ -133,6 +136,7 @@ from layerscope.render import (  # noqa: E402,F401
     json_doc,
     model,
     ops_table,
+    png,
     ranks_chrome,
     ranks_html,
     ranks_text,

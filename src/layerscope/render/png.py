@@ -1,0 +1,40 @@
+"""Pictures: a profile's memory timeline and a benchmark's curves, as PNG (matplotlib).
+
+``-o memory.png`` on a profile draws its memory over the step (as ``layerscope
+plot-memory`` does); on a benchmark, latency, throughput and peak memory against batch
+size. Binary formats: written to files only. The drawing lives in ``layerscope.plot``;
+this registers it, so ``.png`` is one more extension the registry knows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerscope.errors import RenderError
+from layerscope.render import register_renderer
+
+
+@register_renderer(
+    "png", extensions=(".png",), binary=True,
+    description="the memory timeline of the step as a PNG picture (needs matplotlib)",
+)  # fmt: skip
+def render_profile_png(profile: Any, *, title: str | None = None, **_: Any) -> bytes:
+    from layerscope.plot import render_memory_png
+
+    try:
+        return render_memory_png(profile, title=title)
+    except (ValueError, ImportError) as exc:  # no timeline recorded; no matplotlib
+        raise RenderError(str(exc)) from None
+
+
+@register_renderer(
+    "png", document="bench", extensions=(".png",), binary=True,
+    description="latency, throughput and peak memory against batch size as a PNG picture (needs matplotlib)",
+)  # fmt: skip
+def render_bench_png(result: Any, *, title: str | None = None, **_: Any) -> bytes:
+    from layerscope.plot import render_bench_png as draw
+
+    try:
+        return draw(result, title=title)
+    except ImportError as exc:
+        raise RenderError(str(exc)) from None
