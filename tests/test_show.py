@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import layerscope
-from layerscope.render import formats
+from layerscope.render import formats, get_renderer
 from test_cli import assert_usage_error, run_cli
 
 
@@ -23,6 +23,11 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("fmt", formats())
 def test_show_renders_every_format_as_the_library_does(saved: Path, fmt: str) -> None:
+    if get_renderer(fmt).binary:  # a picture goes to a file only
+        run = run_cli("show", saved.name, "--format", fmt, "-o", "picture.bin", cwd=saved.parent)
+        assert run.returncode == 0, run.stderr
+        assert (saved.parent / "picture.bin").read_bytes() == layerscope.load(str(saved)).render(fmt)
+        return
     first = run_cli("show", saved.name, "--format", fmt, cwd=saved.parent)
     assert first.returncode == 0, first.stderr
     again = run_cli("show", saved.name, "--format", fmt, cwd=saved.parent)
