@@ -185,7 +185,8 @@ class PassWalker:
         self.t_start: int | None = None
         #: Host time of the step already charged to a top-level node (the rest is <other>).
         self.accounted_ns = 0
-        #: The ``[t0, t1)`` intervals charged at the top level, and collectives in flight
+        #: The ``[t0, t1)`` intervals charged at the top level (kept only in a stream with
+        #: collectives), and the collectives in flight
         #: on other threads: idle time during a collective is waiting for it.
         self.covered: list[tuple[int, int]] = []
         self.collectives: list[tuple[int, int]] = []
@@ -434,7 +435,8 @@ class PassWalker:
     def account(self, t0: int, t1: int) -> None:
         """``[t0, t1)`` of the step is charged to a top-level node."""
         self.accounted_ns += max(0, t1 - t0)
-        self.covered.append((t0, t1))
+        if self.waits:  # only a stream with collectives has waiting to find
+            self.covered.append((t0, t1))
 
     def record_op(self, key: Key, phase: str, event: Op, memory: tuple[int, int]) -> None:
         """Add ``event`` to ``key``'s op table (when ops are collected)."""
