@@ -96,7 +96,7 @@ def test_every_document_has_text_json_and_html() -> None:
 
 
 def test_the_registry_renders_as_the_documents_did() -> None:
-    from layerscope.bench.render import render_table
+    from layerscope.render.bench_text import render_table
     from layerscope.render.diff_text import render_diff
 
     diff = hostile_diff()

@@ -380,7 +380,7 @@ class BenchComparison:
         return [row for row in self.rows if row.significant and row.ratio > 1 + threshold]
 
     def render(self) -> str:
-        from layerscope.bench.render import render_comparison
+        from layerscope.render.bench_text import render_comparison
 
         return render_comparison(self)
 

@@ -124,9 +124,9 @@ def render_chunks(profile: Any, fmt: str = "text", **options: Any) -> Iterator[s
 
 
 # Filling the registry: each module registers itself on import.
-from layerscope.bench import render as _bench_render  # noqa: E402,F401  (the bench table's text and json)
 from layerscope.render import (  # noqa: E402,F401
     bench_html,
+    bench_text,
     chrome,
     csv_table,
     deepspeed,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 # The table's text and json first: formats() lists them in registration order.
-import layerscope.bench.render  # noqa: F401
+import layerscope.render.bench_text  # noqa: F401
 from layerscope.bench.result import BatchResult, BenchResult
 from layerscope.render import register_renderer
 from layerscope.render.html import html_page
