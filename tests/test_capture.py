@@ -25,8 +25,8 @@ import layerscope
 from layerscope import zoo
 from layerscope.attribute import build_profile, walk_pass
 from layerscope.check import InvariantError, check_tree
+from layerscope.documents import profile_from_dict
 from layerscope.errors import ModelError
-from layerscope.io import profile_from_dict
 from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture, Step
 from layerscope.tree import Profile
 

@@ -3,6 +3,7 @@ sound ``layerscope/1`` file, and writes that never leave a half-written file beh
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -16,8 +17,8 @@ import torch
 from torch import nn
 
 import layerscope
+import layerscope.formats
 import layerscope.io
-import layerscope.render
 from conftest import FULL_DEVICE, NULL_DEVICE
 from layerscope import zoo
 from layerscope.check import check_tree
@@ -313,12 +314,8 @@ def test_failed_render_leaves_the_old_file(
     def broken(profile: Profile, **options: Any) -> str:
         raise RuntimeError("renderer broke")
 
-    json_renderer = layerscope.render.get_renderer("json")
-    monkeypatch.setitem(
-        layerscope.render._RENDERERS,
-        "json",
-        layerscope.render.Renderer("json", broken, json_renderer.extensions, ""),
-    )
+    json_renderer = layerscope.formats.get_renderer("json")
+    monkeypatch.setitem(layerscope.formats._TABLES["profile"], "json", dataclasses.replace(json_renderer, fn=broken))
     with pytest.raises(RuntimeError, match="renderer broke"):
         zoo_profile.save(saved)
     assert saved.read_bytes() == old

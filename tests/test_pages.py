@@ -24,7 +24,7 @@ import layerscope
 import layerscope.io
 from layerscope.bench import BatchResult, BenchResult
 from layerscope.diff import ProfileDiff
-from layerscope.io import profile_from_dict
+from layerscope.documents import profile_from_dict
 from layerscope.ranks import MergedRun, merge
 from layerscope.render import format_for_path, formats, render
 from layerscope.tree import Profile

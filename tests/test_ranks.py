@@ -446,7 +446,7 @@ def test_commands_for_one_profile_refuse_a_merged_run(tmp_path: Path, capsys: py
     plot = _main(capsys, "plot-memory", merged, "-o", tmp_path / "m.png")
     assert plot.returncode == 2 and "keeps no memory timelines" in plot.stderr
     ops = _main(capsys, "show", merged, "--show-ops")
-    assert ops.returncode == 2 and "--show-ops: for a profile; give --rank N" in ops.stderr
+    assert ops.returncode == 2 and "--show-ops: not for a merged run of ranks; --rank N renders" in ops.stderr
     single = tmp_path / "r0.json"
     rank_profile(0).save(str(single))
     rank = _main(capsys, "show", single, "--rank", "0")

@@ -39,11 +39,13 @@ __all__ = [
     "schedule",
 ]
 
+# The built-in formats register themselves in the output registry (layerscope.formats).
+import layerscope.render  # noqa: F401
 from layerscope.bench.result import BenchResult
 from layerscope.check import InvariantError, check_tree
 from layerscope.diff import diff
+from layerscope.documents import load
 from layerscope.errors import LayerscopeError
-from layerscope.io import load
 from layerscope.ranks import merge
 from layerscope.schedule import schedule
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile

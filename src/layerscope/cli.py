@@ -175,7 +175,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool = True) -> None:
+def _add_run_options(
+    parser: argparse.ArgumentParser, *, spec: bool, timed: bool = True, defaults: dict[str, Any] | None = None
+) -> None:
     if spec:
         parser.add_argument("spec", metavar="SPEC", help="the model to profile (see below)")
     parser.add_argument(
@@ -214,96 +216,115 @@ def _add_run_options(parser: argparse.ArgumentParser, *, spec: bool, timed: bool
         help="do not track memory (allocations, peaks, activations per module; the step's peak)",
     )  # fmt: skip
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
-    _add_render_options(parser)
-
-
-def _add_render_options(parser: argparse.ArgumentParser) -> None:
-    """How a profile is written out: shared by the commands that run a model and ``show``."""
-    from layerscope.render import formats
-
-    parser.add_argument("--depth", type=_positive, help="show modules down to this depth (root is 0)")
-    parser.add_argument("--show-ops", action="store_true", help="nest each module's aten ops under it")
-    _add_op_table_options(parser)
-    parser.add_argument(
-        "--metric", choices=("time", "flops"),
-        help="what folded and speedscope output weigh stacks by (default: time, or flops for a count)",
-    )
-    parser.add_argument("--ops", action="store_true", help="csv: one row per aten op instead of per module")
-    parser.add_argument(
-        "--columns", action=_ColumnsAction, metavar="COLS",
-        help="text: the table's columns, comma-separated, e.g. self_cpu,flops,params; '--columns list' "
-        "lists them (default: all, with the least important hidden to fit a terminal's width)",
-    )
-    parser.add_argument("--format", choices=formats(), help="output format (default: from -o's extension, else text)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    _add_output_options(parser, ("profile",), defaults=defaults)
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")  # fmt: skip
 
 
-def _add_op_table_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("operator table (--format ops)")
-    group.add_argument(
-        "--sort-by", metavar="METRIC",
-        help="sort ops by self_cpu_time (default), cpu_time, self_device_time, device_time, calls, "
-        "flops, macs, bytes, alloc_bytes, self_alloc_bytes or freed_bytes; descending",
-    )
-    group.add_argument(
-        "--group-by", metavar="KEY",
-        help="one row per name (default), shape, module, module_type, phase or stack:N "
-        "(N frames of the Python stack); combine with commas: module,shape",
-    )
-    group.add_argument("--limit", type=_positive, metavar="N", help="show the first N rows (Total still covers all)")
-    group.add_argument("--module", metavar="PATH", help="only the ops of this module's subtree")
+def _add_output_options(
+    parser: argparse.ArgumentParser, documents: Sequence[str], *, defaults: dict[str, Any] | None = None,
+    format_help: str = "output format (default: from -o's extension, else text)",
+    output_help: str = "write to FILE (atomically) instead of stdout",
+) -> None:
+    """``--format``, ``-o`` and a flag per option of the formats of ``documents``, all
+    from the output registry. ``defaults`` are this command's own defaults for options,
+    applied when the chosen format takes them."""
+    from layerscope.formats import renderers
+
+    tables = [renderers(document) for document in documents]
+    names = list(dict.fromkeys(r.name for table in tables for r in table))
+    parser.add_argument("--format", choices=names, help=format_help)
+    parser.add_argument("-o", "--output", metavar="FILE", help=output_help)
+    takers: dict[str, list[str]] = {}
+    options: dict[str, Any] = {}
+    for table in tables:
+        for renderer in table:
+            for option in renderer.options:
+                if option.flag:
+                    options.setdefault(option.name, option)
+                    label = renderer.name if renderer.document == documents[0] else f"{renderer.name} ({renderer.document})"
+                    takers.setdefault(option.name, []).append(label)
+    group = parser.add_argument_group("format options (each for the formats named after it)")
+    defaults = defaults or {}
+    for name, option in options.items():
+        default = f"; default {defaults[name]}" if name in defaults else ""
+        help_text = f"{option.help} [{', '.join(dict.fromkeys(takers[name]))}{default}]".replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+        if option.parse is None:
+            kwargs["action"] = "store_true"
+        elif option.listing is not None:
+            kwargs.update(action=_ListingAction, metavar=option.metavar, listing=option.listing, parse=option.parse)
+        else:
+            kwargs.update(type=_flag_type(option.parse), metavar=option.metavar, choices=option.choices)
+        group.add_argument(option.flag_name, **kwargs)
+    parser.set_defaults(format_defaults=defaults)
 
 
-def _format_options(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
-    """The options of the operator table and the text table, checked before a run that
-    may take minutes (whether the profile has the metric is known only after it)."""
-    from layerscope.ops import check_options
+def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option's parser as argparse's ``type``: its ValueError becomes the message."""
 
-    options = {"sort_by": args.sort_by, "group_by": args.group_by, "limit": args.limit, "module": args.module}
-    given = [f"--{name.replace('_', '-')}" for name, value in options.items() if value is not None]
-    if given and fmt != "ops":
-        raise UsageError(f"{', '.join(given)}: only for --format ops (the format here is {fmt})")
-    check_options(sort_by=args.sort_by, group_by=args.group_by)
-    if args.columns is not None and fmt != "text":
-        raise UsageError(f"--columns: only for --format text (the format here is {fmt})")
-    return {**options, "columns": args.columns}
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parsed
 
 
-class _ColumnsAction(argparse.Action):
-    """``--columns a,b,c``: the text table's columns by key; ``--columns list`` prints
-    the keys and exits, as --help does (no SPEC needed)."""
+class _ListingAction(argparse.Action):
+    """A flag whose value ``list`` prints the accepted values and exits, as --help does
+    (no SPEC needed); any other value is parsed."""
+
+    def __init__(self, *args: Any, listing: Callable[[], str], parse: Callable[[str], Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.listing = listing
+        self.parse = parse
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
-        from layerscope.render.text import column_keys
-
         if values.strip() == "list":
-            parser._print_message(_columns_help(), sys.stdout)
+            parser._print_message(self.listing(), sys.stdout)
             parser.exit()
-        keys = [key.strip() for key in values.split(",")]
-        known = {key for table in column_keys().values() for key in table}
-        unknown = [key for key in keys if key not in known]
-        if not all(keys) or unknown:
-            what = f"unknown column {', '.join(map(repr, unknown))}" if unknown else f"an empty column name in {values!r}"
-            parser.error(f"argument --columns: {what}; '--columns list' lists them")
-        setattr(namespace, self.dest, keys)
+        try:
+            setattr(namespace, self.dest, self.parse(values))
+        except ValueError as exc:
+            parser.error(f"argument {option_string}: {exc}")
 
 
-def _columns_help() -> str:
-    from layerscope.render.text import COLUMNS, STEP_COLUMNS
+def _output_format(args: argparse.Namespace, document: str, default: str = "text", hint: str = "") -> str:
+    """``--format``, else the format -o's extension names, else ``default``."""
+    from layerscope.formats import DOCUMENTS, format_for_path, formats
 
-    def listed(columns: Any) -> str:
-        return "".join(f"  {c.key:<14}{c.header}\n" for c in columns)
+    fmt = args.format or (format_for_path(args.output, default=default, document=document) if args.output else default)
+    if fmt not in formats(document):
+        raise UsageError(f"{DOCUMENTS[document]} has no format {fmt!r}; it has: {', '.join(formats(document))}{hint}")
+    return fmt
 
-    return (
-        "Columns of the text table, for --columns (comma-separated, in the order to show):\n"
-        f"a forward pass:\n{listed(COLUMNS)}"
-        f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
-        "with --show-ops:\n  shapes        Input shapes\n"
-        "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
-        "--peak-tflops). Without --columns every column is shown, and on a terminal the\n"
-        "lowest-priority ones are hidden to fit its width (the footer names them).\n"
-    )
+
+def _format_options(args: argparse.Namespace, document: str, fmt: str, hint: str = "") -> dict[str, Any]:
+    """The format options given on the command line (and this command's defaults for
+    them), checked before any run: an option ``fmt`` does not take is a usage error
+    naming the formats that do."""
+    from layerscope.formats import DOCUMENTS, get_renderer, renderers
+
+    takes = get_renderer(fmt, document).option_names()
+    given = {name: getattr(args, name) for name in _command_flags(args) if getattr(args, name) is not None}
+    wrong = [name for name in given if name not in takes]
+    if wrong:
+        shown = ", ".join("--" + name.replace("_", "-") for name in wrong)
+        takers = [r.name for r in renderers(document) if any(name in r.option_names() for name in wrong)]
+        if not takers:
+            raise UsageError(f"{shown}: not for {DOCUMENTS[document]}{hint}")
+        raise UsageError(f"{shown}: only for --format {' or '.join(takers)} (the format here is {fmt}){hint}")
+    defaults = {name: value for name, value in args.format_defaults.items() if name in takes and name not in given}
+    return {**defaults, **given}
+
+
+def _command_flags(args: argparse.Namespace) -> list[str]:
+    """Every format option this command has a flag for (from any of its documents)."""
+    from layerscope.formats import DOCUMENTS, renderers
+
+    names = [o.name for document in DOCUMENTS for r in renderers(document) for o in r.options if o.flag]
+    return [name for name in dict.fromkeys(names) if hasattr(args, name)]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -337,7 +358,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from layerscope import __version__
-    from layerscope.render import formats
 
     parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -353,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help=f"profile a built-in model ({DEMO_SPEC}) with no set-up",
         description=f"Profile the built-in {DEMO_SPEC} on a random 1x3x224x224 image.",
     )
-    _add_run_options(demo, spec=False)
+    _add_run_options(demo, spec=False, defaults={"depth": 2})
 
     flops = sub.add_parser(
         "flops", help="count FLOPs, MACs and params in one pass, without timing",
@@ -385,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rank", type=_positive, metavar="N",
         help="a merged run: render rank N's profile (any format) instead of the report of all ranks",
     )
-    _add_render_options(show)
+    _add_output_options(show, ("profile", "ranks"))
+    show.add_argument("--debug", action="store_true", help="show full tracebacks")
 
     plot = sub.add_parser(
         "plot-memory", help="draw a saved profile's memory timeline as a PNG (needs matplotlib)",
@@ -421,11 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="noise floor: ignore modules whose self time is below this in both profiles "
         "(50us, 1ms, 200ns; a bare number is ns; default 50us)",
     )
-    compare.add_argument(
-        "--format", choices=formats("diff"), help="output format (default: from -o's extension, else text)"
-    )
-    compare.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
-    compare.add_argument("--limit", type=_positive, default=20, metavar="N", help="show at most N module and N op rows (default 20; 0 shows all)")
+    _add_output_options(compare, ("diff",), defaults={"limit": 20})
     compare.add_argument("--debug", action="store_true", help="show full tracebacks")
     _add_merge_parser(sub)
     _add_bench_parser(sub)
@@ -453,7 +470,6 @@ or cycles (step ranges), or one rank given twice, are refused (exit 2).
 
 
 def _add_merge_parser(sub: Any) -> None:
-    from layerscope.render import formats
 
     merge = sub.add_parser(
         "merge", help="merge the per-rank profiles of a distributed run: imbalance, stragglers, waiting",
@@ -462,13 +478,12 @@ def _add_merge_parser(sub: Any) -> None:
         "step range), or merged runs of it, into one layerscope-ranks/1 document.",
     )  # fmt: skip
     merge.add_argument("files", metavar="FILE", nargs="+", help="rank profiles (JSON) or merged runs")
-    merge.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
-    merge.add_argument(
-        "--format", choices=(*formats("ranks"), *formats("rank-traces")),
-        help="json: the merged document; text: the report; html: an interactive page (heat map, stragglers, "
-        "waiting); chrome: one Chrome trace with a process per rank, from the rank files' traces (default: "
-        "from -o's extension: .trace.json chrome, .json json, .html html, else text)",
-    )
+    _add_output_options(
+        merge, ("ranks", "rank-traces"),
+        format_help="json: the merged document; text: the report; html: an interactive page (heat map, "
+        "stragglers, waiting); chrome: one Chrome trace with a process per rank, from the rank files' traces "
+        "(default: from -o's extension: .trace.json chrome, .json json, .html html, else text)",
+    )  # fmt: skip
     merge.add_argument(
         "--threshold", metavar="RATIO", default="10%",
         help="a straggler's self time exceeds the other ranks' median by more than this (default 10%%)",
@@ -477,7 +492,6 @@ def _add_merge_parser(sub: Any) -> None:
         "--min-time", metavar="TIME", default="1ms",
         help="... and by at least this much (1ms, 500us; a bare number is ns; default 1ms)",
     )
-    merge.add_argument("--depth", type=_positive, help="text: rank table rows down to this depth (root is 0)")
     merge.add_argument("--debug", action="store_true", help="show full tracebacks")
 
 
@@ -497,7 +511,6 @@ size and returning the whole batch instead. Throughput is batch size / mean late
 
 
 def _add_bench_parser(sub: Any) -> None:
-    from layerscope.render import formats
 
     bench = sub.add_parser(
         "bench", help="benchmark a whole model: latency, throughput and memory per batch size",
@@ -524,14 +537,11 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument("--lr", type=float, default=1e-3, help="--mode train: SGD's learning rate (default 1e-3)")
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass (CPU)")
     bench.add_argument("--max-batch", action="store_true", help="CUDA: also search the largest batch size that fits")
-    bench.add_argument(
-        "-o", "--output", metavar="FILE", help="also write the result to FILE (atomically): JSON, or HTML for .html"
-    )
-    bench.add_argument(
-        "--format", choices=formats("bench"),
-        help="-o's format (default: from its extension: .html html, .txt text, else json); without -o, stdout's "
-        "(default text)",
-    )
+    _add_output_options(
+        bench, ("bench",), output_help="also write the result to FILE (atomically): JSON, or HTML for .html",
+        format_help="-o's format (default: from its extension: .html html, .txt text, .png png, else json); "
+        "without -o, stdout's (default text)",
+    )  # fmt: skip
     bench.add_argument("--plot", metavar="OUT.png", help="draw latency and throughput against batch size (needs matplotlib)")
     bench.add_argument("--debug", action="store_true", help="show full tracebacks")
 
@@ -575,44 +585,44 @@ def _move(value: Any, device: Any, dtype: Any) -> Any:
     return value
 
 
-def _emit(prof: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any]) -> int:
-    """Write ``prof`` in ``fmt`` to ``-o`` (atomically, streamed) or stdout."""
+def _emit(doc: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any], what: str | None = None) -> int:
+    """Write ``doc`` in ``fmt`` to ``-o`` (atomically, streamed) or stdout; on a terminal,
+    a format with a ``width`` option fits it."""
+    from layerscope.formats import document_kind, get_renderer, render, render_chunks
     from layerscope.io import write_atomic
-    from layerscope.render import render, render_chunks
 
-    rendering = {"depth": args.depth, "show_ops": args.show_ops, "metric": args.metric, "ops": args.ops, **options}
-    if fmt == "text" and not args.output and sys.stdout.isatty():
-        # Fit the terminal; piped or saved output keeps the whole table.
-        rendering["width"] = shutil.get_terminal_size().columns
     if not args.output:
-        _print(render(prof, fmt, **rendering))
+        if "width" in get_renderer(fmt, document_kind(doc)).option_names() and sys.stdout.isatty():
+            options = {"width": shutil.get_terminal_size().columns, **options}
+        _print(render(doc, fmt, **options))
     else:
-        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(prof, fmt, **rendering)), fmt)
+        output = args.output
+        _write_file(output, lambda: write_atomic(output, render_chunks(doc, fmt, **options)), what or fmt)
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     from layerscope.ranks import MergedRun
-    from layerscope.render import format_for_path
 
-    prof = _load_profile(args.profile)
-    if isinstance(prof, MergedRun):
+    doc = _load_profile(args.profile)
+    document, hint = "profile", ""
+    if isinstance(doc, MergedRun):
         if args.rank is None:
-            return _show_merged(prof, args)
-        prof = _rank_of(prof, args.rank, args.profile)
+            document, hint = "ranks", "; --rank N renders rank N's profile in any format"
+        else:
+            doc = _rank_of(doc, args.rank, args.profile)
     elif args.rank is not None:
         raise UsageError(f"--rank: {args.profile} is one rank's profile, not a merged run (layerscope merge)")
-    fmt = args.format or (format_for_path(args.output) if args.output else "text")
-    options = _format_options(args, fmt)
+    fmt = _output_format(args, document, hint=hint)
+    options = _format_options(args, document, fmt, hint)
     if args.output:
         _check_writable(args.output)
-    return _emit(prof, args, fmt, options)
+    return _emit(doc, args, fmt, options)
 
 
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
-    from layerscope.render import format_for_path
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
     device = _device(args.device)
@@ -639,8 +649,8 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
         model = model.to(dtype)
     inputs = _move(inputs, device, dtype)
 
-    fmt = args.format or (format_for_path(args.output) if args.output else "text")
-    format_options = _format_options(args, fmt)
+    fmt = _output_format(args, "profile")
+    format_options = _format_options(args, "profile", fmt)
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     with _hinted(model, inputs), amp:
@@ -763,43 +773,11 @@ def _rank_of(run: Any, rank: int, name: str) -> Any:
         raise UsageError(f"{name}: {exc.args[0]}") from None
 
 
-def _show_merged(run: Any, args: argparse.Namespace) -> int:
-    """The report of a merged run (text or json); profile-only options are refused."""
-    from layerscope.io import write_atomic
-    from layerscope.render import format_for_path, formats, render
-
-    fmt = args.format or (format_for_path(args.output, document="ranks") if args.output else "text")
-    if fmt not in formats("ranks"):
-        raise UsageError(
-            f"a merged run renders as {' or '.join(formats('ranks'))}, not {fmt}; "
-            f"--rank N renders rank N's profile in any format"
-        )
-    given = [
-        flag for flag, value in (
-            ("--show-ops", args.show_ops), ("--ops", args.ops), ("--metric", args.metric), ("--columns", args.columns),
-            ("--sort-by", args.sort_by), ("--group-by", args.group_by), ("--module", args.module),
-        ) if value
-    ]  # fmt: skip
-    if given:
-        raise UsageError(f"{', '.join(given)}: for a profile; give --rank N to render one rank's")
-    options: dict[str, Any] = {"depth": args.depth}
-    if args.limit is not None:
-        options["limit"] = args.limit or None
-    text = render(run, fmt, **options)
-    if args.output:
-        _check_writable(args.output)
-        _write_file(args.output, lambda: write_atomic(args.output, text), f"the {fmt} report")
-    else:
-        _print(text)
-    return 0
-
-
 def _merge(args: argparse.Namespace) -> int:
     """Merge rank files; a mismatch is a MergeError (exit 2)."""
     from layerscope.diff import parse_duration_ns, parse_threshold
-    from layerscope.io import write_atomic
+    from layerscope.formats import format_for_path, formats
     from layerscope.ranks import MergedRun, RankTraces, merge
-    from layerscope.render import format_for_path, render, render_chunks
 
     try:
         threshold = parse_threshold(args.threshold)
@@ -810,12 +788,11 @@ def _merge(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--min-time: {exc}") from None
     output = args.output
-    if args.format:
-        fmt = args.format
-    elif output is None:
-        fmt = "text"
-    else:  # a trace of the rank files (.trace.json), else the merged run's formats
-        fmt = format_for_path(output, default="", document="rank-traces") or format_for_path(output, document="ranks")
+    # A trace of the rank files (.trace.json, --format chrome), else the merged run's formats.
+    traces = (args.format or format_for_path(output or "", default="", document="rank-traces")) in formats("rank-traces")
+    document = "rank-traces" if traces else "ranks"
+    fmt = _output_format(args, document)
+    options = _format_options(args, document, fmt)
     if output:
         _check_writable(output)
     files_of_rank: dict[int, str] = {}
@@ -825,7 +802,7 @@ def _merge(args: argparse.Namespace) -> int:
         for path in args.files:
             item = _load_profile(path)
             if isinstance(item, MergedRun):
-                if fmt == "chrome":
+                if traces:
                     raise UsageError(
                         f"{path} is a merged run, which keeps no traces; --format chrome needs the rank files"
                     )
@@ -834,27 +811,17 @@ def _merge(args: argparse.Namespace) -> int:
             yield item
 
     run = merge(loaded(), sources=args.files, threshold=threshold, min_time_ns=floor)
-    if fmt == "chrome":
-        traces = RankTraces(_load_profile(files_of_rank[rank]) for rank in run.rank_numbers)
-        chunks = render_chunks(traces, "chrome")
-        if not output:
-            _print("".join(chunks))
-            return 0
-        _write_file(output, lambda: write_atomic(output, chunks), "the Chrome trace of every rank")
-        return 0
-    options: dict[str, Any] = {"depth": args.depth} if fmt == "text" else {}
-    if not output:
-        _print(render(run, fmt, **options))
-    else:
-        _write_file(output, lambda: write_atomic(output, render_chunks(run, fmt, **options)), f"the merged run ({fmt})")
-    return 0
+    if traces:
+        every = RankTraces(_load_profile(files_of_rank[rank]) for rank in run.rank_numbers)
+        return _emit(every, args, fmt, options, f"the {fmt} trace of every rank")
+    return _emit(run, args, fmt, options, f"the merged run ({fmt})")
 
 
 def _plot_memory(args: argparse.Namespace) -> int:
     if not args.output.lower().endswith(".png"):
         raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
     profile = _load_profile(args.profile)
-    from layerscope.plot import memory_timeline, plot_memory
+    from layerscope.plot import memory_timeline
     from layerscope.ranks import MergedRun
 
     if isinstance(profile, MergedRun):
@@ -866,7 +833,7 @@ def _plot_memory(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.profile}: {exc}") from exc
     _check_writable(args.output)
     try:
-        _write_file(args.output, lambda: plot_memory(profile, args.output, title=args.title), "the memory timeline")
+        _write_file(args.output, lambda: profile.save(args.output, "png", title=args.title), "the memory timeline")
     except ImportError as exc:
         raise UsageError(str(exc)) from exc
     return 0
@@ -875,8 +842,6 @@ def _plot_memory(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     """Exit 0 when nothing regressed above --fail-above, 1 when something did."""
     from layerscope.diff import DEFAULT_MIN_TIME_NS, diff, parse_duration_ns, parse_threshold
-    from layerscope.io import write_atomic
-    from layerscope.render import format_for_path, render, render_chunks
     from layerscope.render.diff_text import regressions_line
 
     try:
@@ -887,18 +852,15 @@ def _diff(args: argparse.Namespace) -> int:
         floor = DEFAULT_MIN_TIME_NS if args.min_time is None else parse_duration_ns(args.min_time)
     except ValueError as exc:
         raise UsageError(f"--min-time: {exc}") from None
-    fmt = args.format or (format_for_path(args.output, document="diff") if args.output else "text")
+    fmt = _output_format(args, "diff")
+    options = _format_options(args, "diff", fmt)
     if args.output:
         _check_writable(args.output)
     base, new, imbalance = _diff_sides(args)
     result = diff(base, new, min_time_ns=floor)
     regressions = [] if threshold is None else result.regressions(threshold)
     verdict = None if threshold is None else regressions_line(regressions, threshold)
-    options = {"limit": args.limit or None, "imbalance": imbalance, "fail_above": threshold}
-    if args.output:
-        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(result, fmt, **options)), f"the {fmt} diff")
-    else:
-        _print(render(result, fmt, **options))
+    _emit(result, args, fmt, {**options, "imbalance": imbalance, "fail_above": threshold}, f"the {fmt} diff")
     if verdict and (args.output or fmt != "text"):
         print(verdict, file=sys.stderr)  # the report went elsewhere; a CI log still says why
     return 1 if regressions else 0
@@ -969,14 +931,17 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("bench needs a SPEC to benchmark (e.g. zoo:mlp), or --compare BASE NEW")
 
     from layerscope.bench import benchmark
+    from layerscope.formats import render
     from layerscope.io import write_atomic
-    from layerscope.render import format_for_path, render, render_chunks
     from layerscope.specs import _load_callable, parse_dtype, parse_shape, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")
     if args.input and args.inputs:
         raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
+    # -o's format (JSON unless its extension says otherwise); stdout's is text.
+    fmt = _output_format(args, "bench", default="json" if args.output else "text")
+    options = _format_options(args, "bench", fmt)
     for path in filter(None, (args.output, args.plot)):
         _check_writable(path)
     device = _device(args.device)
@@ -995,17 +960,12 @@ def _bench(args: argparse.Namespace) -> int:
     result.model = resolved.label
     if args.output:
         _print(render(result, "text"))
-        fmt = args.format or format_for_path(args.output, default="json", document="bench")
-        _write_file(args.output, lambda: write_atomic(args.output, render_chunks(result, fmt)), f"the benchmark ({fmt})")
-    else:
-        _print(render(result, args.format or "text"))
-    if args.plot:
-        from layerscope.plot import plot_bench
-
-        try:
-            _write_file(args.plot, lambda: plot_bench(result, args.plot), "the plot")
-        except ImportError as exc:
-            raise UsageError(str(exc)) from exc
+    try:
+        _emit(result, args, fmt, options, f"the benchmark ({fmt})")
+        if args.plot:
+            _write_file(args.plot, lambda: write_atomic(args.plot, render(result, "png")), "the plot")
+    except ImportError as exc:  # no matplotlib for a picture
+        raise UsageError(str(exc)) from exc
     return 0
 
 
@@ -1056,8 +1016,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "zoo":
             return _list_zoo()
         if args.command == "demo":
-            if args.depth is None:
-                args.depth = 2
             return _run_profile(args, DEMO_SPEC)
         if args.command == "plot-memory":
             return _plot_memory(args)

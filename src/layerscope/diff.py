@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from layerscope import formats
 from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
 __all__ = [
@@ -128,11 +129,6 @@ class Regression:
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "metric": self.metric, **self.change.to_dict()}
 
-    def __str__(self) -> str:
-        from layerscope.render.diff_text import regression_text
-
-        return regression_text(self)
-
 
 @dataclass
 class ProfileDiff:
@@ -211,22 +207,18 @@ class ProfileDiff:
                 found.append(Regression(row.path, "self_time_ns", change))
         return found
 
-    DOCUMENT = "diff"  # its table in the renderer registry
+    DOCUMENT = "diff"  # its table in the output registry
 
-    def render(self, fmt: str = "text", *, limit: int | None = None, **options: Any) -> str:
-        """The diff in a registered format (``layerscope.render.formats("diff")``); as
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """The diff in a registered format (``layerscope.formats.formats("diff")``); as
         text: the summary, then the nodes and the changed ops, largest change first;
         ``limit`` caps the rows of each table (None: every row)."""
-        from layerscope.render import render
-
-        return render(self, fmt, limit=limit, **options)
+        return formats.render(self, fmt, **options)
 
     def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
         """Write the diff to ``path`` atomically; the format follows the extension
         (``.json``, ``.html``, ``.txt``; JSON otherwise)."""
-        from layerscope.io import save
-
-        save(self, path, fmt=fmt, **options)
+        formats.save(self, path, fmt, **options)
 
     def __str__(self) -> str:
         return self.render()

@@ -32,6 +32,10 @@ class RenderError(LayerscopeError, ValueError):
     """A format cannot be drawn from this profile (it has no trace, or lacks a metric)."""
 
 
+class OptionError(LayerscopeError, TypeError):
+    """A format is given an option it does not take; the message names those it does."""
+
+
 class MergeError(LayerscopeError, ValueError):
     """Profiles that cannot be merged into one run: other runs, models, world sizes or
     cycles, or the same rank twice. The message names what differs and what was expected."""

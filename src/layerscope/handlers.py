@@ -100,7 +100,7 @@ def _collect(store: Any, key: str, mine: Profile, world: int, timeout: float) ->
     ``timeout`` seconds have passed."""
     from datetime import timedelta
 
-    from layerscope.io import profile_from_dict
+    from layerscope.documents import profile_from_dict
 
     profiles, missing = [mine], []
     deadline = time.monotonic() + timeout

@@ -1,4 +1,7 @@
-"""Saving and loading profiles: atomic writes, and a strict reader of ``layerscope/1``."""
+"""Files: atomic writes, and a strict reader of JSON (what a layerscope document may hold).
+
+The bottom layer: it knows no document. Rendering and saving documents is
+:mod:`layerscope.formats`; reading them back is :mod:`layerscope.documents`."""
 
 from __future__ import annotations
 
@@ -11,8 +14,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from layerscope.errors import SchemaError
-
-SCHEMA = "layerscope/1"
 
 
 def destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
@@ -88,86 +89,6 @@ def _write_all(handle: BinaryIO, text: str | bytes | Iterable[str]) -> None:
         handle.write(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8"))
 
 
-def save(profile: Any, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
-    from layerscope.render import document_kind, format_for_path, render_chunks
-
-    chosen = fmt or format_for_path(path, default="json", document=document_kind(profile))
-    write_atomic(path, render_chunks(profile, chosen, **options))
-
-
-def profile_from_dict(doc: Any, source: str = "document") -> Any:
-    """Rebuild a :class:`Profile` from a ``layerscope/1`` dict, checking the type of every
-    field it reads and the tree's invariants."""
-    from layerscope.check import summarize, tree_problems
-    from layerscope.schema import document_problems
-    from layerscope.tree import ModuleNode, Profile, link
-
-    if not isinstance(doc, dict) or "schema" not in doc:
-        raise SchemaError(f"{source} is not a layerscope profile (no 'schema' field)")
-    schema = doc["schema"]
-    if schema != SCHEMA:
-        raise SchemaError(
-            f"{source} has schema {schema!r}; this layerscope reads {SCHEMA!r} only"
-        )
-    problems = document_problems(doc)
-    if problems:
-        raise SchemaError(f"{source} is a damaged layerscope profile: {summarize(problems)}")
-    try:
-        nodes = [_node_from_dict(entry) for entry in doc["modules"]]
-        root = link(nodes)
-        parts: list[ModuleNode] = []
-        by_path: dict[str, ModuleNode] = {}
-        for entry in doc.get("parts") or []:
-            node = _node_from_dict(entry)
-            if node.parent is None:
-                parts.append(node)
-            else:
-                by_path[node.parent].children.append(node)
-            by_path[node.path] = node
-        profile = Profile(
-            root=root,
-            meta=dict(doc.get("meta") or {}),
-            param_bytes=doc["totals"]["param_bytes"],
-            parts=parts,
-            memory=None if doc.get("memory") is None else dict(doc["memory"]),
-            trace=None if doc.get("trace") is None else dict(doc["trace"]),
-        )
-        problems = tree_problems(profile)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise SchemaError(f"{source} is a damaged layerscope profile: {type(exc).__name__}: {exc}") from None
-    if problems:
-        raise SchemaError(f"{source} is inconsistent: {summarize(problems)}")
-    return profile
-
-
-def _node_from_dict(entry: dict[str, Any]) -> Any:
-    from layerscope.tree import ModuleNode, OpStats, PhaseStats
-
-    def phase(name: str) -> Any:
-        data = entry.get(name)
-        return None if data is None else PhaseStats.from_dict(data)
-
-    return ModuleNode(
-        path=entry["path"],
-        type=entry["type"],
-        parent=entry["parent"],
-        depth=entry["depth"],
-        calls=entry["calls"],
-        params=entry["params"],
-        params_total=entry["params_total"],
-        profiled=entry.get("profiled", True),
-        forward=PhaseStats.from_dict(entry["forward"]),
-        backward=phase("backward"),
-        recompute=phase("recompute"),
-        kind=str(entry.get("kind") or "module"),
-        ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
-        unsupported_ops=dict(entry.get("unsupported_ops") or {}),
-        extra_repr=str(entry.get("extra_repr") or ""),
-        input_shapes=entry.get("input_shapes"),
-        output_shapes=entry.get("output_shapes"),
-    )
-
-
 class _NotANumber(ValueError):
     """NaN or Infinity in a JSON file: Python reads them, the JSON standard does not."""
 
@@ -208,17 +129,3 @@ def read_json(path: str | os.PathLike[str], what: str) -> tuple[Any, str]:
         raise SchemaError(f"{not_it}: it holds a number with thousands of digits") from None
     except RecursionError:
         raise SchemaError(f"{not_it}: its JSON nests too deeply") from None
-
-
-def load(path: str | os.PathLike[str]) -> Any:
-    """Read a profile saved as JSON (a :class:`~layerscope.tree.Profile`), or a merged run
-    of ranks (``layerscope-ranks/1``, a :class:`~layerscope.ranks.MergedRun`); a clear
-    :class:`SchemaError` for anything else."""
-    doc, name = read_json(path, "profile")
-    from layerscope.ranks import SCHEMA as RANKS_SCHEMA
-
-    if isinstance(doc, dict) and doc.get("schema") == RANKS_SCHEMA:
-        from layerscope.ranks import ranks_from_dict
-
-        return ranks_from_dict(doc, source=repr(name))
-    return profile_from_dict(doc, source=repr(name))

@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Union
 
+from layerscope import formats
 from layerscope.errors import RenderError
 from layerscope.tree import PHASES, ModuleNode, OpStats
 
@@ -266,10 +267,6 @@ def _freeze(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=repr)
 
 
-#: The options ``op_table`` takes (and the ``ops`` renderer passes on).
-OPTIONS: tuple[str, ...] = ("sort_by", "group_by", "limit", "module", "phase", "stack_depth")
-
-
 def op_table(
     profile: Profile,
     *,
@@ -398,11 +395,11 @@ class OpTable:
     def __iter__(self) -> Iterator[OpRow]:
         return iter(self.rows)
 
-    def render(self) -> str:
-        """The table as text (see ``layerscope.render.ops_table``)."""
-        from layerscope.render.ops_table import format_table
+    DOCUMENT = "op-table"  # its table in the output registry
 
-        return format_table(self)
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """The table in a registered format (``layerscope.formats.formats("op-table")``)."""
+        return formats.render(self, fmt, **options)
 
     def __str__(self) -> str:
         return self.render()

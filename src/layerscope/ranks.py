@@ -26,10 +26,12 @@ Plain Python, no torch; no number becomes a string here (``render/ranks_text.py`
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
 from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
 
@@ -460,15 +462,12 @@ class MergedRun:
         }
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        from layerscope.render import render
+        """The merged run in a registered format (``layerscope.formats.formats("ranks")``)."""
+        return formats.render(self, fmt, **options)
 
-        return render(self, fmt, **options)
-
-    def save(self, path: str, fmt: str | None = None, **options: Any) -> None:
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
         """Write the merged run to ``path`` atomically; the format follows the extension."""
-        from layerscope.io import save
-
-        save(self, path, fmt=fmt, **options)
+        formats.save(self, path, fmt, **options)
 
     def __str__(self) -> str:
         return self.render("text")

@@ -10,12 +10,18 @@ them into strings.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from layerscope import formats
+
 if TYPE_CHECKING:
     from layerscope.ops import OpTable
+
+#: The schema of a saved profile (``Profile.to_dict``).
+SCHEMA = "layerscope/1"
 
 #: Metrics of a phase that add up through the tree: ``X == self_X + sum(child X)``.
 #: Each entry is ``(total_field, self_field)``.
@@ -344,8 +350,6 @@ class Profile:
 
     # -- output --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        from layerscope.io import SCHEMA
-
         return {
             "schema": SCHEMA,
             "meta": dict(self.meta),
@@ -356,17 +360,16 @@ class Profile:
             "trace": self.trace,
         }
 
-    def render(self, fmt: str = "text", **options: Any) -> str:
-        """The profile in format ``fmt`` (see ``layerscope.render.formats()``)."""
-        from layerscope.render import render
+    DOCUMENT = "profile"  # its table in the output registry
 
-        return render(self, fmt, **options)
+    def render(self, fmt: str = "text", **options: Any) -> Any:
+        """The profile in format ``fmt`` (``layerscope.formats.formats()``) with that
+        format's options: str, or bytes for a picture."""
+        return formats.render(self, fmt, **options)
 
-    def save(self, path: str, fmt: str | None = None, **options: Any) -> None:
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
         """Write the profile to ``path`` atomically; the format follows the extension."""
-        from layerscope.io import save
-
-        save(self, path, fmt=fmt, **options)
+        formats.save(self, path, fmt, **options)
 
     def show(self, **options: Any) -> None:
         """Print the text tree (the only place the library prints, and only on request)."""

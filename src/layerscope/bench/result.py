@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from layerscope import formats
 from layerscope.errors import SchemaError
 from layerscope.io import read_json
 
@@ -183,7 +184,7 @@ class BenchResult:
     max_batch_size: int | None = None
     unsupported_ops: dict[str, int] = field(default_factory=dict)
 
-    DOCUMENT = "bench"  # its table in the renderer registry
+    DOCUMENT = "bench"  # its table in the output registry
 
     @property
     def model_bytes(self) -> int:
@@ -255,16 +256,12 @@ class BenchResult:
 
     def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
         """Write the result atomically: as JSON (``layerscope-bench/1``), or in the format
-        ``path``'s extension names (``.html``, ``.txt``), or ``fmt``."""
-        from layerscope.io import save
+        ``path``'s extension names (``.html``, ``.txt``, ``.png``), or ``fmt``."""
+        formats.save(self, path, fmt, **options)
 
-        save(self, path, fmt=fmt, **options)
-
-    def render(self, fmt: str = "text", **options: Any) -> str:
-        """The result in a registered format (``layerscope.render.formats("bench")``)."""
-        from layerscope.render import render
-
-        return render(self, fmt, **options)
+    def render(self, fmt: str = "text", **options: Any) -> Any:
+        """The result in a registered format (``layerscope.formats.formats("bench")``)."""
+        return formats.render(self, fmt, **options)
 
     def __str__(self) -> str:
         return self.render()
@@ -379,10 +376,11 @@ class BenchComparison:
         than the noise."""
         return [row for row in self.rows if row.significant and row.ratio > 1 + threshold]
 
-    def render(self) -> str:
-        from layerscope.render.bench_text import render_comparison
+    DOCUMENT = "bench-comparison"  # its table in the output registry
 
-        return render_comparison(self)
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """The comparison in a registered format (``formats("bench-comparison")``)."""
+        return formats.render(self, fmt, **options)
 
 
 def compare(base: BenchResult, new: BenchResult) -> BenchComparison:

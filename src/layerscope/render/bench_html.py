@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# The table's text and json first: formats() lists them in registration order.
-import layerscope.render.bench_text  # noqa: F401
 from layerscope.bench.result import BatchResult, BenchResult
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
 from layerscope.render.html import html_page
 
 SCHEMA = "layerscope-bench-html/1"
@@ -52,5 +50,5 @@ def bench_data(result: BenchResult) -> dict[str, Any]:
     "html", document="bench", extensions=(".html", ".htm"),
     description="the benchmark as one self-contained HTML page: latency, throughput and memory charts, the table",
 )  # fmt: skip
-def render_bench_html(result: BenchResult, **_: Any) -> str:
+def render_bench_html(result: BenchResult) -> str:
     return html_page("bench.js", f"{result.model} benchmark", bench_data(result))

@@ -14,7 +14,7 @@ from typing import Any
 
 from layerscope import fmt
 from layerscope.bench.result import BatchResult, BenchComparison, BenchResult
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
 
 
 def _ns(value: float | None) -> str:
@@ -84,7 +84,7 @@ def _batch_row(entry: BatchResult, show_transfer: bool) -> list[str]:
 
 
 @register_renderer("text", document="bench", extensions=(".txt",), description="the benchmark as a text table")
-def render_table(result: BenchResult, **_: Any) -> str:
+def render_table(result: BenchResult) -> str:
     """The benchmark as text: the model's size and cost, then one row per batch size."""
     sizes = ", ".join(f"{name} {fmt.nbytes(n)}" for name, n in sorted(result.model_bytes_by_dtype.items()))
     settings = result.settings
@@ -118,10 +118,11 @@ def render_table(result: BenchResult, **_: Any) -> str:
 
 
 @register_renderer("json", document="bench", extensions=(".json",), description="the layerscope-bench/1 JSON document")
-def render_json(result: BenchResult, **_: Any) -> str:
+def render_json(result: BenchResult) -> str:
     return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
+@register_renderer("text", document="bench-comparison", description="two benchmarks compared, batch size by batch size")
 def render_comparison(comparison: BenchComparison) -> str:
     """BASE against NEW batch size by batch size: mean latency and p50 of each, the ratio
     NEW / BASE of the means, and whether the difference exceeds the noise."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from layerscope import __version__
 from layerscope.errors import RenderError
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
 from layerscope.tree import Profile
 
 _TID = 1
@@ -227,7 +227,7 @@ def document(processes: Iterator[str], other: dict[str, Any]) -> Iterator[str]:
     description="a Chrome trace / Perfetto JSON of one run: module spans over their ops",
     chunks=True,
 )
-def render_chrome(profile: Profile, **_: Any) -> Iterator[str]:
+def render_chrome(profile: Profile) -> Iterator[str]:
     """The trace, in pieces (see the module docstring)."""
     pid = int(profile.meta.get("rank") or 0)
     model = str(profile.meta.get("model") or profile.root.type)

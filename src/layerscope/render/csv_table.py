@@ -18,7 +18,7 @@ import json
 from dataclasses import fields
 from typing import Any
 
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
 from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
 NODE_COLUMNS = ("path", "name", "type", "kind", "depth", "parent", "profiled", "calls", "params", "params_total")
@@ -51,8 +51,11 @@ def _op_row(node: ModuleNode, op: OpStats) -> list[Any]:
     return [values[column] if column in values else getattr(op, column) for column in OP_COLUMNS]
 
 
-@register_renderer("csv", extensions=(".csv",), description="one row per module (or per op, with ops=True)")
-def render_csv(profile: Profile, *, ops: bool = False, **_: Any) -> str:
+OPS = Option("ops", "one row per aten op instead of per module", parse=None)
+
+
+@register_renderer("csv", extensions=(".csv",), description="one row per module (or per op, with ops=True)", options=(OPS,))
+def render_csv(profile: Profile, *, ops: bool = False) -> str:
     """A CSV table: one row per node, or one per op with ``ops=True``."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")

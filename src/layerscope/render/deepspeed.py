@@ -24,7 +24,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from layerscope import fmt
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
+from layerscope.render.options import count
 from layerscope.transforms import top_by_depth
 from layerscope.tree import ModuleNode, PhaseStats, Profile
 
@@ -196,8 +197,27 @@ def _detailed(profile: Profile, ignore: Collection[str]) -> list[str]:
     ]
 
 
+def _depth_or_all(text: str) -> int:
+    """``--module-depth``: a depth >= 0, or -1 for every depth."""
+    value = int(text) if text.strip() == "-1" else count(text)
+    return value
+
+
+MODULE_DEPTH = Option(
+    "module_depth", "the depths of the aggregated profile (-1: all, the default)", parse=_depth_or_all,
+    metavar="N",
+)  # fmt: skip
+TOP_MODULES = Option("top_modules", "modules listed per depth (default 1)", parse=count, metavar="N")
+#: DeepSpeed's other keywords, for the Python API.
+_API = tuple(
+    Option(name, f"as print_model_profile's {name}", flag=False)
+    for name in ("profile_step", "detailed", "aggregated", "summary", "ignore_types", "engine")
+)
+
+
 @register_renderer(
-    "deepspeed", description="the DeepSpeed flops profiler's printout: summary, top modules per depth, annotated model"
+    "deepspeed", description="the DeepSpeed flops profiler's printout: summary, top modules per depth, annotated model",
+    options=(MODULE_DEPTH, TOP_MODULES, *_API),
 )
 def render_deepspeed(
     profile: Profile,
@@ -210,7 +230,6 @@ def render_deepspeed(
     summary: bool = True,
     ignore_types: Collection[str] = (),
     engine: Mapping[str, Any] | None = None,
-    **_: Any,
 ) -> str:
     """DeepSpeed's ``print_model_profile``: ``module_depth`` (-1: all) and ``top_modules``
     shape the aggregated section, ``detailed`` adds the annotated model, ``aggregated``

@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-# The table's text and json first: formats() lists them in registration order.
-import layerscope.render.diff_text  # noqa: F401
 from layerscope.diff import NODE_METRICS, OP_METRICS, DiffRow, ProfileDiff
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
+from layerscope.render.diff_text import FAIL_ABOVE, IMBALANCE
 from layerscope.render.html import html_page
 
 if TYPE_CHECKING:
@@ -76,10 +75,10 @@ def diff_data(
 @register_renderer(
     "html", document="diff", extensions=(".html", ".htm"),
     description="the diff as one self-contained HTML page: summary, modules and ops by change, regressions",
+    options=(FAIL_ABOVE, IMBALANCE),
 )  # fmt: skip
 def render_diff_html(
-    diff: ProfileDiff, *, fail_above: float | None = None, imbalance: Sequence[ImbalanceChange] | None = None,
-    **_: Any,
+    diff: ProfileDiff, *, fail_above: float | None = None, imbalance: Sequence[ImbalanceChange] | None = None
 ) -> str:
     data = diff_data(diff, fail_above=fail_above, imbalance=imbalance)
     return html_page("diff.js", f"diff {data['base']['model']} → {data['new']['model']}", data)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from layerscope import fmt
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
+from layerscope.render.options import LIMIT
 
 if TYPE_CHECKING:
     from layerscope.diff import Change, DiffRow, ProfileDiff, Regression
@@ -247,7 +248,7 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
     ):
         if not rows:
             continue
-        shown = rows if limit is None else rows[:limit]
+        shown = rows[:limit] if limit else rows
         out += ["", f"{title}, largest change in {order} first:", *_table(columns, shown, diff)]
         if len(shown) < len(rows):
             notes.append(f"{len(rows) - len(shown)} more {noun} rows not shown (limit {limit})")
@@ -263,10 +264,21 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-@register_renderer("text", document="diff", extensions=(".txt",), description="the diff as text tables")
+IMBALANCE = Option(
+    "imbalance", "two merged runs' changes in imbalance (ranks.imbalance_changes), shown after the diff", flag=False
+)
+FAIL_ABOVE = Option(
+    "fail_above", "the regression threshold (0.1: 10%): the verdict and the regressions above it", flag=False
+)
+
+
+@register_renderer(
+    "text", document="diff", extensions=(".txt",), description="the diff as text tables",
+    options=(LIMIT, IMBALANCE, FAIL_ABOVE),
+)  # fmt: skip
 def render_diff_text(
     diff: ProfileDiff, *, limit: int | None = None, imbalance: Sequence[ImbalanceChange] | None = None,
-    fail_above: float | None = None, **_: Any,
+    fail_above: float | None = None,
 ) -> str:
     """:func:`render_diff`, then the changes in imbalance and the verdict when given."""
     text = render_diff(diff, limit=limit)
@@ -279,10 +291,12 @@ def render_diff_text(
     return text
 
 
-@register_renderer("json", document="diff", extensions=(".json",), description="the layerscope-diff/1 JSON document")
+@register_renderer(
+    "json", document="diff", extensions=(".json",), description="the layerscope-diff/1 JSON document",
+    options=(IMBALANCE, FAIL_ABOVE),
+)  # fmt: skip
 def render_diff_json(
-    diff: ProfileDiff, *, imbalance: Sequence[ImbalanceChange] | None = None, fail_above: float | None = None,
-    **_: Any,
+    diff: ProfileDiff, *, imbalance: Sequence[ImbalanceChange] | None = None, fail_above: float | None = None
 ) -> str:
     """``diff.to_dict()``, with ``imbalance`` and, given ``fail_above``, the threshold and
     its regressions."""

@@ -21,9 +21,8 @@ trailing spaces (flamegraph.pl takes the value after the last space).
 
 from __future__ import annotations
 
-from typing import Any
-
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
+from layerscope.render.options import METRIC
 from layerscope.render.stacks import build_stacks, metric_for, rescale
 from layerscope.tree import Profile
 
@@ -33,9 +32,9 @@ NS_PER_VALUE = {"time": 1000, "device_time": 1000, "flops": 1}
 
 @register_renderer(
     "folded", extensions=(".folded",),
-    description="folded stacks for flamegraph.pl, inferno and speedscope (µs or FLOPs)",
+    description="folded stacks for flamegraph.pl, inferno and speedscope (µs or FLOPs)", options=(METRIC,),
 )
-def render_folded(profile: Profile, *, metric: str | None = None, **_: Any) -> str:
+def render_folded(profile: Profile, *, metric: str | None = None) -> str:
     """Folded stacks; ``metric`` is ``"time"`` (µs, default), ``"device_time"`` or ``"flops"``."""
     chosen = metric_for(profile, metric)
     stacks = build_stacks(profile, chosen)

@@ -31,8 +31,8 @@ from html import escape as escape_html
 from importlib import resources
 from typing import Any
 
+from layerscope.formats import register_renderer
 from layerscope.ops import OpTableError, op_table
-from layerscope.render import register_renderer
 from layerscope.render.text import _inputs_text as inputs_text
 from layerscope.tree import PHASES, PhaseStats, Profile
 
@@ -151,5 +151,5 @@ def html_page(script: str, title: str, data: Any) -> str:
     "html", extensions=(".html", ".htm"),
     description="an interactive report in one self-contained HTML file (tree, icicle, ops, memory)",
 )
-def render_html(profile: Profile, **_: Any) -> str:
+def render_html(profile: Profile) -> str:
     return html_page("report.js", str(profile.meta.get("model", profile.root.type)), report_data(profile))

@@ -7,10 +7,9 @@ types per depth come first.
 
 from __future__ import annotations
 
-from typing import Any
-
 from layerscope import fmt
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
+from layerscope.render.options import DEPTH, count
 from layerscope.transforms import max_depth, top_by_depth
 from layerscope.tree import ModuleNode, Profile
 
@@ -78,8 +77,13 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
     return lines
 
 
-@register_renderer("model", description="the nn.Module repr annotated with params, MACs, time and FLOP/s")
-def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3, **_: Any) -> str:
+TOP_K = Option("top_k", "list the N largest module types per depth and metric (default 3)", parse=count, metavar="N")
+
+
+@register_renderer(
+    "model", description="the nn.Module repr annotated with params, MACs, time and FLOP/s", options=(DEPTH, TOP_K)
+)
+def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3) -> str:
     out = _summary(profile, top_k)
     out.append("")
     timed = profile.timed

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from layerscope import fmt
-from layerscope.ops import OPTIONS, OpRow, OpTable, op_table
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
+from layerscope.ops import (
+    GROUP_KEYS,
+    SORT_KEYS,
+    GroupBy,
+    OpRow,
+    OpTable,
+    op_table,
+    parse_group_by,
+    sort_field,
+)
+from layerscope.render.options import LIMIT
 from layerscope.render.text import _header_line
-from layerscope.tree import Profile
+from layerscope.tree import PHASES, Profile
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,7 @@ def _lines(cells: list[str], widths: list[int], aligns: list[str]) -> list[str]:
     return out
 
 
+@register_renderer("text", document="op-table", description="the operator table as text")
 def format_table(table: OpTable) -> str:
     """The table as text: a title, the rows, a Total row and notes."""
     columns = [c for c in COLUMNS if c.shown(table)]
@@ -169,8 +179,43 @@ def format_table(table: OpTable) -> str:
     return "\n".join(out) + "\n"
 
 
-@register_renderer("ops", description="aten ops grouped and sorted in one table, like torch.profiler's key_averages")
-def render_ops(profile: Profile, **options: Any) -> str:
-    """The operator table; ``sort_by``, ``group_by``, ``limit``, ``module``, ``phase`` and
-    ``stack_depth`` as in ``Profile.ops``, other options (other formats') are ignored."""
-    return op_table(profile, **{k: v for k, v in options.items() if k in OPTIONS}).render()
+def _sort_key(text: str) -> str:
+    sort_field(text)
+    return text
+
+
+def _group_key(text: str) -> str:
+    parse_group_by(text)
+    return text
+
+
+SORT_BY = Option(
+    "sort_by", "sort rows by this metric, descending ('--sort-by list' lists them; default self_cpu_time, "
+    "or flops for an untimed count)", parse=_sort_key, metavar="METRIC",
+    listing=lambda: "Sort keys of the operator table (--sort-by), descending:\n" + "".join(f"  {key}\n" for key in SORT_KEYS),
+)  # fmt: skip
+GROUP_BY = Option(
+    "group_by", "one row per name (default), shape, module, module_type, phase or stack:N "
+    "(N frames of the Python stack); combine with commas: module,shape", parse=_group_key, metavar="KEY",
+    listing=lambda: "Group keys of the operator table (--group-by), comma-separated:\n"
+    + "".join(f"  {key}\n" for key in GROUP_KEYS if key != "stack") + "  stack:N\n",
+)  # fmt: skip
+MODULE = Option("module", "only the ops of this module's subtree (its named_modules() path)", metavar="PATH")
+PHASE = Option("phase", "only the ops of one phase", choices=PHASES)
+STACK_DEPTH = Option("stack_depth", "frames of the Python stack per row (group_by stack)", flag=False)
+
+
+@register_renderer(
+    "ops", description="aten ops grouped and sorted in one table, like torch.profiler's key_averages",
+    options=(SORT_BY, GROUP_BY, LIMIT, MODULE, PHASE, STACK_DEPTH),
+)  # fmt: skip
+def render_ops(
+    profile: Profile, *, sort_by: str | None = None, group_by: GroupBy | None = "name", limit: int | None = None,
+    module: str | None = None, phase: str | None = None, stack_depth: int | None = None,
+) -> str:
+    """The operator table; the options as in ``Profile.ops`` (``limit`` 0: every row)."""
+    table = op_table(
+        profile, sort_by=sort_by, group_by=group_by, limit=limit or None, module=module, phase=phase,
+        stack_depth=stack_depth,
+    )  # fmt: skip
+    return format_table(table)

@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.errors import RenderError
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
+from layerscope.render.options import TITLE
 
 
 @register_renderer(
-    "png", extensions=(".png",), binary=True,
+    "png", extensions=(".png",), binary=True, options=(TITLE,),
     description="the memory timeline of the step as a PNG picture (needs matplotlib)",
 )  # fmt: skip
-def render_profile_png(profile: Any, *, title: str | None = None, **_: Any) -> bytes:
+def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
     from layerscope.plot import render_memory_png
 
     try:
@@ -28,10 +29,10 @@ def render_profile_png(profile: Any, *, title: str | None = None, **_: Any) -> b
 
 
 @register_renderer(
-    "png", document="bench", extensions=(".png",), binary=True,
+    "png", document="bench", extensions=(".png",), binary=True, options=(TITLE,),
     description="latency, throughput and peak memory against batch size as a PNG picture (needs matplotlib)",
 )  # fmt: skip
-def render_bench_png(result: Any, *, title: str | None = None, **_: Any) -> bytes:
+def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
     from layerscope.plot import render_bench_png as draw
 
     try:

@@ -15,8 +15,8 @@ from typing import Any
 
 from layerscope import __version__
 from layerscope.errors import RenderError
+from layerscope.formats import register_renderer
 from layerscope.ranks import RankTraces
-from layerscope.render import register_renderer
 from layerscope.render.chrome import document, process_events, timing_metadata
 
 
@@ -38,7 +38,7 @@ def _processes(traces: RankTraces, measured: dict[str, Any]) -> Iterator[str]:
     "chrome", document="rank-traces", extensions=(".trace.json",), chunks=True,
     description="a Chrome trace / Perfetto JSON with one process per rank",
 )  # fmt: skip
-def render_rank_traces(traces: RankTraces, **_: Any) -> Iterator[str]:
+def render_rank_traces(traces: RankTraces) -> Iterator[str]:
     measured: dict[str, Any] = {}
     events = _processes(traces, measured)
     first = next(events, None)  # a rank without a trace is refused before anything is written

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# The table's text and json first: formats() lists them in registration order.
-import layerscope.render.ranks_text  # noqa: F401
+from layerscope.formats import register_renderer
 from layerscope.ranks import MergedRun
 from layerscope.ranks import _median as median  # the spreads' own median (lower, to the ns)
-from layerscope.render import register_renderer
 from layerscope.render.html import html_page
 from layerscope.tree import PHASES, ModuleNode
 
@@ -74,5 +72,5 @@ def ranks_data(run: MergedRun) -> dict[str, Any]:
     "html", document="ranks", extensions=(".html", ".htm"),
     description="the merged ranks as one self-contained HTML page: heat map, stragglers, waiting",
 )  # fmt: skip
-def render_ranks_html(run: MergedRun, **_: Any) -> str:
+def render_ranks_html(run: MergedRun) -> str:
     return html_page("ranks.js", f"{run.model or 'model'} · {len(run.ranks)} ranks", ranks_data(run))

@@ -9,12 +9,12 @@ Pure and deterministic: the same merged run gives the same bytes.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from layerscope import fmt
+from layerscope.formats import register_renderer
 from layerscope.ranks import ImbalanceChange, MergedRun, Spread
-from layerscope.render import register_renderer
 from layerscope.render.diff_text import display_path, table_lines
+from layerscope.render.options import DEPTH, INDENT, LIMIT
 
 #: Up to this many ranks, the rank table has a column per rank.
 MAX_RANK_COLUMNS = 8
@@ -111,7 +111,7 @@ def _stragglers(run: MergedRun, limit: int | None) -> list[str]:
         return ["", "Stragglers: one rank only, nothing to compare."]
     if not found:
         return ["", f"No stragglers ({test})."]
-    shown = found if limit is None else found[:limit]
+    shown = found[:limit] if limit else found
     cells = [["Module", "Phase", "Rank", "Self time", "Others' median", "Excess", "Excess %"]]
     for row in shown:
         relative = "" if row.relative is None else f"+{100 * row.relative:.1f}%"
@@ -146,7 +146,7 @@ def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) ->
     def ratio(value: float | None) -> str:
         return "" if value is None else f"x{value:.2f}"
 
-    shown = rows if limit is None else rows[:limit]
+    shown = rows[:limit] if limit else rows
     cells = [["Module", "Phase", "Imbalance base", "Imbalance new", "Change"]]
     for row in shown:
         delta = "" if row.delta is None else f"{row.delta:+.2f}"
@@ -158,8 +158,11 @@ def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) ->
     return out
 
 
-@register_renderer("text", document="ranks", extensions=(".txt",), description="the merged ranks as a text report")
-def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | None = 20, **_: Any) -> str:
+@register_renderer(
+    "text", document="ranks", extensions=(".txt",), description="the merged ranks as a text report",
+    options=(DEPTH, LIMIT),
+)  # fmt: skip
+def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | None = 20) -> str:
     """The header, the rank table (down to ``depth``), up to ``limit`` stragglers (None:
     all), and the waiting per rank."""
     out = _header(run)
@@ -169,6 +172,9 @@ def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | 
     return "\n".join(out) + "\n"
 
 
-@register_renderer("json", document="ranks", extensions=(".json",), description="the layerscope-ranks/1 JSON document")
-def render_ranks_json(run: MergedRun, *, indent: int | None = None, **_: Any) -> str:
+@register_renderer(
+    "json", document="ranks", extensions=(".json",), description="the layerscope-ranks/1 JSON document",
+    options=(INDENT,),
+)  # fmt: skip
+def render_ranks_json(run: MergedRun, *, indent: int | None = None) -> str:
     return json.dumps(run.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False) + "\n"

@@ -22,7 +22,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from layerscope.render import register_renderer
+from layerscope.formats import register_renderer
+from layerscope.render.options import METRIC
 from layerscope.render.stacks import Frame, Metric, available_metrics, build_stacks, metric_for
 from layerscope.tree import Profile
 
@@ -110,9 +111,9 @@ def speedscope_file(profile: Profile, metrics: list[Metric]) -> SpeedscopeFile:
 
 @register_renderer(
     "speedscope", extensions=(".speedscope.json",),
-    description="a speedscope file: sampled stacks of CPU time and FLOPs",
+    description="a speedscope file: sampled stacks of CPU time and FLOPs", options=(METRIC,),
 )
-def render_speedscope(profile: Profile, *, metric: str | None = None, **_: Any) -> str:
+def render_speedscope(profile: Profile, *, metric: str | None = None) -> str:
     """The speedscope JSON; every metric the profile has, or only ``metric``."""
     metrics = [metric_for(profile, metric)] if metric is not None else available_metrics(profile)
     if not metrics:

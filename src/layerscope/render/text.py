@@ -16,7 +16,8 @@ from typing import Any
 from layerscope import fmt
 from layerscope.comm import is_communication
 from layerscope.errors import RenderError
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
+from layerscope.render.options import DEPTH, count
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
@@ -556,7 +557,51 @@ def _fit(columns: list[Column], widths: list[int], width: int) -> list[int]:
     return sorted(kept)
 
 
-@register_renderer("text", extensions=(".txt",), description="the module tree as a text table")
+def parse_columns(text: str) -> list[str]:
+    """``self_cpu,flops``: the column keys of ``--columns``, each one known."""
+    keys = [key.strip() for key in text.split(",")]
+    known = {key for table in column_keys().values() for key in table}
+    unknown = [key for key in keys if key not in known]
+    if unknown:
+        raise ValueError(f"unknown column {', '.join(map(repr, unknown))}; '--columns list' lists them")
+    if not all(keys):
+        raise ValueError(f"an empty column name in {text!r}; '--columns list' lists them")
+    return keys
+
+
+def columns_listing() -> str:
+    """The column keys, for ``--columns list``."""
+
+    def listed(columns: list[Column]) -> str:
+        return "".join(f"  {c.key:<14}{c.header}\n" for c in columns)
+
+    return (
+        "Columns of the text table, for --columns (comma-separated, in the order to show):\n"
+        f"a forward pass:\n{listed(COLUMNS)}"
+        f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
+        f"with --show-ops:\n{listed([_SHAPES])}"
+        "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
+        "--peak-tflops). Without --columns every column is shown, and on a terminal the\n"
+        "lowest-priority ones are hidden to fit its width (the footer names them).\n"
+    )
+
+
+SHOW_OPS = Option("show_ops", "nest each module's aten ops under it, with their input shapes", parse=None)
+WIDTH = Option(
+    "width", "fit the table to N characters by hiding its least important columns "
+    "(default: the terminal's width on a terminal, else no limit)", parse=count, metavar="N",
+)  # fmt: skip
+COLUMNS_OPTION = Option(
+    "columns", "the table's columns, comma-separated, e.g. self_cpu,flops,params; '--columns list' "
+    "lists them (default: all, with the least important hidden to fit a terminal's width)",
+    parse=parse_columns, metavar="COLS", listing=columns_listing,
+)  # fmt: skip
+
+
+@register_renderer(
+    "text", extensions=(".txt",), description="the module tree as a text table",
+    options=(DEPTH, SHOW_OPS, WIDTH, COLUMNS_OPTION),
+)  # fmt: skip
 def render_text(
     profile: Profile,
     *,
@@ -564,7 +609,6 @@ def render_text(
     show_ops: bool = False,
     width: int | None = None,
     columns: list[str] | None = None,
-    **_: Any,
 ) -> str:
     """The module tree as a table; ``depth`` hides deeper modules, ``show_ops`` nests ops.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope import fmt
-from layerscope.render import register_renderer
+from layerscope.formats import Option, register_renderer
 from layerscope.tree import ModuleNode, OpStats, Profile
 
 HEADINGS = (
@@ -145,7 +145,17 @@ def _rows(profile: Profile, measured: Collection[str] | None, show_events: bool,
     return rows
 
 
-@register_renderer("torchprof", description="torchprof's module tree table: self and total time, memory, calls")
+SHOW_EVENTS = Option("show_events", "list each module's aten ops under it", parse=None)
+#: torchprof's other keywords, for the Python API.
+_API = tuple(
+    Option(name, f"as display()'s {name}", flag=False) for name in ("use_cuda", "profile_memory", "paths")
+)
+
+
+@register_renderer(
+    "torchprof", description="torchprof's module tree table: self and total time, memory, calls",
+    options=(SHOW_EVENTS, *_API),
+)  # fmt: skip
 def render_torchprof(
     profile: Profile,
     *,
@@ -153,7 +163,6 @@ def render_torchprof(
     use_cuda: bool | None = None,
     profile_memory: bool | None = None,
     paths: Collection[str] | None = None,
-    **_: Any,
 ) -> str:
     """torchprof's ``display()``: ``paths`` (``named_modules()`` paths) are the modules
     with figures, by default the leaves; ``use_cuda`` and ``profile_memory`` add their
