@@ -15,6 +15,7 @@ from typing import Any
 from layerscope import fmt
 from layerscope.bench.result import BatchResult, BenchComparison, BenchResult
 from layerscope.formats import register_renderer
+from layerscope.render.table import SPACES, draw, from_headers
 
 
 def _ns(value: float | None) -> str:
@@ -23,17 +24,6 @@ def _ns(value: float | None) -> str:
 
 def _per_s(value: float) -> str:
     return fmt.count(round(value)) + "/s"
-
-
-def _table(header: list[str], rows: list[list[str]], left: int = 0) -> list[str]:
-    """Columns right-aligned (the first ``left`` ones left-aligned), two spaces apart."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-
-    def line(row: list[str]) -> str:
-        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        return "  ".join(cells).rstrip()
-
-    return [line(header), *(line(row) for row in rows)]
 
 
 def _per_sample(value: float | None) -> str:
@@ -109,7 +99,7 @@ def render_table(result: BenchResult) -> str:
     if show_transfer:
         header += ["H2D", "D2H"]
     rows = [_batch_row(b, show_transfer) for b in sorted(result.batches, key=lambda b: b.batch_size)]
-    lines += ["", *_table(header, rows), ""]
+    lines += ["", *draw(from_headers(header), rows, style=SPACES), ""]
     best = result.best_batch_size
     if best is not None:
         lines.append(f"best throughput: batch size {best}, {fmt.count(round(result.batch(best).throughput_per_s))} samples/s")
@@ -133,9 +123,7 @@ def render_comparison(comparison: BenchComparison) -> str:
         [str(r.batch_size), *map(_ns, (r.base.mean_ns, r.new.mean_ns, r.base.p50_ns, r.new.p50_ns)), f"x{r.ratio:.3f}", r.verdict]
         for r in comparison.rows
     ]
-    lines += _table(header, rows)
-    if not comparison.rows:
-        lines.append("(no batch size was measured in both)")
+    lines += draw(from_headers(header), rows, empty="(no batch size was measured in both)", style=SPACES)
     for name, sizes in (("base", comparison.only_base), ("new", comparison.only_new)):
         if sizes:
             lines.append(f"only in {name}: batch size {', '.join(map(str, sizes))}")

@@ -26,11 +26,13 @@ from typing import Any
 from layerscope import fmt
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import count
+from layerscope.render.table import SPACES, Column, measure
 from layerscope.transforms import top_by_depth
 from layerscope.tree import ModuleNode, PhaseStats, Profile
 
 _RULE = "-" * 78
-_LINE = "{:<70}  {}"
+#: The summary's lines: the label padded to 70 characters, two spaces, the value as it is.
+_SUMMARY = measure([Column("", "<", width=70), Column("", "<", width=0)], [], SPACES)
 
 
 def _seconds(ns: int | None) -> float:
@@ -117,7 +119,7 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
         if samples is not None:
             samples *= int(engine.get("world_size", 1) or 1)
             rows.append(("samples/second: ", round(samples / _seconds(step_ns), 2)))
-    lines += [_LINE.format(label, value).rstrip() for label, value in rows]
+    lines += [line for label, value in rows for line in _SUMMARY.lines([label, str(value)])]
     if profile.meta.get("times_from") == "detail step":
         lines.append(
             "(latency from the one step that also recorded ops, which inflates small modules: "

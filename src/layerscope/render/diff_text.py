@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from layerscope import fmt
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import LIMIT
+from layerscope.render.table import Column, draw, from_headers
 
 if TYPE_CHECKING:
     from layerscope.diff import Change, DiffRow, ProfileDiff, Regression
@@ -75,9 +76,9 @@ def regressions_line(regressions: list[Regression], threshold: float) -> str:
 
 
 @dataclass(frozen=True)
-class Column:
-    """A table column: ``cell`` gives a row's text; ``shown`` says whether the diff has
-    the data (both sides measured it somewhere)."""
+class DiffColumn:
+    """A column of a diff's table: ``cell`` gives a row's text; ``shown`` says whether
+    the diff has the data (both sides measured it somewhere)."""
 
     header: str
     cell: Callable[[DiffRow], str]
@@ -126,67 +127,55 @@ def _note(row: DiffRow) -> str:
     return ""
 
 
-def _time_columns(metric: str, label: str) -> list[Column]:
+def _time_columns(metric: str, label: str) -> list[DiffColumn]:
     shown = _measured(metric)
     return [
-        Column(f"{label} base", _value(metric, fmt.time_ns, "base"), shown),
-        Column(f"{label} new", _value(metric, fmt.time_ns, "new"), shown),
-        Column(f"{label} Δ", _delta(metric, fmt.time_ns), shown),
-        Column(f"{label} Δ%", _percent(metric), shown),
+        DiffColumn(f"{label} base", _value(metric, fmt.time_ns, "base"), shown),
+        DiffColumn(f"{label} new", _value(metric, fmt.time_ns, "new"), shown),
+        DiffColumn(f"{label} Δ", _delta(metric, fmt.time_ns), shown),
+        DiffColumn(f"{label} Δ%", _percent(metric), shown),
     ]
 
 
 _FLOPS_SHOWN = _measured("flops")
 
 #: What both tables share after their first columns: time, device time, FLOPs.
-_METRIC_COLUMNS: list[Column] = [
+_METRIC_COLUMNS: list[DiffColumn] = [
     *_time_columns("self_time_ns", "Self"),
-    Column("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns")),
-    Column("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns")),
-    Column("Total Δ%", _percent("time_ns"), _measured("time_ns")),
-    Column("Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True)),
-    Column("Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True)),
-    Column("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN),
-    Column("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN),
-    Column("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN),
+    DiffColumn("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns")),
+    DiffColumn("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns")),
+    DiffColumn("Total Δ%", _percent("time_ns"), _measured("time_ns")),
+    DiffColumn("Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True)),
+    DiffColumn("Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True)),
+    DiffColumn("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN),
+    DiffColumn("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN),
+    DiffColumn("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN),
 ]
 
-NODE_COLUMNS: list[Column] = [
-    Column("Module", lambda row: display_path(row.path), align="<"),
-    Column("Type", _type, align="<"),
+NODE_COLUMNS: list[DiffColumn] = [
+    DiffColumn("Module", lambda row: display_path(row.path), align="<"),
+    DiffColumn("Type", _type, align="<"),
     *_METRIC_COLUMNS,
-    Column("Peak mem Δ", _delta("peak_bytes", fmt.nbytes), _measured("peak_bytes", moved=True)),
-    Column("Activations Δ", _delta("activation_bytes", fmt.nbytes), _measured("activation_bytes", moved=True)),
-    Column("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
-    Column("Note", _note, align="<"),
+    DiffColumn("Peak mem Δ", _delta("peak_bytes", fmt.nbytes), _measured("peak_bytes", moved=True)),
+    DiffColumn("Activations Δ", _delta("activation_bytes", fmt.nbytes), _measured("activation_bytes", moved=True)),
+    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
+    DiffColumn("Note", _note, align="<"),
 ]
 
-OP_COLUMNS: list[Column] = [
-    Column("Op", lambda row: row.op or "", align="<"),
-    Column("Module", lambda row: display_path(row.path), align="<"),
-    Column("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<"),
-    Column("Input shapes", lambda row: fmt.shape(row.input_shapes), align="<"),
+OP_COLUMNS: list[DiffColumn] = [
+    DiffColumn("Op", lambda row: row.op or "", align="<"),
+    DiffColumn("Module", lambda row: display_path(row.path), align="<"),
+    DiffColumn("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<"),
+    DiffColumn("Input shapes", lambda row: fmt.shape(row.input_shapes), align="<"),
     *_METRIC_COLUMNS,
-    Column("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
-    Column("Note", _note, align="<"),
+    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
+    DiffColumn("Note", _note, align="<"),
 ]
 
 
-def _table(columns: list[Column], rows: list[DiffRow], diff: ProfileDiff) -> list[str]:
+def _table(columns: list[DiffColumn], rows: list[DiffRow], diff: ProfileDiff) -> list[str]:
     shown = [c for c in columns if c.shown(diff, rows)]
-    cells = [[c.header for c in shown]] + [[c.cell(row) for c in shown] for row in rows]
-    return table_lines(cells, [c.align for c in shown])
-
-
-def table_lines(cells: list[list[str]], aligns: list[str]) -> list[str]:
-    """Rows of cells as aligned lines, a rule under the first (the header)."""
-    widths = [max(len(row[i]) for row in cells) for i in range(len(aligns))]
-
-    def line(row: list[str]) -> str:
-        padded = (c.ljust(w) if a == "<" else c.rjust(w) for c, w, a in zip(row, widths, aligns))
-        return " | ".join(padded).rstrip()
-
-    return [line(cells[0]), "-|-".join("-" * w for w in widths), *(line(row) for row in cells[1:])]
+    return draw([Column(c.header, c.align) for c in shown], [[c.cell(row) for c in shown] for row in rows])
 
 
 # -- the whole report --------------------------------------------------------------------
@@ -201,21 +190,21 @@ _SUMMARY_LABELS: dict[str, tuple[str, Formatter]] = {
 
 
 def _summary_lines(diff: ProfileDiff) -> list[str]:
-    cells = [["Model", "Base", "New", "Change", "Δ%"]]
+    rows: list[list[str]] = []
     for metric, change in diff.summary.items():
         if change.base is None and change.new is None:
             continue
         label, formatter = _SUMMARY_LABELS[metric]
         if metric == "time_ns":
             label = "Step time" if diff.total_kind == "step" else "Forward time"
-        cells.append([
+        rows.append([
             label,
             "" if change.base is None else formatter(change.base),
             "" if change.new is None else formatter(change.new),
             signed(change.delta, formatter),
             change_percent(change),
         ])
-    return table_lines(cells, ["<", ">", ">", ">", ">"])
+    return draw(from_headers(["Model", "Base", "New", "Change", "Δ%"], left=1), rows)
 
 
 def _side(diff: ProfileDiff, side: str) -> str:
@@ -264,6 +253,25 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) -> list[str]:
+    """Two merged runs: how each node's imbalance (max / median over the ranks) moved,
+    largest move first; appended to the diff of their median ranks' trees."""
+
+    def ratio(value: float | None) -> str:
+        return "" if value is None else f"x{value:.2f}"
+
+    shown = rows[:limit] if limit else rows
+    cells: list[list[str]] = []
+    for row in shown:
+        delta = "" if row.delta is None else f"{row.delta:+.2f}"
+        cells.append([display_path(row.path), row.phase, ratio(row.base), ratio(row.new), delta])
+    out = ["", "Imbalance over the ranks (max / median time), largest change first:"]
+    out += draw(from_headers(["Module", "Phase", "Imbalance base", "Imbalance new", "Change"], left=2), cells)
+    if len(shown) < len(rows):
+        out.append(f"{len(rows) - len(shown)} more imbalance rows not shown (limit {limit})")
+    return out
+
+
 IMBALANCE = Option(
     "imbalance", "two merged runs' changes in imbalance (ranks.imbalance_changes), shown after the diff", flag=False
 )
@@ -283,8 +291,6 @@ def render_diff_text(
     """:func:`render_diff`, then the changes in imbalance and the verdict when given."""
     text = render_diff(diff, limit=limit)
     if imbalance is not None:
-        from layerscope.render.ranks_text import imbalance_lines
-
         text += "".join(line + "\n" for line in imbalance_lines(list(imbalance), limit=limit))
     if fail_above is not None:
         text += f"\n{regressions_line(diff.regressions(fail_above), fail_above)}\n"

@@ -24,14 +24,15 @@ from layerscope.ops import (
     sort_field,
 )
 from layerscope.render.options import LIMIT
+from layerscope.render.table import Column, draw
 from layerscope.render.text import _header_line
 from layerscope.tree import PHASES, Profile
 
 
 @dataclass(frozen=True)
-class Column:
-    """A column: ``cell`` gives a row's text (the Total row's too), ``shown`` whether the
-    table has it at all."""
+class OpColumn:
+    """A column of the op table: ``cell`` gives a row's text (the Total row's too),
+    ``shown`` whether the table has it at all."""
 
     header: str
     cell: Callable[[OpRow, OpTable], str]
@@ -76,41 +77,41 @@ _DEVICE = _has("self_device_time_ns")
 _FLOPS = _has("flops")
 _MEMORY = _has("alloc_bytes")
 
-COLUMNS: list[Column] = [
-    Column("Name", lambda r, t: r.name, lambda t: True, "<"),
-    Column("Phase", _key(lambda r: str(r.phase)), _has("phase"), "<"),
-    Column("Module", _key(_module_path), _has("module"), "<"),
-    Column("Type", _key(lambda r: str(r.module_type)), _has("module_type"), "<"),
-    Column("Self CPU", lambda r, t: fmt.time_ns(r.self_cpu_time_ns), _TIMED),
-    Column("Self CPU %", lambda r, t: fmt.percent(r.self_cpu_time_ns, t.total.self_cpu_time_ns), _TIMED),
-    Column("CPU total", lambda r, t: fmt.time_ns(r.cpu_time_ns), _differs("cpu_time_ns", "self_cpu_time_ns")),
-    Column("CPU avg", lambda r, t: fmt.time_ns(r.cpu_time_avg_ns), _TIMED),
-    Column("Self Device", lambda r, t: fmt.time_ns(r.self_device_time_ns), _DEVICE),
-    Column(
+COLUMNS: list[OpColumn] = [
+    OpColumn("Name", lambda r, t: r.name, lambda t: True, "<"),
+    OpColumn("Phase", _key(lambda r: str(r.phase)), _has("phase"), "<"),
+    OpColumn("Module", _key(_module_path), _has("module"), "<"),
+    OpColumn("Type", _key(lambda r: str(r.module_type)), _has("module_type"), "<"),
+    OpColumn("Self CPU", lambda r, t: fmt.time_ns(r.self_cpu_time_ns), _TIMED),
+    OpColumn("Self CPU %", lambda r, t: fmt.percent(r.self_cpu_time_ns, t.total.self_cpu_time_ns), _TIMED),
+    OpColumn("CPU total", lambda r, t: fmt.time_ns(r.cpu_time_ns), _differs("cpu_time_ns", "self_cpu_time_ns")),
+    OpColumn("CPU avg", lambda r, t: fmt.time_ns(r.cpu_time_avg_ns), _TIMED),
+    OpColumn("Self Device", lambda r, t: fmt.time_ns(r.self_device_time_ns), _DEVICE),
+    OpColumn(
         "Self Device %",
         lambda r, t: fmt.percent(r.self_device_time_ns, t.total.self_device_time_ns),
         _DEVICE,
     ),
-    Column(
+    OpColumn(
         "Device total",
         lambda r, t: fmt.time_ns(r.device_time_ns),
         _differs("device_time_ns", "self_device_time_ns"),
     ),
-    Column("Device avg", lambda r, t: fmt.time_ns(r.device_time_avg_ns), _DEVICE),
-    Column("Calls", lambda r, t: str(r.calls), lambda t: True),
+    OpColumn("Device avg", lambda r, t: fmt.time_ns(r.device_time_avg_ns), _DEVICE),
+    OpColumn("Calls", lambda r, t: str(r.calls), lambda t: True),
     # Grouped by module, every row is one module: the count would always read 1.
-    Column("Modules", lambda r, t: str(r.modules), lambda t: "module" not in t.group_by),
-    Column("FLOPs", _flops(lambda r: r.flops), _FLOPS),
-    Column("MACs", _flops(lambda r: r.macs), _FLOPS),
-    Column("FLOP/s", lambda r, t: fmt.rate(r.flops, r.busy_time_ns), lambda t: _FLOPS(t) and _TIMED(t)),
-    Column("Alloc", lambda r, t: fmt.nbytes(r.alloc_bytes), _MEMORY),
-    Column("Self Alloc", lambda r, t: fmt.nbytes(r.self_alloc_bytes), _differs("alloc_bytes", "self_alloc_bytes")),
+    OpColumn("Modules", lambda r, t: str(r.modules), lambda t: "module" not in t.group_by),
+    OpColumn("FLOPs", _flops(lambda r: r.flops), _FLOPS),
+    OpColumn("MACs", _flops(lambda r: r.macs), _FLOPS),
+    OpColumn("FLOP/s", lambda r, t: fmt.rate(r.flops, r.busy_time_ns), lambda t: _FLOPS(t) and _TIMED(t)),
+    OpColumn("Alloc", lambda r, t: fmt.nbytes(r.alloc_bytes), _MEMORY),
+    OpColumn("Self Alloc", lambda r, t: fmt.nbytes(r.self_alloc_bytes), _differs("alloc_bytes", "self_alloc_bytes")),
     # Frees land between ops, rarely inside one: a column of zeros would be noise.
-    Column("Freed", lambda r, t: fmt.nbytes(r.freed_bytes), lambda t: _MEMORY(t) and bool(t.total.freed_bytes)),
+    OpColumn("Freed", lambda r, t: fmt.nbytes(r.freed_bytes), lambda t: _MEMORY(t) and bool(t.total.freed_bytes)),
     # Free text last, so long shapes and file paths don't push the numbers apart.
-    Column("Input shapes", _key(lambda r: fmt.shape(r.input_shapes)), _has("input_shapes"), "<"),
+    OpColumn("Input shapes", _key(lambda r: fmt.shape(r.input_shapes)), _has("input_shapes"), "<"),
     # One frame per line, innermost first, as torch.profiler prints its stacks.
-    Column("Stack", _key(lambda r: "\n".join(r.stack or [])), _has("stack"), "<"),
+    OpColumn("Stack", _key(lambda r: "\n".join(r.stack or [])), _has("stack"), "<"),
 ]
 
 
@@ -142,40 +143,21 @@ def _footer(table: OpTable) -> list[str]:
     return lines
 
 
-def _lines(cells: list[str], widths: list[int], aligns: list[str]) -> list[str]:
-    """One table row, as several lines when a cell holds several (a stack)."""
-    split = [cell.split("\n") for cell in cells]
-    height = max(len(parts) for parts in split)
-    out = []
-    for i in range(height):
-        texts = [parts[i] if i < len(parts) else "" for parts in split]
-        out.append(
-            " | ".join(t.ljust(w) if a == "<" else t.rjust(w) for t, w, a in zip(texts, widths, aligns)).rstrip()
-        )
-    return out
-
-
 @register_renderer("text", document="op-table", description="the operator table as text")
 def format_table(table: OpTable) -> str:
     """The table as text: a title, the rows, a Total row and notes."""
     columns = [c for c in COLUMNS if c.shown(table)]
-    headers = [c.header for c in columns]
-    aligns = [c.align for c in columns]
-    body = [[c.cell(row, table) for c in columns] for row in table.rows]
-    total = [c.cell(table.total, table) for c in columns]
-    widths = [
-        max(len(line) for cells in [headers, *body, total] for line in cells[i].split("\n"))
-        for i in range(len(columns))
-    ]
-    rule = "-|-".join("-" * w for w in widths)
-    out = [_header_line(table.profile), _title(table), "", *_lines(headers, widths, aligns), rule]
+    empty = None
     if not table.matched:
         recorded = any(node.ops for node in table.profile.nodes())
-        out.append("(no op matches module / phase)" if recorded else "(no ops: profiled with record_ops=False)")
-    for cells in body:
-        out.extend(_lines(cells, widths, aligns))
-    out.extend([rule, *_lines(total, widths, aligns), ""])
-    out.extend(_footer(table))
+        empty = "(no op matches module / phase)" if recorded else "(no ops: profiled with record_ops=False)"
+    lines = draw(
+        [Column(c.header, c.align) for c in columns],
+        [[c.cell(row, table) for c in columns] for row in table.rows],
+        total=[c.cell(table.total, table) for c in columns],
+        empty=empty,
+    )
+    out = [_header_line(table.profile), _title(table), "", *lines, "", *_footer(table)]
     return "\n".join(out) + "\n"
 
 

@@ -12,9 +12,10 @@ import json
 
 from layerscope import fmt
 from layerscope.formats import register_renderer
-from layerscope.ranks import ImbalanceChange, MergedRun, Spread
-from layerscope.render.diff_text import display_path, table_lines
+from layerscope.ranks import MergedRun, Spread
+from layerscope.render.diff_text import display_path
 from layerscope.render.options import DEPTH, INDENT, LIMIT
+from layerscope.render.table import draw, from_headers
 
 #: Up to this many ranks, the rank table has a column per rank.
 MAX_RANK_COLUMNS = 8
@@ -71,7 +72,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
     if len(ranks) <= MAX_RANK_COLUMNS:
         title = "Time per rank (each node's total in the phase), median, slowest rank and max / median:"
         header = ["Module", "Phase", *(f"rank {r}" for r in ranks), "Median", "Max", "Slowest", "Imbalance"]
-        cells = [header]
+        cells: list[list[str]] = []
         for row in rows:
             by_rank = {rank: value for value, rank in run.values_by_rank(row.path, row.phase, "time_ns")}
             cells.append([
@@ -79,8 +80,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
                 *(fmt.time_ns(by_rank.get(r)) for r in ranks),
                 fmt.time_ns(row.median), fmt.time_ns(row.max), f"rank {row.argmax_rank}", _imbalance(row),
             ])  # fmt: skip
-        aligns = ["<", "<", *(">" for _ in ranks), ">", ">", ">", ">"]
-        return ["", title, *table_lines(cells, aligns)]
+        return ["", title, *draw(from_headers(header, left=2), cells)]
     floor = run.min_time_ns
     ranked = sorted(
         (row for row in rows if row.max >= floor and row.imbalance is not None),
@@ -91,13 +91,14 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
         f"The {len(shown)} most imbalanced of {len(ranked)} node phases (max / median over the ranks; "
         f"those with a max of {fmt.time_ns(floor)} or more):"
     )
-    cells = [["Module", "Phase", "Min", "Median", "Max", "Slowest", "Imbalance"]]
+    cells = []
     for row in shown:
         cells.append([
             display_path(row.path), row.phase, fmt.time_ns(row.min), fmt.time_ns(row.median), fmt.time_ns(row.max),
             f"rank {row.argmax_rank}", _imbalance(row),
         ])  # fmt: skip
-    return ["", title, *table_lines(cells, ["<", "<", ">", ">", ">", ">", ">"])]
+    header = ["Module", "Phase", "Min", "Median", "Max", "Slowest", "Imbalance"]
+    return ["", title, *draw(from_headers(header, left=2), cells)]
 
 
 def _indented(depth: int, path: str) -> str:
@@ -112,21 +113,22 @@ def _stragglers(run: MergedRun, limit: int | None) -> list[str]:
     if not found:
         return ["", f"No stragglers ({test})."]
     shown = found[:limit] if limit else found
-    cells = [["Module", "Phase", "Rank", "Self time", "Others' median", "Excess", "Excess %"]]
+    cells: list[list[str]] = []
     for row in shown:
         relative = "" if row.relative is None else f"+{100 * row.relative:.1f}%"
         cells.append([
             display_path(row.path), row.phase, str(row.rank), fmt.time_ns(row.self_time_ns),
             fmt.time_ns(row.others_median_ns), "+" + fmt.time_ns(row.excess_ns), relative,
         ])  # fmt: skip
-    out = ["", f"Stragglers ({test}), largest excess first:", *table_lines(cells, ["<", "<", ">", ">", ">", ">", ">"])]
+    header = ["Module", "Phase", "Rank", "Self time", "Others' median", "Excess", "Excess %"]
+    out = ["", f"Stragglers ({test}), largest excess first:", *draw(from_headers(header, left=2), cells)]
     if len(shown) < len(found):
         out.append(f"{len(found) - len(shown)} more straggler rows not shown (limit {limit})")
     return out
 
 
 def _waiting(run: MergedRun) -> list[str]:
-    cells = [["Rank", "Step", "Waiting", "% of step"]]
+    cells: list[list[str]] = []
     for row in run.waiting():
         cells.append([
             str(row.rank), fmt.time_ns(row.step_time_ns), fmt.time_ns(row.wait_ns),
@@ -136,26 +138,7 @@ def _waiting(run: MergedRun) -> list[str]:
         "Waiting in collectives per rank (the <communication> part); the fast ranks wait for "
         "the slow one, so a straggler shows as its peers' waiting:"
     )
-    return ["", title, *table_lines(cells, [">", ">", ">", ">"])]
-
-
-def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) -> list[str]:
-    """Two merged runs: how each node's imbalance (max / median over the ranks) moved,
-    largest move first; appended to the diff of their median ranks' trees."""
-
-    def ratio(value: float | None) -> str:
-        return "" if value is None else f"x{value:.2f}"
-
-    shown = rows[:limit] if limit else rows
-    cells = [["Module", "Phase", "Imbalance base", "Imbalance new", "Change"]]
-    for row in shown:
-        delta = "" if row.delta is None else f"{row.delta:+.2f}"
-        cells.append([display_path(row.path), row.phase, ratio(row.base), ratio(row.new), delta])
-    out = ["", "Imbalance over the ranks (max / median time), largest change first:"]
-    out += table_lines(cells, ["<", "<", ">", ">", ">"])
-    if len(shown) < len(rows):
-        out.append(f"{len(rows) - len(shown)} more imbalance rows not shown (limit {limit})")
-    return out
+    return ["", title, *draw(from_headers(["Rank", "Step", "Waiting", "% of step"]), cells)]
 
 
 @register_renderer(

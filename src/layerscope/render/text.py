@@ -18,12 +18,13 @@ from layerscope.comm import is_communication
 from layerscope.errors import RenderError
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import DEPTH, count
+from layerscope.render.table import Column, draw, fit
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
 @dataclass(frozen=True)
-class Column:
-    """A table column: ``module`` and ``op`` give a cell's text (None: leave blank).
+class TreeColumn:
+    """A column of the tree: ``module`` and ``op`` give a cell's text (None: leave blank).
 
     ``key`` names it for ``columns=`` (``--columns``). ``priority`` decides which columns
     stay when the table must fit a width: lower first (ties in table order)."""
@@ -139,131 +140,131 @@ def _step_rate(node: ModuleNode, profile: Profile) -> str:
 
 
 #: Columns of a forward-only profile.
-COLUMNS: list[Column] = [
-    Column("Type", "type", 4, lambda n, p: n.type, lambda o, p: "", align="<"),
-    Column(
+COLUMNS: list[TreeColumn] = [
+    TreeColumn("Type", "type", 4, lambda n, p: n.type, lambda o, p: "", align="<"),
+    TreeColumn(
         "Self CPU", "self_cpu", 0,
         _timed(lambda n: n.forward.self_cpu_time_ns),
         lambda o, p: fmt.time_ns(o.self_cpu_time_ns),
         shown=_is_timed,
     ),
-    Column(
+    TreeColumn(
         "CPU total", "cpu_total", 1,
         _timed(lambda n: n.forward.cpu_time_ns),
         lambda o, p: fmt.time_ns(o.cpu_time_ns),
         shown=_is_timed,
     ),
-    Column(
+    TreeColumn(
         "CPU %", "cpu_pct", 7,
         lambda n, p: fmt.percent(n.forward.cpu_time_ns, _whole(p)) if n.profiled else "",
         lambda o, p: fmt.percent(o.cpu_time_ns, _whole(p)),
         shown=_is_timed,
     ),
-    Column(
+    TreeColumn(
         "Self Device", "self_device", 3,
         _timed(lambda n: n.forward.self_device_time_ns),
         lambda o, p: fmt.time_ns(o.self_device_time_ns),
         shown=_has_device,
     ),
-    Column(
+    TreeColumn(
         "Device total", "device_total", 2,
         _timed(lambda n: n.forward.device_time_ns),
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
     ),
-    Column(
+    TreeColumn(
         "FLOPs", "flops", 2,
         lambda n, p: fmt.count(n.forward.flops) if n.profiled else "",
         lambda o, p: fmt.count(o.flops) if o.flops is not None else "?",
         shown=_has_flops,
     ),
-    Column(
+    TreeColumn(
         "MACs", "macs", 11,
         lambda n, p: fmt.count(n.forward.macs) if n.profiled else "",
         lambda o, p: fmt.count(o.macs) if o.macs is not None else "?",
         shown=_has_flops,
     ),
-    Column(
+    TreeColumn(
         "FLOP/s", "flop_rate", 8,
         lambda n, p: fmt.rate(n.forward.flops, n.forward.busy_time_ns) if n.profiled else "",
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
-    Column(
+    TreeColumn(
         "MFU", "mfu", 6,
         lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.get("peak_flops_per_s")) if n.profiled else "",
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.get("peak_flops_per_s")),
         shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
     ),
-    Column("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
-    Column("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
-    Column("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
-    Column("Params", "params", 4, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
-    Column("Calls", "calls", 9, _calls, lambda o, p: str(o.calls)),
+    TreeColumn("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
+    TreeColumn("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
+    TreeColumn("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
+    TreeColumn("Params", "params", 4, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    TreeColumn("Calls", "calls", 9, _calls, lambda o, p: str(o.calls)),
 ]
 
 #: Columns of a profile with backward: forward, backward (and recompute) side by side.
-STEP_COLUMNS: list[Column] = [
-    Column("Type", "type", 5, lambda n, p: n.type, lambda o, p: "", align="<"),
-    Column("Fwd self", "fwd_self", 0, _phase_time("forward", False), _op_phase_time("forward"), shown=_is_timed),
-    Column("Fwd total", "fwd_total", 3, _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
-    Column("Bwd self", "bwd_self", 1, _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
-    Column("Bwd total", "bwd_total", 4, _phase_time("backward", True), _op_phase_time("backward"), shown=_is_timed),
-    Column(
+STEP_COLUMNS: list[TreeColumn] = [
+    TreeColumn("Type", "type", 5, lambda n, p: n.type, lambda o, p: "", align="<"),
+    TreeColumn("Fwd self", "fwd_self", 0, _phase_time("forward", False), _op_phase_time("forward"), shown=_is_timed),
+    TreeColumn("Fwd total", "fwd_total", 3, _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
+    TreeColumn("Bwd self", "bwd_self", 1, _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
+    TreeColumn("Bwd total", "bwd_total", 4, _phase_time("backward", True), _op_phase_time("backward"), shown=_is_timed),
+    TreeColumn(
         "Recompute", "recompute", 7,
         _phase_time("recompute", True),
         _op_phase_time("recompute"),
         shown=lambda p: _is_timed(p) and _has_recompute(p),
     ),
-    Column(
+    TreeColumn(
         "Step %", "step_pct", 2,
         _step_share,
         lambda o, p: fmt.percent(o.cpu_time_ns, p.step_time_ns or 0),
         shown=lambda p: _is_timed(p) and bool(p.step_time_ns),
     ),
-    Column(
+    TreeColumn(
         "Device total", "device_total", 3,
         lambda n, p: fmt.time_ns(sum(s.device_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
     ),
-    Column(
+    TreeColumn(
         "Comm", "comm", 5,
         lambda n, p: fmt.time_ns(sum(s.comm_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
         lambda o, p: fmt.time_ns(o.cpu_time_ns) if is_communication(o.name) else "",
         shown=lambda p: _is_timed(p) and _has_comm(p),
     ),
-    Column(
+    TreeColumn(
         "Comm bytes", "comm_bytes", 8,
         _mem(lambda n: sum(s.comm_bytes or 0 for _, s in n.phases())),
         lambda o, p: fmt.nbytes(o.bytes) if is_communication(o.name) and o.bytes is not None else "",
         shown=_has_comm,
     ),
-    Column("Fwd FLOPs", "fwd_flops", 4, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
-    Column("Bwd FLOPs", "bwd_flops", 6, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
-    Column(
+    TreeColumn("Fwd FLOPs", "fwd_flops", 4, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
+    TreeColumn("Bwd FLOPs", "bwd_flops", 6, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
+    TreeColumn(
         "FLOP/s", "flop_rate", 9,
         _step_rate,
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
-    Column("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_memory),
-    Column("Peak mem", "peak_mem", 6, _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
-    Column(
+    TreeColumn("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_memory),
+    TreeColumn("Peak mem", "peak_mem", 6, _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
+    TreeColumn(
         "Alloc", "alloc", 12,
         _mem(lambda n: sum(s.alloc_bytes or 0 for _, s in n.phases())),
         _op_alloc,
         shown=_has_memory,
     ),
-    Column("Params", "params", 5, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
-    Column("Calls", "calls", 11, _calls, lambda o, p: str(o.calls)),
+    TreeColumn("Params", "params", 5, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    TreeColumn("Calls", "calls", 11, _calls, lambda o, p: str(o.calls)),
 ]
 
-_SHAPES = Column("Input shapes", "shapes", 13, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
+_SHAPES = TreeColumn("Input shapes", "shapes", 13, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
 
 
 def _rows(
-    profile: Profile, columns: list[Column], depth: int | None, show_ops: bool
+    profile: Profile, columns: list[TreeColumn], depth: int | None, show_ops: bool
 ) -> list[list[str]]:
     rows: list[list[str]] = []
 
@@ -515,10 +516,6 @@ def _memory_lines(profile: Profile) -> list[str]:
     return lines
 
 
-def _align(text: str, width: int, align: str) -> str:
-    return text.ljust(width) if align == "<" else text.rjust(width)
-
-
 def column_keys() -> dict[str, list[str]]:
     """The keys ``columns=`` accepts, per table: the forward table, the step table (a
     profile with backward), and ``shapes`` (with ``show_ops``)."""
@@ -529,7 +526,7 @@ def column_keys() -> dict[str, list[str]]:
     }
 
 
-def _chosen_columns(profile: Profile, table: list[Column], keys: list[str], show_ops: bool) -> list[Column]:
+def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], show_ops: bool) -> list[TreeColumn]:
     """The columns named by ``keys``, in that order; an unknown name, or one for which
     this profile has no data, is a :class:`RenderError` listing what it has."""
     available = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
@@ -542,19 +539,6 @@ def _chosen_columns(profile: Profile, table: list[Column], keys: list[str], show
             f"it has: {', '.join(by_key)}"
         )
     return [by_key[key] for key in keys]
-
-
-def _table_width(widths: list[int]) -> int:
-    return sum(widths) + 3 * (len(widths) - 1)
-
-
-def _fit(columns: list[Column], widths: list[int], width: int) -> list[int]:
-    """Which of ``columns`` (their indexes) to keep so the table fits in ``width``: the
-    lowest-priority columns are dropped until it does (the most important one stays)."""
-    kept = sorted(range(len(columns)), key=lambda i: columns[i].priority)
-    while len(kept) > 1 and _table_width([widths[0]] + [widths[i + 1] for i in kept]) > width:
-        kept.pop()
-    return sorted(kept)
 
 
 def parse_columns(text: str) -> list[str]:
@@ -572,7 +556,7 @@ def parse_columns(text: str) -> list[str]:
 def columns_listing() -> str:
     """The column keys, for ``--columns list``."""
 
-    def listed(columns: list[Column]) -> str:
+    def listed(columns: list[TreeColumn]) -> str:
         return "".join(f"  {c.key:<14}{c.header}\n" for c in columns)
 
     return (
@@ -623,26 +607,16 @@ def render_text(
     else:
         shown = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
     rows = _rows(profile, shown, depth, show_ops)
-    headers = ["Module"] + [c.header for c in shown]
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-    hidden: list[Column] = []
-    if width is not None and columns is None and _table_width(widths) > width:
-        kept = _fit(shown, widths, width)
-        hidden = [c for i, c in enumerate(shown) if i not in kept]
-        shown = [shown[i] for i in kept]
-        rows = [[row[0]] + [row[i + 1] for i in kept] for row in rows]
-        headers = [headers[0]] + [headers[i + 1] for i in kept]
-        widths = [widths[0]] + [widths[i + 1] for i in kept]
-    aligns = ["<"] + [c.align for c in shown]
+    # The tree's column has no priority: it is never hidden.
+    layout = [Column("Module", "<")] + [Column(c.header, c.align, c.priority) for c in shown]
+    hidden: list[TreeColumn] = []
+    if width is not None and columns is None:
+        kept = fit(layout, rows, width)
+        hidden = [c for i, c in enumerate(shown, start=1) if i not in kept]
+        layout = [layout[i] for i in kept]
+        rows = [[row[i] for i in kept] for row in rows]
 
-    # The last column is left-aligned free text; don't pad it with trailing spaces.
-    def line(cells: list[str]) -> str:
-        text = " | ".join(_align(c, w, a) for c, w, a in zip(cells, widths, aligns))
-        return text.rstrip()
-
-    out = [*_header_lines(profile, width), "", line(headers), "-|-".join("-" * w for w in widths)]
-    out.extend(line(r) for r in rows)
-    out.append("")
+    out = [*_header_lines(profile, width), "", *draw(layout, rows), ""]
     footer = _footer(profile)
     if hidden:
         footer.append(

@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from layerscope import fmt
+from layerscope.render.table import Column, Style, measure
 
 if TYPE_CHECKING:
     from layerscope.compat.events import OpEvent
 
 _FIGURE_WIDTH = 12
-_GAP = "  "
+#: Two spaces between columns, on the rules too.
+_STYLE = Style("  ", "  ")
 _DEVICE = "CUDA"
 
 
@@ -53,31 +55,30 @@ def format_events(
     self_cpu_sum = sum(e.self_cpu_time_total for e in events)
     self_device_sum = sum(e.self_device_time_total for e in events)
 
+    # Every width is fixed, as torch's are: a longer header ("Self CUDA Mem") overflows.
     name_width = min(max(len(e.key) for e in events) + 4, max_name_column_width)
-    columns: list[tuple[str, int, str]] = [("Name", name_width, ">")]
+    columns = [Column("Name", width=name_width)]
     headers = ["Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
     if device:
         headers += [f"Self {_DEVICE}", f"Self {_DEVICE} %", f"{_DEVICE} total", f"{_DEVICE} time avg"]
     if memory:
         headers += ["CPU Mem", "Self CPU Mem"] + ([f"{_DEVICE} Mem", f"Self {_DEVICE} Mem"] if device_memory else [])
     headers.append("# of Calls")
-    columns += [(h, _FIGURE_WIDTH, ">") for h in headers]
+    columns += [Column(h, width=_FIGURE_WIDTH) for h in headers]
     shapes_width = min(max(len(str(e.input_shapes)) for e in events) + 4, max_shapes_column_width)
     if shapes:
-        columns.append(("Input Shapes", shapes_width, ">"))
+        columns.append(Column("Input Shapes", width=shapes_width))
     src_width = 0
     if stacks:
         src_width = min(max(len(frame) for e in events for frame in e.stack) + 4, max_src_column_width)
-        columns.append(("Source Location", src_width, "<"))
+        columns.append(Column("Source Location", "<", width=src_width))
 
-    def line(cells: Sequence[str]) -> str:
-        return "".join(f"{cell:{align}{width}}{_GAP}" for cell, (_, width, align) in zip(cells, columns)).rstrip()
-
-    rule = "".join("-" * width + _GAP for _, width, _ in columns).rstrip()
+    grid = measure(columns, [], _STYLE)  # every width is fixed: no cell changes them
+    rule = grid.rule()
     out: list[str] = []
     if header is not None:
         out += ["=" * len(rule), header]
-    out += [rule, line([name for name, _, _ in columns]), rule]
+    out += [rule, *grid.lines([column.header for column in columns]), rule]
     for event in events[: max(row_limit, 0)]:
         name = event.key
         if len(name) >= max_name_column_width - 3:
@@ -108,14 +109,11 @@ def format_events(
         if shapes:
             cells.append(str(event.input_shapes)[:shapes_width])
         if stacks:
-            frames = event.stack or [""]
-            cells.append(_clip_tail(frames[0], src_width))
-            out.append(line(cells))
-            blank = [""] * (len(columns) - 1)
-            out += [line([*blank, _clip_tail(frame, src_width)]) for frame in frames[1:]]
+            # One frame per line, and a blank line after each op.
+            cells.append("\n".join(_clip_tail(frame, src_width) for frame in event.stack or [""]))
+        out += grid.lines(cells)
+        if stacks:
             out.append("")
-        else:
-            out.append(line(cells))
     out += [rule, f"Self CPU time total: {fmt.profiler_time(self_cpu_sum)}"]
     if device:
         out.append(f"Self {_DEVICE} time total: {fmt.profiler_time(self_device_sum)}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from layerscope import fmt
 from layerscope.formats import Option, register_renderer
+from layerscope.render.table import Column, draw
 from layerscope.tree import ModuleNode, OpStats, Profile
 
 HEADINGS = (
@@ -180,11 +181,5 @@ def render_torchprof(
     if use_cuda:
         keep += [3, 4] + ([7, 8] if profile_memory else [])
     keep.sort()
-    widths = [max(len(line[i]) for line in [list(HEADINGS), *rows]) for i in range(len(HEADINGS))]
-
-    def line(cells: list[str]) -> str:
-        return " | ".join(cells[i].ljust(widths[i]) for i in keep).rstrip()
-
-    out = [line(list(HEADINGS)), "-|-".join("-" * widths[i] for i in keep)]
-    out += [line(row) for row in rows]
-    return "\n".join(out) + "\n"
+    columns = [Column(HEADINGS[i], "<") for i in keep]
+    return "\n".join(draw(columns, [[row[i] for i in keep] for row in rows])) + "\n"

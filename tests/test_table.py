@@ -1,0 +1,154 @@
+"""The text table engine (``layerscope.render.table``), with hand-built cells and the
+lines expected written out in full."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from layerscope.render.table import PIPES, SPACES, Column, Style, draw, fit, from_headers, measure
+
+
+def _text(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("columns", "rows", "expected"),
+    [
+        # No trailing spaces: the last column is padded, then each line is stripped.
+        pytest.param([Column("Name", "<"), Column("Calls"), Column("Note", "<")], [["conv", "1", "first"], ["a_long_op_name", "12345", ""]], """
+            Name           | Calls | Note
+            ---------------|-------|------
+            conv           |     1 | first
+            a_long_op_name | 12345 |
+            """, id="as-wide-as-the-widest-cell"),
+        pytest.param([Column("Self CPU total"), Column("x", "<")], [["1ms", "y"]], """
+            Self CPU total | x
+            ---------------|--
+                       1ms | y
+            """, id="a-wide-header-sets-the-width"),
+        pytest.param([Column("Name", "<"), Column("Calls"), Column("Stack", "<")], [["mul", "2", "f.py:3 g\nf.py:10 forward"], ["add", "1", "f.py:4 h"]], """
+            Name | Calls | Stack
+            -----|-------|----------------
+            mul  |     2 | f.py:3 g
+                 |       | f.py:10 forward
+            add  |     1 | f.py:4 h
+            """, id="a-cell-with-newlines-takes-several-lines"),
+        pytest.param([Column("Module", "<"), Column("Params")], [["features.0.block.1.attention.query_key_value_projection", "1.05M"]], """
+            Module                                                  | Params
+            --------------------------------------------------------|-------
+            features.0.block.1.attention.query_key_value_projection |  1.05M
+            """, id="wide-cells-are-never-cut"),
+    ],
+)  # fmt: skip
+def test_drawn_tables(columns: list[Column], rows: list[list[str]], expected: str) -> None:
+    assert _text(draw(columns, rows)) == textwrap.dedent(expected).lstrip("\n")
+
+
+def test_a_total_row_goes_under_a_second_rule_and_counts_in_the_widths() -> None:
+    columns = from_headers(["Op", "Time"], left=1)
+    lines = draw(columns, [["mm", "5us"], ["add", "1us"]], total=["Total", "1000.000us"])
+    assert _text(lines) == (
+        "Op    |       Time\n"
+        "------|-----------\n"
+        "mm    |        5us\n"
+        "add   |        1us\n"
+        "------|-----------\n"
+        "Total | 1000.000us\n"
+    )
+
+
+def test_no_rows_give_the_header_alone_or_the_empty_note() -> None:
+    columns = from_headers(["Module", "Time"], left=1)
+    assert draw(columns, []) == ["Module | Time", "-------|-----"]
+    assert draw(columns, [], empty="(nothing measured)") == ["Module | Time", "-------|-----", "(nothing measured)"]
+    # The note is for an empty table only.
+    assert draw(columns, [["a", "1"]], empty="(nothing measured)") == ["Module | Time", "-------|-----", "a      |    1"]
+    assert draw(columns, [], total=["Total", "0"], empty="(none)") == [
+        "Module | Time",
+        "-------|-----",
+        "(none)",
+        "-------|-----",
+        "Total  |    0",
+    ]
+
+
+def test_two_spaces_and_no_rule() -> None:
+    lines = draw(from_headers(["batch", "p50", "verdict"]), [["1", "1.000ms", "slower"]], style=SPACES)
+    assert lines == ["batch      p50  verdict", "    1  1.000ms   slower"]
+    empty = draw(from_headers(["batch", "p50"]), [], empty="(no batch size)", style=SPACES)
+    assert empty == ["batch  p50", "(no batch size)"]
+
+
+def test_fixed_widths_pad_and_let_longer_cells_overflow() -> None:
+    columns = [Column("Name", width=8), Column("Self CUDA Mem", width=12), Column("Calls", width=6)]
+    grid = measure(columns, [["aten::mm", "1 Kb", "1"]], Style("  ", "  "))
+    assert grid.widths == [8, 12, 6]
+    assert grid.rule() == "--------  ------------  ------"
+    # Too long for 12, the header pushes the rest of its line right, as torch's table does.
+    assert grid.lines(["Name", "Self CUDA Mem", "Calls"]) == ["    Name  Self CUDA Mem   Calls"]
+    assert grid.lines(["aten::mm", "1 Kb", "1"]) == ["aten::mm          1 Kb       1"]
+
+
+def test_grid_width_counts_the_separators() -> None:
+    grid = measure(from_headers(["ab", "cde", "f"]), [])
+    assert grid.width == 2 + 3 + 1 + 2 * len(PIPES.separator)
+    assert measure(from_headers(["ab", "cde", "f"]), [], SPACES).width == 2 + 3 + 1 + 2 * 2
+
+
+# -- fitting a width -------------------------------------------------------------------
+
+_FIT_COLUMNS = [
+    Column("Module", "<"),  # no priority: never hidden
+    Column("Self", priority=0),
+    Column("Total", priority=1),
+    Column("Params", priority=4),
+    Column("Calls", priority=2),
+]
+_FIT_ROWS = [["net", "1.0ms", "2.0ms", "1.00M", "1"]]
+# Widths: Module 6, Self 5, Total 5, Params 6, Calls 5; 3 characters between columns.
+_FULL_WIDTH = 6 + 5 + 5 + 6 + 5 + 4 * 3
+
+
+def test_a_table_that_fits_keeps_every_column() -> None:
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, _FULL_WIDTH) == [0, 1, 2, 3, 4]
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, 1000) == [0, 1, 2, 3, 4]
+
+
+def test_the_highest_priority_number_is_hidden_first() -> None:
+    # One character short: Params (priority 4) goes, though it is not the last column.
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, _FULL_WIDTH - 1) == [0, 1, 2, 4]
+    # Without Params the table is 6 + 5 + 5 + 5 + 3 * 3 = 30 wide; one less, Calls (2) goes,
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, 30) == [0, 1, 2, 4]
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, 29) == [0, 1, 2]
+    # then Total (1).
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, 6 + 5 + 5 + 2 * 3 - 1) == [0, 1]
+    kept = fit(_FIT_COLUMNS, _FIT_ROWS, 20)
+    assert _text(draw([_FIT_COLUMNS[i] for i in kept], [[row[i] for i in kept] for row in _FIT_ROWS])) == (
+        "Module |  Self\n"
+        "-------|------\n"
+        "net    | 1.0ms\n"
+    )
+
+
+def test_the_most_important_column_and_unprioritised_ones_always_stay() -> None:
+    assert fit(_FIT_COLUMNS, _FIT_ROWS, 1) == [0, 1]
+    assert fit([Column("Only", priority=3)], [["x"]], 1) == [0]
+    assert fit([Column("Label", "<"), Column("Note", "<")], [["a", "b"]], 1) == [0, 1]
+
+
+def test_of_equal_priorities_the_one_further_right_goes_first() -> None:
+    columns = [Column("A", priority=1), Column("B", priority=5), Column("C", priority=5), Column("D", priority=5)]
+    rows = [["aaaa", "bbbb", "cccc", "dddd"]]
+    assert fit(columns, rows, 4 * 4 + 3 * 3 - 1) == [0, 1, 2]
+    assert fit(columns, rows, 3 * 4 + 2 * 3 - 1) == [0, 1]
+
+
+def test_fitting_measures_cells_with_newlines_by_their_longest_line() -> None:
+    columns = [Column("Name", "<"), Column("Stack", "<", priority=9), Column("Calls", priority=1)]
+    rows = [["mul", "a.py:1\nb.py:2", "3"]]
+    # Name 4 + Stack 6 + Calls 5 + 2 separators = 21.
+    assert fit(columns, rows, 21) == [0, 1, 2]
+    assert fit(columns, rows, 20) == [0, 2]
