@@ -202,6 +202,11 @@ def _add_run_options(
             help="keep each op's Python call site (for --format ops --group-by stack:N)",
         )
         parser.add_argument(
+            "--compile", action="store_true",
+            help="profile torch.compile(model) (Inductor): per-module time from its kernels, FLOPs from the eager "
+            "module; compile time and graph breaks reported apart (--format kernels lists the kernels)",
+        )  # fmt: skip
+        parser.add_argument(
             "--peak-tflops", type=float, metavar="TFLOPS",
             help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs",
         )
@@ -648,6 +653,12 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if dtype is not None:
         model = model.to(dtype)
     inputs = _move(inputs, device, dtype)
+    if getattr(args, "compile", False):
+        import torch
+
+        if args.backward:
+            raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
+        model = torch.compile(model)
 
     fmt = _output_format(args, "profile")
     format_options = _format_options(args, "profile", fmt)

@@ -22,8 +22,11 @@ from layerscope.attribute import (
     parent_indices,
     walk_pass,
 )
+from layerscope.attribute.compiled import RULE as COMPILED_RULE
+from layerscope.attribute.compiled import attribute as attribute_compiled
 from layerscope.capture import distributed, kineto
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps
+from layerscope.capture.compiled import eager_module, time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import (
@@ -37,7 +40,7 @@ from layerscope.capture.modules import (
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
-from layerscope.errors import ProfilerStateError
+from layerscope.errors import ModelError, ProfilerStateError
 from layerscope.raw import Enter, Event, Op, RawCapture
 from layerscope.schedule import Action
 from layerscope.tree import Profile
@@ -108,12 +111,25 @@ def profile(
     state are put back, and its exception reaches the caller unchanged.
     """
     require_module(model)
-    refuse_compiled(model)
-    refuse_meta_timing(model, inputs)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat must be an int >= 1, got {repeat!r}")
+    eager = eager_module(model)
+    if eager is not None:
+        if backward or paths is not None or clock is not None:
+            given = [n for n, v in (("backward=True", backward), ("paths", paths), ("clock", clock)) if v]
+            raise ModelError(
+                f"{', '.join(given)}: not for a torch.compile'd model, whose forward alone is profiled per "
+                "module (torch 2.13 keeps no kernel provenance for the lazily compiled backward); profile "
+                "model._orig_mod for the eager training step"
+            )
+        return _profile_compiled(
+            eager, inputs, warmup=warmup, repeat=repeat, record_ops=record_ops, memory=memory, no_grad=no_grad,
+            progress=progress, peak_tflops=peak_tflops,
+        )  # fmt: skip
+    refuse_compiled(model)
+    refuse_meta_timing(model, inputs)
     no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
     check_signature(model, args, kwargs)
@@ -190,6 +206,42 @@ def profile(
         ),
     )
     return build_profile(raw)
+
+
+def _profile_compiled(
+    eager: nn.Module, inputs: Any, *, warmup: int, repeat: int, record_ops: bool, memory: bool,
+    no_grad: bool | None, progress: Progress | None, peak_tflops: float | None,
+) -> Profile:
+    """A compiled model's profile: the tree, FLOPs, MACs, shapes and memory of one eager
+    pass of its module (the same parameters), and each module's time from the kernels
+    of layerscope's own compile of it (``capture/compiled.py``, ``attribute/compiled.py``)."""
+    refuse_meta_timing(eager, inputs)
+    report = progress or (lambda stage, done, total: None)
+    prof = count_flops(eager, inputs, no_grad=no_grad, memory=memory)
+    if not record_ops:
+        for node in prof.nodes():
+            node.ops = []
+    no_grad, grad = _grad_mode(no_grad, False)
+    args, kwargs = split_inputs(inputs)
+    with exclusive(eager), grad, state_restored(eager):
+        working = {node.path for node in prof.root.walk() if node.ops}
+        run = time_compiled(eager, args, kwargs, warmup=warmup, repeat=repeat, working=working, progress=report)
+    times = attribute_compiled(run.graphs, run.passes, {node.path for node in prof.root.walk()})
+    for node in reversed(list(prof.root.walk())):
+        node.forward.self_cpu_time_ns = times.self_ns.get(node.path, 0)
+        node.forward.cpu_time_ns = node.forward.self_cpu_time_ns + sum(c.forward.cpu_time_ns for c in node.children)
+    device = model_device(eager)
+    prof.meta.update(
+        mode="profile", warmup=warmup, repeat=repeat,
+        peak_flops_per_s=_peak(peak_tflops, device, model_dtype(eager)),
+        compile={
+            "backend": "inductor", "rule": COMPILED_RULE, "compile_time_ns": run.compile_ns, "frames": run.frames,
+            "graphs": len(run.graphs), "graph_breaks": run.graph_breaks, "step_time_ns": times.step_ns,
+            "kernel_time_ns": times.kernel_ns, "kernels": [k.to_dict() for k in times.kernels],
+        },
+    )  # fmt: skip
+    prof.meta.pop("timed", None)
+    return prof
 
 
 def _inputs_meta(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -275,6 +327,7 @@ def count_flops(
     Parameter and buffer values and torch's random state are left as they were.
     """
     require_module(model)
+    model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
     refuse_compiled(model)
     no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)

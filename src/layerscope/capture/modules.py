@@ -183,6 +183,7 @@ def refuse_compiled(model: nn.Module) -> None:
     eager = "model._orig_mod" if found[0] == "" and hasattr(model, "_orig_mod") else "the model before torch.compile"
     raise ModelError(
         f"{where} is compiled with torch.compile, whose graphs replay module hooks, so per-module "
-        f"figures would be wrong: profile {eager} instead, or time the compiled model as a whole "
-        "with layerscope.benchmark / `layerscope bench --compile`"
+        f"figures from hooks would be wrong: layerscope.profile(torch.compile(model), inputs) profiles a "
+        f"model compiled as a whole from its kernels (`layerscope profile SPEC --compile`); or profile {eager}, "
+        "or time the compiled model whole with layerscope.benchmark / `layerscope bench --compile`"
     )

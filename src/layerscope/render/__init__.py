@@ -49,6 +49,7 @@ from layerscope.render import (  # noqa: F401, I001
     folded,
     speedscope,
     html,
+    kernels,
     ranks_text,
     ranks_html,
     ranks_chrome,

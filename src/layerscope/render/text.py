@@ -373,6 +373,27 @@ def _leaves(nested: Any) -> list[str]:
     return found
 
 
+def compile_lines(profile: Profile) -> list[str]:
+    """A compiled model's run: graphs, breaks, compile time, the kernels' share of the
+    step and the rule that split them (nothing for an eager profile)."""
+    info = profile.meta.get("compile")
+    if not info:
+        return []
+    kernels = info.get("kernels") or []
+    shared = sum(1 for k in kernels if len(k.get("modules") or {}) > 1)
+    breaks = info.get("graph_breaks") or []
+    lines = [
+        f"Compiled ({info.get('backend')}): {info.get('graphs')} graph(s), {len(breaks)} graph break(s); "
+        f"compile {fmt.time_ns(info.get('compile_time_ns'))}, not in the times above. "
+        f"{len(kernels)} kernel calls ({shared} shared by several modules) took "
+        f"{fmt.time_ns(info.get('kernel_time_ns'))} of the {fmt.time_ns(info.get('step_time_ns'))} call; "
+        f"times: {info.get('rule')}. FLOPs, memory and op rows are the eager module's "
+        "(--format kernels lists the kernels)."
+    ]
+    lines += [f"Graph break at {b.get('where') or '?'}: {b.get('reason')}" for b in breaks]
+    return lines
+
+
 def _footer(profile: Profile) -> list[str]:
     root = profile.root
     flops = ""
@@ -392,6 +413,7 @@ def _footer(profile: Profile) -> list[str]:
     lines.extend(_comm_lines(profile))
     lines.extend(_detail_lines(profile))
     lines.extend(_memory_lines(profile))
+    lines.extend(compile_lines(profile))
     passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(

@@ -1,0 +1,194 @@
+"""Time per module from a compiled run's kernels: pure, no torch.
+
+Inductor turns a graph into kernel calls: *extern* calls (one aten op each, e.g.
+``extern_kernels.addmm``) and *generated* kernels (``cpp_fused_*`` on CPU), each holding
+several FX nodes, each node from one module. Under torch's profiler every call is a
+range inside its graph's ``## Call CompiledFxGraph <key> ##`` range, in call order.
+
+The rule, stated once: **a kernel call's time goes to the modules of its FX nodes, in
+proportion to their number of nodes; views and reshapes, which move no data, are not
+counted.** A call whose nodes are all one module's belongs wholly to it (exact); a
+call shared by several is apportioned, and marked shared. A call with no node that
+names a module, the graph wrapper's own time and the guards stay with the model as a
+whole: the root's self time. A module that ran eagerly, between graphs (a graph
+break), has a profiler range of its own: its self time is that range less the eager
+modules and compiled regions inside it.
+
+Each module's self time is the median over the passes; the root's total is the median
+pass, its self what the modules leave of it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: How a kernel call's time is split, as profiles and reports state it.
+RULE = (
+    "a kernel call's time goes to the modules of its FX nodes in proportion to their number of nodes "
+    "(views not counted); modules run eagerly between graphs are timed by their own ranges; "
+    "the graphs' wrapper and guards stay with the root"
+)
+
+#: Post-grad node names of ops that only reinterpret memory (not counted in the split).
+_VIEW = re.compile(
+    r"(view|_unsafe_view|reshape|permute|transpose|t|expand|squeeze|unsqueeze|select|slice|as_strided|alias"
+    r"|split|split_with_sizes|unbind|getitem|clone_view)(_\d+)?"
+)
+
+
+class GraphLike(Protocol):
+    calls: list[str]
+    nodes: dict[str, list[tuple[str, str | None]]]
+
+
+class PassLike(Protocol):
+    step_ns: int
+    graph_calls: list[tuple[str, list[tuple[str, int]], int]]
+    eager: list[tuple[str, int, int]]
+    regions: list[tuple[int, int]]
+
+
+def eager_self(ranges: Sequence[tuple[str, int, int]], regions: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """The self time of each module that ran eagerly: its range less the ranges of the
+    eager modules and compiled regions directly inside it (their time is theirs)."""
+
+    def inside(inner: tuple[int, int], outer: tuple[int, int]) -> bool:
+        return outer[0] <= inner[0] and inner[1] <= outer[1] and inner != outer
+
+    spans = [(start, end) for _, start, end in ranges]
+    own: dict[str, int] = {}
+    for path, start, end in ranges:
+        nested = [s for s in spans if inside(s, (start, end))]
+        direct = [s for s in nested if not any(inside(s, other) for other in nested)]
+        compiled = [r for r in regions if inside(r, (start, end)) and not any(inside(r, s) for s in direct)]
+        taken = sum(e - s for s, e in direct) + sum(e - s for s, e in compiled)
+        own[path] = own.get(path, 0) + max(end - start - taken, 0)
+    return own
+
+
+def shares(nodes: Sequence[tuple[str, str | None]]) -> dict[str, float]:
+    """Each module's share of a kernel call: its nodes over all counted nodes (views
+    left out, unless the call is nothing else); empty when no node names a module."""
+    counted = [path for name, path in nodes if not _VIEW.fullmatch(name)] or [path for _, path in nodes]
+    named = [path for path in counted if path is not None]
+    if not named:
+        return {}
+    counts: dict[str, int] = {}
+    for path in named:
+        counts[path] = counts.get(path, 0) + 1
+    return {path: n / len(named) for path, n in counts.items()}
+
+
+def event_name(call: str) -> str | None:
+    """The profiler's name of a kernel call: ``extern_kernels.addmm:2`` ->
+    ``aten::addmm``, ``torch.ops.aten.foo.default:3`` -> ``aten::foo``; None for a
+    generated kernel (its range is ``graph_<n>_<kernel>``)."""
+    name = call.rsplit(":", 1)[0]
+    if name.startswith("extern_kernels."):
+        return "aten::" + name.split(".", 1)[1]
+    found = re.fullmatch(r"(?:torch\.ops\.)?(\w+)\.(\w+)(?:\.\w+)?", name)
+    if found is not None and not name.startswith("cpp_"):
+        return f"{found.group(1)}::{found.group(2)}"
+    return None
+
+
+def _matches(event: str, call: str) -> bool:
+    expected = event_name(call)
+    if expected is not None:
+        return event == expected
+    return re.fullmatch(r"graph_\d+_" + re.escape(call.rsplit(":", 1)[0]), event) is not None
+
+
+def match_calls(calls: Sequence[str], events: Sequence[tuple[str, int]]) -> list[tuple[str | None, int]]:
+    """Each event under a graph call, paired with the kernel call it is (in order; a
+    kernel the profiler did not see is skipped), or None for a range of no call."""
+    out: list[tuple[str | None, int]] = []
+    i = 0
+    for name, ns in events:
+        j = next((j for j in range(i, len(calls)) if _matches(name, calls[j])), None)
+        if j is None:
+            out.append((None, ns))
+            continue
+        out.append((calls[j], ns))
+        i = j + 1
+    return out
+
+
+@dataclass
+class KernelTime:
+    """One kernel call of one graph: its median time over the passes, and how it is
+    split over modules (shares adding up to 1; empty: the model as a whole)."""
+
+    graph: str
+    call: str
+    time_ns: int
+    modules: dict[str, float]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.modules) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph, "call": self.call, "time_ns": self.time_ns,
+            "modules": {path: round(share, 6) for path, share in self.modules.items()},
+        }  # fmt: skip
+
+
+@dataclass
+class CompiledTimes:
+    """Per module (``named_modules()`` path) self time, the step's median time and the
+    kernels. ``self_ns[""]`` is the root's: what no module's kernel holds."""
+
+    self_ns: dict[str, int]
+    step_ns: int
+    kernels: list[KernelTime] = field(default_factory=list)
+    #: The median time in kernel calls (the rest of the step is wrapper, guards, eager).
+    kernel_ns: int = 0
+
+
+def attribute(graphs: dict[str, GraphLike], passes: Sequence[PassLike], known: set[str]) -> CompiledTimes:
+    """Split each pass's kernel time over the modules of ``known`` paths (by
+    :func:`shares`; a path not in ``known`` counts for the root) and take medians."""
+    per_pass: list[dict[str, float]] = []
+    kernel_totals: list[int] = []
+    kernel_samples: dict[tuple[str, str], list[int]] = {}
+    for one in passes:
+        times: dict[str, float] = {}
+        in_kernels = 0
+        for key, events, _own in one.graph_calls:
+            graph = graphs.get(key)
+            if graph is None:
+                continue
+            for call, ns in match_calls(graph.calls, events):
+                if call is None:
+                    continue
+                in_kernels += ns
+                kernel_samples.setdefault((key, call), []).append(ns)
+                for path, share in shares(graph.nodes.get(call, ())).items():
+                    target = path if path in known else ""
+                    times[target] = times.get(target, 0.0) + ns * share
+        for path, ns in eager_self(one.eager, one.regions).items():
+            target = path if path in known else ""
+            times[target] = times.get(target, 0.0) + ns
+        per_pass.append(times)
+        kernel_totals.append(in_kernels)
+    step_ns = int(statistics.median(p.step_ns for p in passes))
+    paths = {path for times in per_pass for path in times} - {""}
+    self_ns = {path: round(statistics.median(times.get(path, 0.0) for times in per_pass)) for path in sorted(paths)}
+    self_ns[""] = max(step_ns - sum(self_ns.values()), 0)
+    kernels = []
+    for key, graph in graphs.items():
+        for call in graph.calls:
+            samples = kernel_samples.get((key, call))
+            if samples:
+                modules: dict[str, float] = {}
+                for path, share in shares(graph.nodes.get(call, ())).items():
+                    target = path if path in known else ""
+                    modules[target] = modules.get(target, 0.0) + share
+                kernels.append(KernelTime(key, call, round(statistics.median(samples)), modules))
+    return CompiledTimes(self_ns, step_ns, kernels, int(statistics.median(kernel_totals)) if kernel_totals else 0)

@@ -1,0 +1,410 @@
+"""Timing a ``torch.compile``d model (Inductor) and reading where its kernels came from.
+
+Module hooks cannot time a compiled model: Dynamo traces them into the graph. So the
+eager module is compiled once more, by layerscope, with two Inductor settings that cost
+nothing at run time: provenance tracking (which FX nodes each kernel holds) and a
+``record_function`` range per generated kernel. Its passes then run under torch's
+profiler, with no hook on any module.
+
+What is read, all in the process, nothing written to disk:
+
+- each Dynamo graph's nodes and the module each came from (``nn_module_stack``), in
+  layerscope's backend, which then hands the graph to Inductor's ``compile_fx``;
+- from torch's structured trace (a handler on the ``torch.__trace`` logger, which
+  Inductor feeds on a cache hit as on a miss): each Inductor graph's cache key, its
+  wrapper code (whose ``# [Provenance debug handles]`` lines give the kernel calls in
+  order) and its provenance map (kernel call -> post-grad nodes -> Dynamo nodes), and
+  the graph breaks with where they happened;
+- each pass's profiler events: under every ``## Call CompiledFxGraph <key> ##`` range,
+  its kernels' ranges in call order.
+
+These are torch's private formats; a version that changes them gives kernels no module
+(``attribute/compiled.py`` then leaves their time with the model as a whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerscope.capture.kineto import _quiet
+from layerscope.errors import ModelError
+
+#: The range layerscope wraps each timed call in.
+STEP_RANGE = "layerscope#compiled_step"
+_CALL = re.compile(r"## Call CompiledFxGraph (\S+) ##")
+#: The range around a module that ran eagerly (its path follows).
+MODULE_RANGE = "layerscope#eager:"
+_REGION = "Torch-Compiled Region"
+_HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
+
+
+def eager_module(model: nn.Module) -> nn.Module | None:
+    """The eager module behind a model compiled as a whole (``torch.compile(model)``),
+    else None."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return model._orig_mod if isinstance(model, OptimizedModule) else None
+
+
+@dataclass
+class Graph:
+    """One Inductor graph: its kernel calls in order (``name:handle``), each call's
+    post-grad FX nodes with the module each came from (a ``named_modules()`` path, None
+    when the node has none), and the Dynamo frame it belongs to."""
+
+    key: str
+    frame: str
+    calls: list[str] = field(default_factory=list)
+    nodes: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
+    #: Every module with a node in the graph (whether or not a kernel kept it).
+    modules: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Pass:
+    """One timed call: its wall time in the profiler; each graph call in order (the
+    graph's key, its children's ranges in order as (name, ns), its own length); the
+    ranges of the modules that ran eagerly (path, start, end) and of the compiled
+    regions (start, end), in ns from the call's start."""
+
+    step_ns: int
+    graph_calls: list[tuple[str, list[tuple[str, int]], int]]
+    eager: list[tuple[str, int, int]] = field(default_factory=list)
+    regions: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class CompiledRun:
+    """What ``time_compiled`` read: the graphs, the timed passes, the graph breaks
+    (``where``, ``reason``), the compile time and the number of Dynamo frames compiled."""
+
+    graphs: dict[str, Graph]
+    passes: list[Pass]
+    graph_breaks: list[dict[str, str]]
+    compile_ns: int
+    frames: int
+
+
+def module_path(stack_key: str) -> str:
+    """``L['self'].blocks[0].fc1`` (Dynamo's name of a module) -> ``blocks.0.fc1``."""
+    path = re.sub(r"^L\['self'\]", "", stack_key)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\[['\"]([^'\"]+)['\"]\]", r".\1", path)
+    path = path.replace("._modules.", ".")
+    return path.lstrip(".")
+
+
+class _Collector(logging.Handler):
+    """Torch's structured-trace records, kept in memory."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[tuple[dict[str, Any], Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((getattr(record, "metadata", {}) or {}, getattr(record, "payload", None)))
+
+
+@contextlib.contextmanager
+def _structured_trace() -> Iterator[_Collector]:
+    logger = logging.getLogger("torch.__trace")
+    collector = _Collector()
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # the records are layerscope's, not the application's logs
+    logger.addHandler(collector)
+    try:
+        yield collector
+    finally:
+        logger.removeHandler(collector)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def _frame(metadata: dict[str, Any]) -> str:
+    return f"{metadata.get('frame_id')}/{metadata.get('frame_compile_id')}"
+
+
+class _Backend:
+    """layerscope's Dynamo backend, one for the process: Dynamo keeps a compiled frame
+    per backend callable, so a second profile of a model reuses the first's graphs (a
+    new backend per profile would compile again, and after 8 Dynamo gives up on the
+    code). It notes each graph node's module, then compiles with Inductor, provenance
+    tracking and per-kernel ranges on."""
+
+    def __init__(self) -> None:
+        #: frame -> Dynamo node name -> named_modules() path, for the compiles of a run
+        self.node_modules: dict[str, dict[str, str]] = {}
+        self.compiles = 0
+        self._tensors: dict[int, str] = {}
+        self._types: dict[type, list[str]] = {}
+
+    @contextlib.contextmanager
+    def model(self, eager: nn.Module) -> Iterator[None]:
+        """Compiles meanwhile are of ``eager``: name their nodes' modules by its paths."""
+        self.node_modules = {}
+        self._tensors = {id(t): name for name, t in (*eager.named_parameters(), *eager.named_buffers())}
+        self._types = {}
+        for path, module in eager.named_modules():
+            self._types.setdefault(type(module), []).append(path)
+        try:
+            yield
+        finally:
+            self._tensors, self._types = {}, {}
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        from torch._guards import CompileContext
+        from torch._inductor import config
+        from torch._inductor.compile_fx import compile_fx
+
+        self.compiles += 1
+        compile_id = CompileContext.current_compile_id()
+        frame = f"{compile_id.frame_id}/{compile_id.frame_compile_id}" if compile_id is not None else "?"
+        prefix = self._prefix(gm, example_inputs)
+        names: dict[str, str] = {}
+        if prefix is not None:
+            for node in gm.graph.nodes:
+                stack = node.meta.get("nn_module_stack") or {}
+                # A node of the frame's own code (no module call around it) is its self's.
+                names[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0])) if stack else prefix
+        self.node_modules[frame] = names
+        with config.patch({"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}):
+            return compile_fx(gm, example_inputs)
+
+    def _prefix(self, gm: torch.fx.GraphModule, example_inputs: Any) -> str | None:
+        """Where this frame's ``self`` sits in the model: Dynamo names modules from the
+        compiled frame's ``self``, which is a submodule when a graph break restarted
+        tracing inside it. Found from a parameter the graph takes (its path in the model
+        against its path from ``self``), else from a model type only one module has;
+        None when neither tells."""
+        placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+        for node, value in zip(placeholders, example_inputs):
+            name = self._tensors.get(id(value))
+            stack = node.meta.get("nn_module_stack") or {}
+            if name is None or not stack:
+                continue
+            owner = name.rpartition(".")[0]
+            relative = module_path(list(stack.values())[-1][0])
+            if relative == owner or owner.endswith("." + relative) or not relative:
+                return owner[: len(owner) - len(relative)].rstrip(".")
+        for node in gm.graph.nodes:
+            for key, kind in (node.meta.get("nn_module_stack") or {}).values():
+                if module_path(key) == "":
+                    paths = self._types.get(kind, [])
+                    return paths[0] if len(paths) == 1 else None
+        return None
+
+
+def _joined(prefix: str, path: str) -> str:
+    return ".".join(part for part in (prefix, path) if part)
+
+
+def _graphs(records: list[tuple[dict[str, Any], Any]], node_modules: dict[str, dict[str, str]]) -> dict[str, Graph]:
+    """Each Inductor graph, from its structured-trace records: a graph's code and
+    provenance arrive before its cache hit or miss, which names its key."""
+    graphs: dict[str, Graph] = {}
+    pending: dict[str, dict[str, Any]] = {}
+    for metadata, payload in records:
+        if not metadata:
+            continue
+        kind = next(iter(metadata))
+        frame = _frame(metadata)
+        info = metadata[kind] if isinstance(metadata[kind], dict) else {}
+        name = info.get("name", kind)
+        current = pending.setdefault(frame, {})
+        if kind == "inductor_output_code":
+            current["code"] = payload or ""
+        elif name == "inductor_provenance_tracking_node_mappings":
+            current["provenance"] = json.loads(payload or "{}")
+        elif name in ("fx_graph_cache_hit", "fx_graph_cache_miss", "fx_graph_cache_bypass"):
+            key = (json.loads(payload or "{}") or {}).get("key")
+            if key:
+                graphs[key] = _graph(key, frame, current, node_modules.get(frame, {}))
+            pending[frame] = {}
+    return graphs
+
+
+def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str]) -> Graph:
+    code = found.get("code", "")
+    body = code[code.find("def call(") :]
+    calls = [f"{name}:{handle}" for name, handle in _HANDLE.findall(body)]
+    provenance = found.get("provenance") or {}
+    to_post = provenance.get("cppCodeToPost") or {}
+    post_to_pre = provenance.get("postToPre") or {}
+    nodes = {}
+    for call in calls:
+        posts = to_post.get(call, ())
+        nodes[call] = [(post, next((node_modules.get(pre) for pre in post_to_pre.get(post, ())), None)) for post in posts]
+    return Graph(key, frame, calls, nodes, set(node_modules.values()))
+
+
+def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[dict[str, str]]:
+    breaks = []
+    for metadata, payload in records:
+        if not metadata:
+            continue
+        kind = next(iter(metadata))
+        info = metadata[kind] if isinstance(metadata[kind], dict) else {}
+        if info.get("name") == "dynamo_graph_break_reason":
+            text = str(payload or "")
+            where = re.search(r"Graph break in user code at (\S+:\d+)", text)
+            reason = re.search(r"Graph Break Reason: (.+)", text)
+            breaks.append({
+                "where": where.group(1) if where else "",
+                "reason": (reason.group(1) if reason else text.splitlines()[0] if text else "").strip(),
+            })  # fmt: skip
+    return breaks
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000)
+
+
+def _pass(events: Any) -> Pass:
+    """The figures of one profiled call, from torch's event tree."""
+    step = next(e for e in events if e.name == STEP_RANGE)
+    origin = step.time_range.start
+
+    def span(event: Any) -> tuple[int, int]:
+        return _ns(event.time_range.start - origin), _ns(event.time_range.end - origin)
+
+    graph_calls, eager, regions = [], [], []
+    for event in events:
+        if event.name.startswith(MODULE_RANGE):
+            eager.append((event.name[len(MODULE_RANGE) :], *span(event)))
+        elif event.name.startswith(_REGION):
+            regions.append(span(event))
+        found = _CALL.fullmatch(event.name)
+        if found is None:
+            continue
+        children = sorted(event.cpu_children, key=lambda c: c.time_range.start)
+        kernels = [(child.name, _ns(child.time_range.elapsed_us())) for child in children]
+        graph_calls.append((found.group(1), kernels, _ns(event.time_range.elapsed_us())))
+    return Pass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions)
+
+
+@contextlib.contextmanager
+def _eager_ranges(eager: nn.Module, paths: list[str]) -> Iterator[None]:
+    """A profiler range around each call of the modules at ``paths`` (ones that ran
+    eagerly, outside every compiled graph); removed on exit."""
+    modules = dict(eager.named_modules())
+    stack = contextlib.ExitStack()
+    with stack:
+        for path in paths:
+            name = MODULE_RANGE + path
+            handles: list[Any] = []
+
+            def enter(module: nn.Module, inputs: Any, name: str = name, handles: list[Any] = handles) -> None:
+                handles.append(torch.ops.profiler._record_function_enter_new(name, None))
+
+            def leave(module: nn.Module, inputs: Any, output: Any, handles: list[Any] = handles) -> None:
+                if handles:
+                    torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
+
+            stack.callback(modules[path].register_forward_pre_hook(enter).remove)
+            stack.callback(modules[path].register_forward_hook(leave, always_call=True).remove)
+        yield
+
+
+_BACKEND = _Backend()
+#: The graphs layerscope compiled, by key (a later profile of the same model meets them
+#: again with no compile, so nothing new is traced): the newest few hundred.
+_GRAPHS: OrderedDict[str, Graph] = OrderedDict()
+_MAX_GRAPHS = 512
+#: Per model, what its compile said: graph breaks and compile time.
+_COMPILES: weakref.WeakKeyDictionary[nn.Module, tuple[list[dict[str, str]], int]] = weakref.WeakKeyDictionary()
+
+
+def _profiled(call: Callable[[], Any]) -> Pass:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _quiet():
+        prof.start()
+    try:
+        with record_function(STEP_RANGE):
+            call()
+    finally:
+        with _quiet():
+            prof.stop()
+    return _pass(prof.events())
+
+
+def time_compiled(
+    eager: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, warmup: int, repeat: int,
+    working: set[str], progress: Callable[[str, int, int], None],
+) -> CompiledRun:
+    """Compile ``eager`` with layerscope's backend, call it ``warmup`` times (the first
+    compiles, unless an earlier profile did), then ``repeat`` times under torch's
+    profiler.
+
+    The modules of ``working`` (those with ops of their own in the eager pass) that no
+    graph holds ran eagerly, between graphs: they get a profiler range each, as an
+    eager profile's modules do. If that made Dynamo compile again (a hook on a module it
+    traces), the ranges are dropped and those modules' time stays with the root."""
+    import torch._dynamo
+
+    compiled = torch.compile(eager, backend=_BACKEND)
+
+    def call() -> None:
+        compiled(*args, **kwargs)
+
+    with _BACKEND.model(eager):
+        before = len(torch._dynamo.utils.get_compilation_metrics())
+        compiles = _BACKEND.compiles
+        with _structured_trace() as collector:
+            start = time.perf_counter_ns()
+            call()
+            first_ns = time.perf_counter_ns() - start
+        if _BACKEND.compiles != compiles:
+            metrics = torch._dynamo.utils.get_compilation_metrics()[before:]
+            compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
+            _COMPILES[eager] = (_graph_breaks(collector.records), round(compile_s * 1e9) if compile_s else first_ns)
+            for key, graph in _graphs(collector.records, _BACKEND.node_modules).items():
+                _GRAPHS[key] = graph
+                _GRAPHS.move_to_end(key)
+            while len(_GRAPHS) > _MAX_GRAPHS:
+                _GRAPHS.popitem(last=False)
+        progress("warmup", 1, warmup + 1)
+        for n in range(warmup):
+            call()
+            progress("warmup", n + 2, warmup + 1)
+        keys = {key for key, _, _ in _profiled(call).graph_calls}
+        graphs = {key: _GRAPHS[key] for key in keys if key in _GRAPHS}
+        if not graphs:
+            raise ModelError(
+                "torch.compile made no Inductor graph of this model that layerscope can read (nothing to time "
+                "per module); time it whole with layerscope.benchmark(..., compile=True)"
+            )
+        traced = {path for graph in graphs.values() for path in graph.modules}
+        outside = sorted(working - traced)
+        with contextlib.ExitStack() as ranges:
+            if outside:
+                compiles = _BACKEND.compiles
+                ranges.enter_context(_eager_ranges(eager, outside))
+                call()
+                if _BACKEND.compiles != compiles:  # the hooks were traced: drop them
+                    ranges.close()
+                    outside = []
+            passes = []
+            for n in range(repeat):
+                passes.append(_profiled(call))
+                progress("measure", n + 1, repeat)
+    breaks, compile_ns = _COMPILES.get(eager, ([], 0))
+    return CompiledRun(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))

@@ -1,0 +1,67 @@
+"""A compiled model's kernels: which modules each kernel call holds, and for each
+module, the kernels its work went into and how much of its eager op list was fused.
+
+The kernel table lists every kernel call of every graph in call order with its median
+time and the modules it is split over (``*`` marks a call shared by several modules).
+The module table says, per module whose work is in some kernel: the kernel calls, how
+many of them are shared, its eager op calls (from the eager pass), and how many of
+those did not survive as an op of their own (fused into a generated kernel, or folded
+away as a view): eager calls minus extern calls that are wholly the module's.
+"""
+
+from __future__ import annotations
+
+from layerscope import fmt
+from layerscope.errors import RenderError
+from layerscope.formats import register_renderer
+from layerscope.render.table import Column, draw, from_headers
+from layerscope.tree import Profile
+
+
+def _label(path: str) -> str:
+    return path or "(root)"
+
+
+def _extern(call: str) -> bool:
+    return not call.split(":", 1)[0].startswith("cpp_")
+
+
+@register_renderer("kernels", description="a compiled model's kernel calls and the modules they hold")
+def render_kernels(profile: Profile) -> str:
+    info = profile.meta.get("compile")
+    if not info:
+        raise RenderError("the kernels format is for a torch.compile'd model's profile; this model ran eagerly")
+    kernels = info.get("kernels") or []
+    rows = []
+    for kernel in kernels:
+        modules = kernel.get("modules") or {}
+        ranked = sorted(modules.items(), key=lambda m: -m[1])
+        split = ", ".join(f"{_label(path)} {fmt.percent(round(share * 1000), 1000)}" for path, share in ranked)
+        mark = "*" if len(modules) > 1 else ""
+        rows.append([kernel["call"] + mark, fmt.time_ns(kernel["time_ns"]), split or "(root: no module)"])
+    out = [f"Kernel calls of {profile.meta.get('model', profile.root.type)}, compiled ({info.get('backend')}), in call order:"]
+    out += draw([Column("Kernel call", "<"), Column("Time"), Column("Modules", "<")], rows)
+    out += ["* shared by several modules: its time is split by the rule: " + str(info.get("rule")), ""]
+    out += _module_table(profile, kernels)
+    return "\n".join(out) + "\n"
+
+
+def _module_table(profile: Profile, kernels: list[dict]) -> list[str]:
+    calls: dict[str, list[dict]] = {}
+    for kernel in kernels:
+        for path in kernel.get("modules") or {}:
+            calls.setdefault(path, []).append(kernel)
+    rows = []
+    for node in profile.root.walk():
+        mine = calls.get(node.path)
+        if not mine:
+            continue
+        eager = sum(op.calls for op in node.ops if op.phase == "forward")
+        whole_extern = sum(1 for k in mine if _extern(k["call"]) and len(k["modules"]) == 1)
+        fused = max(eager - whole_extern, 0)
+        rows.append([
+            _label(node.path), str(len(mine)), str(sum(1 for k in mine if len(k["modules"]) > 1)), str(eager),
+            f"{fused} ({fmt.percent(fused, eager)})" if eager else "0",
+        ])  # fmt: skip
+    headers = ["Module", "Kernel calls", "Shared", "Eager op calls", "Fused or folded"]
+    return ["Per module (eager op calls from the eager pass):", *draw(from_headers(headers, left=1), rows)]

@@ -1,0 +1,269 @@
+"""Per-module profiles of ``torch.compile``d models: the split of kernel time over
+modules by hand (pure), and real compiles of the zoo's MLP and GPT, a transformers BERT
+and a model with a graph break (Inductor on the CPU)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope import zoo
+from layerscope.attribute.compiled import attribute, eager_self, event_name, match_calls, shares
+from layerscope.capture import compiled as compiled_module
+from layerscope.check import check_tree
+from layerscope.errors import ModelError
+from layerscope.tree import Profile
+from test_cli import run_cli
+from test_no_side_effects import unchanged
+
+# -- the rule, by hand ------------------------------------------------------------------
+
+
+def test_shares_count_nodes_per_module_leaving_views_out() -> None:
+    nodes = [("mul", "a"), ("view_1", "b"), ("add", "a"), ("erf", "c"), ("permute_2", "c")]
+    assert shares(nodes) == {"a": 2 / 3, "c": 1 / 3}
+    # A call made of views only (a reshape kernel) is split over them; no module: empty.
+    assert shares([("view", "a"), ("permute", "b")]) == {"a": 0.5, "b": 0.5}
+    assert shares([("mul", None), ("add", None)]) == {}
+    assert shares([("addmm", "fc")]) == {"fc": 1.0}
+
+
+def test_event_names_of_kernel_calls() -> None:
+    assert event_name("extern_kernels.addmm:2") == "aten::addmm"
+    assert event_name("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:3") == (
+        "aten::_scaled_dot_product_flash_attention_for_cpu"
+    )
+    assert event_name("cpp_fused_gelu_0:7") is None
+
+
+def test_calls_are_matched_in_order_skipping_unseen_ones() -> None:
+    calls = ["extern_kernels.addmm:1", "cpp_fused_relu_0:2", "extern_kernels.addmm:3", "cpp_fused_relu_0:4"]
+    events = [("aten::addmm", 10), ("graph_0_cpp_fused_relu_0", 2), ("aten::copy_", 1), ("graph_0_cpp_fused_relu_0", 3)]
+    # The second addmm was not seen: the next relu range is call 4; copy_ is no call.
+    assert match_calls(calls, events) == [
+        ("extern_kernels.addmm:1", 10), ("cpp_fused_relu_0:2", 2), (None, 1), ("cpp_fused_relu_0:4", 3),
+    ]  # fmt: skip
+
+
+@dataclass
+class G:
+    calls: list[str]
+    nodes: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
+
+
+@dataclass
+class P:
+    step_ns: int
+    graph_calls: list[tuple[str, list[tuple[str, int]], int]]
+    eager: list[tuple[str, int, int]] = field(default_factory=list)
+    regions: list[tuple[int, int]] = field(default_factory=list)
+
+
+def test_eager_modules_keep_their_range_less_what_is_nested() -> None:
+    # seq.0 ran eagerly 100..300 holding a compiled region 150..200; seq.1 ran eagerly
+    # 300..400 holding seq.1.inner 320..360, itself holding a region 330..340.
+    ranges = [("seq.0", 100, 300), ("seq.1", 300, 400), ("seq.1.inner", 320, 360)]
+    regions = [(150, 200), (330, 340), (500, 600)]
+    assert eager_self(ranges, regions) == {"seq.0": 150, "seq.1": 60, "seq.1.inner": 30}
+
+
+def test_attribute_splits_kernels_and_leaves_the_rest_to_the_root() -> None:
+    graph = G(
+        ["extern_kernels.addmm:1", "cpp_fused_add_gelu_0:2", "extern_kernels.mm:3"],
+        {
+            "extern_kernels.addmm:1": [("addmm", "fc")],
+            "cpp_fused_add_gelu_0:2": [("add", "block"), ("mul", "act"), ("erf", "act"), ("mul_1", "act")],
+            "extern_kernels.mm:3": [("mm", "elsewhere")],  # not a module of this tree: the root's
+        },
+    )
+    passes = [
+        P(1000, [("k", [("aten::addmm", 300), ("graph_0_cpp_fused_add_gelu_0", 80), ("aten::mm", 100)], 600)]),
+        P(1200, [("k", [("aten::addmm", 500), ("graph_0_cpp_fused_add_gelu_0", 40), ("aten::mm", 100)], 700)]),
+        P(900, [("k", [("aten::addmm", 200), ("graph_0_cpp_fused_add_gelu_0", 120), ("aten::mm", 100)], 500)]),
+    ]
+    passes[0].eager = [("fc", 10, 30)]  # a range of its own besides (a second call, eager)
+    times = attribute({"k": graph}, passes, known={"", "fc", "block", "act"})
+    # fc: median(300 + 20, 500, 200) = 320. The fused call is 1/4 block, 3/4 act:
+    # block median(20, 10, 30) = 20; act median(60, 30, 90) = 60.
+    assert times.self_ns == {"act": 60, "block": 20, "fc": 320, "": 1000 - 400}
+    assert times.step_ns == 1000
+    assert times.kernel_ns == 480  # median of 480, 640, 420
+    fused = next(k for k in times.kernels if k.call == "cpp_fused_add_gelu_0:2")
+    assert fused.shared and fused.modules == {"block": 0.25, "act": 0.75} and fused.time_ns == 80
+    assert next(k for k in times.kernels if k.call == "extern_kernels.mm:3").modules == {"": 1.0}
+
+
+# -- real compiles ------------------------------------------------------------------------
+
+
+def _zoo(name: str) -> tuple[nn.Module, object]:
+    torch.manual_seed(0)
+    entry = zoo.get(name)
+    return entry.build().eval(), entry.example_inputs(1)
+
+
+def _compiled(model: nn.Module, inputs: object) -> tuple[Profile, Profile]:
+    """The compiled model's profile, checked, and the eager count of the same module;
+    the module is left as ``torch.compile`` left it."""
+    compiled = torch.compile(model)
+    with unchanged(model):
+        prof = check_tree(layerscope.profile(compiled, inputs, warmup=1, repeat=3))
+    return prof, check_tree(layerscope.count_flops(model, inputs))
+
+
+def _same_flops(compiled: Profile, eager: Profile) -> None:
+    pairs = list(zip(compiled.root.walk(), eager.root.walk(), strict=True))
+    assert [(a.path, a.forward.flops, a.forward.macs) for a, _ in pairs] == [
+        (b.path, b.forward.flops, b.forward.macs) for _, b in pairs
+    ]
+
+
+def _root_is_the_step(prof: Profile) -> None:
+    info = prof.meta["compile"]
+    assert prof.root.forward.cpu_time_ns == info["step_time_ns"] > 0
+    assert 0 < info["kernel_time_ns"] <= info["step_time_ns"]
+    for kernel in info["kernels"]:
+        assert kernel["time_ns"] >= 0
+        assert sum(kernel["modules"].values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_zoo_mlp_compiled_per_module() -> None:
+    model, x = _zoo("mlp")
+    prof, eager = _compiled(model, x)
+    _same_flops(prof, eager)
+    _root_is_the_step(prof)
+    info = prof.meta["compile"]
+    assert info["graphs"] == 1 and info["graph_breaks"] == []
+    # Three Linear layers, each one extern addmm of its own: exact, not shared.
+    by_module = {path: k for k in info["kernels"] for path in k["modules"]}
+    for path in ("layers.0", "layers.2", "layers.4"):
+        assert by_module[path]["call"].startswith("extern_kernels.addmm") and by_module[path]["modules"] == {path: 1.0}
+        assert prof[path].forward.self_cpu_time_ns > 0
+    text = prof.render("text")
+    assert "Compiled (inductor): 1 graph(s), 0 graph break(s)" in text
+    assert "layers.0 100.0%" in prof.render("kernels")
+    # Profiled again: layerscope's compile of it is reused, not redone (Dynamo would stop
+    # compiling the code after 8 backends), and says the same.
+    compiles = compiled_module._BACKEND.compiles
+    compiled = torch.compile(model)
+    for _ in range(9):
+        again = check_tree(layerscope.profile(compiled, x, warmup=0, repeat=1))
+    assert compiled_module._BACKEND.compiles == compiles
+    assert [k["call"] for k in again.meta["compile"]["kernels"]] == [k["call"] for k in info["kernels"]]
+    assert again.meta["compile"]["compile_time_ns"] == info["compile_time_ns"]
+
+
+def test_zoo_gpt_compiled_keeps_fused_modules_with_their_share() -> None:
+    model, x = _zoo("gpt")
+    prof, eager = _compiled(model, x)
+    _same_flops(prof, eager)
+    _root_is_the_step(prof)
+    kernels = prof.meta["compile"]["kernels"]
+    # Each block's first LayerNorm runs inside a kernel it shares (with the residual add
+    # before it): it keeps its share of that kernel's time, and the kernel is marked.
+    shared = [k for k in kernels if "blocks.1.ln_1" in k["modules"]]
+    assert shared and all(len(k["modules"]) > 1 for k in shared)
+    assert prof["blocks.1.ln_1"].forward.self_cpu_time_ns > 0
+    assert "*" in prof.render("kernels")
+    # Attention is one extern call, the attention module's.
+    sdpa = [k for k in kernels if "scaled_dot_product" in k["call"]]
+    assert len(sdpa) == 4 and all(k["modules"] == {f"blocks.{i}.attn": 1.0} for i, k in enumerate(sdpa))
+
+
+def test_transformers_bert_compiled_flops_equal_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 128, (1, 16))
+    prof, eager = _compiled(model, {"input_ids": ids})
+    _same_flops(prof, eager)
+    _root_is_the_step(prof)
+    timed = [n.path for n in prof.root.walk() if n.forward.self_cpu_time_ns > 0]
+    assert "encoder.layer.1.attention.self.query" in timed
+    assert "encoder.layer.0.output.dense" in timed
+
+
+class Talker(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print("layerscope-test graph break")  # Dynamo cannot trace print: a graph break
+        return self.linear(x).relu()
+
+
+BREAK_LINE = inspect.getsourcelines(Talker.forward)[1] + 1
+
+
+def test_a_graph_break_is_listed_and_both_sides_are_profiled(capsys: pytest.CaptureFixture[str]) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Talker(), nn.Linear(8, 4)).eval()
+    prof, eager = _compiled(model, torch.randn(2, 8))
+    _same_flops(prof, eager)
+    info = prof.meta["compile"]
+    assert info["graph_breaks"]
+    for found in info["graph_breaks"]:
+        assert found["where"].endswith(f"{Path(__file__).name}:{BREAK_LINE}")
+        assert f"Graph break at {found['where']}" in prof.render("text")
+    # Dynamo gives up on Sequential's loop at the break: its layers 0 and 2 run eagerly
+    # and are timed by ranges of their own; Talker's code after the print is a graph.
+    assert info["graphs"] == 1
+    assert {k["call"].split(":")[0] for k in info["kernels"]} == {"extern_kernels.addmm", "cpp_fused_relu_0"}
+    for path in ("0", "1.linear", "2"):
+        assert prof[path].forward.self_cpu_time_ns > 0, path
+
+
+class Halves(nn.Module):
+    """A break in the model's own forward: a graph before it and one after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        if x.sum().item() > 1e9:  # .item() leaves the graph
+            x = x * 2
+        return self.second(x)
+
+
+def test_a_break_in_the_forward_profiles_the_graphs_on_both_sides() -> None:
+    torch.manual_seed(0)
+    prof, eager = _compiled(Halves().eval(), torch.randn(2, 8))
+    _same_flops(prof, eager)
+    info = prof.meta["compile"]
+    assert info["graphs"] == 2 and info["graph_breaks"]
+    modules = {path for k in info["kernels"] for path in k["modules"]}
+    assert {"first", "second"} <= modules
+    assert prof["first"].forward.self_cpu_time_ns > 0 and prof["second"].forward.self_cpu_time_ns > 0
+
+
+def test_backward_of_a_compiled_model_is_refused_with_why() -> None:
+    model, x = _zoo("mlp")
+    compiled = torch.compile(model)
+    with unchanged(model), pytest.raises(ModelError, match="lazily compiled backward"):
+        layerscope.profile(compiled, x, backward=True)
+
+
+def test_cli_compile_lists_kernels_and_a_saved_profile_shows_them_again(tmp_path: Path) -> None:
+    run = run_cli("profile", "zoo:mlp", "--compile", "--repeat", "2", "--warmup", "1", "-o", "mlp.json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "USDT" not in run.stderr
+    saved = layerscope.load(tmp_path / "mlp.json")
+    shown = run_cli("show", "mlp.json", "--format", "kernels", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == saved.render("kernels")
+    assert "extern_kernels.addmm:1" in shown.stdout and "Per module" in shown.stdout
+    assert "Compiled (inductor)" in run_cli("show", "mlp.json", cwd=tmp_path).stdout
