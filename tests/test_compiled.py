@@ -17,7 +17,7 @@ from layerscope import zoo
 from layerscope.attribute.compiled import attribute, eager_self, event_name, match_calls, shares
 from layerscope.capture import compiled as compiled_module
 from layerscope.check import check_tree
-from layerscope.errors import ModelError
+from layerscope.errors import ModelError, RenderError
 from layerscope.tree import Profile
 from test_cli import run_cli
 from test_no_side_effects import unchanged
@@ -147,6 +147,8 @@ def test_zoo_mlp_compiled_per_module() -> None:
         assert prof[path].forward.self_cpu_time_ns > 0
     text = prof.render("text")
     assert "Compiled (inductor): 1 graph(s), 0 graph break(s)" in text
+    with pytest.raises(RenderError, match="compiled model's profile keeps no trace"):
+        prof.render("chrome")  # the eager pass's spans are not the compiled run's
     assert "layers.0 100.0%" in prof.render("kernels")
     # Profiled again: layerscope's compile of it is reused, not redone (Dynamo would stop
     # compiling the code after 8 backends), and says the same.

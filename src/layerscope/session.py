@@ -106,6 +106,12 @@ def profile(
     ``clock`` replaces ``time.perf_counter_ns`` (tests use a fake one). ``peak_tflops``
     is the hardware's peak for MFU (% of peak per module); on common GPUs it is known.
 
+    A model compiled whole (``torch.compile(model)``) is profiled from its kernels:
+    layerscope compiles its module once more with Inductor's provenance tracking, and
+    each module's time comes from the kernel calls holding its FX nodes; FLOPs, memory
+    and op rows from one eager pass (``record_ops`` has no effect). Forward only;
+    ``meta["compile"]`` holds the kernels, graph breaks and compile time.
+
     The model is left as it was: hooks are removed and modes exited even if it raises,
     parameter and buffer values (a train-mode BatchNorm's statistics) and torch's random
     state are put back, and its exception reaches the caller unchanged.
@@ -125,7 +131,7 @@ def profile(
                 "model._orig_mod for the eager training step"
             )
         return _profile_compiled(
-            eager, inputs, warmup=warmup, repeat=repeat, record_ops=record_ops, memory=memory, no_grad=no_grad,
+            eager, inputs, warmup=warmup, repeat=repeat, memory=memory, no_grad=no_grad,
             progress=progress, peak_tflops=peak_tflops,
         )  # fmt: skip
     refuse_compiled(model)
@@ -209,7 +215,7 @@ def profile(
 
 
 def _profile_compiled(
-    eager: nn.Module, inputs: Any, *, warmup: int, repeat: int, record_ops: bool, memory: bool,
+    eager: nn.Module, inputs: Any, *, warmup: int, repeat: int, memory: bool,
     no_grad: bool | None, progress: Progress | None, peak_tflops: float | None,
 ) -> Profile:
     """A compiled model's profile: the tree, FLOPs, MACs, shapes and memory of one eager
@@ -217,10 +223,10 @@ def _profile_compiled(
     of layerscope's own compile of it (``capture/compiled.py``, ``attribute/compiled.py``)."""
     refuse_meta_timing(eager, inputs)
     report = progress or (lambda stage, done, total: None)
+    # The eager pass records ops whatever record_ops says: FLOPs come from them. Its
+    # trace is dropped: its spans are the eager run's times, not the compiled one's.
     prof = count_flops(eager, inputs, no_grad=no_grad, memory=memory)
-    if not record_ops:
-        for node in prof.nodes():
-            node.ops = []
+    prof.trace = None
     no_grad, grad = _grad_mode(no_grad, False)
     args, kwargs = split_inputs(inputs)
     with exclusive(eager), grad, state_restored(eager):
