@@ -475,7 +475,6 @@ or cycles (step ranges), or one rank given twice, are refused (exit 2).
 
 
 def _add_merge_parser(sub: Any) -> None:
-
     merge = sub.add_parser(
         "merge", help="merge the per-rank profiles of a distributed run: imbalance, stragglers, waiting",
         epilog=MERGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -516,7 +515,6 @@ size and returning the whole batch instead. Throughput is batch size / mean late
 
 
 def _add_bench_parser(sub: Any) -> None:
-
     bench = sub.add_parser(
         "bench", help="benchmark a whole model: latency, throughput and memory per batch size",
         epilog=EPILOG.split("examples:")[0] + BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -630,6 +628,8 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     from layerscope.capture.modules import refuse_meta_timing
     from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
 
+    if getattr(args, "compile", False) and args.backward:
+        raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
     device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
     peak = getattr(args, "peak_tflops", None)
@@ -656,12 +656,12 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     if getattr(args, "compile", False):
         import torch
 
-        if args.backward:
-            raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
         model = torch.compile(model)
 
     fmt = _output_format(args, "profile")
     format_options = _format_options(args, "profile", fmt)
+    if getattr(args, "compile", False) and fmt == "chrome":
+        raise UsageError("a compiled model's profile keeps no trace; its kernels and their times: --format kernels")
     if args.output:
         _check_writable(args.output)  # before a run that may take minutes
     with _hinted(model, inputs), amp:
