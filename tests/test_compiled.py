@@ -147,6 +147,11 @@ def test_zoo_mlp_compiled_per_module() -> None:
         assert prof[path].forward.self_cpu_time_ns > 0
     text = prof.render("text")
     assert "Compiled (inductor): 1 graph(s), 0 graph break(s)" in text
+    # With ops nested, the eager ops show FLOPs and shapes but no time: they never ran.
+    addmm = next(line for line in prof.render("text", show_ops=True).splitlines() if "aten::addmm" in line)
+    cells = [cell.strip() for cell in addmm.split("|")]
+    assert cells[1:5] == ["", "", "", ""] and cells[5].endswith("K")  # type, times, CPU % blank; FLOPs shown
+    assert all(op.cpu_time_ns == 0 for node in prof.nodes() for op in node.ops)
     with pytest.raises(RenderError, match="compiled model's profile keeps no trace"):
         prof.render("chrome")  # the eager pass's spans are not the compiled run's
     assert "layers.0 100.0%" in prof.render("kernels")

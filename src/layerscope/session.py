@@ -224,9 +224,12 @@ def _profile_compiled(
     refuse_meta_timing(eager, inputs)
     report = progress or (lambda stage, done, total: None)
     # The eager pass records ops whatever record_ops says: FLOPs come from them. Its
-    # trace is dropped: its spans are the eager run's times, not the compiled one's.
+    # trace and op times are dropped: they are the eager run's, not the compiled one's.
     prof = count_flops(eager, inputs, no_grad=no_grad, memory=memory)
     prof.trace = None
+    for node in prof.nodes():  # the eager ops' times were the counting pass's, not the compiled run's
+        for op in node.ops:
+            op.cpu_time_ns = op.self_cpu_time_ns = 0
     no_grad, grad = _grad_mode(no_grad, False)
     args, kwargs = split_inputs(inputs)
     with exclusive(eager), grad, state_restored(eager):

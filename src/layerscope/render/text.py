@@ -263,10 +263,20 @@ STEP_COLUMNS: list[TreeColumn] = [
 _SHAPES = TreeColumn("Input shapes", "shapes", 13, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
 
 
+#: Columns whose op cells are times: blank for a compiled model's op rows, which are the
+#: eager pass's (its eager ops never ran in the timed passes).
+_OP_TIME_KEYS = frozenset({
+    "self_cpu", "cpu_total", "cpu_pct", "self_device", "device_total", "fwd_self", "fwd_total", "bwd_self",
+    "bwd_total", "recompute", "step_pct", "comm", "flop_rate", "mfu",
+})  # fmt: skip
+
+
 def _rows(
     profile: Profile, columns: list[TreeColumn], depth: int | None, show_ops: bool
 ) -> list[list[str]]:
     rows: list[list[str]] = []
+    untimed_ops = "compile" in profile.meta
+    op_cells = [None if c.op is None or (untimed_ops and c.key in _OP_TIME_KEYS) else c.op for c in columns]
 
     def visit(node: ModuleNode, prefix: str, is_last: bool, is_root: bool) -> None:
         branch = "" if is_root else ("└── " if is_last else "├── ")
@@ -276,9 +286,7 @@ def _rows(
         if show_ops:
             op_prefix = inner + ("│   " if children else "    ")
             for op in node.ops:
-                rows.append(
-                    [op_prefix + op.name] + [c.op(op, profile) if c.op else "" for c in columns]
-                )
+                rows.append([op_prefix + op.name] + [cell(op, profile) if cell else "" for cell in op_cells])
         for n, child in enumerate(children):
             visit(child, inner, n == len(children) - 1, False)
 
