@@ -241,7 +241,7 @@ def check_options(*, sort_by: str | None = None, group_by: GroupBy | None = "nam
 def _available(profile: Profile, ops: list[OpStats]) -> dict[str, str | None]:
     """Each metric field, mapped to None if this profile has it, else to why not."""
     untimed = None if profile.timed else "the profile was not timed (count_flops)"
-    if "compile" in profile.meta:
+    if profile.compiled is not None:
         untimed = "the model ran compiled: its eager ops never ran (kernel times: --format kernels)"
     no_device = "the profile has no device time (it ran on the CPU)"
     if any(op.device_time_ns is not None for op in ops):

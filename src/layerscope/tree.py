@@ -268,6 +268,12 @@ class Profile:
         """False for an untimed count (``count_flops``): its time fields are all zero."""
         return bool(self.meta.get("timed", True))
 
+    @property
+    def compiled(self) -> dict[str, Any] | None:
+        """A ``torch.compile``d model's run (kernels, graph breaks, compile time), None
+        for an eager one: its times come from kernels, its op rows from an eager pass."""
+        return self.meta.get("compile")
+
     def nodes(self) -> Iterator[ModuleNode]:
         """Every node, depth first: the model's tree in ``named_modules()`` order, then
         the step's parts."""

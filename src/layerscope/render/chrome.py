@@ -198,7 +198,7 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
 def process_events(profile: Profile, pid: int, process_name: str) -> Iterator[str]:
     """One profile's events as process ``pid``: its name, then spans, flows and memory.
     A Chrome trace of several profiles (the ranks of a run) holds one such process each."""
-    if profile.trace is None and "compile" in profile.meta:
+    if profile.trace is None and profile.compiled:
         raise RenderError(
             "a compiled model's profile keeps no trace (the eager pass's spans would not be the compiled run's); "
             "its kernels and their times: --format kernels"

@@ -28,7 +28,7 @@ def _extern(call: str) -> bool:
 
 @register_renderer("kernels", description="a compiled model's kernel calls and the modules they hold")
 def render_kernels(profile: Profile) -> str:
-    info = profile.meta.get("compile")
+    info = profile.compiled
     if not info:
         raise RenderError("the kernels format is for a torch.compile'd model's profile; this model ran eagerly")
     kernels = info.get("kernels") or []

@@ -275,7 +275,7 @@ def _rows(
     profile: Profile, columns: list[TreeColumn], depth: int | None, show_ops: bool
 ) -> list[list[str]]:
     rows: list[list[str]] = []
-    untimed_ops = "compile" in profile.meta
+    untimed_ops = profile.compiled is not None
     op_cells = [None if c.op is None or (untimed_ops and c.key in _OP_TIME_KEYS) else c.op for c in columns]
 
     def visit(node: ModuleNode, prefix: str, is_last: bool, is_root: bool) -> None:
@@ -384,7 +384,7 @@ def _leaves(nested: Any) -> list[str]:
 def compile_lines(profile: Profile) -> list[str]:
     """A compiled model's run: graphs, breaks, compile time, the kernels' share of the
     step and the rule that split them (nothing for an eager profile)."""
-    info = profile.meta.get("compile")
+    info = profile.compiled
     if not info:
         return []
     kernels = info.get("kernels") or []
