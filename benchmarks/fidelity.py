@@ -9,16 +9,21 @@ For each model, in one process, rounds interleave four variants of the same work
   (the lightest possible per-module measurement), plus, for training steps, full
   backward hooks on leaf modules for their backward spans; written here, independent
   of layerscope;
-- *layerscope*: a ``layerscope.Profiler`` block running ``1 + steps`` steps (its first
-  step is the detail step; the rest are timed through torch's profiler);
-- *torch.profiler*: ``torch.profiler.profile(record_shapes=True)`` around the same
-  steps.
+- *layerscope*: a ``layerscope.Profiler`` block running ``steps`` steps with
+  ``prof.step()`` after each; every step is timed and detailed (ops, shapes, FLOPs,
+  memory) by one run of torch's profiler;
+- *one-step block*: ``steps`` blocks of one step each (``with Profiler(model): work()``);
+- *torchprof* and *deepspeed* (forward only): the drop-ins, one step per block or
+  ``start_profile``/``stop_profile`` window, as people arriving from those tools run them;
+- *torch.profiler*: ``torch.profiler.profile(record_shapes=True, profile_memory=True)``
+  around the same steps: the same detail, torch's own way.
 
 Reported per model: the median per-step wall time of each variant and its ratio to
-plain; for every module whose reference time is at least ``--min-us``, the ratio of
-layerscope's time to the reference's (forward totals; backward totals of leaf modules
-in training steps), how many are within 15%, and the worst ones. Also the 1000 x
-``Linear(16, 16)`` forward, where instrumentation per module dominates.
+plain; the root's forward time per step against plain (the time a user is shown); for
+every module whose reference time is at least ``--min-us``, the ratio of each
+layerscope variant's time to the reference's (forward totals; backward totals of leaf
+modules in training steps), how many are within 15%, and the worst ones. Also the
+1000 x ``Linear(16, 16)`` forward, where instrumentation per module dominates.
 
 Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny]
 """
@@ -178,17 +183,34 @@ def timed_steps(work: Work, steps: int, mark: Callable[[], None] = lambda: None)
 
 
 def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) -> dict[str, Any]:
+    from layerscope.compat import deepspeed, torchprof
+
     torch.manual_seed(0)
     model, inputs = MODELS[name]()
     model.train(train)
     work = Work(model, inputs, train)
     for _ in range(5):
         work()
-    walls: dict[str, list[float]] = {"plain": [], "reference": [], "layerscope": [], "torch.profiler": []}
+    ours = ["layerscope", "one-step block"] + ([] if train else ["torchprof", "deepspeed"])
+    walls: dict[str, list[float]] = {v: [] for v in ["plain", "reference", *ours, "torch.profiler"]}
     ref_fwd: dict[str, list[float]] = {}
     ref_bwd: dict[str, list[float]] = {}
-    ls_fwd: dict[str, list[float]] = {}
-    ls_bwd: dict[str, list[float]] = {}
+    # Per variant and phase: each module's time per step, one value per round.
+    found: dict[str, dict[str, dict[str, list[float]]]] = {v: {"forward": {}, "backward": {}} for v in ours}
+
+    def keep(variant: str, profiles: list[Any]) -> None:
+        """Each module's time per step, from one or more profiles of one round."""
+        total_steps = sum(p.meta["steps"] for p in profiles)
+        for phase in ("forward", "backward"):
+            sums: dict[str, int] = {}
+            for profile in profiles:
+                for node in profile.modules():
+                    stats = getattr(node, phase)
+                    if stats is not None and node.profiled:
+                        sums[node.path] = sums.get(node.path, 0) + stats.cpu_time_ns
+            for path, ns in sums.items():
+                found[variant][phase].setdefault(path, []).append(ns / total_steps)
+
     def plain_variant() -> None:
         walls["plain"].append(timed_steps(work, steps))
 
@@ -208,23 +230,54 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
 
     def layerscope_variant() -> None:
         with layerscope.Profiler(model) as prof:
-            work()  # the detail step
-            prof.step()
             walls["layerscope"].append(timed_steps(work, steps, prof.step))
-        profile = prof.profile
-        timed = profile.meta["steps"]  # the timed steps the figures add up over
-        for node in profile.modules():
-            ls_fwd.setdefault(node.path, []).append(node.forward.cpu_time_ns / timed)
-            if node.backward is not None:
-                ls_bwd.setdefault(node.path, []).append(node.backward.cpu_time_ns / timed)
+        keep("layerscope", [prof.profile])
+
+    def blocks(variant: str, block: Callable[[], Any]) -> None:
+        """``steps`` blocks of one step each; the step's own wall time, inside the block."""
+        times, profiles = [], []
+        for _ in range(steps):
+            ns, profile = block()
+            times.append(ns)
+            profiles.append(profile)
+        walls[variant].append(statistics.median(times))
+        keep(variant, profiles)
+
+    def one_step() -> tuple[int, Any]:
+        with layerscope.Profiler(model) as prof:
+            t0 = time.perf_counter_ns()
+            work()
+            ns = time.perf_counter_ns() - t0
+        return ns, prof.profile
+
+    def torchprof_step() -> tuple[int, Any]:
+        with torchprof.Profile(model) as prof:
+            t0 = time.perf_counter_ns()
+            work()
+            ns = time.perf_counter_ns() - t0
+        return ns, prof.profile
+
+    def deepspeed_step() -> tuple[int, Any]:
+        flops = deepspeed.FlopsProfiler(model)
+        flops.start_profile()
+        t0 = time.perf_counter_ns()
+        work()
+        ns = time.perf_counter_ns() - t0
+        flops.stop_profile()
+        profile = flops.profile
+        flops.end_profile()
+        return ns, profile
 
     def torch_variant() -> None:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True):
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True):
             walls["torch.profiler"].append(timed_steps(work, steps))
 
-    variants = [plain_variant, reference_variant, layerscope_variant, torch_variant]
+    variants = [plain_variant, reference_variant, layerscope_variant, lambda: blocks("one-step block", one_step), torch_variant]
     if train:
         variants.append(backward_reference_variant)
+    else:
+        variants += [lambda: blocks("torchprof", torchprof_step), lambda: blocks("deepspeed", deepspeed_step)]
     for n in range(rounds):
         # The order rotates round by round, so no variant always follows the same one.
         for variant in variants[n % len(variants) :] + variants[: n % len(variants)]:
@@ -235,20 +288,26 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
         median = statistics.median(values)
         print(f"  {variant:16s} {median / 1e3:10.1f} us/step   x{median / plain:.3f}")
     result: dict[str, Any] = {"ratio": statistics.median(walls["layerscope"]) / plain}
-    for phase, ref, ours in (("forward", ref_fwd, ls_fwd), ("backward", ref_bwd, ls_bwd)):
-        rows = []
-        for path, values in ref.items():
-            ref_ns = statistics.median(values)
-            if ref_ns < min_us * 1e3 or path not in ours:
+    for variant in ours:
+        if not train:
+            root = statistics.median(found[variant]["forward"][""])
+            print(f"  {variant}: root forward {root / 1e3:.1f} us/step, x{root / plain:.3f} plain")
+            result[f"{variant} root"] = root / plain
+        for phase, ref in (("forward", ref_fwd), ("backward", ref_bwd)):
+            mine = found[variant][phase]
+            rows = []
+            for path, values in ref.items():
+                ref_ns = statistics.median(values)
+                if ref_ns < min_us * 1e3 or path not in mine:
+                    continue
+                rows.append((statistics.median(mine[path]) / ref_ns, path, ref_ns))
+            if not rows:
                 continue
-            rows.append((statistics.median(ours[path]) / ref_ns, path, ref_ns))
-        if not rows:
-            continue
-        within = sum(1 for r, _, _ in rows if abs(r - 1) <= TOLERANCE)
-        print(f"  {phase}: {within}/{len(rows)} modules of >= {min_us:g} us within {TOLERANCE:.0%} of the reference")
-        for ratio, path, ref_ns in sorted(rows, key=lambda r: -abs(r[0] - 1))[:5]:
-            print(f"    {path or '(root)':45s} ref {ref_ns / 1e3:9.1f} us   layerscope x{ratio:.3f}")
-        result[phase] = (within, len(rows))
+            within = sum(1 for r, _, _ in rows if abs(r - 1) <= TOLERANCE)
+            print(f"  {variant} {phase}: {within}/{len(rows)} modules of >= {min_us:g} us within {TOLERANCE:.0%} of the reference")
+            for ratio, path, ref_ns in sorted(rows, key=lambda r: -abs(r[0] - 1))[:3]:
+                print(f"    {path or '(root)':45s} ref {ref_ns / 1e3:9.1f} us   x{ratio:.3f}")
+            result[f"{variant} {phase}"] = (within, len(rows))
     return result
 
 

@@ -311,10 +311,10 @@ def test_other_data_says_how_times_were_measured() -> None:
             model(x).pow(2).mean().backward()
             prof.step()
     other = _chrome(check_tree(prof.profile))["otherData"]
-    assert other["mode"] == "context" and other["counts_from"] == "detail step"
-    assert other["trace_run"] == f"step {other['detail_step']}"
-    assert other["times"].startswith(f"module times: {other['steps']} steps timed with torch's profiler")
-    assert "dispatch mode" in other["trace_times"] and "2^-12" in other["time_unit"]
+    assert other["mode"] == "context" and other["steps"] == 3 and "counts_from" not in other
+    assert other["trace_run"] == "step 2"
+    assert other["times"].startswith("module times: the sum of 3 steps, each timed with its ops")
+    assert "torch's profiler" in other["trace_times"] and "2^-12" in other["time_unit"]
     one = _chrome(_zoo_backward("mlp"))["otherData"]
     assert (one["mode"], one["trace_run"], one["repeat"]) == ("profile", "op pass", 1)
     assert one["times"] == "module times: median of 1 timed pass after 1 warm-up, apart from the traced op pass"

@@ -185,9 +185,9 @@ def test_lightning_default_folder_and_ranks_share_it(pl: Any, tmp_path: Path, mo
     for path, rank in ((first.paths[0], 0), (second.paths[0], 1)):
         prof = check_tree(layerscope.load(path))
         assert prof.meta["rank"] == rank
-        # No warm-up step: step 1 is the cycle's detail step, step 2 its timed step.
-        assert prof.meta["detail_step"] == 1
-        assert prof.meta["steps"] == 1
+        # Steps 1 and 2, each timed and detailed.
+        assert prof.meta["step_numbers"] == [1, 2]
+        assert prof.meta["steps"] == 2
 
 
 def test_lightning_run_that_raises_is_closed_and_written_incomplete(pl: Any, tmp_path: Path) -> None:

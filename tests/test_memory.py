@@ -9,6 +9,7 @@ forward *allocated* the storage that autograd saved (see docs/memory.md).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -158,8 +159,10 @@ def test_transformers_bert_activations_equal_live_growth() -> None:
 # -- the training step ---------------------------------------------------------------------
 
 
-def _adam_steps(model: nn.Module, inputs: torch.Tensor, steps: int, **options: Any) -> Profile:
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def _adam_steps(
+    model: nn.Module, inputs: torch.Tensor, steps: int, optimizer: Any = torch.optim.Adam, **options: Any
+) -> Profile:
+    opt = optimizer(model.parameters(), lr=1e-3)
     with layerscope.Profiler(model, **options) as prof:
         for _ in range(steps):
             opt.zero_grad()
@@ -226,22 +229,49 @@ def test_later_steps_count_existing_state_from_the_start() -> None:
     assert memory["peak_categories"]["optimizer_state"] == state
 
 
-def test_cycle_sizes_come_from_its_detail_step_and_flows_add_up() -> None:
+def test_every_step_is_its_own_sizes_come_from_the_peak_step_and_flows_add_up() -> None:
     one = _adam_steps(_chain(), X, 1)
     three = _adam_steps(_chain(), X, 3)
-    # Memory is tracked in the cycle's detail step (its first step here, with Adam
-    # allocating its state); the 2 steps after it are timed, and the detail step's
-    # flows stand for each of them.
-    assert three.meta["detail_step"] == 0 and three.meta["steps"] == 2
-    assert one.meta["times_from"] == "detail step" and one.meta["steps"] == 1
-    assert three.memory["peak_bytes"] == one.memory["peak_bytes"]
+    # Every step records its own memory: flows (allocations) add up over the steps, and
+    # sizes (peaks, activations) are the peak step's.
+    assert one.meta["steps"] == 1 and three.meta["steps"] == 3
+    assert "detail_step" not in three.meta and "times_from" not in three.meta
+    assert three.memory["peak_bytes"] >= one.memory["peak_bytes"]
     for node in three.modules():
         single = one[node.path]
         assert node.forward.activation_bytes == single.forward.activation_bytes
-        assert node.forward.peak_bytes == single.forward.peak_bytes
-        # Allocations are summed over the timed steps, like time and FLOPs.
-        assert node.forward.alloc_bytes == 2 * single.forward.alloc_bytes
-        assert node.forward.flops == 2 * single.forward.flops
+        assert node.forward.alloc_bytes == 3 * single.forward.alloc_bytes
+        assert node.forward.flops == 3 * single.forward.flops
+
+
+def _adamw_loop(steps: int, schedule: Any = None) -> Profile:
+    return _adam_steps(_chain(), X, steps, torch.optim.AdamW, schedule=schedule)
+
+
+def test_step_zero_one_off_work_appears_once_in_step_zero() -> None:
+    # AdamW creates its state (a zeros_like per moment and parameter) in step 0 only.
+    cold = _adamw_loop(4)
+    warm = _adamw_loop(4, layerscope.schedule(wait=0, warmup=1, active=3, repeat=1))
+    assert cold.meta["step_numbers"] == [0, 1, 2, 3] and warm.meta["step_numbers"] == [1, 2, 3]
+    params = len(list(_chain().parameters()))  # 6: three weights, three biases
+    state_bytes = 2 * 820 * F32  # exp_avg and exp_avg_sq, once each
+    cold_opt, warm_opt = cold["<optimizer:AdamW>"], warm["<optimizer:AdamW>"]
+    zeros = {op.name: op for op in cold_opt.ops if op.name == "aten::zeros_like"}
+    # Counted once (2 moments x 6 parameters), not once per step.
+    assert sum(op.calls for op in cold_opt.ops if op.name == "aten::zeros_like") == 2 * params
+    assert zeros and not [op for op in warm_opt.ops if op.name == "aten::zeros_like"]
+    # Step 0's optimizer allocated the state, besides what every step allocates.
+    per_step = warm_opt.forward.alloc_bytes // 3
+    assert cold_opt.forward.alloc_bytes - 4 * per_step >= state_bytes
+    # The other steps' figures are the warmed-up loop's: modules' flops and allocations
+    # per step are equal, and the optimizer's FLOPs per step too.
+    for node in warm.modules():
+        assert cold[node.path].forward.flops * 3 == node.forward.flops * 4, node.path
+        assert cold[node.path].forward.alloc_bytes * 3 == node.forward.alloc_bytes * 4, node.path
+    assert cold_opt.forward.flops * 3 == warm_opt.forward.flops * 4
+    # And step 0 stands out in the steps' spread: it is named when it is far off.
+    spread = cold.step_spread()
+    assert spread is not None and [n for n, _ in spread.steps] == [0, 1, 2, 3]
 
 
 def test_training_step_activations_are_freed_in_backward() -> None:
@@ -583,3 +613,63 @@ def test_the_timeline_splits_live_bytes_by_category_at_every_point() -> None:
     counters = [e for e in events if e.get("name") == "memory by category"]
     assert len(counters) == len(timeline["t_ns"])
     assert counters[at_peak]["args"] == memory["peak_categories"]
+
+
+# -- the events against the dispatch mode ------------------------------------------------
+
+
+def _adam_training(inside_torch_profiler: bool) -> Profile:
+    model = _chain()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with contextlib.ExitStack() as stack:
+        if inside_torch_profiler:
+            # Only one torch profiler runs: layerscope falls back to its dispatch mode.
+            stack.enter_context(torch.profiler.profile())
+        prof = stack.enter_context(layerscope.Profiler(model))
+        for _ in range(2):
+            opt.zero_grad()
+            model(X).sum().backward()
+            opt.step()
+            prof.step()
+    return check_tree(prof.profile)
+
+
+def test_memory_from_torchs_events_equals_the_dispatch_modes() -> None:
+    events, dispatch = _adam_training(False), _adam_training(True)
+    assert "times_from" not in events.meta and dispatch.meta["times_from"] == "dispatch mode"
+    fields = ("alloc_bytes", "freed_bytes", "peak_bytes", "activation_bytes", "grad_bytes", "flops", "macs")
+    for node in events.modules():
+        for phase in ("forward", "backward"):
+            mine, theirs = getattr(node, phase), getattr(dispatch[node.path], phase)
+            assert [getattr(mine, f) for f in fields] == [getattr(theirs, f) for f in fields], (node.path, phase)
+    assert events["<loss>"].forward.alloc_bytes == dispatch["<loss>"].forward.alloc_bytes
+    for key in ("baseline_bytes", "optimizer_state_bytes"):
+        assert events.memory[key] == dispatch.memory[key], key
+    # Adam's arithmetic with Python scalars: torch's profiler sees each scalar's 0-d
+    # tensor (8 bytes) allocated, a dispatch mode does not. Nothing else differs.
+    extra = events["<optimizer:Adam>"].forward.alloc_bytes - dispatch["<optimizer:Adam>"].forward.alloc_bytes
+    assert extra >= 0 and extra % 8 == 0 and extra < 1024
+    assert 0 <= events.memory["peak_bytes"] - dispatch.memory["peak_bytes"] <= 64
+
+
+def test_a_released_input_is_freed_while_the_profiler_runs() -> None:
+    # Recording shapes must not keep an op's inputs alive until the profiler stops: x
+    # and y, 1 MiB each and inputs of recorded ops, are freed when deleted, before two
+    # more MiB are allocated in the same step.
+    mib = 32768 * 8 * F32
+    model = _chain()
+    with layerscope.Profiler(model) as prof:
+        model(X)
+        x = torch.randn(32768, 8)
+        y = x * 2
+        z = y.sum()
+        del x, y
+        big, again = torch.empty(32768, 8), torch.empty(32768, 8)
+        del big, again, z
+        prof.step()
+    profile = check_tree(prof.profile)
+    freed = sum(stats.freed_bytes or 0 for node in profile.nodes() for _, stats in node.phases())
+    assert freed >= 4 * mib
+    # Had x and y been kept alive, the live bytes would have reached 4 MiB above the start.
+    memory = profile.memory
+    assert 2 * mib <= memory["peak_bytes"] - memory["baseline_bytes"] < 3 * mib

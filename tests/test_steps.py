@@ -111,11 +111,11 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     profile = check_tree(delivered[0])
     assert prof.profile is profile
     meta = profile.meta
-    # Step 0 is the detail step (ops, shapes, FLOPs, memory); the 4 after it are timed
-    # through torch's profiler, and the detail step's counts stand for each of them.
-    timed = steps - 1
-    assert meta["detail_step"] == 0
-    assert meta["counts_from"] == "detail step"
+    # Every step is timed and detailed (ops, shapes, FLOPs, memory) by one run of
+    # torch's profiler: no step stands for another.
+    timed = steps
+    assert "detail_step" not in meta and "counts_from" not in meta and "times_from" not in meta
+    assert meta["step_numbers"] == list(range(steps))
     assert meta["steps"] == timed
     assert len(meta["step_times_ns"]) == timed
     assert all(t > 0 for t in meta["step_times_ns"])
@@ -136,7 +136,7 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     assert parts["<optimizer:SGD>"].calls == timed
     assert parts["<optimizer:SGD>"].forward.flops > 0  # the parameter updates
     assert parts["<zero_grad>"].calls == timed
-    # Op rows are the detail step's, once per timed step.
+    # Each step recorded its own op rows.
     (mse,) = [op for op in parts["<loss>"].ops if op.name == "aten::mse_loss"]
     assert mse.calls == timed
 
@@ -230,23 +230,18 @@ def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
             pre, post, modes = next(seen)
             if action == "NONE":
                 assert (pre, post, modes) == baseline, f"step {step} is idle but profiling was on"
-            elif action == "WARMUP":
-                # The last warm-up step of a cycle is its detail step: one pre hook, one
-                # forward hook, one op-recording mode.
-                assert (pre, post, modes) == (baseline[0] + 1, baseline[1] + 1, baseline[2] + 1), step
             else:
-                # Recorded steps are timed through torch's profiler: module ranges from
-                # the two global hooks, and no dispatch mode.
+                # Warm-up and recorded steps run under torch's profiler: module ranges
+                # from the two global hooks, and no dispatch mode (warm-up steps are
+                # dropped when read back).
                 assert (pre, post, modes) == (baseline[0] + 1, baseline[1] + 1, baseline[2]), step
 
-    # Warm-up steps (1 and 5, each with two forwards) were detail steps: their ops,
-    # FLOPs and memory stand for each recorded step, their times are discarded. They
-    # ran twice the work of a recorded step, and the profile says so.
+    # Warm-up steps (1 and 5, each with two forwards) are dropped: nothing of theirs,
+    # times or counts, is in a cycle's figures.
     assert [p.meta["step_range"] for p in delivered] == [[2, 3], [6, 7]]
     for profile in delivered:
         check_tree(profile)
-        assert profile.meta["detail_step"] in (1, 5)
-        assert "" in profile.meta["detail_mismatch"]
+        assert "detail_step" not in profile.meta
         assert profile.meta["steps"] == 2
         assert len(profile.meta["step_times_ns"]) == 2
         assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
@@ -255,7 +250,7 @@ def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
     assert prof.profile is delivered[-1]
 
 
-def test_the_detail_step_runs_without_torchs_profiler_and_timed_steps_without_a_mode() -> None:
+def test_every_step_runs_under_torchs_profiler_and_none_under_a_mode() -> None:
     seen: list[tuple[str, bool, int]] = []
 
     class Spy(nn.Module):
@@ -264,16 +259,16 @@ def test_the_detail_step_runs_without_torchs_profiler_and_timed_steps_without_a_
             return x
 
     model = nn.Sequential(nn.Linear(8, 8), Spy())
-    # Two warm-up steps: the first is timed and dropped, the second is the detail step.
+    # Two warm-up steps, run under the profiler and dropped; two recorded steps.
     sched = layerscope.schedule(wait=0, warmup=2, active=2, repeat=1)
     with layerscope.Profiler(model, schedule=sched) as prof:
         for _ in range(4):
             model(torch.randn(2, 8)).sum().backward()
             prof.step()
-    assert [(profiler, modes) for _, profiler, modes in seen] == [(True, 0), (False, 1), (True, 0), (True, 0)]
+    assert [(profiler, modes) for _, profiler, modes in seen] == [(True, 0)] * 4
     profile = check_tree(prof.profile)
-    assert profile.meta["detail_step"] == 1 and profile.meta["steps"] == 2
-    assert "detail_mismatch" not in profile.meta
+    assert profile.meta["steps"] == 2 and profile.meta["step_numbers"] == [2, 3]
+    assert profile["0"].forward.flops == 2 * (2 * 2 * 8 * 8 + 2 * 8)
 
 
 def test_inside_a_users_torch_profiler_every_step_is_a_detail_step() -> None:
@@ -285,7 +280,7 @@ def test_inside_a_users_torch_profiler_every_step_is_a_detail_step() -> None:
             model(torch.randn(2, 8)).sum().backward()
             prof.step()
     profile = check_tree(prof.profile)
-    assert profile.meta["steps"] == 3 and "counts_from" not in profile.meta
+    assert profile.meta["steps"] == 3 and profile.meta["times_from"] == "dispatch mode"
     assert profile[""].calls == 3
     assert any(e.name == "aten::addmm" for e in theirs.events())
 
@@ -424,7 +419,6 @@ def _container_sizes(prof: Any) -> dict[str, int]:
         "recorder": prof._recorder,
         "steps": prof._steps,
         "total": prof._steps.total,
-        "detail": prof._detail,
     }
     return {
         f"{owner}.{name}": len(value)
@@ -447,14 +441,14 @@ def _long_run(steps: int) -> tuple[dict[str, int], int, Profile]:
             prof.step()
         # Still inside the block: what the Profiler holds after `steps` steps (leaving
         # the block hands the totals over to the profile and starts a new accumulator).
-        # Step 0 was the detail step; the timed steps after it are folded in whenever
-        # torch's profiler is read back, at most WINDOW_STEPS steps apart (the window
-        # also holds the step opened by the last step() call).
-        assert prof._steps.steps + len(prof._window_steps) == steps
-        assert len(prof._window_steps) < WINDOW_STEPS
+        # Every step is folded in whenever torch's profiler is read back, at most
+        # WINDOW_STEPS steps apart (the window also holds the step opened by the last
+        # step() call).
+        assert prof._steps.steps + len(prof._window_steps) == steps + 1
+        assert len(prof._window_steps) <= WINDOW_STEPS
         sizes = _container_sizes(prof)
         sizes.pop("prof._window_steps")
-        op_calls = sum(op.calls for op in prof._detail.ops.values())
+        op_calls = sum(op.calls for op in prof._steps.total.ops.values()) // prof._steps.steps
     return sizes, op_calls, prof.profile
 
 
@@ -464,19 +458,23 @@ def test_long_runs_keep_running_totals_not_raw_events() -> None:
     # Only the per-step wall times grow with the run (O(steps) ints, by design); every
     # other container the Profiler holds has the same size after 50 and 300 steps: the
     # op table has one entry per (node, phase, op, shapes), not one per call.
-    assert short_sizes.pop("steps.step_times_ns") == (50 - 1) // WINDOW_STEPS * WINDOW_STEPS
-    assert long_sizes.pop("steps.step_times_ns") == (300 - 1) // WINDOW_STEPS * WINDOW_STEPS
+    for sizes, steps in ((short_sizes, 50), (long_sizes, 300)):
+        # Read back every WINDOW_STEPS steps (the open step counts in the window).
+        read = (steps + 1) // WINDOW_STEPS * WINDOW_STEPS
+        assert sizes.pop("steps.step_times_ns") == read
+        assert sizes.pop("steps.step_numbers") == read
     assert long_sizes == short_sizes
-    assert short_sizes["detail.ops"] > 0
+    assert short_sizes["total.ops"] > 0
     assert max(long_sizes.values()) < 50
-    # The detail step's op rows stand for every timed step.
+    # Every step recorded its own ops: the same rows each step.
     assert long_calls == short_calls
     for profile, steps in ((short, 50), (long, 300)):
         check_tree(profile)
-        assert profile.meta["steps"] == steps - 1
-        assert len(profile.meta["step_times_ns"]) == steps - 1
-        assert profile["2"].calls == steps - 1
-        assert sum(op.calls for node in profile.nodes() for op in node.ops) == (steps - 1) * short_calls
+        assert profile.meta["steps"] == steps
+        assert len(profile.meta["step_times_ns"]) == steps
+        assert profile.meta["step_numbers"] == list(range(steps))
+        assert profile["2"].calls == steps
+        assert sum(op.calls for node in profile.nodes() for op in node.ops) == steps * short_calls
 
 
 # -- exact times with a fake clock -----------------------------------------------------

@@ -98,7 +98,7 @@ NODE = Obj(
 META = Obj(
     {
         "model": STR, "device": STR, "dtype": Opt(STR), "mode": STR, "repeat": Opt(INT), "warmup": Opt(INT),
-        "steps": Opt(INT), "step_time_ns": Opt(INT), "step_times_ns": Opt(ListOf(INT)),
+        "steps": Opt(INT), "step_time_ns": Opt(INT), "step_times_ns": Opt(ListOf(INT)), "step_numbers": Opt(ListOf(INT)),
         "pass_cpu_time_ns": Opt(ListOf(INT)), "unattributed_ops": Opt(INT), "peak_flops_per_s": Opt(NUMBER),
         "complete": Opt(BOOL), "timed": Opt(BOOL), "rank": Opt(INT), "world_size": Opt(INT),
         "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR), "step_range": Opt(Row((INT, INT))),

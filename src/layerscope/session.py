@@ -16,7 +16,6 @@ from torch import nn
 from layerscope import __version__
 from layerscope.attribute import (
     Accumulator,
-    PassResult,
     build_from_steps,
     build_profile,
     parent_indices,
@@ -154,7 +153,18 @@ def profile(
         timed = _timed_backend(recorder, modules, selected, device)
     if timed is None:
         timed = RecorderSteps(recorder, detailed=False, steps=backward)
-    detail = RecorderSteps(recorder, detailed=True, steps=backward)
+    # Op rows, shapes, FLOPs and memory from a pass under torch's profiler (recording
+    # shapes and memory); the dispatch mode only where that profiler cannot run.
+    detail: Backend | None = None
+    if clock is None:
+        detail = _detailed_backend(
+            model, recorder, modules, selected, device, memory=memory, with_stack=with_stack, steps=backward,
+            inputs=recorder.memory_inputs,
+        )  # fmt: skip
+    ops_from = None
+    if detail is None:
+        detail = RecorderSteps(recorder, detailed=True, steps=backward)
+        ops_from = "dispatch mode" if record_ops and clock is None else None
 
     def step(on: Backend) -> None:
         _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
@@ -162,11 +172,11 @@ def profile(
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         for n in range(warmup):
             clear_grads()
-            if record_ops and n == warmup - 1:
+            if record_ops and n == warmup - 1 and isinstance(detail, RecorderSteps):
                 with recorder.warm_detail_pass():
                     step(detail)
             else:
-                step(detail)
+                step(timed)
             report("warmup", n + 1, warmup)
         try:
             for n in range(repeat):
@@ -181,13 +191,19 @@ def profile(
             timing_passes = timed.collect()
         op_pass = None
         if record_ops:
-            clear_grads()
-            detail.begin_step()
+            # Under torch's profiler a first pass takes its first-use costs (dropped).
+            passes = 1 if isinstance(detail, RecorderSteps) else 2
             try:
-                step(detail)
+                for _ in range(passes):
+                    clear_grads()
+                    detail.begin_step()
+                    try:
+                        step(detail)
+                    finally:
+                        detail.end_step()
             finally:
-                detail.end_step()
-            (op_pass,) = detail.collect()
+                streams = detail.collect()
+            op_pass = streams[-1]
             report("ops", 1, 1)
 
     raw = RawCapture(
@@ -209,6 +225,7 @@ def profile(
             paths=None if paths is None else list(paths),
             **_inputs_meta(args, kwargs, device),
             peak_flops_per_s=peak_flops_per_s,
+            **({"ops_from": ops_from} if ops_from else {}),
         ),
     )
     return build_profile(raw)
@@ -305,6 +322,28 @@ def _timed_backend(recorder: Recorder, modules: list[nn.Module], selected: list[
         return None
     index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
     return KinetoSteps(kineto.KinetoWindow(index, device=device))
+
+
+def _detailed_backend(
+    model: nn.Module, recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device,
+    *, memory: bool, with_stack: bool, steps: bool = True, inputs: list[torch.Tensor] | None = None,
+) -> Backend | None:
+    """Steps timed *and* detailed by one run of torch's profiler (shapes, overloads and,
+    with ``memory``, allocations), or None where it cannot run."""
+    if not kineto.available():
+        return None
+    index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
+    owners: dict[int, tuple[torch.Tensor, int]] = {}
+    for i, (m, keep) in enumerate(zip(modules, selected)):
+        if keep:
+            for p in m.parameters(recurse=False):
+                owners.setdefault(id(p), (p, i))
+    window = kineto.KinetoWindow(
+        index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
+        owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
+    )  # fmt: skip
+    window.inputs = list(inputs or [])
+    return KinetoSteps(window, steps=steps)
 
 
 def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
@@ -448,13 +487,14 @@ class Profiler:
         self._on_ready = on_ready
         self._stack: contextlib.ExitStack | None = None
         self._recorder: Recorder | None = None
-        self._detail_backend: Backend | None = None
-        self._timed_backend: Backend | None = None
+        self._backend: Backend | None = None
+        #: Whether steps are read back in windows (torch's profiler), not one by one.
+        self._windowed = False
+        #: Why the times are not from torch's profiler, when they are not.
+        self._times_from: str | None = None
         self._running: Backend | None = None
-        #: Timed steps recorded in the profiler's current window: (step number, action).
+        #: Steps recorded in the profiler's current window: (step number, action).
         self._window_steps: list[tuple[int, Action]] = []
-        self._detail: PassResult | None = None
-        self._detail_step: int | None = None
         self._infos: list[Any] = []
         self._param_bytes = 0
         self._profile: Profile | None = None
@@ -485,14 +525,23 @@ class Profiler:
             memory=self._memory,
             with_stack=self._with_stack,
         )
-        self._detail_backend = RecorderSteps(self._recorder, detailed=self._record_ops)
-        # Timed steps go through torch's profiler; without it (a user's torch.profiler
-        # already runs, or a fake clock in tests) every step is a detail step, timed too.
-        # record_ops=False is the leanest timing: module hooks on a clock, forward only.
-        if not self._record_ops:
-            self._timed_backend = self._detail_backend
-        elif self._clock is None:
-            self._timed_backend = _timed_backend(self._recorder, modules, selected, self._device)
+        # Every step goes through one backend. With ops: torch's profiler, recording
+        # shapes and memory, times and detail from the same run; where it cannot run (a
+        # user's torch.profiler already does, or a fake clock in tests) a dispatch mode,
+        # whose times are not faithful (meta["times_from"] says so). record_ops=False
+        # is the leanest timing: module hooks on a clock, forward only.
+        backend: Backend | None = None
+        if self._record_ops and self._clock is None:
+            backend = _detailed_backend(
+                self.model, self._recorder, modules, selected, self._device, memory=self._memory,
+                with_stack=self._with_stack,
+            )  # fmt: skip
+        if backend is None:
+            backend = RecorderSteps(self._recorder, detailed=self._record_ops)
+            if self._record_ops and self._clock is None:  # a given clock times by design
+                self._times_from = "dispatch mode"
+        self._backend = backend
+        self._windowed = isinstance(backend, KinetoSteps)
         self._parents = parent_indices(self._infos)
         # Rank, world size, host and the run id (agreed with the other ranks once).
         self._identity = distributed.identity()
@@ -517,78 +566,54 @@ class Profiler:
         action = self._action(self._step)
         if action is Action.NONE:
             return
-        detail = self._is_detail_step(action)
-        if detail and self._window_steps and self._timed_backend is not self._detail_backend:
-            self._read_window()  # torch's profiler stops before a detail step, not under it
-        backend = self._detail_backend if detail else self._timed_backend
+        backend = self._backend
         assert backend is not None
         backend.begin_step()
         self._running = backend
         self._step_action = action
-        if backend is self._timed_backend:
+        if self._windowed:
             self._window_steps.append((self._step, action))
 
-    def _is_detail_step(self, action: Action) -> bool:
-        """Whether this step records ops, shapes, FLOPs and memory under a dispatch mode
-        (and is not timed): each cycle's last warm-up step, or its first recorded step
-        when no warm-up precedes it. Without torch's profiler every step is one."""
-        if not self._record_ops:
-            return False
-        if self._timed_backend is None:
-            return True
-        if self._detail is not None:
-            return False
-        if action is Action.WARMUP:
-            return self._action(self._step + 1) in (Action.RECORD, Action.RECORD_AND_SAVE)
-        return True
-
     def _end_step(self) -> None:
-        """Close the running step; a detail step is walked now, timed steps when their
-        window is read back (every ``WINDOW_STEPS`` steps, and at the cycle's end)."""
+        """Close the running step; a dispatch-mode step is walked now, the profiler's
+        when their window is read back (every ``WINDOW_STEPS`` steps, and at the cycle's
+        end)."""
         backend, self._running = self._running, None
         if backend is None:
             return
         backend.end_step()
-        if backend is self._detail_backend and backend is not self._timed_backend:
+        if not self._windowed:
             (events,) = backend.collect()
-            self._add_step(events, self._step, self._step_action, detail=True)
+            self._add_step(events, self._step, self._step_action)
         elif len(self._window_steps) >= WINDOW_STEPS:
             self._read_window()
 
     def _read_window(self) -> None:
         """Stop the profiler, and fold its steps into the running totals."""
-        if self._timed_backend is None or not self._window_steps:
+        if not self._windowed or not self._window_steps:
             return
+        assert self._backend is not None
         steps, self._window_steps = self._window_steps, []
-        streams = self._timed_backend.collect()
+        streams = self._backend.collect()
         for events, (number, action) in zip(streams, steps):
-            self._add_step(events, number, action, detail=False)
+            self._add_step(events, number, action)
 
-    def _add_step(self, events: list[Event], number: int, action: Action, *, detail: bool) -> None:
+    def _add_step(self, events: list[Event], number: int, action: Action) -> None:
         # The step left open after the last step() call usually ran nothing: drop it
         # (but keep a lone step, so a block where nothing ran still has a profile).
         keep = _has_work(events) or (number == 0 and self._schedule is None)
-        # A warm-up step counts only as a cycle's detail step beside timed steps; when
-        # every step is detailed (no torch profiler), warm-up steps are dropped as such.
-        cycle_detail = detail and self._timed_backend is not None
-        if (action is Action.WARMUP and not cycle_detail) or not keep:
+        if action is Action.WARMUP or not keep:
             return
         assert self._recorder is not None
         paths = [info.path for info in self._infos]
         result = walk_pass(
             events,
             paths,
-            has_device=self._recorder.has_device_time,
-            collect_ops=detail,
+            has_device=self._recorder.has_device_time or self._backend.has_device_time,  # type: ignore[union-attr]
+            collect_ops=self._record_ops,
             parents=self._parents,
         )
-        if cycle_detail:
-            self._detail = result  # the cycle's one detail step
-            self._detail_step = number
-            if action is Action.WARMUP:
-                return  # a warm-up step: not one of the cycle's recorded steps
-        else:
-            self._steps.add(result)  # timed steps, or every step when all are detailed
+        self._steps.add(result, number)
         if self._cycle_first is None or number < self._cycle_first:
             self._cycle_first = number
         self._cycle_last = max(number, self._cycle_last if self._cycle_last is not None else number)
@@ -615,11 +640,10 @@ class Profiler:
 
     def _deliver(self, *, complete: bool) -> Profile | None:
         self._read_window()
-        if not self._steps.steps and self._detail is None:
+        if not self._steps.steps:
             return None
         profile = self._build(complete=complete)
         self._steps = Accumulator()
-        self._detail = None
         self._cycle_first = self._cycle_last = None
         self._profile = profile
         self._delivered += 1
@@ -644,10 +668,10 @@ class Profiler:
                 complete=complete,
                 schedule=None if self._schedule is None else str(self._schedule),
                 **self._identity,
-                **({"detail_step": self._detail_step} if self._detail is not None else {}),
+                **({"times_from": self._times_from} if self._times_from else {}),
             ),
         )
-        return build_from_steps(raw, self._steps, self._detail, counted=self._record_ops)
+        return build_from_steps(raw, self._steps, counted=self._record_ops)
 
     def __exit__(self, *exc_info: Any) -> bool:
         assert self._stack is not None

@@ -235,6 +235,27 @@ class ModuleNode:
         }
 
 
+#: A step is far from the median when it takes this many times as long, or as short.
+STEP_FAR = 1.5
+
+
+@dataclass
+class StepSpread:
+    """The recorded steps' wall times: ``steps`` as ``(step number, ns)`` in order, and
+    ``outliers``, the steps ``far`` times the median or more away from it (longer or
+    shorter), farthest first: a step that did one-off work (an optimizer creating its
+    state) stands out here instead of vanishing in a sum."""
+
+    steps: list[tuple[int, int]]
+    min_ns: int
+    median_ns: int
+    max_ns: int
+    p10_ns: int
+    p90_ns: int
+    outliers: list[tuple[int, int]]
+    far: float
+
+
 @dataclass
 class Profile:
     """A profiled model: ``meta`` (what was run, how) and the module tree."""
@@ -295,6 +316,26 @@ class Profile:
         exactly; None for a forward-only profile."""
         value = self.meta.get("step_time_ns")
         return None if value is None else int(value)
+
+    def step_spread(self, far: float = STEP_FAR) -> StepSpread | None:
+        """How the recorded steps' wall times vary: None with fewer than two steps."""
+        times = [int(t) for t in self.meta.get("step_times_ns") or []]
+        if len(times) < 2:
+            return None
+        numbers = [int(n) for n in self.meta.get("step_numbers") or []]
+        if len(numbers) != len(times):
+            numbers = list(range(len(times)))
+        ordered = sorted(times)
+        median = ordered[(len(ordered) - 1) // 2]
+        outliers = [
+            (n, t) for n, t in zip(numbers, times) if median and (t > median * far or t * far < median)
+        ]
+        outliers.sort(key=lambda item: -abs(item[1] - median))
+        return StepSpread(
+            steps=list(zip(numbers, times)), min_ns=ordered[0], median_ns=median, max_ns=ordered[-1],
+            p10_ns=ordered[-(-len(ordered) // 10) - 1], p90_ns=ordered[-(-9 * len(ordered) // 10) - 1],
+            outliers=outliers, far=far,
+        )  # fmt: skip
 
     def node(self, path: str) -> ModuleNode:
         """The node at ``path`` (``""`` is the root); KeyError names close matches."""

@@ -5,7 +5,6 @@ derived later over the static tree, so the invariants hold exactly (see docs/des
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 
 from layerscope.attribute.memory import MemoryResult
@@ -26,8 +25,10 @@ class Accumulator:
         self.total = PassResult()
         self.steps = 0
         self.step_times_ns: list[int] = []
+        #: The number of each step with a wall time, as ``step_times_ns`` lists them.
+        self.step_numbers: list[int] = []
 
-    def add(self, result: PassResult) -> None:
+    def add(self, result: PassResult, number: int | None = None) -> None:
         total = self.total
         for table, other in (
             (total.self_cpu, result.self_cpu),
@@ -58,6 +59,8 @@ class Accumulator:
         total.top_level_ns += result.top_level_ns
         if result.wall_ns is not None:
             self.step_times_ns.append(result.wall_ns)
+            if number is not None:
+                self.step_numbers.append(number)
             total.wall_ns = (total.wall_ns or 0) + result.wall_ns
         self.steps += 1
 
@@ -101,33 +104,3 @@ def median_result(passes: list[PassResult]) -> PassResult:
             out.dynamic.setdefault(path, dyn)
         out.phases |= p.phases
     return out
-
-
-def scaled(result: PassResult, factor: int) -> PassResult:
-    """A copy of a detail step's result whose counts stand for ``factor`` steps: op rows
-    (calls, times, FLOPs, MACs, bytes, memory flows), memory flows and ops outside the
-    model are multiplied; sizes (peaks, activations, gradients, the timeline) stay per
-    step. ``result`` itself is left as it was."""
-    out = dataclasses.replace(result)
-    out.ops = {}
-    for key, op in result.ops.items():
-        copy = dataclasses.replace(op)
-        for name in _OP_COUNTS:
-            value = getattr(op, name)
-            if value is not None:
-                setattr(copy, name, value * factor)
-        out.ops[key] = copy
-    if result.memory is not None:
-        memory = dataclasses.replace(result.memory)
-        memory.alloc = {k: v * factor for k, v in result.memory.alloc.items()}
-        memory.freed = {k: v * factor for k, v in result.memory.freed.items()}
-        out.memory = memory
-    out.outside_ops = result.outside_ops * factor
-    return out
-
-
-#: The additive fields of an op row.
-_OP_COUNTS = (
-    "calls", "cpu_time_ns", "self_cpu_time_ns", "device_time_ns", "self_device_time_ns",
-    "flops", "macs", "bytes", "alloc_bytes", "self_alloc_bytes", "freed_bytes",
-)  # fmt: skip

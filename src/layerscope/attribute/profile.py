@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.attribute.chain import Key
-from layerscope.attribute.combine import Accumulator, median_result, scaled
+from layerscope.attribute.combine import Accumulator, median_result
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
 from layerscope.comm import is_communication
@@ -39,41 +39,18 @@ def build_profile(raw: RawCapture) -> Profile:
     return assemble(raw, times, op_result, meta)
 
 
-def build_from_steps(
-    raw: RawCapture, steps: Accumulator, detail: PassResult | None = None, *, counted: bool = True
-) -> Profile:
-    """The :class:`Profile` of training steps summed by an :class:`Accumulator`.
-
-    With a ``detail`` step (a cycle's first step, recorded with ops, shapes, FLOPs and
-    memory while the others were timed), times and calls are the timed steps' sums, and
-    the detail step's counts stand for each of them (multiplied by their number); a
-    cycle whose only step is its detail step takes its times from it too. Without one,
-    every step carried whatever it recorded; ``counted`` says whether ops (and FLOPs)
-    were.
-    """
+def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = True) -> Profile:
+    """The :class:`Profile` of training steps summed by an :class:`Accumulator`: every
+    step carried its own times and whatever it recorded (``counted``: ops and FLOPs),
+    so every figure is the steps' own sum."""
     meta = dict(raw.meta)
-    if detail is not None and not steps.steps:
-        steps = Accumulator()
-        steps.add(detail)
-        detail = None
-        meta["times_from"] = "detail step"
     meta["steps"] = steps.steps
     meta["pass_cpu_time_ns"] = [steps.total.top_level_ns]
     if steps.step_times_ns:
         meta["step_times_ns"] = list(steps.step_times_ns)
-    if detail is None:
-        return assemble(raw, steps.total, steps.total if counted else None, meta)
-    meta["counts_from"] = "detail step"
-    # The detail step stands for each timed step only if it did the same work: modules
-    # called another number of times there are named (a warm-up step that differed).
-    mismatch = [
-        raw.modules[key].path
-        for key in sorted(set(detail.calls) | set(steps.total.calls), key=str)
-        if isinstance(key, int) and detail.calls.get(key, 0) * steps.steps != steps.total.calls.get(key, 0)
-    ]
-    if mismatch:
-        meta["detail_mismatch"] = mismatch
-    return assemble(raw, steps.total, scaled(detail, steps.steps), meta)
+        if len(steps.step_numbers) == len(steps.step_times_ns):
+            meta["step_numbers"] = list(steps.step_numbers)
+    return assemble(raw, steps.total, steps.total if counted else None, meta)
 
 
 def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any]) -> Profile:

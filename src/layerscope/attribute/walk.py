@@ -202,6 +202,11 @@ class PassWalker:
         self.mem = None if memory is None else MemoryWalk(memory, self.chain, _span_rule(parents, self.result.calls))
         #: Frees seen since the last op: ``(t_ns, nbytes)``.
         self.pending_frees: list[tuple[int, int]] = []
+        #: The last op charged outside every frame: ``(t0, t1)``.
+        self.top_op: tuple[int, int] | None = None
+        #: The last op row and when it ran: a free recorded after it, during it (a
+        #: profiler's stream lists an op before what happens inside it), is its own.
+        self.last_row: tuple[int, int, OpStats] | None = None
         handlers: dict[type, Callable[[Any], None]] = {
             Enter: self.on_enter,
             Exit: self.on_exit,
@@ -408,9 +413,17 @@ class PassWalker:
             site = self.top_site()
         memory = self.op_memory(site, event)
         if site is None:
-            self.result.outside_ops += 1
+            if event.name is not None:
+                self.result.outside_ops += 1
             return
         key = site[0]
+        outer = self.top_op
+        if outer is not None and outer[0] <= event.t0_ns and event.t1_ns <= outer[1]:
+            # Inside the op charged last (a composite's parts, read as rows): its time
+            # is counted once, in that op.
+            self.record_op(key, "forward", event, memory)
+            return
+        self.top_op = (event.t0_ns, event.t1_ns)
         run = self.part_run
         if run is not None and run.key == key:
             self.part_run = run._replace(t1_ns=event.t1_ns)
@@ -467,6 +480,7 @@ class PassWalker:
                 stack=None if stack is None else list(stack),
             )
         op.calls += 1
+        self.last_row = (event.t0_ns, event.t1_ns, op)
         if mem is not None:
             op.alloc_bytes = (op.alloc_bytes or 0) + memory[0]
             op.self_alloc_bytes = (op.self_alloc_bytes or 0) + memory[0]
@@ -507,7 +521,11 @@ class PassWalker:
         assert self.mem is not None
         nbytes = self.mem.free(event.serial, self.site_now(), event.t_ns)
         if nbytes:
-            self.pending_frees.append((event.t_ns, nbytes))
+            row = self.last_row
+            if row is not None and row[0] <= event.t_ns <= row[1]:
+                row[2].freed_bytes = (row[2].freed_bytes or 0) + nbytes
+            else:
+                self.pending_frees.append((event.t_ns, nbytes))
 
     def on_adopt(self, event: Adopt) -> None:
         assert self.mem is not None

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from layerscope.capture.kineto import KinetoWindow
 from layerscope.capture.recorder import Recorder
-from layerscope.raw import Event
+from layerscope.raw import Event, Step
 
 
 class Backend(Protocol):
@@ -94,8 +94,9 @@ class KinetoSteps:
     """Timed steps through torch's profiler: started at the first step, stopped (and
     read back once) at ``collect``."""
 
-    def __init__(self, window: KinetoWindow) -> None:
+    def __init__(self, window: KinetoWindow, *, steps: bool = True) -> None:
         self._window = window
+        self._steps = steps
         self.has_device_time = window.has_device
 
     def begin_step(self) -> None:
@@ -115,4 +116,9 @@ class KinetoSteps:
         yield
 
     def collect(self) -> list[list[Event]]:
-        return self._window.stop()
+        streams = self._window.stop()
+        if not self._steps:
+            # Passes, not whole steps (profile's forward): no step marks, so nothing
+            # outside the model becomes a part of a step.
+            streams = [[event for event in stream if type(event) is not Step] for stream in streams]
+        return streams

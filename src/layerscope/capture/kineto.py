@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import threading
 from bisect import bisect_left
@@ -53,13 +54,46 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from layerscope.capture import op_args
+from layerscope.capture.inputs import shapes_of
+from layerscope.capture.memory import (
+    optimizer_hooks,
+    optimizer_state_bytes,
+    optimizer_state_tensors,
+    saved_storages,
+    storage_bytes,
+    tensors_in,
+)
 from layerscope.capture.recorder import label_kind
 from layerscope.comm import is_communication
-from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.raw import (
+    NO_SEQ,
+    Adopt,
+    Collective,
+    DeviceMem,
+    Enter,
+    Event,
+    Exit,
+    Free,
+    Grad,
+    LabelEnter,
+    LabelExit,
+    Op,
+    Optim,
+    Saved,
+    Step,
+)
 
 MODULE_PREFIX = "layerscope.module#"
 PART_PREFIX = "layerscope.part#"
 STEP_NAME = "layerscope.step"
+#: A zero-length range marking when a note of layerscope's (memory live before the step,
+#: activations saved by a forward, optimizer state) was taken: ``layerscope.note#K``.
+NOTE_PREFIX = "layerscope.note#"
+#: A zero-length range marking that a checkpoint stopped recomputing in a module's
+#: forward (in a detailed window).
+RAISED_NAME = "layerscope.raised"
+_MEMORY = "[memory]"
 _EVALUATE = "autograd::engine::evaluate_function: "
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
 
@@ -69,6 +103,7 @@ except ImportError:  # pragma: no cover - older torch
     _Range = None  # type: ignore[assignment,misc]
 
 _graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+_next_seq: Callable[[], int | None] = getattr(torch._C._autograd, "_get_sequence_nr", lambda: None)
 
 @contextmanager
 def quiet_fd2() -> Iterator[None]:
@@ -112,10 +147,18 @@ class KernelSpan(NamedTuple):
 
 @dataclass
 class RangeFields:
-    """The op fields of a :class:`Range` (torch's ``_ExtraFields_TorchOp``)."""
+    """The op fields of a :class:`Range` (torch's ``_ExtraFields_TorchOp``), and an
+    allocation's (``_ExtraFields_Allocation``: ``alloc_size`` < 0 is a free)."""
 
     sequence_number: int = -1
     scope: Any = None
+    inputs: list[Any] = field(default_factory=list)
+    ptr: int = 0
+    alloc_size: int = 0
+    allocation_id: int = 0
+    total_allocated: int = 0
+    total_reserved: int = 0
+    device: Any = None
 
 
 @dataclass
@@ -131,6 +174,7 @@ class Range:
     correlation_id: int = 0
     children: list[Range] = field(default_factory=list)
     extra_fields: RangeFields = field(default_factory=RangeFields)
+    overload_name: str = ""
 
 
 try:
@@ -139,8 +183,41 @@ try:
 
     _USER_SCOPE: Any = _RecordScope.USER_SCOPE
     _TORCH_OP: Any = _EventType.TorchOp
+    _PY_CALL: Any = _EventType.PyCall
+    _PYTHON: Any = (_EventType.PyCall, _EventType.PyCCall)
 except ImportError:  # pragma: no cover
-    _USER_SCOPE = _TORCH_OP = None
+    _USER_SCOPE = _TORCH_OP = _PY_CALL = None
+    _PYTHON = ()
+
+
+def _see_through(events: list[Any]) -> list[Any]:
+    """``events`` with each Python frame (``with_stack``) replaced by what it holds."""
+    out: list[Any] = []
+    pending = list(reversed(events))
+    while pending:
+        event = pending.pop()
+        if event.tag in _PYTHON:
+            pending.extend(reversed(event.children))
+        else:
+            out.append(event)
+    return out
+
+
+#: "file(line): function", as torch's Python tracer names a frame.
+_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+_LIBRARIES = ("torch/", "layerscope/", "<")
+
+
+def _user_frame(name: str) -> str | None:
+    """A recorded Python frame as ``"file:line function"``; None for torch's and
+    layerscope's own frames, modules' names and built-ins."""
+    found = _FRAME.match(name)
+    if found is None:
+        return None
+    path, line, function = found.groups()
+    if path.startswith(_LIBRARIES) or "/torch/" in path or "/layerscope/" in path:
+        return None
+    return f"{path}:{line} {function}"
 
 
 def _sequence_nr(event: Any) -> int:
@@ -185,6 +262,12 @@ def _kind(event: Any, name: str | None = None) -> str:
         return "module"
     if name == STEP_NAME:
         return "step"
+    if name.startswith(NOTE_PREFIX):
+        return "note"
+    if name == RAISED_NAME:
+        return "raised"
+    if name == _MEMORY:
+        return "memory"
     if name.startswith(PART_PREFIX):
         return "part"
     if name.startswith(_EVALUATE):
@@ -204,10 +287,27 @@ def _op_like(name: str) -> bool:
     return " " not in name and namespace == namespace.lower()
 
 
-def convert(roots: list[Any], kernels: list[KernelSpan] = (), *, has_device: bool = False) -> list[list[Event]]:  # type: ignore[assignment]
+@dataclass
+class Detail:
+    """What a detailed window hands the conversion besides its ranges: the notes its
+    ``layerscope.note#K`` ranges point to, each op's concrete inputs (int lists) by
+    correlation id, and whether Python frames were recorded (``stacks``: each op's call
+    site is read from the frames around it)."""
+
+    notes: list[list[tuple[Any, ...]]] = field(default_factory=list)
+    concrete: dict[int, list[Any]] = field(default_factory=dict)
+    stacks: bool | None = None
+
+
+def convert(
+    roots: list[Any], kernels: list[KernelSpan] = (), *, has_device: bool = False, detail: Detail | None = None  # type: ignore[assignment]
+) -> list[list[Event]]:
     """The window's ranges (the roots of each thread's tree, :class:`Range` or the
-    profiler's events) as one typed stream per step (``Step`` ... ``Step``)."""
-    return _Converter(roots, kernels, has_device).streams()
+    profiler's events) as one typed stream per step (``Step`` ... ``Step``). With
+    ``detail`` (a window recording shapes and memory), ops are read down to the level a
+    dispatch mode sees (composites opened into their parts), each with its input shapes,
+    FLOPs, MACs and bytes (``op_args``), the storages it allocated and those freed."""
+    return _Converter(roots, kernels, has_device, detail).streams()
 
 
 class _Converter:
@@ -220,8 +320,18 @@ class _Converter:
     level deep (the ones directly in a frame or step); below that only on a device,
     for their kernels."""
 
-    def __init__(self, roots: list[Any], kernels: list[KernelSpan], has_device: bool) -> None:
+    def __init__(self, roots: list[Any], kernels: list[KernelSpan], has_device: bool, detail: Detail | None = None) -> None:
         self.has_device = has_device
+        self.detail = detail
+        #: Frames (module, label, part ranges) open on the owner thread's walk now.
+        self.depth = 0
+        #: Each allocation's address, by its id; the accelerator's allocator totals.
+        self.ptr_of: dict[int, int] = {}
+        self.device_totals: list[tuple[int, int, int]] = []
+        #: Whether a composite of a signature is read as its parts (see ``opens``).
+        self.opened: dict[Any, bool] = {}
+        #: Where the records of each module frame open now begin.
+        self.frame_first: list[int] = []
         self.kernels_by_op: dict[int, list[tuple[int, int]]] = {}
         for k in kernels:
             self.kernels_by_op.setdefault(k.linked_correlation_id, []).append((k.start_ns, k.end_ns))
@@ -234,6 +344,27 @@ class _Converter:
         self.last_backward_seq: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
+    def kids(self, event: Any) -> list[Any]:
+        """The ranges nested in ``event``; with Python frames recorded (``with_stack``)
+        those frames are see-through: their ranges count as nested directly."""
+        if self.detail is None or self.detail.stacks is None:
+            return event.children  # type: ignore[no-any-return]
+        return _see_through(event.children)
+
+    def stack_of(self, event: Any) -> tuple[str, ...] | None:
+        """The user's Python frames around an op, innermost first (``with_stack``)."""
+        if self.detail is None or self.detail.stacks is None:
+            return None
+        frames = []
+        parent = event.parent
+        while parent is not None:
+            if parent.tag == _PY_CALL:
+                frame = _user_frame(parent.name)
+                if frame is not None:
+                    frames.append(frame)
+            parent = parent.parent
+        return tuple(frames)
+
     def put(self, t_ns: int, record: Event) -> int:
         self.records.append((t_ns, len(self.records), record))
         return len(self.records) - 1
@@ -265,7 +396,11 @@ class _Converter:
         elif kind == "module":
             index = int(event.name[len(MODULE_PREFIX) :])
             self.put(event.start_time_ns, Enter(event.start_time_ns, index, None, None, in_backward))
+            self.depth += 1
+            self.frame_first.append(len(self.records))
             self.walk_children(event, in_backward)
+            self.frame_first.pop()
+            self.depth -= 1
             self.put(event.end_time_ns, Exit(event.end_time_ns, index, None, None, in_backward))
         elif kind in ("part", "label"):
             if kind == "part":
@@ -273,10 +408,20 @@ class _Converter:
             else:
                 lkind, label = label_kind(event.name)
             self.put(event.start_time_ns, LabelEnter(event.start_time_ns, label, lkind, None, None, in_backward, grad))
+            self.depth += 1
             self.walk_children(event, in_backward)
+            self.depth -= 1
             self.put(event.end_time_ns, LabelExit(event.end_time_ns, None, None, in_backward))
         elif kind == "backward":
             self.on_backward(event)
+        elif kind == "raised":
+            self.on_raised()
+        elif kind == "note":
+            if self.detail is not None:
+                self.put(event.start_time_ns, _Note(event.start_time_ns, int(event.name[len(NOTE_PREFIX) :])))  # type: ignore[arg-type]
+        elif kind == "memory":
+            if self.detail is not None:
+                self.on_memory_outside_ops(event, grad)
         elif self.on_owner:
             self.on_op(event, in_backward)
 
@@ -285,6 +430,9 @@ class _Converter:
         (a custom autograd ``Function``, such as a reentrant checkpoint) can run modules:
         those are walked, and the op's own slot ends where they begin."""
         name = event.name if name is None else name
+        if self.detail is not None:
+            self.emit(event, in_backward, None, name)
+            return
         start = event.start_time_ns
         seq = _sequence_nr(event)
         if seq >= 0:
@@ -300,7 +448,7 @@ class _Converter:
             self.replace(at, device_time_ns=self.kernel_time(event))
 
     def walk_children(self, event: Any, in_backward: bool) -> None:
-        for child in event.children:
+        for child in self.kids(event):
             name = child.name
             kind = _kind(child, name)
             if kind == "op":  # the common case, without a second read of the name
@@ -327,6 +475,9 @@ class _Converter:
             seq = NO_SEQ if self.last_backward_seq is None else self.last_backward_seq
         else:
             self.last_backward_seq = seq
+        if self.detail is not None:
+            self.emit_node(event, seq)
+            return
         at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, node, grad=(seq, None), tid=event.start_tid))
         nested = _nested_frames(event)
         if nested:
@@ -346,6 +497,175 @@ class _Converter:
                     self.walk(child, kind, True, (seq, None))
         if self.has_device:
             self.replace(at, device_time_ns=self.kernel_time(event))
+
+    # -- detail: ops at the dispatcher's level, with shapes, FLOPs and memory ------------
+    def emit(self, event: Any, in_backward: bool, grad: tuple[int, None] | None, name: str | None = None) -> None:
+        """An op range: a composite (or a range of autograd's, or a custom ``Function``)
+        is opened into the ops nested in it, each counted once (a composite that
+        dispatched nothing, ``aten::to`` to its own dtype, is no row, as a dispatch mode
+        sees none); any other op is one record with its shapes, counts and memory. Outside every frame a composite's
+        own record (nameless: no op row) keeps its time, and its parts are rows only."""
+        name = event.name if name is None else name
+        start = event.start_time_ns
+        seq = _sequence_nr(event)
+        if seq >= 0 and grad is None:
+            self.seq_marks.append((start, seq))
+        overload = getattr(event, "overload_name", "") or ""
+        if is_communication(name):
+            leaf = True
+        elif op_args.is_dispatcher_op(name):
+            leaf = op_args.is_composite(name, overload) and not self.opens(event, name, overload)
+            leaf = leaf or not op_args.is_composite(name, overload)
+        else:
+            leaf = False
+        if not leaf:
+            at = None
+            if grad is None and self.depth == 0:
+                at = self.put(start, Op(start, event.end_time_ns, None, tid=event.start_tid))  # type: ignore[arg-type]
+            first = len(self.records)
+            self.emit_children(event, in_backward, grad)
+            if at is not None:
+                # Frames nested in it (a custom Function running modules) take their own
+                # time: the record's ends where the first begins.
+                frames = [r[0] for r in self.records[first:] if type(r[2]) in (Enter, LabelEnter)]
+                if frames:
+                    self.replace(at, t1_ns=min(frames))
+            return
+        flops, macs, nbytes = self.counts(event, name, overload)[2]
+        inputs = list(getattr(event.extra_fields, "inputs", ()))
+        allocs = self.op_allocations(event)
+        stack = self.stack_of(event)
+        op = Op(
+            start, event.end_time_ns, name, op_args.input_shapes(inputs), None, flops, macs, nbytes, grad,
+            allocs, stack, seq if seq >= 0 and grad is None else None, event.start_tid,
+        )  # fmt: skip
+        if self.has_device:
+            op = op._replace(device_time_ns=self.kernel_time(event))
+        self.put(start, op)
+
+    def on_raised(self) -> None:
+        """A non-reentrant checkpoint stopped recomputing in this module's forward: it
+        raises from autograd's saving of the op it is in, before that op's kernel ran
+        (torch's profiler had opened its range; a dispatch mode never saw it). That op,
+        its last, is no row."""
+        first = self.frame_first[-1] if self.frame_first else 0
+        for at in range(len(self.records) - 1, first - 1, -1):
+            record = self.records[at][2]
+            if type(record) in (Exit, LabelExit):
+                return  # it was raised in a module inside: that one's marker handled it
+            if type(record) is Op and record.name is not None and record.grad is None:
+                self.replace(at, name=None, flops=None, macs=None, bytes=0)
+                return
+
+    def counts(self, event: Any, name: str, overload: str) -> tuple[Any, ...]:
+        detail = self.detail
+        assert detail is not None
+        inputs = list(getattr(event.extra_fields, "inputs", ()))
+        key, values = op_args.recorded_call(name, overload, inputs, detail.concrete.get(event.correlation_id))
+        return key, values, op_args.count_call(key, name, overload, values)
+
+    def opens(self, event: Any, name: str, overload: str) -> bool:
+        """Whether a composite is read as the ops nested in it: unless they do no
+        arithmetic while it counts some. A composite whose kernel does its work itself
+        (``max_pool1d`` on the CPU, whose only part is an ``empty``) is one op, counted
+        by its decomposition. (The parts, not the decomposition, are compared with zero:
+        a fake run may take another path than the real one, ``rms_norm``'s fused op.)"""
+        key, _, (flops, _, _) = self.counts(event, name, overload)
+        cached = self.opened.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        found = not flops or bool(self.parts_flops(event) or 0)
+        if key is not None:
+            self.opened[key] = found
+        return found
+
+    def parts_flops(self, event: Any) -> int | None:
+        """FLOPs of the ops nested in ``event``, read as :meth:`emit` reads them."""
+        total = 0
+        for child in self.kids(event):
+            name = child.name
+            if _kind(child, name) != "op":
+                continue
+            overload = getattr(child, "overload_name", "") or ""
+            if op_args.is_dispatcher_op(name) and not (
+                op_args.is_composite(name, overload) and self.opens(child, name, overload)
+            ):
+                flops = self.counts(child, name, overload)[2][0]
+            else:
+                flops = self.parts_flops(child)
+            if flops is None:
+                return None
+            total += flops
+        return total
+
+    def emit_children(self, event: Any, in_backward: bool, grad: tuple[int, None] | None) -> None:
+        for child in self.kids(event):
+            name = child.name
+            kind = _kind(child, name)
+            if kind == "op":
+                self.emit(child, in_backward, grad, name)
+            elif kind == "memory":
+                self.on_memory_outside_ops(child, grad)
+            elif kind == "backward":
+                self.on_backward(child)
+            else:
+                self.walk(child, kind, in_backward if grad is None else True, grad)
+
+    def emit_node(self, event: Any, seq: int) -> None:
+        """An autograd node's work (``evaluate_function``): a nameless record carrying
+        the node's number holds its slot up to its first nested record; the ops inside
+        (its formula's, and the engine's around it) follow, tagged with the node."""
+        grad = (seq, None)
+        at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, None, grad=grad, tid=event.start_tid))  # type: ignore[arg-type]
+        first = len(self.records)
+        self.emit_children(event, True, grad)
+        if len(self.records) > first:
+            self.replace(at, t1_ns=max(event.start_time_ns, min(r[0] for r in self.records[first:])))
+        if self.has_device:
+            nested = sum((r[2].device_time_ns or 0) for r in self.records[first:] if type(r[2]) is Op)
+            self.replace(at, device_time_ns=max(0, self.kernel_time(event) - nested))
+
+    def op_allocations(self, event: Any) -> tuple[tuple[int, int], ...] | None:
+        """``(allocation id, bytes)`` of what the op allocated and did not free itself;
+        frees of other storages during the op become ``Free`` records."""
+        made: dict[int, int] = {}
+        pending = list(reversed(event.children))  # in the order they happened
+        while pending:
+            item = pending.pop()
+            if item.name == _MEMORY:
+                fields = item.extra_fields
+                size, ident = fields.alloc_size, fields.allocation_id
+                self.note_device_total(item)
+                if size > 0:
+                    made[ident] = size
+                    self.ptr_of[ident] = fields.ptr
+                elif ident in made:
+                    del made[ident]  # a temporary of the op's own
+                else:
+                    self.put(item.start_time_ns, Free(item.start_time_ns, ident))
+                    self.ptr_of.setdefault(ident, fields.ptr)
+            else:
+                pending.extend(reversed(item.children))
+        return tuple(made.items()) or None
+
+    def on_memory_outside_ops(self, event: Any, grad: tuple[int, None] | None) -> None:
+        """An allocation or free seen in a frame or node but in no op (the autograd
+        engine's buffers): a free is a ``Free``, an allocation a nameless instant op."""
+        fields = event.extra_fields
+        t = event.start_time_ns
+        self.note_device_total(event)
+        if fields.alloc_size > 0:
+            self.ptr_of[fields.allocation_id] = fields.ptr
+            self.put(t, Op(t, t, None, grad=grad, allocs=((fields.allocation_id, fields.alloc_size),), tid=event.start_tid))  # type: ignore[arg-type]
+        else:
+            self.ptr_of.setdefault(fields.allocation_id, fields.ptr)
+            self.put(t, Free(t, fields.allocation_id))
+
+    def note_device_total(self, event: Any) -> None:
+        fields = event.extra_fields
+        device = getattr(fields, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            self.device_totals.append((event.start_time_ns, fields.total_allocated, fields.total_reserved))
 
     # -- the walk ---------------------------------------------------------------------
     def streams(self) -> list[list[Event]]:
@@ -380,21 +700,108 @@ class _Converter:
 
         streams: list[list[Event]] = []
         current: list[Event] | None = None
+        memory = _StepMemory(self.ptr_of, self.detail.notes if self.detail is not None else [])
+        step_start = 0
         for t_ns, _, record in self.records:
             if isinstance(record, Step):
                 if current is None:
                     current = [record]
+                    memory.new_step()
+                    step_start = t_ns
                 else:
+                    current.extend(self._device_peak(step_start, t_ns))
                     current.append(record)
                     streams.append(current)
                     current = None
                 continue
+            resolved = memory.see(record)
             if current is None:
                 continue
             if isinstance(record, (Enter, Exit, LabelEnter, LabelExit)):
                 record = record._replace(seq=seq_at(t_ns))
-            current.append(record)
+                current.append(record)
+            elif resolved is None:
+                current.append(record)
+            else:
+                current.extend(resolved)
         return streams
+
+    def _device_peak(self, t0: int, t1: int) -> list[Event]:
+        """The accelerator allocator's highest total during the step (and reserved then)."""
+        inside = [(alloc, reserved) for t, alloc, reserved in self.device_totals if t0 <= t <= t1]
+        if not inside:
+            return []
+        allocated, reserved = max(inside)
+        return [DeviceMem(allocated_peak_bytes=allocated, reserved_at_peak_bytes=reserved)]
+
+
+class _Note(NamedTuple):
+    """Where note ``index`` of the window was taken (a ``layerscope.note#K`` range)."""
+
+    t_ns: int
+    index: int
+
+
+class _StepMemory:
+    """Storages by address while the records are read in time order: allocations'
+    ids become the serials of this step's storages, memory that was live before the
+    step (adopted by address in a note) gets serial ``-address``, and notes become
+    ``Adopt``, ``Saved``, ``Grad`` and ``Optim`` records."""
+
+    def __init__(self, ptr_of: dict[int, int], notes: list[list[tuple[Any, ...]]]) -> None:
+        self.ptr_of = ptr_of
+        self.notes = notes
+        self.live: dict[int, int] = {}  # address -> allocation id
+        self.step: set[int] = set()
+
+    def new_step(self) -> None:
+        self.step = set()
+
+    def serial(self, ptr: int) -> int | None:
+        """This step's storage at ``ptr``; None if it was live before the step."""
+        found = self.live.get(ptr)
+        return found if found in self.step else None
+
+    def see(self, record: Any) -> list[Event] | None:
+        """Note what ``record`` does to the storages; what stands in its place, if not itself."""
+        kind = type(record)
+        if kind is Op and record.allocs:
+            for serial, _ in record.allocs:
+                self.live[self.ptr_of[serial]] = serial
+                self.step.add(serial)
+        elif kind is Free:
+            ptr = self.ptr_of.get(record.serial, 0)
+            if self.live.get(ptr) == record.serial:
+                del self.live[ptr]
+            if record.serial not in self.step:
+                return [record._replace(serial=-ptr)]  # memory adopted by address, if it was
+        elif kind is _Note:
+            return self.resolve(record)
+        return None
+
+    def resolve(self, note: _Note) -> list[Event]:
+        out: list[Event] = []
+        t = note.t_ns
+        for item in self.notes[note.index]:
+            what = item[0]
+            if what == "adopt":  # ("adopt", ptr, nbytes, category, since_start)
+                _, ptr, nbytes, category, since_start = item
+                if self.serial(ptr) is None:
+                    out.append(Adopt(t, -ptr, nbytes, category, since_start))
+            elif what == "constant":  # ("constant", nbytes, category)
+                out.append(Adopt(t, None, item[1], item[2], True))
+            elif what == "saved":  # ("saved", ptrs)
+                for ptr in item[1]:
+                    serial = self.serial(ptr)
+                    if serial is not None:
+                        out.append(Saved(serial))
+            elif what == "grad":  # ("grad", ptr, owner, nbytes)
+                _, ptr, owner, nbytes = item
+                serial = self.serial(ptr)
+                out.append(Grad(t, owner, nbytes, serial if serial is not None else -ptr))
+            elif what == "optim":  # ("optim", name, bytes by key, ident)
+                out.append(Optim(t, item[1], item[2], item[3]))
+        return out
 
 
 def _nested_frames(event: Any) -> list[tuple[Any, str]]:
@@ -422,9 +829,30 @@ def _nested_frames(event: Any) -> list[tuple[Any, str]]:
 class KinetoWindow:
     """One profiler session: started before the first timed step, stopped after the
     last, then converted once. Module ranges are opened by global hooks for the modules
-    in ``index`` (id -> module table index), on the owner thread and autograd's."""
+    in ``index`` (id -> module table index), on the owner thread and autograd's.
 
-    def __init__(self, index: dict[int, int], *, device: torch.device) -> None:
+    A *detailed* window (``detail``) also records what the op rows need, all in torch's
+    own C++ observers: input shapes (``record_shapes``), overload names, and with
+    ``memory`` every allocation and free (``profile_memory``); with ``with_stack`` each
+    op's Python call site. Python runs only per module call (a range, and each module's
+    input and output shapes on its first call), per step and per optimizer step (memory
+    notes), and once per forward of ``root`` (the activations it left for backward, read
+    from the autograd graph): never per op.
+    """
+
+    def __init__(
+        self,
+        index: dict[int, int],
+        *,
+        device: torch.device,
+        detail: bool = False,
+        memory: bool = False,
+        with_stack: bool = False,
+        root: nn.Module | None = None,
+        owners: list[tuple[torch.Tensor, int]] | None = None,
+        state_tensors: list[torch.Tensor] | None = None,
+        module_shapes: dict[int, tuple[Any, Any]] | None = None,
+    ) -> None:
         self._index = index
         self._names = {key: f"{MODULE_PREFIX}{i}" for key, i in index.items()}
         self._device = device
@@ -432,6 +860,18 @@ class KinetoWindow:
         self._owner = 0
         self._step: Any = None
         self.has_device = device.type == "cuda"
+        self.detail = detail
+        self.memory = memory and detail
+        self.with_stack = with_stack and detail
+        self._root_id = id(root) if root is not None else None
+        #: Each parameter and the module owning it (gradient notes).
+        self._owners = owners or []
+        self._state_tensors = state_tensors or []
+        #: Tensors live before each step that are not the model's (profile's inputs).
+        self.inputs: list[torch.Tensor] = []
+        self.module_shapes = module_shapes if module_shapes is not None else {}
+        self._notes: list[list[tuple[Any, ...]]] = []
+        self._grads_noted: set[int] = set()
 
     def _activities(self) -> set[Any]:
         from torch.autograd.profiler import ProfilerActivity
@@ -441,6 +881,45 @@ class KinetoWindow:
             activities.add(ProfilerActivity.CUDA)
         return activities
 
+    # -- notes: what Python knows, placed on the profiler's clock ------------------------
+    def _note(self, items: list[tuple[Any, ...]]) -> None:
+        if not items:
+            return
+        rf = _Range(f"{NOTE_PREFIX}{len(self._notes)}")
+        self._notes.append(items)
+        rf.__enter__()
+        rf.__exit__(None, None, None)
+
+    def _note_step_start(self) -> None:
+        """Memory live when the step begins: the model's state, gradients, inputs."""
+        items: list[tuple[Any, ...]] = [("constant", storage_bytes(self._state_tensors), "parameters")]
+        grads = [p.grad for p, _ in self._owners if p.grad is not None]
+        items += _adopt(grads, "gradients", since_start=True)
+        items += _adopt(self.inputs, "other", since_start=True)
+        self._note(items)
+
+    def _note_grads(self) -> None:
+        """Each parameter's gradient and its owner, once per step (before an optimizer
+        step, and at the step's end: one of them sees them before a ``zero_grad``)."""
+        items: list[tuple[Any, ...]] = []
+        for param, owner in self._owners:
+            grad = param.grad
+            if grad is None:
+                continue
+            at = _storage_at(grad)
+            if at is None or at[0] in self._grads_noted:
+                continue
+            self._grads_noted.add(at[0])
+            items.append(("grad", at[0], owner, param.numel() * param.element_size()))
+        self._note(items)
+
+    def _optimizer_pre(self, optimizer: Any) -> None:
+        self._note_grads()
+        self._note(_adopt(list(optimizer_state_tensors(optimizer)), "optimizer_state", since_start=True))
+
+    def _optimizer_post(self, optimizer: Any) -> None:
+        self._note([("optim", type(optimizer).__name__, optimizer_state_bytes(optimizer), id(optimizer))])
+
     def _hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
         names_get = self._names.get
         owner = self._owner
@@ -449,9 +928,18 @@ class KinetoWindow:
         own: list[Any] = []  # the owner thread's open ranges
         others: dict[int, list[Any]] = {}  # autograd's threads' (a checkpoint recomputing)
         make = _Range
+        detail = self.detail
+        shapes = self.module_shapes
+        index_get = self._index.get
+        root_id = self._root_id if self.memory else None
+        root_seqs: list[int | None] = []
+        note = self._note
 
-        def pre(module: nn.Module, args: Any) -> None:
-            name = names_get(id(module))
+        def pre(module: nn.Module, args: Any, kwargs: Any = None) -> None:
+            key = id(module)
+            if key == root_id and get_ident() == owner and task() == -1:
+                root_seqs.append(_next_seq())
+            name = names_get(key)
             if name is None:
                 return
             rf = make(name)
@@ -471,14 +959,38 @@ class KinetoWindow:
             if opened:
                 opened.pop().__exit__(None, None, None)
 
-        return pre, post
+        if not detail:
+            return pre, post
+
+        def post_detail(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+            if output is None and _stopped_recompute() and names_get(id(module)) is not None:
+                raised = make(RAISED_NAME)  # a checkpoint stopped recomputing: the op it was in never ran
+                raised.__enter__()
+                raised.__exit__(None, None, None)
+            post(module, args, output)
+            key = id(module)
+            if key == root_id and root_seqs and get_ident() == owner and task() == -1:
+                since = root_seqs.pop()
+                if torch.is_grad_enabled():
+                    note([("saved", saved_storages(_grad_fns(output), since))])
+            i = index_get(key)
+            if i is not None and i not in shapes and (get_ident() == owner or task() != -1):
+                inputs = shapes_of(list(args))
+                if kwargs:
+                    inputs.append(shapes_of(kwargs))
+                shapes[i] = (inputs, shapes_of(output))
+
+        return pre, post_detail
 
     def start(self) -> None:
-        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
+        from torch._C._profiler import ProfilerConfig, ProfilerState
         from torch.autograd.profiler import _enable_profiler, _prepare_profiler
 
         self._owner = threading.get_ident()
-        config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+        self._notes = []
+        config = ProfilerConfig(
+            ProfilerState.KINETO, self.detail, self.memory, self.with_stack, False, False, _experimental(self.detail)
+        )
         activities = self._activities()
         stack = ExitStack()
         try:
@@ -486,7 +998,15 @@ class KinetoWindow:
                 _prepare_profiler(config, activities)
             pre, post = self._hooks()
             stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
-            stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
+            handle = nn_module.register_module_forward_hook(post, with_kwargs=self.detail, always_call=True)
+            stack.callback(handle.remove)
+            if self.detail:
+                # torch keeps the with_kwargs flag outside the handle: take it out too.
+                flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
+                if flags is not None:
+                    stack.callback(flags.pop, handle.id, None)
+            if self.memory:
+                optimizer_hooks(stack, self._optimizer_pre, self._optimizer_post)
             with _quiet():
                 _enable_profiler(config, activities)
         except BaseException:
@@ -501,10 +1021,15 @@ class KinetoWindow:
     def begin_step(self) -> None:
         self._step = _Range(STEP_NAME)
         self._step.__enter__()
+        if self.memory:
+            self._grads_noted = set()
+            self._note_step_start()
 
     def end_step(self) -> None:
         step, self._step = self._step, None
         if step is not None:
+            if self.memory:
+                self._note_grads()
             step.__exit__(None, None, None)
 
     @contextmanager
@@ -529,12 +1054,80 @@ class KinetoWindow:
         finally:
             with _quiet():
                 result = _disable_profiler()
-        kernels = read_kernels(result) if self.has_device else []
-        roots = [e for e in result.experimental_event_tree() if e.tag == _TORCH_OP]
         gc_was_on = gc.isenabled()
         gc.disable()  # many small objects, none cyclic: collections would only cost time
         try:
-            return convert(roots, kernels, has_device=self.has_device)
+            kernels = read_kernels(result) if self.has_device else []
+            tree = result.experimental_event_tree()
+            if self.with_stack:
+                tree = _see_through(tree)
+            roots = [e for e in tree if e.tag == _TORCH_OP]
+            detail = None
+            if self.detail:
+                detail = Detail(notes=self._notes, concrete=_concrete_inputs(result), stacks=self.with_stack or None)
+            return convert(roots, kernels, has_device=self.has_device, detail=detail)
         finally:
+            self._notes = []
             if gc_was_on:
                 gc.enable()
+
+
+def _experimental(detail: bool) -> Any:
+    """torch's experimental profiler options: overload names for a detailed window
+    (they pick the schema a call's inputs follow)."""
+    from torch._C._profiler import _ExperimentalConfig
+
+    if detail:
+        try:
+            return _ExperimentalConfig(capture_overload_names=True)
+        except TypeError:  # an older torch: default overloads are assumed
+            pass
+    return _ExperimentalConfig()
+
+
+def _concrete_inputs(result: Any) -> dict[int, list[Any]]:
+    """Each op's concrete inputs (the int lists the event tree does not hold), by
+    correlation id; only for ops that have one."""
+    found: dict[int, list[Any]] = {}
+    for event in result.events():
+        try:
+            values = event.concrete_inputs()
+        except (AttributeError, RuntimeError):
+            return found
+        if values and any(isinstance(v, list) for v in values):
+            found[event.correlation_id()] = list(values)
+    return found
+
+
+def _storage_at(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """``(address, bytes)`` of a tensor's storage; None for one without a plain storage
+    (sparse, a subclass, FSDP's freed shards)."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> list[tuple[Any, ...]]:
+    """Notes adopting the distinct storages of ``tensors`` by address."""
+    items: list[tuple[Any, ...]] = []
+    seen: set[int] = set()
+    for tensor in tensors:
+        at = _storage_at(tensor)
+        if at is None or not at[1] or at[0] in seen:
+            continue
+        seen.add(at[0])
+        items.append(("adopt", at[0], at[1], category, since_start))
+    return items
+
+
+def _stopped_recompute() -> bool:
+    """Whether the exception being handled is a non-reentrant checkpoint ending its
+    recompute early (once every tensor it needs is back)."""
+    kind = sys.exc_info()[0]
+    return kind is not None and kind.__name__ == "_StopRecomputationError"
+
+
+def _grad_fns(output: Any) -> list[Any]:
+    return [t.grad_fn for t in tensors_in(output) if t.grad_fn is not None]

@@ -104,6 +104,65 @@ def model_memory(model: nn.Module) -> dict[str, Any]:
     }
 
 
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    kind = type(node)
+    names = _SAVED_NAMES.get(kind)
+    if names is None:
+        names = _SAVED_NAMES[kind] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+    return names
+
+
+def saved_tensors(roots: Iterable[Any], min_seq: int, walked: set[int]) -> Iterator[torch.Tensor]:
+    """The tensors saved for backward by the autograd nodes reachable from ``roots``
+    numbered from ``min_seq`` on (the ones a pass created), each node once (``walked``
+    holds the numbers already read). ``node._raw_saved_*`` neither unpacks nor runs
+    hooks: a checkpointed region is never recomputed."""
+    stack = [node for node in roots if node is not None]
+    while stack:
+        node = stack.pop()
+        try:
+            seq = node._sequence_nr()
+        except (AttributeError, RuntimeError):
+            continue
+        if seq == NO_SEQ or seq < min_seq or seq in walked:
+            continue
+        walked.add(seq)
+        for name in _saved_names(node):
+            try:
+                saved = getattr(node, name)
+            except RuntimeError:
+                continue  # already released (a second backward through the graph)
+            for item in saved if isinstance(saved, (tuple, list)) else (saved,):
+                try:
+                    data = item.data
+                except (AttributeError, RuntimeError):
+                    continue
+                if isinstance(data, torch.Tensor):
+                    yield data
+        for next_node, _ in node.next_functions:
+            if next_node is not None:
+                stack.append(next_node)
+
+
+def saved_storages(roots: Iterable[Any], min_seq: int | None) -> list[int]:
+    """Addresses of the storages saved by the nodes a forward created (``min_seq`` on)."""
+    found: list[int] = []
+    seen: set[int] = set()
+    for tensor in saved_tensors(roots, min_seq or 0, set()):
+        storage = _storage(tensor)
+        try:
+            ptr = storage.data_ptr() if storage is not None and storage.nbytes() else None
+        except RuntimeError:  # a storage already released
+            ptr = None
+        if ptr is not None and ptr not in seen:
+            seen.add(ptr)
+            found.append(ptr)
+    return found
+
+
 class StorageTracker:
     """The storages of one pass, by serial number; see the module docstring."""
 
@@ -116,7 +175,6 @@ class StorageTracker:
         self._active = True
         self._min_seq = 0
         self._walked: set[int] = set()
-        self._saved_names: dict[type, tuple[str, ...]] = {}
         self._graph_task = -1
         self._cuda = device if device.type == "cuda" and torch.cuda.is_available() else None
         self._device_peak = 0
@@ -208,22 +266,10 @@ class StorageTracker:
     def optimizer_pre(self, optimizer: torch.optim.Optimizer) -> None:
         # State that exists before this step and was not allocated in the pass was live
         # from its start (the moments of earlier steps).
-        self.adopt(_state_tensors(optimizer), "optimizer_state", since_start=True)
+        self.adopt(optimizer_state_tensors(optimizer), "optimizer_state", since_start=True)
 
     def optimizer_post(self, optimizer: torch.optim.Optimizer) -> None:
-        by_key: dict[str, int] = {}
-        seen: set[int] = set()
-        for state in optimizer.state.values():
-            if not isinstance(state, dict):
-                continue
-            for key, value in state.items():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                storage = _storage(value)
-                if storage is None or storage._cdata in seen:
-                    continue
-                seen.add(storage._cdata)
-                by_key[str(key)] = by_key.get(str(key), 0) + storage.nbytes()
+        by_key = optimizer_state_bytes(optimizer)
         self._append(Optim(t_ns=self._clock(), name=type(optimizer).__name__, state_bytes_by_key=by_key, ident=id(optimizer)))
 
     # -- activations --------------------------------------------------------------------
@@ -231,46 +277,15 @@ class StorageTracker:
         """Start of the pass: only autograd nodes numbered from ``min_seq`` on are new."""
         self._min_seq = min_seq if min_seq is not None else 0
 
-    def _names(self, node: Any) -> tuple[str, ...]:
-        kind = type(node)
-        names = self._saved_names.get(kind)
-        if names is None:
-            names = self._saved_names[kind] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
-        return names
-
     def walk_saved(self, roots: Iterable[Any]) -> None:
         """Record ``Saved`` for the tracked storages saved by nodes reachable from ``roots``."""
-        stack = [node for node in roots if node is not None]
         serial_of = self._serial_of
-        walked = self._walked
-        while stack:
-            node = stack.pop()
-            try:
-                seq = node._sequence_nr()
-            except (AttributeError, RuntimeError):
-                continue
-            if seq == NO_SEQ or seq < self._min_seq or seq in walked:
-                continue
-            walked.add(seq)
-            for name in self._names(node):
-                try:
-                    saved = getattr(node, name)
-                except RuntimeError:
-                    continue  # already released (a second backward through the graph)
-                for item in saved if isinstance(saved, (tuple, list)) else (saved,):
-                    try:
-                        data = item.data
-                    except (AttributeError, RuntimeError):
-                        continue
-                    if isinstance(data, torch.Tensor):
-                        storage = _storage(data)
-                        if storage is not None:
-                            serial = serial_of.get(storage._cdata)
-                            if serial is not None:
-                                self._append(Saved(serial))
-            for next_node, _ in node.next_functions:
-                if next_node is not None:
-                    stack.append(next_node)
+        for tensor in saved_tensors(roots, self._min_seq, self._walked):
+            storage = _storage(tensor)
+            if storage is not None:
+                serial = serial_of.get(storage._cdata)
+                if serial is not None:
+                    self._append(Saved(serial))
 
     def module_output(self, output: Any) -> None:
         self.walk_saved(t.grad_fn for t in tensors_in(output) if t.grad_fn is not None)
@@ -300,7 +315,7 @@ class StorageTracker:
         self._walked.clear()
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     for state in optimizer.state.values():
         if isinstance(state, dict):
             for value in state.values():
@@ -308,15 +323,36 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
                     yield value
 
 
-def optimizer_hooks(stack: ExitStack, tracker: StorageTracker) -> None:
-    """Watch every optimizer's ``step`` for the pass (global hooks, removed on exit)."""
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of an optimizer's state by key (``exp_avg``, ...), each storage once."""
+    by_key: dict[str, int] = {}
+    seen: set[int] = set()
+    for state in optimizer.state.values():
+        if not isinstance(state, dict):
+            continue
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            storage = _storage(value)
+            if storage is None or storage._cdata in seen:
+                continue
+            seen.add(storage._cdata)
+            by_key[str(key)] = by_key.get(str(key), 0) + storage.nbytes()
+    return by_key
+
+
+def optimizer_hooks(
+    stack: ExitStack,
+    pre: Callable[[torch.optim.Optimizer], None],
+    post: Callable[[torch.optim.Optimizer], None],
+) -> None:
+    """Call ``pre(optimizer)`` and ``post(optimizer)`` around every optimizer's ``step``
+    for the pass (global hooks, removed on exit)."""
     from torch.optim import optimizer as optim_module
 
     register_pre = getattr(optim_module, "register_optimizer_step_pre_hook", None)
     register_post = getattr(optim_module, "register_optimizer_step_post_hook", None)
     if register_pre is None or register_post is None:
         return
-    pre = register_pre(lambda opt, args, kwargs: tracker.optimizer_pre(opt))
-    stack.callback(pre.remove)
-    post = register_post(lambda opt, args, kwargs: tracker.optimizer_post(opt))
-    stack.callback(post.remove)
+    stack.callback(register_pre(lambda opt, args, kwargs: pre(opt)).remove)
+    stack.callback(register_post(lambda opt, args, kwargs: post(opt)).remove)

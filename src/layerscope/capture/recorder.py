@@ -266,7 +266,8 @@ class Recorder:
         #: Tensors live before each memory pass that are not the model's (profile's inputs).
         self.memory_inputs: list[torch.Tensor] = []
         self._params = [p for m in modules for p in m.parameters(recurse=False)]
-        self._state_tensors = self._params + [b for m in modules for b in m.buffers(recurse=False)]
+        #: The model's parameters and buffers: memory live through every pass.
+        self.state_tensors = self._params + [b for m in modules for b in m.buffers(recurse=False)]
         self._tracker: StorageTracker | None = None
         # Gradient accumulation has no sequence number: its work goes to the parameter's owner.
         self._param_owner: dict[int, int] = {}
@@ -358,10 +359,10 @@ class Recorder:
         stack.callback(setattr, self, "_tracker", None)
         stack.callback(tracker.close)
         tracker.begin(_next_seq())
-        tracker.constant(storage_bytes(self._state_tensors), "parameters")
+        tracker.constant(storage_bytes(self.state_tensors), "parameters")
         tracker.adopt((p.grad for p in self._params if p.grad is not None), "gradients", since_start=True)
         tracker.adopt(self.memory_inputs, "other", since_start=True)
-        optimizer_hooks(stack, tracker)
+        optimizer_hooks(stack, tracker.optimizer_pre, tracker.optimizer_post)
 
     @contextmanager
     def _pass(self, detailed: bool, *, steps: bool = False) -> Iterator[list[Event]]:

@@ -50,6 +50,13 @@ _FORMULAS: dict[str, Formula] = {}
 #: ``_CACHE_LIMIT`` entries, so memory stays bounded whatever a run's shapes.
 _CACHE: dict[Any, Counts] = {}
 _CACHE_LIMIT = 4096
+#: How often the registry changed: caches of counts kept elsewhere check it.
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """A number that changes whenever a formula is registered or removed."""
+    return _GENERATION[0]
 
 
 def _remember(key: Any, counts: Counts) -> Counts:
@@ -96,6 +103,7 @@ def register_flops(*targets: Any) -> Callable[[Formula], Formula]:
         for name in names:
             _FORMULAS[name] = formula
         _CACHE.clear()
+        _GENERATION[0] += 1
         return formula
 
     return decorate
@@ -105,6 +113,7 @@ def unregister_flops(target: Any) -> None:
     """Remove a formula (for tests and for replacing one deliberately)."""
     _FORMULAS.pop(_op_name(target), None)
     _CACHE.clear()
+    _GENERATION[0] += 1
 
 
 def _free(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> tuple[int, int]:

@@ -16,10 +16,11 @@ gradients, optimizer state, activations, other: viewers stack them), and an inst
 event at the peak whose args are the peak's bytes by category.
 
 ``otherData`` says how the times were measured: the spans are the traced run's own
-times (under the dispatch mode that records ops, so slower than an unrecorded run),
-while the profile's module times come from ``meta["times_from"]`` /
-``meta["counts_from"]`` (timed steps or passes beside the traced one, or the traced step
-itself). The document is yielded event by event, so saving a big trace streams it to disk.
+times, recorded by torch's profiler (or, where it could not run, under a dispatch mode,
+``meta["times_from"]`` / ``meta["ops_from"]``); a ``Profiler``'s module times are the sum
+of its steps, the trace its last step; ``profile()``'s are medians of timed passes apart
+from the traced op pass. The document is yielded event by event, so saving a big trace
+streams it to disk.
 """
 
 from __future__ import annotations
@@ -143,8 +144,9 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
 
 
 def traced_step(meta: dict[str, Any]) -> int | None:
-    """The number of the step the trace holds: a ``Profiler``'s detail step, or its last
-    step when every step was detailed; None for ``profile()``'s op pass."""
+    """The number of the step the trace holds: a ``Profiler``'s last step (its detail
+    step in a file written when one step was recorded apart); None for ``profile()``'s
+    op pass."""
     if meta.get("mode") != "context":
         return None
     if meta.get("detail_step") is not None:
@@ -177,18 +179,18 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
             f"module times: median of {_count(meta.get('repeat'), 'timed pass')} after "
             f"{meta.get('warmup')} warm-up, apart from the traced op pass"
         )
-    elif meta.get("counts_from") == "detail step":
-        times = (
-            f"module times: {_count(meta.get('steps'), 'step')} timed with torch's profiler; ops, shapes, "
-            f"FLOPs and memory from detail step {meta.get('detail_step')}, the traced step"
-        )
     else:
-        times = "module times: from the traced step itself"
-    keys = ("mode", "times_from", "counts_from", "steps", "step_range", "detail_step", "repeat", "warmup")
+        times = (
+            f"module times: the sum of {_count(meta.get('steps'), 'step')}, each timed with its ops, shapes, "
+            "FLOPs and memory in one run; the trace is the last step"
+        )
+    keys = ("mode", "times_from", "ops_from", "steps", "step_range", "repeat", "warmup")
+    dispatch = "dispatch mode" in (meta.get("times_from"), meta.get("ops_from"))
     return {
         "trace_run": "op pass" if number is None else f"step {number}",
-        "trace_times": "the traced run's own, recorded under the dispatch mode that records ops "
-        "(slower than an unrecorded run)",
+        "trace_times": "the traced run's own, recorded under a dispatch mode (slower than an unrecorded run)"
+        if dispatch
+        else "the traced run's own, recorded by torch's profiler with shapes and memory",
         "times": times,
         **{key: meta[key] for key in keys if meta.get(key) is not None},
         "time_unit": "ts and dur in µs on a 2^-12 µs grid: round(x * 1000) is the exact ns",

@@ -89,7 +89,20 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "unsupported_ops": profile.unsupported_ops(),
         "ops": _op_tables(profile),
         "memory": profile.memory,
+        "step_spread": _step_spread(profile),
     }
+
+
+def _step_spread(profile: Profile) -> dict[str, Any] | None:
+    """The steps' wall times: min, median, p90, max and the steps far from the median."""
+    spread = profile.step_spread()
+    if spread is None:
+        return None
+    return {
+        "steps": len(spread.steps), "min_ns": spread.min_ns, "median_ns": spread.median_ns,
+        "p90_ns": spread.p90_ns, "max_ns": spread.max_ns, "far": spread.far,
+        "outliers": [list(item) for item in spread.outliers[:10]], "more": max(0, len(spread.outliers) - 10),
+    }  # fmt: skip
 
 
 def _inputs(profile: Profile) -> str | None:

@@ -458,17 +458,12 @@ def _step_lines(profile: Profile) -> list[str]:
     shares.extend((part.name, part_total(part)) for part in profile.parts)
     parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
     steps = profile.meta.get("steps")
-    walls = sorted(profile.meta.get("step_times_ns") or [])
     if steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
         head = f"Step (per-part medians): {fmt.time_ns(step)} = {parts}"
     lines = [head, *flops]
-    if len(walls) > 1:
-        lines.append(
-            f"Step wall time over {len(walls)} steps: min {fmt.time_ns(walls[0])}, "
-            f"median {fmt.time_ns(walls[(len(walls) - 1) // 2])}, max {fmt.time_ns(walls[-1])}"
-        )
+    lines.extend(step_spread_lines(profile))
     if profile.meta.get("complete") is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
     return lines
@@ -494,26 +489,40 @@ def _comm_lines(profile: Profile) -> list[str]:
     return [line]
 
 
-def _detail_lines(profile: Profile) -> list[str]:
-    """Where a cycle's figures come from, when its times and counts were measured apart."""
-    meta = profile.meta
-    lines = []
-    if meta.get("counts_from") == "detail step":
-        steps = meta.get("steps")
-        lines.append(
-            f"Times from {steps} step{'s' if steps != 1 else ''} timed with torch's profiler; ops, shapes, FLOPs "
-            f"and memory from detail step {meta.get('detail_step')}, standing for each"
+#: At most this many steps far from the median are named.
+_OUTLIERS_NAMED = 5
+
+
+def step_spread_lines(profile: Profile) -> list[str]:
+    """How the steps' wall times vary, and the steps far from the median by name."""
+    spread = profile.step_spread()
+    if spread is None:
+        return []
+    n = len(spread.steps)
+    lines = [
+        f"Step wall time over {n} steps: min {fmt.time_ns(spread.min_ns)}, median {fmt.time_ns(spread.median_ns)}, "
+        f"p90 {fmt.time_ns(spread.p90_ns)}, max {fmt.time_ns(spread.max_ns)}"
+    ]
+    if spread.outliers:
+        named = ", ".join(
+            f"step {number} {fmt.time_ns(ns)} (x{ns / spread.median_ns:.2g})" for number, ns in spread.outliers[:_OUTLIERS_NAMED]
         )
-    if meta.get("times_from") == "detail step":
+        more = len(spread.outliers) - _OUTLIERS_NAMED
         lines.append(
-            "Times from the detail step, whose op recording inflates small modules: run two steps "
-            "or more, with prof.step() after each, for timed steps"
+            f"Steps far from the median (x{spread.far:g} or more away, in the sums above): {named}"
+            + (f" and {more} more" if more > 0 else "")
         )
-    mismatch = meta.get("detail_mismatch") or []
-    if mismatch:
-        named = ", ".join(repr(path) for path in mismatch[:3]) + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else "")
-        lines.append(f"The detail step ran {named} another number of times than the timed steps: its counts may not fit them")
     return lines
+
+
+def _detail_lines(profile: Profile) -> list[str]:
+    """Where a profile's times come from, when not from torch's profiler."""
+    if profile.meta.get("times_from") == "dispatch mode":
+        return [
+            "Times from steps recorded under a dispatch mode (torch's profiler was already running, "
+            "and only one can): op recording inflates small modules"
+        ]
+    return []
 
 
 def _memory_lines(profile: Profile) -> list[str]:

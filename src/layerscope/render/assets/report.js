@@ -113,6 +113,13 @@
     fact("torch", META.torch_version);
     fact("mode", modeText());
     if (META.step_range) fact("steps", META.step_range[0] + "–" + META.step_range[1] + (META.steps !== undefined ? " (" + META.steps + " timed)" : ""));
+    const spread = DATA.step_spread;
+    if (spread) {
+      fact("step time", "median " + fmt.time(spread.median_ns) + ", p90 " + fmt.time(spread.p90_ns) + ", min " + fmt.time(spread.min_ns) + ", max " + fmt.time(spread.max_ns) + " over " + spread.steps + " steps");
+      if (spread.outliers.length) {
+        fact("steps far from the median (x" + spread.far + ")", spread.outliers.map(([n, ns]) => "step " + n + " " + fmt.time(ns) + " (x" + (ns / spread.median_ns).toPrecision(2) + ")").join(", ") + (spread.more ? " and " + spread.more + " more" : ""));
+      }
+    }
     fact("params", fmt.count(modelRoot.params_total) + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
     const flops = sum(modelRoot, "flops");
     if (flops !== null) fact("FLOPs", fmt.count(flops) + " (MACs " + fmt.count(sum(modelRoot, "macs")) + ")");
@@ -126,7 +133,7 @@
 
   function modeText() {
     if (META.mode === "profile") return "profile(): median of " + META.repeat + " passes after " + META.warmup + " warm-up";
-    if (META.mode === "context") return "Profiler block" + (META.counts_from === "detail step" ? ", counts from detail step " + META.detail_step : "");
+    if (META.mode === "context") return "Profiler block" + (META.times_from === "dispatch mode" ? ", times under a dispatch mode" : "");
     if (META.mode === "count") return "count_flops (not timed)";
     return META.mode || "";
   }
