@@ -872,6 +872,7 @@ class KinetoWindow:
         self.module_shapes = module_shapes if module_shapes is not None else {}
         self._notes: list[list[tuple[Any, ...]]] = []
         self._grads_noted: set[int] = set()
+        self._shape_hook: ExitStack | None = None
 
     def _activities(self) -> set[Any]:
         from torch.autograd.profiler import ProfilerActivity
@@ -929,8 +930,6 @@ class KinetoWindow:
         others: dict[int, list[Any]] = {}  # autograd's threads' (a checkpoint recomputing)
         make = _Range
         detail = self.detail
-        shapes = self.module_shapes
-        index_get = self._index.get
         root_id = self._root_id if self.memory else None
         root_seqs: list[int | None] = []
         note = self._note
@@ -952,35 +951,42 @@ class KinetoWindow:
                 others.setdefault(tid, []).append(rf)
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
-            if names_get(id(module)) is None:
+            key = id(module)
+            if names_get(key) is None:
                 return
             tid = get_ident()
-            opened = own if tid == owner else others.get(tid)
-            if opened:
-                opened.pop().__exit__(None, None, None)
-
-        if not detail:
-            return pre, post
-
-        def post_detail(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
-            if output is None and _stopped_recompute() and names_get(id(module)) is not None:
+            if detail and output is None and _stopped_recompute():
                 raised = make(RAISED_NAME)  # a checkpoint stopped recomputing: the op it was in never ran
                 raised.__enter__()
                 raised.__exit__(None, None, None)
-            post(module, args, output)
-            key = id(module)
-            if key == root_id and root_seqs and get_ident() == owner and task() == -1:
+            opened = own if tid == owner else others.get(tid)
+            if opened:
+                opened.pop().__exit__(None, None, None)
+            if key == root_id and root_seqs and tid == owner and task() == -1:
                 since = root_seqs.pop()
                 if torch.is_grad_enabled():
                     note([("saved", saved_storages(_grad_fns(output), since))])
-            i = index_get(key)
+
+        return pre, post
+
+    def _shapes_hook(self) -> Callable[..., None]:
+        """Each module's input and output shapes on its first call (a hook with keyword
+        arguments, which costs more: installed for a window's first step only)."""
+        shapes = self.module_shapes
+        index_get = self._index.get
+        owner = self._owner
+        get_ident = threading.get_ident
+        task = _graph_task
+
+        def shape(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
+            i = index_get(id(module))
             if i is not None and i not in shapes and (get_ident() == owner or task() != -1):
                 inputs = shapes_of(list(args))
                 if kwargs:
                     inputs.append(shapes_of(kwargs))
                 shapes[i] = (inputs, shapes_of(output))
 
-        return pre, post_detail
+        return shape
 
     def start(self) -> None:
         from torch._C._profiler import ProfilerConfig, ProfilerState
@@ -998,13 +1004,17 @@ class KinetoWindow:
                 _prepare_profiler(config, activities)
             pre, post = self._hooks()
             stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
-            handle = nn_module.register_module_forward_hook(post, with_kwargs=self.detail, always_call=True)
-            stack.callback(handle.remove)
-            if self.detail:
+            stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
+            if self.detail and len(self.module_shapes) < len(self._index):
+                shapes = ExitStack()
+                stack.callback(shapes.close)
+                handle = nn_module.register_module_forward_hook(self._shapes_hook(), with_kwargs=True, always_call=True)
+                shapes.callback(handle.remove)
                 # torch keeps the with_kwargs flag outside the handle: take it out too.
                 flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
                 if flags is not None:
-                    stack.callback(flags.pop, handle.id, None)
+                    shapes.callback(flags.pop, handle.id, None)
+                self._shape_hook = shapes
             if self.memory:
                 optimizer_hooks(stack, self._optimizer_pre, self._optimizer_post)
             with _quiet():
@@ -1031,6 +1041,9 @@ class KinetoWindow:
             if self.memory:
                 self._note_grads()
             step.__exit__(None, None, None)
+        shapes, self._shape_hook = self._shape_hook, None
+        if shapes is not None:
+            shapes.close()  # the shapes of the window's first step are enough
 
     @contextmanager
     def part(self, name: str) -> Iterator[None]:
