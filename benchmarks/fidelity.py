@@ -12,7 +12,8 @@ For each model, in one process, rounds interleave four variants of the same work
 - *layerscope*: a ``layerscope.Profiler`` block running ``steps`` steps with
   ``prof.step()`` after each; every step is timed and detailed (ops, shapes, FLOPs,
   memory) by one run of torch's profiler;
-- *one-step block*: ``steps`` blocks of one step each (``with Profiler(model): work()``);
+- *one-step block*: ``steps`` blocks of one step each (``with Profiler(model): work()``),
+  each after two unprofiled steps, as one step profiled in a running loop;
 - *torchprof* and *deepspeed* (forward only): the drop-ins, one step per block or
   ``start_profile``/``stop_profile`` window, as people arriving from those tools run them;
 - *torch.profiler*: ``torch.profiler.profile(record_shapes=True, profile_memory=True)``
@@ -234,9 +235,13 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
         keep("layerscope", [prof.profile])
 
     def blocks(variant: str, block: Callable[[], Any]) -> None:
-        """``steps`` blocks of one step each; the step's own wall time, inside the block."""
+        """``steps`` blocks of one step each; the step's own wall time, inside the block.
+        Two unprofiled steps run before each block, as in a loop where one step is
+        profiled: the step is not cooled by the previous block's finalizing."""
         times, profiles = [], []
         for _ in range(steps):
+            work()
+            work()
             ns, profile = block()
             times.append(ns)
             profiles.append(profile)

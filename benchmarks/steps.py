@@ -3,9 +3,10 @@
 Three measurements, all in one run:
 
 - *per step*: one training step (forward, loss, backward, AdamW step, zero_grad) plain,
-  inside a running ``layerscope.Profiler`` (a timed step: its block's detail step came
-  first), inside an idle step of a schedule, and under ``torch.profiler.profile`` with
-  ``record_shapes=True`` recording every step. Variants are interleaved round by round;
+  inside a running ``layerscope.Profiler`` (every step timed and detailed: ops, shapes,
+  FLOPs, memory), inside an idle step of a schedule, and under
+  ``torch.profiler.profile`` with ``record_shapes=True, profile_memory=True`` (the same
+  detail, torch's own way) recording every step. Variants are interleaved round by round;
   medians and ratios are reported, for a small MLP, BERT and GPT-2 (2 layers x 256) and
   BERT-base.
 - *whole block*: entering, ``--block-steps`` steps and finalizing (layerscope until its
@@ -130,7 +131,7 @@ def _torch_profiler(model: nn.Module) -> Iterator[Callable[[], None]]:
 
     # No schedule: every step is recorded and nothing is processed until the block ends,
     # so a step costs the recording alone.
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
         yield prof.step
 
 
@@ -139,7 +140,7 @@ def overhead(name: str, rounds: int, per_round: int) -> None:
     contexts = {
         "layerscope (timed step)": _layerscope_every_step,
         "layerscope (idle step)": _layerscope_idle,
-        "torch.profiler (shapes)": _torch_profiler,
+        "torch.profiler (shapes, memory)": _torch_profiler,
     }
     for _ in range(5):
         step()
@@ -159,7 +160,7 @@ def overhead(name: str, rounds: int, per_round: int) -> None:
                 continue
             ctx = contexts[variant]
             with ctx(model) as mark:
-                for _ in range(2):  # the detail step, and a warm timed step
+                for _ in range(2):  # warm steps, as a block's steady state
                     step()
                     mark()
                 t0 = time.perf_counter()
@@ -168,7 +169,7 @@ def overhead(name: str, rounds: int, per_round: int) -> None:
                     mark()
                 times[variant].append((time.perf_counter() - t0) / per_round)
     base = statistics.median(times["plain"])
-    torch_median = statistics.median(times["torch.profiler (shapes)"])
+    torch_median = statistics.median(times["torch.profiler (shapes, memory)"])
     print(f"\n{name}: training step + AdamW, {rounds} rounds x {per_round} steps")
     for variant, values in times.items():
         median = statistics.median(values)
@@ -202,7 +203,7 @@ def whole_block(name: str, rounds: int, block_steps: int) -> None:
         ours.append(t1 - t0)
         finalize.append(t1 - t_exit)
         t0 = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as tprof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as tprof:
             for _ in range(block_steps):
                 step()
                 tprof.step()

@@ -978,13 +978,19 @@ class KinetoWindow:
         get_ident = threading.get_ident
         task = _graph_task
 
+        tensor = torch.Tensor
+
         def shape(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
             i = index_get(id(module))
-            if i is not None and i not in shapes and (get_ident() == owner or task() != -1):
-                inputs = shapes_of(list(args))
-                if kwargs:
-                    inputs.append(shapes_of(kwargs))
-                shapes[i] = (inputs, shapes_of(output))
+            if i is None or i in shapes or (get_ident() != owner and task() == -1):
+                return
+            if not kwargs and type(output) is tensor and all(type(a) is tensor for a in args):
+                shapes[i] = ([list(a.shape) for a in args], list(output.shape))  # the common case
+                return
+            inputs = shapes_of(list(args))
+            if kwargs:
+                inputs.append(shapes_of(kwargs))
+            shapes[i] = (inputs, shapes_of(output))
 
         return shape
 

@@ -93,6 +93,15 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+def _key(values: list[Any]) -> tuple[Any, ...]:
+    """The inputs as a cache key. A plain float input of a call on tensors (an
+    optimizer's step size, which changes every step) is keyed by its type alone: no
+    formula reads one, and no output shape depends on one (a float in a list, an
+    interpolation's scale factors, is kept)."""
+    on_tensors = any(isinstance(v, TensorMeta) for v in values)
+    return tuple("float" if on_tensors and type(v) is float else _hashable(v) for v in values)
+
+
 #: Counts per recorded call signature, for one generation of the formulas' registry
 #: (bounded: cleared when full).
 _COUNTS: dict[Any, Counts] = {}
@@ -109,7 +118,7 @@ def recorded_call(name: str, overload: str, inputs: list[Any], concrete: list[An
         for i, (value, known) in enumerate(zip(values, concrete)):
             if value is None and known is not None:
                 values[i] = known
-    key: Any = (name, overload, _hashable(values))
+    key: Any = (name, overload, _key(values))
     try:
         hash(key)
     except TypeError:
