@@ -364,3 +364,47 @@ def test_grad_no_grad_and_inference_mode_count_alike(measure: Any, name: str) ->
     else:
         assert grad.root.forward.macs == no_grad.root.forward.macs
         assert grad.root.forward.flops != no_grad.root.forward.flops
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_events_count_what_the_dispatch_mode_counts(measure: Any, name: str) -> None:
+    # profile() reads ops from torch's profiler events (recorded input shapes, composites
+    # opened into their parts); count_flops runs a dispatch mode. Module by module and op
+    # by op, both count the same FLOPs and MACs. (A Python scalar is a 0-d tensor in the
+    # events, so rows are compared by name, and bytes are not compared.)
+    measured = measure(name)
+    events = measured.profile
+    dispatch = layerscope.count_flops(measured.model, measured.inputs, memory=False)
+    assert {p: c[:2] for p, c in _per_module(events).items()} == {p: c[:2] for p, c in _per_module(dispatch).items()}
+
+    def rows(profile: Profile) -> dict[tuple[str, str], list[tuple[int | None, int | None]]]:
+        found: dict[tuple[str, str], list[tuple[int | None, int | None]]] = {}
+        for node in profile.nodes():
+            for op in node.ops:
+                if op.flops != 0:  # views and copies may show at another level: both count 0
+                    found.setdefault((node.path, op.name), []).append((op.flops, op.macs))
+        return {key: sorted(v, key=repr) for key, v in found.items()}
+
+    by_events, by_dispatch = rows(events), rows(dispatch)
+    assert set(by_events) == set(by_dispatch)
+    for key, counted in by_dispatch.items():
+        # The same total per module and op; rows may split differently by shapes.
+        assert sum(f or 0 for f, _ in by_events[key]) == sum(f or 0 for f, _ in counted), key
+        assert sum(m or 0 for _, m in by_events[key]) == sum(m or 0 for _, m in counted), key
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5"])
+def test_events_count_the_training_step_as_the_dispatch_mode(measure: Any, name: str) -> None:
+    # Forward and backward, per module and per op, in a training step.
+    measured = measure(name)
+    model, inputs = measured.model, measured.inputs
+    events = layerscope.profile(model, inputs, backward=True, warmup=0, repeat=1, memory=False)
+    dispatch = layerscope.count_flops(model, inputs, backward=True, memory=False)
+    for node in events.nodes():
+        other = dispatch[node.path]
+        for phase in ("forward", "backward"):
+            mine, theirs = getattr(node, phase), getattr(other, phase)
+            if mine is None or theirs is None:
+                assert mine is theirs is None or not (mine or theirs).flops, (node.path, phase)
+                continue
+            assert (mine.flops, mine.macs) == (theirs.flops, theirs.macs), (node.path, phase)

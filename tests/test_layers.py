@@ -1,7 +1,7 @@
 """The architecture as a test: imports flow one way, from the layer that runs things down
 to the one data model and the files below it.
 
-    app      session, cli, compat, handlers, integrations, bench.measure, the package
+    app      session, block, cli, compat, handlers, integrations, bench.measure, the package
     render   render/*, plot           capture   capture/*, attribute/*, flops/*, zoo, specs
     model    tree, ops, check, schema, transforms, diff, ranks, documents, bench.result
     base     errors, fmt, io, formats (the output registry), comm, raw, schedule
@@ -26,7 +26,7 @@ LAYERS = {
     "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result"),
     "render": ("render", "plot"),
     "capture": ("capture", "attribute", "flops", "zoo", "specs"),
-    "app": ("session", "cli", "__main__", "compat", "handlers", "integrations", "bench", "examples", ""),
+    "app": ("session", "block", "cli", "__main__", "compat", "handlers", "integrations", "bench", "examples", ""),
 }
 RANK = {"base": 0, "model": 1, "render": 2, "capture": 2, "app": 3}
 

@@ -18,10 +18,10 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import layerscope
+from layerscope.block import WINDOW_STEPS
 from layerscope.check import check_tree
 from layerscope.errors import ProfilerStateError
 from layerscope.handlers import save_json
-from layerscope.session import WINDOW_STEPS
 from layerscope.tree import Profile
 from test_no_side_effects import Raiser, assert_unchanged, snapshot
 
@@ -419,8 +419,8 @@ def _container_sizes(prof: Any) -> dict[str, int]:
     owners = {
         "prof": prof,
         "recorder": prof._recorder,
-        "steps": prof._steps,
-        "total": prof._steps.total,
+        "steps": prof._cycle.steps,
+        "total": prof._cycle.steps.total,
     }
     return {
         f"{owner}.{name}": len(value)
@@ -446,11 +446,11 @@ def _long_run(steps: int) -> tuple[dict[str, int], int, Profile]:
         # Every step is folded in whenever torch's profiler is read back, at most
         # WINDOW_STEPS steps apart (the window also holds the step opened by the last
         # step() call).
-        assert prof._steps.steps + len(prof._window_steps) == steps + 1
+        assert prof._cycle.steps.steps + len(prof._window_steps) == steps + 1
         assert len(prof._window_steps) <= WINDOW_STEPS
         sizes = _container_sizes(prof)
         sizes.pop("prof._window_steps")
-        op_calls = sum(op.calls for op in prof._steps.total.ops.values()) // prof._steps.steps
+        op_calls = sum(op.calls for op in prof._cycle.steps.total.ops.values()) // prof._cycle.steps.steps
     return sizes, op_calls, prof.profile
 
 

@@ -52,18 +52,23 @@ from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 if TYPE_CHECKING:
     from layerscope.bench.measure import benchmark
+    from layerscope.block import Profiler
     from layerscope.capture.label import label
     from layerscope.flops import register_flops
-    from layerscope.session import Profiler, count_flops, profile
+    from layerscope.session import count_flops, profile
 
 
 def __getattr__(name: str) -> Any:
     # The capture layer imports torch: load it on first use, so reading and rendering
     # saved profiles (`layerscope show`) stays fast and torch-free.
-    if name in ("profile", "Profiler", "count_flops"):
+    if name in ("profile", "count_flops"):
         from layerscope import session
 
         return getattr(session, name)
+    if name == "Profiler":
+        from layerscope.block import Profiler
+
+        return Profiler
     if name == "benchmark":
         from layerscope.bench.measure import benchmark
 

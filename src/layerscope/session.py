@@ -1,12 +1,11 @@
-"""The two ways in: ``profile(model, inputs)`` runs the passes itself; ``Profiler(model)``
-wraps the user's own code for one run. Both end in a :class:`~layerscope.tree.Profile`."""
+"""The ways in that run the passes themselves: ``profile(model, inputs)`` (timed passes
+and a detailed one) and ``count_flops`` (one untimed pass). ``Profiler(model)``, which
+wraps the user's own code, is ``block.py``'s. All end in a :class:`~layerscope.tree.Profile`."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,16 +14,11 @@ from torch import nn
 
 from layerscope import __version__
 from layerscope.attribute import (
-    Accumulator,
-    build_from_steps,
     build_profile,
-    parent_indices,
-    walk_pass,
 )
 from layerscope.attribute.compiled import RULE as COMPILED_RULE
 from layerscope.attribute.compiled import attribute as attribute_compiled
-from layerscope.capture import distributed, kineto
-from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps
+from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
 from layerscope.capture.compiled import eager_module, time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
@@ -39,20 +33,16 @@ from layerscope.capture.modules import (
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
-from layerscope.errors import ModelError, ProfilerStateError
-from layerscope.raw import Enter, Event, Op, RawCapture
-from layerscope.schedule import Action
+from layerscope.errors import ModelError
+from layerscope.raw import RawCapture
 from layerscope.tree import Profile
-
-#: Timed steps read back from torch's profiler at a time: its events stay in C++ until
-#: it stops, so a long run stops (at a step boundary, after the timed work) every so often.
-WINDOW_STEPS = 32
 
 #: ``progress(stage, done, total)``: stage is "warmup", "measure" or "ops".
 Progress = Callable[[str, int, int], None]
 
 
-def _meta(model: nn.Module, device: torch.device, **extra: Any) -> dict[str, Any]:
+def meta_of(model: nn.Module, device: torch.device, **extra: Any) -> dict[str, Any]:
+    """What was run: the model, versions, device, dtype and mode, and ``extra``."""
     return {
         "model": type(model).__name__,
         "layerscope_version": __version__,
@@ -150,14 +140,14 @@ def profile(
     # op. A fake clock (tests) keeps every pass on the recorder.
     timed: Backend | None = None
     if backward and clock is None:
-        timed = _timed_backend(recorder, modules, selected, device)
+        timed = timed_steps(recorder, modules, selected, device)
     if timed is None:
         timed = RecorderSteps(recorder, detailed=False, steps=backward)
     # Op rows, shapes, FLOPs and memory from a pass under torch's profiler (recording
     # shapes and memory); the dispatch mode only where that profiler cannot run.
     detail: Backend | None = None
     if clock is None:
-        detail = _detailed_backend(
+        detail = detailed_steps(
             model, recorder, modules, selected, device, memory=memory, with_stack=with_stack, steps=backward,
             inputs=recorder.memory_inputs,
         )  # fmt: skip
@@ -214,7 +204,7 @@ def profile(
         has_device_time=recorder.has_device_time,
         param_bytes=param_bytes,
         memory_static=model_memory(model) if memory and record_ops else {},
-        meta=_meta(
+        meta=meta_of(
             model,
             device,
             mode="profile",
@@ -310,42 +300,6 @@ def _run_step(
             loss.backward()
 
 
-def _has_work(events: list[Event]) -> bool:
-    """Whether a step did anything (the step left open after the last ``step()`` did not)."""
-    return any(isinstance(event, (Enter, Op)) for event in events)
-
-
-def _timed_backend(recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device) -> Backend | None:
-    """Timed steps through torch's profiler, or None where it cannot run (a user's own
-    ``torch.profiler`` is already running: only one can)."""
-    if not kineto.available():
-        return None
-    index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
-    return KinetoSteps(kineto.KinetoWindow(index, device=device))
-
-
-def _detailed_backend(
-    model: nn.Module, recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device,
-    *, memory: bool, with_stack: bool, steps: bool = True, inputs: list[torch.Tensor] | None = None,
-) -> Backend | None:
-    """Steps timed *and* detailed by one run of torch's profiler (shapes, overloads and,
-    with ``memory``, allocations), or None where it cannot run."""
-    if not kineto.available():
-        return None
-    index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
-    owners: dict[int, tuple[torch.Tensor, int]] = {}
-    for i, (m, keep) in enumerate(zip(modules, selected)):
-        if keep:
-            for p in m.parameters(recurse=False):
-                owners.setdefault(id(p), (p, i))
-    window = kineto.KinetoWindow(
-        index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
-        owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
-    )  # fmt: skip
-    window.inputs = list(inputs or [])
-    return KinetoSteps(window, steps=steps)
-
-
 def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
     if peak_tflops is not None:
         if not peak_tflops > 0:
@@ -399,347 +353,10 @@ def count_flops(
         module_shapes=recorder.module_shapes,
         param_bytes=param_bytes,
         memory_static=model_memory(model) if memory else {},
-        meta=_meta(
+        meta=meta_of(
             model, device, mode="count", timed=False, no_grad=no_grad, backward=backward,
             paths=None if paths is None else list(paths),
             **_inputs_meta(args, kwargs, device),
         ),
     )
     return build_profile(raw)
-
-
-class Profiler:
-    """Profile whatever runs in a ``with`` block: inference, or whole training steps::
-
-        with layerscope.Profiler(model) as prof:
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step(); opt.zero_grad()
-        print(prof)
-
-    Every module gets its forward and backward figures; the loss, each optimizer's
-    ``step``, ``zero_grad``, user labels and everything else (``<other>``) become the
-    step's top-level parts, which add up to the step's wall time.
-
-    In a training loop, call ``prof.step()`` after each step. The first step of a block
-    (with a schedule: each cycle's last warm-up step, else its first recorded step) is
-    its *detail step*: ops, shapes, FLOPs, memory and activations are recorded under a
-    dispatch mode, and its times are not used. The steps after it are timed through
-    torch's own profiler, with one range per module call and nothing Python per op, so
-    module times are not inflated by the measuring. Times and calls are the timed
-    steps' sums, the detail step's counts stand for each of them (``meta["steps"]``,
-    ``meta["detail_step"]``), and the profile keeps each step's wall time
-    (``meta["step_times_ns"]``). A block of one step takes its times from its detail
-    step (``meta["times_from"]``). With ``schedule=layerscope.schedule(...)`` only the
-    active steps of each cycle are recorded and ``on_ready(profile)`` receives each
-    cycle's profile; idle steps install nothing. Events are folded into running totals
-    as they are read (torch's profiler at most every ``WINDOW_STEPS`` steps), so memory
-    stays flat on long runs. Only the thread that opened the block is recorded (and
-    autograd's, for its backward).
-
-    ``record_ops=False`` records module forward times only, by two hooks on a clock (no
-    detail step, no torch profiler: no ops, FLOPs, memory or backward), the leanest
-    timing; ``memory=False`` keeps ops but not memory;
-    ``with_stack=True`` keeps each op's Python call site (``OpStats.stack``). If the
-    block raises, what was captured up to then is kept, marked
-    ``meta["complete"] = False``.
-
-    torch.profiler's arguments (``activities``, ``record_shapes``, ``profile_memory``,
-    ``on_trace_ready``, ``schedule=torch.profiler.schedule(...)``) and reading calls
-    (``key_averages``, ``export_chrome_trace``, ``export_stacks``, ``step_num``) work
-    too, with their meanings: see ``layerscope.compat.torch_profiler``.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        paths: Sequence[str] | None = None,
-        record_ops: bool = True,
-        memory: bool = True,
-        with_stack: bool = False,
-        clock: Clock | None = None,
-        schedule: Callable[[int], Any] | None = None,
-        on_ready: Callable[[Profile], Any] | None = None,
-        activities: Sequence[Any] | None = None,
-        record_shapes: bool | None = None,
-        profile_memory: bool | None = None,
-        on_trace_ready: Callable[[Profiler], Any] | None = None,
-    ) -> None:
-        self.model = require_module(model)
-        # torch.profiler's arguments, with their meanings: see layerscope.compat.torch_profiler.
-        from layerscope.compat import torch_profiler
-
-        memory, schedule, on_ready = torch_profiler.options(
-            self, memory=memory, schedule=schedule, on_ready=on_ready, activities=activities,
-            record_shapes=record_shapes, profile_memory=profile_memory, on_trace_ready=on_trace_ready,
-        )
-        if schedule is not None and not callable(schedule):
-            raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
-        if on_ready is not None and not callable(on_ready):
-            raise TypeError(f"on_ready must be a callable taking a Profile, got {on_ready!r}")
-        self._paths = paths
-        self._record_ops = record_ops
-        self._memory = memory and record_ops
-        self._with_stack = with_stack and record_ops
-        self._clock = clock
-        self._schedule = schedule
-        self._on_ready = on_ready
-        self._stack: contextlib.ExitStack | None = None
-        self._recorder: Recorder | None = None
-        self._backend: Backend | None = None
-        #: Whether steps are read back in windows (torch's profiler), not one by one.
-        self._windowed = False
-        #: Why the times are not from torch's profiler, when they are not.
-        self._times_from: str | None = None
-        self._running: Backend | None = None
-        #: Steps recorded in the profiler's current window: (step number, action).
-        self._window_steps: list[tuple[int, Action]] = []
-        self._infos: list[Any] = []
-        self._param_bytes = 0
-        self._profile: Profile | None = None
-        self._steps = Accumulator()
-        self._step = 0
-        self._cycle_first: int | None = None
-        self._cycle_last: int | None = None
-        self._step_action = Action.NONE
-        self._delivered = 0
-        self._identity: dict[str, Any] = {}
-
-    # -- running ------------------------------------------------------------------------
-    def __enter__(self) -> Profiler:
-        if self._stack is not None or self._profile is not None:
-            raise ProfilerStateError("this Profiler has already run; use a new one for each block")
-        refuse_compiled(self.model)
-        refuse_meta_timing(self.model)
-        modules, self._infos, self._param_bytes = module_table(
-            self.model, self._paths, with_repr=self._record_ops
-        )
-        self._device = model_device(self.model)
-        selected = [i.selected for i in self._infos]
-        self._recorder = Recorder(
-            modules,
-            selected,
-            device=self._device,
-            clock=self._clock,
-            memory=self._memory,
-            with_stack=self._with_stack,
-        )
-        # Every step goes through one backend. With ops: torch's profiler, recording
-        # shapes and memory, times and detail from the same run; where it cannot run (a
-        # user's torch.profiler already does, or a fake clock in tests) a dispatch mode,
-        # whose times are not faithful (meta["times_from"] says so). record_ops=False
-        # is the leanest timing: module hooks on a clock, forward only.
-        backend: Backend | None = None
-        if self._record_ops and self._clock is None:
-            backend = _detailed_backend(
-                self.model, self._recorder, modules, selected, self._device, memory=self._memory,
-                with_stack=self._with_stack,
-            )  # fmt: skip
-        if backend is None:
-            backend = RecorderSteps(self._recorder, detailed=self._record_ops)
-            if self._record_ops and self._clock is None:  # a given clock times by design
-                self._times_from = "dispatch mode"
-        self._backend = backend
-        self._windowed = isinstance(backend, KinetoSteps)
-        self._parents = parent_indices(self._infos)
-        # Rank, world size, host and the run id (agreed with the other ranks once).
-        self._identity = distributed.identity()
-        stack = contextlib.ExitStack()
-        try:
-            stack.enter_context(exclusive(self.model))
-            self._stack = stack
-            self._begin_step()
-        except BaseException:
-            self._stack = None
-            stack.close()
-            raise
-        return self
-
-    def _action(self, step: int) -> Action:
-        if self._schedule is None:
-            return Action.RECORD
-        action = self._schedule(step)
-        return Action[action.name] if not isinstance(action, Action) else action
-
-    def _begin_step(self) -> None:
-        action = self._action(self._step)
-        if action is Action.NONE:
-            return
-        backend = self._backend
-        assert backend is not None
-        backend.begin_step()
-        self._running = backend
-        self._step_action = action
-        if self._windowed:
-            self._window_steps.append((self._step, action))
-
-    def _end_step(self) -> None:
-        """Close the running step; a dispatch-mode step is walked now, the profiler's
-        when their window is read back (every ``WINDOW_STEPS`` steps, and at the cycle's
-        end)."""
-        backend, self._running = self._running, None
-        if backend is None:
-            return
-        backend.end_step()
-        if not self._windowed:
-            (events,) = backend.collect()
-            self._add_step(events, self._step, self._step_action)
-        elif len(self._window_steps) >= WINDOW_STEPS:
-            self._read_window()
-
-    def _read_window(self) -> None:
-        """Stop the profiler, and fold its steps into the running totals."""
-        if not self._windowed or not self._window_steps:
-            return
-        assert self._backend is not None
-        steps, self._window_steps = self._window_steps, []
-        streams = self._backend.collect()
-        for events, (number, action) in zip(streams, steps):
-            self._add_step(events, number, action)
-
-    def _add_step(self, events: list[Event], number: int, action: Action) -> None:
-        # The step left open after the last step() call usually ran nothing: drop it
-        # (but keep a lone step, so a block where nothing ran still has a profile).
-        keep = _has_work(events) or (number == 0 and self._schedule is None)
-        if action is Action.WARMUP or not keep:
-            return
-        assert self._recorder is not None
-        paths = [info.path for info in self._infos]
-        result = walk_pass(
-            events,
-            paths,
-            has_device=self._recorder.has_device_time or self._backend.has_device_time,  # type: ignore[union-attr]
-            collect_ops=self._record_ops,
-            parents=self._parents,
-        )
-        self._steps.add(result, number)
-        if self._cycle_first is None or number < self._cycle_first:
-            self._cycle_first = number
-        self._cycle_last = max(number, self._cycle_last if self._cycle_last is not None else number)
-
-    def step(self) -> None:
-        """Mark the end of a training step (call it once per step, after ``opt.step()``)."""
-        if self._stack is None:
-            raise ProfilerStateError(
-                "step() called outside a running Profiler: call it inside the "
-                "`with layerscope.Profiler(model) as prof:` block, once per training step"
-            )
-        action = self._step_action if self._running is not None else Action.NONE
-        try:
-            try:
-                self._end_step()
-            finally:
-                # Even if on_ready raises (and the loop goes on), the next step is the next;
-                # on_ready sees it already, as torch's on_trace_ready sees step_num.
-                self._step += 1
-            if action is Action.RECORD_AND_SAVE:
-                self._deliver(complete=True)
-        finally:
-            self._begin_step()
-
-    def _deliver(self, *, complete: bool) -> Profile | None:
-        self._read_window()
-        if not self._steps.steps:
-            return None
-        profile = self._build(complete=complete)
-        self._steps = Accumulator()
-        self._cycle_first = self._cycle_last = None
-        self._profile = profile
-        self._delivered += 1
-        if self._on_ready is not None:
-            self._on_ready(profile)
-        return profile
-
-    def _build(self, *, complete: bool) -> Profile:
-        assert self._recorder is not None
-        raw = RawCapture(
-            modules=self._infos,
-            module_shapes=self._recorder.module_shapes,
-            has_device_time=self._recorder.has_device_time,
-            param_bytes=self._param_bytes,
-            memory_static=model_memory(self.model) if self._memory else {},
-            meta=_meta(
-                self.model,
-                self._device,
-                mode="context",
-                paths=None if self._paths is None else list(self._paths),
-                step_range=[self._cycle_first, self._cycle_last],
-                complete=complete,
-                schedule=None if self._schedule is None else str(self._schedule),
-                **self._identity,
-                **({"times_from": self._times_from} if self._times_from else {}),
-            ),
-        )
-        return build_from_steps(raw, self._steps, counted=self._record_ops)
-
-    def __exit__(self, *exc_info: Any) -> bool:
-        assert self._stack is not None
-        failed = exc_info[0] is not None
-        try:
-            self._end_step()
-        finally:
-            try:
-                self._stack.close()
-            finally:
-                self._stack = None
-                # Without a schedule the block is one cycle; with one, steps recorded
-                # since the last delivered cycle are a cycle cut short.
-                complete = not failed and self._schedule is None
-                try:
-                    self._deliver(complete=complete)
-                except Exception as exc:
-                    if not failed:
-                        raise
-                    warnings.warn(f"layerscope: on_ready failed while the block was raising: {exc!r}", stacklevel=2)
-        return False
-
-    # -- the Profile reading API ------------------------------------------------------
-    @property
-    def profile(self) -> Profile:
-        """The last profile built: the whole block, or the last cycle with a schedule."""
-        if self._profile is None:
-            if self._stack is not None:
-                state = "still running"
-            elif self._recorder is not None:
-                state = "finished without recording a step (the schedule never reached an active step)"
-            else:
-                state = "not started"
-            raise ProfilerStateError(f"the Profiler is {state}; read it after its with-block ends")
-        return self._profile
-
-    def __getattr__(self, name: str) -> Any:
-        # Reading methods (to_dict, save, render, node, ...) are the Profile's own.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.profile, name)
-
-    def __getitem__(self, path: str) -> Any:
-        return self.profile[path]
-
-    def __str__(self) -> str:
-        return str(self.profile)
-
-    # -- torch.profiler's names (layerscope.compat.torch_profiler) ----------------------
-    @property
-    def step_num(self) -> int:
-        """How many steps ``step()`` has ended (torch.profiler's name)."""
-        return self._step
-
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
-        """The ops averaged by name (and shapes, and stack), printed by ``.table(sort_by=...)``."""
-        from layerscope.compat import torch_profiler
-
-        return torch_profiler.key_averages(self.profile, group_by_input_shape, group_by_stack_n)
-
-    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
-        """The Chrome trace of the profile (its detail step)."""
-        from layerscope.compat import torch_profiler
-
-        torch_profiler.export_chrome_trace(self.profile, path)
-
-    def export_stacks(self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total") -> None:
-        """Folded stacks for flamegraph.pl, in whole microseconds of ``metric``."""
-        from layerscope.compat import torch_profiler
-
-        torch_profiler.export_stacks(self.profile, path, metric)

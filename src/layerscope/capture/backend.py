@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Protocol
 
-from layerscope.capture.kineto import KinetoWindow
+import torch
+from torch import nn
+
+from layerscope.capture.kineto import KinetoWindow, available
 from layerscope.capture.recorder import Recorder
 from layerscope.raw import Event, Step
 
@@ -122,3 +125,37 @@ class KinetoSteps:
             # outside the model becomes a part of a step.
             streams = [[event for event in stream if type(event) is not Step] for stream in streams]
         return streams
+
+
+# -- the backends session.py and block.py run ------------------------------------------
+
+
+def timed_steps(recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device) -> Backend | None:
+    """Timed steps through torch's profiler, or None where it cannot run (a user's own
+    ``torch.profiler`` is already running: only one can)."""
+    if not available():
+        return None
+    index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
+    return KinetoSteps(KinetoWindow(index, device=device))
+
+
+def detailed_steps(
+    model: nn.Module, recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device,
+    *, memory: bool, with_stack: bool, steps: bool = True, inputs: list[torch.Tensor] | None = None,
+) -> Backend | None:
+    """Steps timed *and* detailed by one run of torch's profiler (shapes, overloads and,
+    with ``memory``, allocations), or None where it cannot run."""
+    if not available():
+        return None
+    index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
+    owners: dict[int, tuple[torch.Tensor, int]] = {}
+    for i, (m, keep) in enumerate(zip(modules, selected)):
+        if keep:
+            for p in m.parameters(recurse=False):
+                owners.setdefault(id(p), (p, i))
+    window = KinetoWindow(
+        index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
+        owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
+    )  # fmt: skip
+    window.inputs = list(inputs or [])
+    return KinetoSteps(window, steps=steps)

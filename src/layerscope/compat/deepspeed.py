@@ -36,11 +36,12 @@ import torch
 from torch import nn
 
 from layerscope import fmt
+from layerscope.block import Profiler
 from layerscope.capture.modules import modes_restored, require_module
 from layerscope.capture.recorder import Clock
 from layerscope.errors import ProfilerStateError
 from layerscope.io import write_atomic
-from layerscope.session import Profiler, count_flops, profile
+from layerscope.session import count_flops, profile
 from layerscope.tree import Profile
 
 __all__ = [

@@ -38,7 +38,7 @@ from layerscope.schedule import Schedule, schedule
 from layerscope.tree import Profile
 
 if TYPE_CHECKING:
-    from layerscope.session import Profiler
+    from layerscope.block import Profiler
 
 #: ``ProfilerActivity`` names layerscope knows. CPU time is always measured; device time
 #: whenever the model runs on a GPU.

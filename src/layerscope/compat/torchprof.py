@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
+from layerscope.block import Profiler
 from layerscope.capture.modules import require_module
 from layerscope.capture.recorder import Clock
 from layerscope.compat.events import EventList, OpEvent
-from layerscope.session import Profiler
 from layerscope.tree import OpStats
 from layerscope.tree import Profile as LayerscopeProfile
 

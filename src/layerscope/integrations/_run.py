@@ -39,7 +39,7 @@ class TrainingRun:
         rank: int | None,
         delivered: list[str],
     ) -> None:
-        from layerscope.session import Profiler
+        from layerscope.block import Profiler
 
         save = save_json(folder)
 

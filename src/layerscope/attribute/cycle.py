@@ -1,0 +1,57 @@
+"""The steps of one schedule cycle of a ``Profiler`` block, folded as they are read.
+Pure: no torch.
+
+Each recorded step's event stream is walked and added to running totals at once
+(:class:`~layerscope.attribute.combine.Accumulator`), so a long run keeps no raw events;
+warm-up steps are dropped, and so is the step left open after the last ``step()`` call
+when it ran nothing. Every step's figures are its own: times and detail come from the
+same run, and nothing measured in one step stands for another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from layerscope.attribute.combine import Accumulator
+from layerscope.attribute.profile import build_from_steps
+from layerscope.attribute.walk import walk_pass
+from layerscope.raw import Enter, Event, ModuleInfo, Op, RawCapture
+from layerscope.tree import Profile
+
+
+def has_work(events: Sequence[Event]) -> bool:
+    """Whether a step did anything (the step left open after the last ``step()`` did not)."""
+    return any(isinstance(event, (Enter, Op)) for event in events)
+
+
+class Cycle:
+    """One cycle's recorded steps: ``add`` each as it is read, ``build`` the profile."""
+
+    def __init__(self, modules: list[ModuleInfo], parents: list[int | None], *, collect_ops: bool) -> None:
+        self._paths = [info.path for info in modules]
+        self._parents = parents
+        self._collect_ops = collect_ops
+        self.steps = Accumulator()
+        #: The first and last step numbers recorded in the cycle.
+        self.first: int | None = None
+        self.last: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps.steps
+
+    def add(self, events: list[Event], number: int, *, warmup: bool, keep_empty: bool, has_device: bool) -> None:
+        """Fold step ``number`` in, unless it is a warm-up step or ran nothing
+        (``keep_empty``: a block's only step is kept even so)."""
+        if warmup or not (has_work(events) or keep_empty):
+            return
+        result = walk_pass(
+            events, self._paths, has_device=has_device, collect_ops=self._collect_ops, parents=self._parents
+        )
+        self.steps.add(result, number)
+        self.first = number if self.first is None else min(self.first, number)
+        self.last = number if self.last is None else max(self.last, number)
+
+    def build(self, raw: RawCapture) -> Profile:
+        """The cycle's profile; ``raw`` holds the model's modules, static facts and meta."""
+        return build_from_steps(raw, self.steps, counted=self._collect_ops)
