@@ -51,16 +51,16 @@ class Profiler:
     ``step``, ``zero_grad``, user labels and everything else (``<other>``) become the
     step's top-level parts, which add up to the step's wall time.
 
-    In a training loop, call ``prof.step()`` after each step. The first step of a block
-    (with a schedule: each cycle's last warm-up step, else its first recorded step) is
-    its *detail step*: ops, shapes, FLOPs, memory and activations are recorded under a
-    dispatch mode, and its times are not used. The steps after it are timed through
-    torch's own profiler, with one range per module call and nothing Python per op, so
-    module times are not inflated by the measuring. Times and calls are the timed
-    steps' sums, the detail step's counts stand for each of them (``meta["steps"]``,
-    ``meta["detail_step"]``), and the profile keeps each step's wall time
-    (``meta["step_times_ns"]``). A block of one step takes its times from its detail
-    step (``meta["times_from"]``). With ``schedule=layerscope.schedule(...)`` only the
+    In a training loop, call ``prof.step()`` after each step. Every step is recorded by
+    torch's own profiler, with shapes and memory, one range per module call and nothing
+    Python per op: the same run gives its times and its detail (ops, shapes, FLOPs,
+    memory, activations), so module times are not inflated by the measuring, and each
+    step's figures are its own. Figures are the steps' sums (``meta["steps"]``); the
+    profile keeps each step's number and wall time (``meta["step_numbers"]``,
+    ``meta["step_times_ns"]``), and ``step_spread()`` names the steps far from the
+    median. Inside a user's own torch.profiler (only one can run) steps are recorded
+    under a dispatch mode instead (``meta["times_from"]``). With
+    ``schedule=layerscope.schedule(...)`` only the
     active steps of each cycle are recorded and ``on_ready(profile)`` receives each
     cycle's profile; idle steps install nothing. Events are folded into running totals
     as they are read (torch's profiler at most every ``WINDOW_STEPS`` steps), so memory
@@ -68,7 +68,7 @@ class Profiler:
     autograd's, for its backward).
 
     ``record_ops=False`` records module forward times only, by two hooks on a clock (no
-    detail step, no torch profiler: no ops, FLOPs, memory or backward), the leanest
+    torch profiler: no ops, FLOPs, memory or backward), the leanest
     timing; ``memory=False`` keeps ops but not memory;
     ``with_stack=True`` keeps each op's Python call site (``OpStats.stack``). If the
     block raises, what was captured up to then is kept, marked
@@ -351,7 +351,7 @@ class Profiler:
         return torch_profiler.key_averages(self.profile, group_by_input_shape, group_by_stack_n)
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
-        """The Chrome trace of the profile (its detail step)."""
+        """The Chrome trace of the profile (its last step)."""
         from layerscope.compat import torch_profiler
 
         torch_profiler.export_chrome_trace(self.profile, path)

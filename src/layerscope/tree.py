@@ -273,9 +273,9 @@ class Profile:
     #: duration_ns, path, phase, op_index], ...]}``, sorted by start, enclosing spans
     #: first. ``op_index`` is an index into ``node(path).ops`` for an op, -1 for a module,
     #: label or step part running (forward frames; in backward, the owner of the running
-    #: ops and its ancestors). ``profile()`` keeps its op pass (slower than its timed
-    #: passes); a ``Profiler`` its detail step, or its last step when every step is
-    #: detailed. ``step_ns``, when the run had step marks: the step's length, from its
+    #: ops and its ancestors). ``profile()`` keeps its op pass (apart from its timed
+    #: passes); a ``Profiler`` its last step (its detail step in older files).
+    #: ``step_ns``, when the run had step marks: the step's length, from its
     #: first mark (time 0) to its last.
     trace: dict[str, Any] | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)

@@ -205,7 +205,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
 
 
 def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> dict[str, Any] | None:
-    """``Profile.trace``: the op pass (a ``Profiler``'s detail step) as spans, and flows:
+    """``Profile.trace``: the op pass (a ``Profiler``'s last step) as spans, and flows:
     ``[forward op span, backward op span]`` for each autograd node a forward op created,
     to the first op that ran for it in backward; ``step_ns``, the run's step, from its
     first step mark (time 0) to its last, when it had step marks."""

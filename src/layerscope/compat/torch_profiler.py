@@ -99,10 +99,10 @@ def options(
       ``p.export_chrome_trace(...)`` read the cycle just delivered.
     - ``activities`` are checked: CPU time is always measured, device time whenever the
       model runs on a GPU.
-    - ``record_shapes`` changes nothing: the detail step always keeps input shapes (as
-      plain lists, never the tensors).
+    - ``record_shapes`` changes nothing: input shapes are always recorded (torch's
+      profiler keeps them as plain lists, never the tensors).
     """
-    del record_shapes  # shapes are always recorded, at no cost to the timed steps
+    del record_shapes  # shapes are always recorded
     if activities is not None:
         _activity_names(activities)
     if profile_memory is not None:
@@ -167,7 +167,7 @@ def key_averages(profile: Profile, group_by_input_shape: bool = False, group_by_
 
 
 def export_chrome_trace(profile: Profile, path: str | os.PathLike[str]) -> None:
-    """The profile's trace (its detail step) as a Chrome trace, for Perfetto or
+    """The profile's trace (its last step) as a Chrome trace, for Perfetto or
     ``chrome://tracing``."""
     profile.save(os.fspath(path), fmt="chrome")
 

@@ -29,7 +29,7 @@ from torch import nn
 import layerscope
 from layerscope.tree import Profile
 
-#: Two cycles after one idle step: warm up 1 (the detail step), record 3.
+#: Two cycles after one idle step: warm up 1, record 3.
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 3, "repeat": 2}
 STEPS = 11
 

@@ -120,10 +120,10 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
             samples *= int(engine.get("world_size", 1) or 1)
             rows.append(("samples/second: ", round(samples / _seconds(step_ns), 2)))
     lines += [line for label, value in rows for line in _SUMMARY.lines([label, str(value)])]
-    if profile.meta.get("times_from") == "detail step":
+    if profile.meta.get("times_from") in ("detail step", "dispatch mode"):
         lines.append(
-            "(latency from the one step that also recorded ops, which inflates small modules: "
-            "run two steps or more for timed ones)"
+            "(latency from a step recorded under a dispatch mode, which inflates small modules: "
+            "torch's profiler was already running)"
         )
     return lines
 
