@@ -10,10 +10,9 @@ each block of steps:
 - **plain**: the step alone;
 - **torch.profiler**: inside ``torch.profiler.profile()`` (CPU activity, no shapes),
   recording every step;
-- **layerscope**: inside a ``layerscope.Profiler`` block, recording every step. Its
-  first step is the block's detail step (shapes, FLOPs, memory under a dispatch mode,
-  not timed) and is left out, as the others' first step is, so each variant is timed on
-  steps 2 to ``--steps``.
+- **layerscope**: inside a ``layerscope.Profiler`` block, recording every step (times,
+  shapes, FLOPs and memory from one run of torch's profiler). Each variant's first step
+  is left out, so each is timed on steps 2 to ``--steps``.
 
 Each step's wall time is taken on every rank; rank 0 prints the medians over rounds of
 the per-block median step time, and the ratios to plain and to torch.profiler.

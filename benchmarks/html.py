@@ -6,7 +6,7 @@ Two pages:
 
 1. **BERT-base training step.** ``BertModel(BertConfig())`` (random weights, built from
    its config, nothing downloaded) in a ``layerscope.Profiler`` around 2 training steps
-   (AdamW) of 1 x 16 tokens: the detail step and one timed step, memory tracked.
+   (AdamW) of 1 x 16 tokens, each timed and detailed, memory tracked.
 2. **A tree of ``--modules`` modules.** ``nn.Sequential`` of 100 blocks, each an
    ``nn.Sequential`` of ``Linear(4, 4)`` (100 x 100 = 10,000 Linear, 10,101 modules),
    ``layerscope.profile(backward=True, warmup=0, repeat=1)``.
