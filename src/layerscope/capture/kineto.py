@@ -1,15 +1,19 @@
-"""Timed capture through torch's own profiler (Kineto): the run a user is shown as time.
+"""Capture through torch's own profiler (Kineto): the run a user is shown as time, and
+in a *detailed* window also its ops, shapes, FLOPs and memory, from the same run.
 
 What runs while the user's code is timed is no heavier than ``torch.profiler``:
 
-- torch's C++ observers record every op (no shapes, no stacks);
+- torch's C++ observers record every op (a detailed window: with input shapes, overload
+  names and, with memory, every allocation and free; with ``with_stack`` torch's
+  Python tracer);
 - two global module hooks open and close a ``_RecordFunctionFast`` range per module
   call (about a microsecond each), so modules are ranges on the same clock as the ops;
 - a range around each step or pass, and around the parts layerscope runs itself (the
   loss of ``profile``).
 
-Nothing Python runs per op. The profiler is stopped once per *window* (a cycle's timed
-steps, or a bounded number of them), after the timed work, and its events are read
+Nothing Python runs per op (a detailed window adds Python per step, per optimizer step
+and once per forward of the model: ``KinetoWindow``). The profiler is stopped once per
+*window* (a cycle's steps, or a bounded number of them), after the steps' work, and its events are read
 back once (``_ProfilerResult.events()``, never torch's ``FunctionEvent`` path) and
 turned into the same typed records (``layerscope.raw``) the dispatch backend writes:
 ``Step``, ``Enter``/``Exit``, ``LabelEnter``/``LabelExit`` and ``Op``. The walker in
@@ -34,7 +38,9 @@ How the records are derived (``convert``):
   inline, glue), become forward ``Op`` records with their time and, on CUDA, their
   kernels' device time: the union of the intervals of the kernels launched from the op
   or the ops under it (a kernel's ``linked_correlation_id`` is its launching op's
-  ``correlation_id``), so kernels overlapping on two streams are not counted twice.
+  ``correlation_id``), so kernels overlapping on two streams are not counted twice. In
+  a detailed window ops are read down to the dispatcher's level, with their shapes,
+  counts and memory (``_Converter.emit``; docs/design.md, "Detail from torch's events").
 """
 
 from __future__ import annotations
@@ -316,9 +322,10 @@ class _Converter:
 
     The owner thread is the one whose ranges mark the steps; another thread's work
     counts only inside a backward (``evaluate_function``) range that ran during one of
-    the owner's steps (autograd's device threads), and nowhere else. Ops are read one
-    level deep (the ones directly in a frame or step); below that only on a device,
-    for their kernels."""
+    the owner's steps (autograd's device threads), and nowhere else. In a timing window
+    ops are read one level deep (the ones directly in a frame or step), below that only
+    on a device, for their kernels; in a detailed window down to the level a dispatch
+    mode sees (``emit``)."""
 
     def __init__(self, roots: list[Any], kernels: list[KernelSpan], has_device: bool, detail: Detail | None = None) -> None:
         self.has_device = has_device
