@@ -673,3 +673,19 @@ def test_a_released_input_is_freed_while_the_profiler_runs() -> None:
     # Had x and y been kept alive, the live bytes would have reached 4 MiB above the start.
     memory = profile.memory
     assert 2 * mib <= memory["peak_bytes"] - memory["baseline_bytes"] < 3 * mib
+
+
+def test_activations_are_read_when_only_some_modules_are_profiled() -> None:
+    # With paths= the model's root is not profiled, but its forward's end is still where
+    # the activations are read: the chosen modules keep theirs.
+    def run(paths: Any) -> Profile:
+        model = _chain()
+        with layerscope.Profiler(model, paths=paths) as prof:
+            for _ in range(2):
+                model(X).sum().backward()
+                prof.step()
+        return check_tree(prof.profile)
+
+    whole, some = run(None), run(["1", "3"])
+    for path in ("1", "3"):
+        assert some[path].forward.activation_bytes == whole[path].forward.activation_bytes > 0, path

@@ -959,16 +959,16 @@ class KinetoWindow:
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
             key = id(module)
-            if names_get(key) is None:
-                return
             tid = get_ident()
-            if detail and output is None and _stopped_recompute():
-                raised = make(RAISED_NAME)  # a checkpoint stopped recomputing: the op it was in never ran
-                raised.__enter__()
-                raised.__exit__(None, None, None)
-            opened = own if tid == owner else others.get(tid)
-            if opened:
-                opened.pop().__exit__(None, None, None)
+            if names_get(key) is not None:
+                if detail and output is None and _stopped_recompute():
+                    raised = make(RAISED_NAME)  # a checkpoint stopped recomputing: the op it was in never ran
+                    raised.__enter__()
+                    raised.__exit__(None, None, None)
+                opened = own if tid == owner else others.get(tid)
+                if opened:
+                    opened.pop().__exit__(None, None, None)
+            # The model's own exit, whether or not it is profiled (paths=).
             if key == root_id and root_seqs and tid == owner and task() == -1:
                 since = root_seqs.pop()
                 if torch.is_grad_enabled():
