@@ -499,17 +499,20 @@ def step_spread_lines(profile: Profile) -> list[str]:
     if spread is None:
         return []
     n = len(spread.steps)
+    # profile()'s timed passes are medians' inputs; a Profiler's steps are summed.
+    unit, units, role = ("pass", "passes", "the medians") if profile.meta.get("mode") == "profile" else ("step", "steps", "the sums above")
     lines = [
-        f"Step wall time over {n} steps: min {fmt.time_ns(spread.min_ns)}, median {fmt.time_ns(spread.median_ns)}, "
+        f"Step wall time over {n} {units}: min {fmt.time_ns(spread.min_ns)}, median {fmt.time_ns(spread.median_ns)}, "
         f"p90 {fmt.time_ns(spread.p90_ns)}, max {fmt.time_ns(spread.max_ns)}"
     ]
     if spread.outliers:
         named = ", ".join(
-            f"step {number} {fmt.time_ns(ns)} (x{ns / spread.median_ns:.2g})" for number, ns in spread.outliers[:_OUTLIERS_NAMED]
+            f"{unit} {number} {fmt.time_ns(ns)} (x{ns / spread.median_ns:.2g})"
+            for number, ns in spread.outliers[:_OUTLIERS_NAMED]
         )
         more = len(spread.outliers) - _OUTLIERS_NAMED
         lines.append(
-            f"Steps far from the median (x{spread.far:g} or more away, in the sums above): {named}"
+            f"{units.capitalize()} far from the median (x{spread.far:g} or more away, in {role}): {named}"
             + (f" and {more} more" if more > 0 else "")
         )
     return lines
