@@ -264,3 +264,73 @@ def test_a_node_with_hooks_takes_its_number_from_its_own_range_and_its_hook_labe
         Op(120, 130, "c10d::_allgather_base_", tid=1),
         LabelExit(150, None, None, True),
     ]
+
+
+# -- a detailed window: ops at the dispatcher's level, with shapes, counts and memory ---
+
+
+class _Meta:
+    """An input as torch's profiler records it (``_TensorMetadata``)."""
+
+    def __init__(self, *sizes: int) -> None:
+        import torch
+
+        self.sizes = list(sizes)
+        self.dtype = torch.float32
+        self.device = torch.device("cpu")
+
+
+def _op(name: str, start: int, end: int, *children: Range, inputs: tuple = (), seq: int = -1, corr: int = 0) -> Range:
+    return Range(name, start, end, 1, corr, list(children), RangeFields(sequence_number=seq, inputs=list(inputs)))
+
+
+def _alloc(t: int, ident: int, size: int, ptr: int) -> Range:
+    return Range("[memory]", t, t, 1, 0, [], RangeFields(ptr=ptr, alloc_size=size, allocation_id=ident))
+
+
+def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> None:
+    from layerscope.attribute import walk_pass
+    from layerscope.capture.kineto import Detail
+
+    # A module's aten::linear (a composite) over t and addmm; addmm allocates its output
+    # (id 7, 32 B) and a temporary it frees itself (id 8). Outside the model, a second
+    # linear: its parts are rows of <loss>, charged once through the composite's record.
+    x, w, b = _Meta(2, 4), _Meta(4, 4), _Meta(4)
+    linear = _op(
+        "aten::linear", 20, 90,
+        _op("aten::t", 25, 30, inputs=(w,)),
+        _op("aten::addmm", 30, 80, _alloc(40, 7, 32, 0x100), _alloc(50, 8, 64, 0x200), _alloc(60, 8, -64, 0x200),
+            inputs=(b, x, _Meta(4, 4), 1, 1), corr=2),
+        inputs=(x, w, b), seq=0,
+    )  # fmt: skip
+    loss = _op(
+        "aten::linear", 200, 260,
+        _op("aten::t", 205, 210, inputs=(w,)),
+        _op("aten::addmm", 210, 250, inputs=(b, x, _Meta(4, 4), 1, 1), corr=4),
+        inputs=(x, w, b),
+    )  # fmt: skip
+    tree = [step(0, 500, module(0, 10, 100, linear), loss)]
+    kernels = [KernelSpan(2, 1000, 1020), KernelSpan(4, 2000, 2010)]
+    (stream,) = convert(tree, kernels, has_device=True, detail=Detail())
+    ops = [e for e in stream if isinstance(e, Op)]
+    # Rows: t and addmm twice; linear never (its parts count its work); one nameless
+    # record holds the outer linear's time and its parts' kernels.
+    assert [o.name for o in ops] == ["aten::t", "aten::addmm", None, "aten::t", "aten::addmm"]
+    addmm = ops[1]
+    # 2x4 @ 4x4 = 32 MACs; torch's count is 2 per MAC, plus the bias add: 64 + 8.
+    assert (addmm.flops, addmm.macs) == (72, 32)
+    assert addmm.input_shapes == ((4,), (2, 4), (4, 4))
+    assert addmm.allocs == ((7, 32),)  # the temporary freed inside is not counted
+    assert addmm.device_time_ns == 20
+    carrier = ops[2]
+    assert (carrier.t0_ns, carrier.t1_ns, carrier.device_time_ns) == (200, 260, 10)
+    result = walk_pass(stream, [""], has_device=True, collect_ops=True)
+    # The model's frame owns its op's kernels; the loss (after the model's forward) owns
+    # the outer linear's, once, and its 60 ns once; <other> the rest of the step.
+    assert result.self_dev[(0, "forward")] == 20
+    assert result.self_dev[("<loss>", "forward")] == 10
+    assert result.self_cpu[("<loss>", "forward")] == 60
+    assert result.self_cpu[(0, "forward")] == 90
+    assert result.self_cpu[("<other>", "forward")] == 500 - 90 - 60
+    rows = {(key[0], key[2]): op.calls for key, op in result.ops.items()}
+    assert rows == {(0, "aten::t"): 1, (0, "aten::addmm"): 1, ("<loss>", "aten::t"): 1, ("<loss>", "aten::addmm"): 1}

@@ -533,10 +533,13 @@ class _Converter:
             self.emit_children(event, in_backward, grad)
             if at is not None:
                 # Frames nested in it (a custom Function running modules) take their own
-                # time: the record's ends where the first begins.
+                # time: the record's ends where the first begins. Otherwise it holds the
+                # kernels of its parts too (its parts are rows only, charged through it).
                 frames = [r[0] for r in self.records[first:] if type(r[2]) in (Enter, LabelEnter)]
                 if frames:
                     self.replace(at, t1_ns=min(frames))
+                elif self.has_device:
+                    self.replace(at, device_time_ns=self.kernel_time(event))
             return
         flops, macs, nbytes = self.counts(event, name, overload)[2]
         inputs = list(getattr(event.extra_fields, "inputs", ()))
