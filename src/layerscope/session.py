@@ -13,9 +13,7 @@ import torch
 from torch import nn
 
 from layerscope import __version__
-from layerscope.attribute import (
-    build_profile,
-)
+from layerscope.attribute import build_profile
 from layerscope.attribute.compiled import RULE as COMPILED_RULE
 from layerscope.attribute.compiled import attribute as attribute_compiled
 from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
