@@ -360,3 +360,18 @@ def _screenshot(report: Page, tmp_path: Path, name: str) -> None:
     if SCREENS:
         Path(SCREENS).mkdir(parents=True, exist_ok=True)
         report.page.screenshot(path=str(Path(SCREENS) / name), full_page=True)
+
+
+@pytest.mark.browser
+def test_the_header_shows_the_steps_spread_and_names_the_far_ones(open_report: Any) -> None:
+    model = _model()
+    with layerscope.Profiler(model) as prof:
+        for _ in range(3):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+    profile = layerscope.check_tree(prof.profile)
+    # Steps 0 to 5, one of them (4) far from the median: 5 x the others' 1 ms.
+    profile.meta.update(step_times_ns=[1_000_000] * 4 + [5_000_000, 1_000_000], step_numbers=list(range(6)))
+    header = open_report(profile).page.inner_text("header .facts")
+    assert "median 1.000ms, p90 5.000ms, min 1.000ms, max 5.000ms over 6 steps" in header
+    assert "step 4 5.000ms (x5.0)" in header
