@@ -248,19 +248,17 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
         walls[variant].append(statistics.median(times))
         keep(variant, profiles)
 
-    def one_step() -> tuple[int, Any]:
-        with layerscope.Profiler(model) as prof:
-            t0 = time.perf_counter_ns()
-            work()
-            ns = time.perf_counter_ns() - t0
-        return ns, prof.profile
+    def step_in(make_block: Callable[[nn.Module], Any]) -> Callable[[], tuple[int, Any]]:
+        """One step in a with-block of ``make_block(model)``: its wall time and profile."""
 
-    def torchprof_step() -> tuple[int, Any]:
-        with torchprof.Profile(model) as prof:
-            t0 = time.perf_counter_ns()
-            work()
-            ns = time.perf_counter_ns() - t0
-        return ns, prof.profile
+        def run() -> tuple[int, Any]:
+            with make_block(model) as prof:
+                t0 = time.perf_counter_ns()
+                work()
+                ns = time.perf_counter_ns() - t0
+            return ns, prof.profile
+
+        return run
 
     def deepspeed_step() -> tuple[int, Any]:
         flops = deepspeed.FlopsProfiler(model)
@@ -278,11 +276,11 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
         with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True):
             walls["torch.profiler"].append(timed_steps(work, steps))
 
-    variants = [plain_variant, reference_variant, layerscope_variant, lambda: blocks("one-step block", one_step), torch_variant]
+    variants = [plain_variant, reference_variant, layerscope_variant, lambda: blocks("one-step block", step_in(layerscope.Profiler)), torch_variant]
     if train:
         variants.append(backward_reference_variant)
     else:
-        variants += [lambda: blocks("torchprof", torchprof_step), lambda: blocks("deepspeed", deepspeed_step)]
+        variants += [lambda: blocks("torchprof", step_in(torchprof.Profile)), lambda: blocks("deepspeed", deepspeed_step)]
     for n in range(rounds):
         # The order rotates round by round, so no variant always follows the same one.
         for variant in variants[n % len(variants) :] + variants[: n % len(variants)]:
