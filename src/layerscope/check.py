@@ -8,7 +8,7 @@ corrupted file), never something to render.
 from __future__ import annotations
 
 from layerscope.comm import is_communication
-from layerscope.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile
+from layerscope.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile, params_sum
 
 
 class InvariantError(AssertionError):
@@ -122,9 +122,10 @@ def tree_problems(profile: Profile) -> list[str]:
                     problems.append(f"{child.path!r}: parent/depth do not match its place in the tree")
                 if child.kind == "module" and node.kind != "module":
                     problems.append(f"{child.path!r}: a module cannot sit under a {node.kind} node")
-            if node.calls < 0 or node.params < 0:
+            if node.calls < 0 or (node.params is not None and node.params < 0):
                 problems.append(f"{node.path!r}: negative calls or params")
-            if node.params_total != node.params + sum(c.params_total for c in node.children):
+            if node.params_total != params_sum(node.params, [c.params_total for c in node.children]):
+                # Known counts add up; unknown ones (None) stay unknown all the way up.
                 problems.append(f"{node.path!r}: params_total != params + children")
             if not node.profiled and (node.calls or node.forward.self_cpu_time_ns or node.ops):
                 problems.append(f"{node.path!r}: not profiled but carries figures")
@@ -143,12 +144,30 @@ def tree_problems(profile: Profile) -> list[str]:
             all_self += total
             if tree_stats is not None and tree_stats.cpu_time_ns != total:
                 problems.append(f"{tree.path!r} {phase} cpu_time_ns != sum of its tree's self times ({total})")
+    problems.extend(_params_problems(profile))
     step = profile.meta.get("step_time_ns")
     if step is not None and step != all_self:
         problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
     problems.extend(_memory_problems(profile))
     problems.extend(_trace_problems(profile))
     return problems
+
+
+def _params_problems(profile: Profile) -> list[str]:
+    """Parameter counts are known on every node or on none (a profile from a trace
+    recorded without the model): a mix would show gaps beside counts, and a total that
+    leaves out what it does not know."""
+    known: list[str] = []
+    unknown: list[str] = []
+    for node in profile.nodes():
+        (unknown if node.params is None or node.params_total is None else known).append(node.path)
+    if not (known and unknown):
+        return []
+
+    def listed(paths: list[str]) -> str:
+        return f"{len(paths)} node{'s' if len(paths) != 1 else ''} ({paths[0]!r}{', ...' if len(paths) > 1 else ''})"
+
+    return [f"params known for {listed(known)} and unknown for {listed(unknown)}: a profile knows every count or none"]
 
 
 def _trace_problems(profile: Profile) -> list[str]:

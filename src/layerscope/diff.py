@@ -473,6 +473,8 @@ def _summary(
             "time_ns": time,
             "device_time_ns": _sum(s.device_time_ns for s in stats) if timed else None,
             "flops": _sum(s.flops for s in stats),
+            # None when the counts are not known (a profile from a trace without the
+            # model): then no change is computed, never one from or to 0.
             "params": profile.root.params_total,
             "peak_bytes": None if profile.memory is None else profile.memory.get("peak_bytes"),
         }

@@ -59,6 +59,15 @@ def nbytes(value: int | None) -> str:
     return f"{scaled:.2f} {unit}"
 
 
+def params(value: int | None, param_bytes: int | None = None) -> str:
+    """A parameter count with its bytes: ``61.71K (241.04 KiB)``; ``?`` when the count is
+    not known (a profile built from a trace recorded without the model), as the tables
+    show an op with no FLOP formula: unknown, never 0."""
+    if value is None:
+        return "?"
+    return count(value) + ("" if param_bytes is None else f" ({nbytes(param_bytes)})")
+
+
 def percent(part: int | None, whole: int | None) -> str:
     if part is None or not whole:
         return ""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from layerscope import formats
@@ -65,6 +65,8 @@ _FROM_OPS = frozenset({
 
 #: Node fields that must agree across ranks: the model's structure.
 _STRUCTURE = ("type", "parent", "depth", "kind", "params", "params_total", "extra_repr")
+#: Of those, the parameter counts: None (not known) on one rank is never a mismatch.
+_COUNTS = frozenset({"params", "params_total"})
 
 #: The metrics of a :class:`Spread`, in the order they are listed.
 SPREAD_METRICS: tuple[str, ...] = ("time_ns", "self_time_ns", "comm_time_ns", "peak_bytes")
@@ -75,15 +77,16 @@ SPREAD_METRICS: tuple[str, ...] = ("time_ns", "self_time_ns", "comm_time_ns", "p
 
 @dataclass(frozen=True)
 class NodeShape:
-    """A node's place in the model, the same on every rank that has it."""
+    """A node's place in the model, the same on every rank that has it. ``params`` and
+    ``params_total`` are None when not known (a profile from a trace without the model)."""
 
     path: str
     type: str
     parent: str | None
     depth: int
     kind: str
-    params: int
-    params_total: int
+    params: int | None
+    params_total: int | None
     extra_repr: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,7 +117,7 @@ class RankRecord:
 
     rank: int
     meta: dict[str, Any]
-    param_bytes: int
+    param_bytes: int | None
     memory: dict[str, Any] | None
     nodes: dict[str, NodeFigures]
     shapes: dict[str, NodeShape] = field(repr=False)
@@ -168,7 +171,8 @@ def _record_from_profile(profile: Profile, source: str) -> RankRecord:
     memory = None
     if profile.memory is not None:
         memory = _plain({k: v for k, v in profile.memory.items() if k != "timeline"})
-    return RankRecord(rank, meta, int(profile.param_bytes), memory, nodes, shapes, source)
+    param_bytes = None if profile.param_bytes is None else int(profile.param_bytes)
+    return RankRecord(rank, meta, param_bytes, memory, nodes, shapes, source)
 
 
 @dataclass
@@ -332,7 +336,9 @@ class MergedRun:
             raise SchemaError(f"rank {rank} of this merged run has no root module")
         root, parts = tops[0], tops[1:]
         memory = None if record.memory is None else dict(record.memory)
-        profile = Profile(root=root, meta=dict(record.meta), param_bytes=record.param_bytes, parts=parts, memory=memory)
+        # The run's counts are known on every node or on none (merge): so is the rank's tree.
+        param_bytes = None if root.params is None else record.param_bytes
+        profile = Profile(root=root, meta=dict(record.meta), param_bytes=param_bytes, parts=parts, memory=memory)
         problems = tree_problems(profile)
         if problems:
             raise SchemaError(f"rank {rank} of this merged run is inconsistent: {summarize(problems)}")
@@ -597,8 +603,11 @@ def merge(
                 f"rank {outside[0]} ({seen[outside[0]].source}) is outside the world size {world_size} "
                 f"the ranks state (ranks 0-{world_size - 1})"
             )
+    nodes = _union(records)
+    if any(shape.params is None for record in records for shape in record.shapes.values()):
+        nodes, records = _counts_unknown(nodes, records)
     return MergedRun(
-        nodes=_union(records), ranks=records, world_size=world_size, run_id=run_id, model=model,
+        nodes=nodes, ranks=records, world_size=world_size, run_id=run_id, model=model,
         step_range=None if step_range is None else list(step_range), threshold=float(threshold),
         min_time_ns=int(min_time_ns),
     )  # fmt: skip
@@ -647,8 +656,8 @@ def _union(records: list[RankRecord]) -> list[NodeShape]:
                 siblings.insert(at, path)
                 last[shape.parent] = at
                 continue
-            if known != shape:
-                differs = [name for name in _STRUCTURE if getattr(known, name) != getattr(shape, name)]
+            differs = [] if known == shape else [n for n in _STRUCTURE if _disagree(n, getattr(known, n), getattr(shape, n))]
+            if differs:
                 name = differs[0]
                 raise MergeError(
                     f"rank {record.rank} and rank {owner[path]} disagree on node {path!r}: its {name} is "
@@ -663,6 +672,25 @@ def _union(records: list[RankRecord]) -> list[NodeShape]:
         ordered.append(shapes[path])
         stack.extend(reversed(children.get(path, [])))
     return ordered
+
+
+def _disagree(name: str, known: Any, value: Any) -> bool:
+    """Whether two ranks' values of structure field ``name`` differ; a parameter count
+    one rank does not know (None) is unknown, never a mismatch."""
+    if name in _COUNTS and (known is None or value is None):
+        return False
+    return bool(known != value)
+
+
+def _counts_unknown(nodes: list[NodeShape], records: list[RankRecord]) -> tuple[list[NodeShape], list[RankRecord]]:
+    """The union and the ranks with every parameter count unknown: a rank that does not
+    know them (profiled from a trace without the model) makes the run's unknown, so no
+    rank's tree mixes counts with gaps, and merging again gives the same document."""
+    blank = {shape.path: replace(shape, params=None, params_total=None) for shape in nodes}
+    ranks = [
+        replace(record, param_bytes=None, shapes={path: blank[path] for path in record.shapes}) for record in records
+    ]
+    return list(blank.values()), ranks
 
 
 @dataclass(frozen=True)
@@ -702,8 +730,8 @@ def _rank_spec() -> Any:
     from layerscope.schema import BOOL, INT, MEMORY, META, NUMBER, PHASE_STATS, STR, DictOf, ListOf, Obj, Opt
 
     shape = Obj(
-        {"path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "kind": STR, "params": INT,
-         "params_total": INT, "extra_repr": STR},
+        {"path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "kind": STR, "params": Opt(INT),
+         "params_total": Opt(INT), "extra_repr": STR},
         frozenset({"path", "type", "parent", "depth", "kind", "params", "params_total", "extra_repr"}),
     )  # fmt: skip
     figures = Obj(
@@ -712,7 +740,7 @@ def _rank_spec() -> Any:
         frozenset({"calls", "profiled", "forward"}),
     )  # fmt: skip
     rank = Obj(
-        {"rank": INT, "meta": META, "param_bytes": INT, "memory": Opt(MEMORY), "nodes": DictOf(figures)},
+        {"rank": INT, "meta": META, "param_bytes": Opt(INT), "memory": Opt(MEMORY), "nodes": DictOf(figures)},
         frozenset({"rank", "meta", "param_bytes", "nodes"}),
     )
     run = Obj({"straggler_threshold": NUMBER, "straggler_min_time_ns": INT})

@@ -191,13 +191,17 @@ NO_SEQ = 2**64 - 1
 
 @dataclass
 class ModuleInfo:
-    """A unique module of the profiled model, in ``named_modules()`` order."""
+    """A unique module of the profiled model, in ``named_modules()`` order.
+
+    ``params`` is the number of parameters it owns directly, or None when it is not
+    known (modules read from a trace recorded without the model at hand): unknown, never
+    0. A capture knows either every module's count or none."""
 
     path: str
     type: str
     parent: str | None
     depth: int
-    params: int
+    params: int | None
     selected: bool = True
     extra_repr: str = ""
 
@@ -217,7 +221,8 @@ class RawCapture:
     op_pass: list[Event] | None = None
     module_shapes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     has_device_time: bool = False
-    param_bytes: int = 0
+    #: Bytes of the parameters; None when not known (no model at hand).
+    param_bytes: int | None = 0
     #: Model-level memory known without running it: bytes by dtype of parameters and buffers.
     memory_static: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)

@@ -86,8 +86,8 @@ OP_STATS = Obj(
 
 NODE = Obj(
     {
-        "path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "calls": INT, "params": INT,
-        "params_total": INT, "profiled": BOOL, "forward": PHASE_STATS, "backward": Opt(PHASE_STATS),
+        "path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "calls": INT, "params": Opt(INT),
+        "params_total": Opt(INT), "profiled": BOOL, "forward": PHASE_STATS, "backward": Opt(PHASE_STATS),
         "recompute": Opt(PHASE_STATS), "kind": Opt(STR), "ops": ListOf(OP_STATS), "unsupported_ops": Opt(DictOf(INT)),
         "extra_repr": Opt(STR), "input_shapes": Opt(SHAPE), "output_shapes": Opt(SHAPE),
     },
@@ -133,7 +133,7 @@ TRACE = Obj(
 
 DOCUMENT = Obj(
     {
-        "schema": STR, "meta": META, "totals": Obj({"param_bytes": INT}, frozenset({"param_bytes"})),
+        "schema": STR, "meta": META, "totals": Obj({"param_bytes": Opt(INT)}, frozenset({"param_bytes"})),
         "modules": ListOf(NODE), "parts": Opt(ListOf(NODE)), "memory": Opt(MEMORY), "trace": Opt(TRACE),
     },
     frozenset({"schema", "totals", "modules"}),

@@ -163,6 +163,10 @@ class ModuleNode:
     ``params`` counts the parameters this module owns directly, each unique parameter
     counted once in the whole tree (a tied weight belongs to the first module, in
     ``named_modules()`` order, that owns it). ``params_total`` adds the descendants.
+    Both are None when the counts are not known (a profile built from a trace recorded
+    without the model): unknown, never 0, and then on every node of the profile, since
+    a tree knows every count or none (``check_tree``). Labels and step parts own no
+    parameters: 0 where the counts are known.
     ``profiled`` is False for ancestors kept only to hold the subtrees chosen with
     ``paths=``; their own figures are zero.
     """
@@ -172,8 +176,8 @@ class ModuleNode:
     parent: str | None = None
     depth: int = 0
     calls: int = 0
-    params: int = 0
-    params_total: int = 0
+    params: int | None = 0
+    params_total: int | None = 0
     profiled: bool = True
     forward: PhaseStats = field(default_factory=PhaseStats)
     backward: PhaseStats | None = None
@@ -262,7 +266,8 @@ class Profile:
 
     root: ModuleNode
     meta: dict[str, Any] = field(default_factory=dict)
-    param_bytes: int = 0
+    #: Bytes of the model's parameters; None when not known (its params are unknown).
+    param_bytes: int | None = 0
     #: Top-level parts of a training step outside the model (loss, optimizer, labels,
     #: other), each the root of its own small tree; empty for a forward-only profile.
     parts: list[ModuleNode] = field(default_factory=list)
@@ -384,6 +389,8 @@ class Profile:
 
     @property
     def totals(self) -> dict[str, Any]:
+        """The whole model's figures; ``params`` and ``param_bytes`` are None when the
+        parameter counts are not known."""
         return {
             "params": self.root.params_total,
             "param_bytes": self.param_bytes,
@@ -429,6 +436,14 @@ class Profile:
 def part_total(node: ModuleNode) -> int:
     """CPU time of a node over all its phases (a step part's share of the step)."""
     return sum(stats.cpu_time_ns for _, stats in node.phases())
+
+
+def params_sum(own: int | None, children: Sequence[int | None]) -> int | None:
+    """A node's ``params_total``: its own count plus its children's totals; None when
+    any of them is unknown (unknown, never counted as 0)."""
+    if own is None or None in children:
+        return None
+    return own + sum(count for count in children if count is not None)
 
 
 def link(nodes: list[ModuleNode]) -> ModuleNode:

@@ -12,7 +12,16 @@ from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
 from layerscope.comm import is_communication
 from layerscope.raw import RawCapture
-from layerscope.tree import ADDITIVE_PHASE_METRICS, PHASES, ModuleNode, OpStats, PhaseStats, Profile, link
+from layerscope.tree import (
+    ADDITIVE_PHASE_METRICS,
+    PHASES,
+    ModuleNode,
+    OpStats,
+    PhaseStats,
+    Profile,
+    link,
+    params_sum,
+)
 
 
 def build_profile(raw: RawCapture) -> Profile:
@@ -127,6 +136,11 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         )
         return node
 
+    # Counts are known for every module or for none (a module table read from a trace
+    # recorded without the model): one unknown makes the whole profile's unknown, so a
+    # tree never mixes counts with gaps that would read as 0.
+    params_known = all(info.params is not None for info in raw.modules)
+    no_params = 0 if params_known else None  # what labels and step parts own
     nodes: list[ModuleNode] = []
     for index, info in enumerate(raw.modules):
         shapes = raw.module_shapes.get(index, (None, None))
@@ -138,7 +152,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
                 type=info.type,
                 parent=info.parent,
                 depth=info.depth,
-                params=info.params,
+                params=info.params if params_known else None,
                 extra_repr=info.extra_repr,
                 input_shapes=shapes[0],
                 output_shapes=shapes[1],
@@ -169,6 +183,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
                 path=dyn.path,
                 type=dyn.name if dyn.kind == "optimizer" else dyn.kind,
                 kind=dyn.kind,
+                params=no_params,
                 parent=parent_path,
                 depth=0 if parent_node is None else parent_node.depth + 1,
             )
@@ -197,7 +212,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
     return Profile(
         root=root,
         meta=meta,
-        param_bytes=raw.param_bytes,
+        param_bytes=raw.param_bytes if params_known else None,
         parts=parts,
         memory=_memory_summary(raw, memory, paths),
         trace=_trace(op_result, op_index, paths),
@@ -279,7 +294,7 @@ def _unsupported(ops: list[OpStats]) -> dict[str, int]:
 def _sum_up(root: ModuleNode) -> None:
     """Derive totals bottom-up (iteratively: real models nest deeper than recursion likes)."""
     for node in reversed(list(root.walk())):
-        node.params_total = node.params + sum(c.params_total for c in node.children)
+        node.params_total = params_sum(node.params, [child.params_total for child in node.children])
         for phase in PHASES:
             stats = getattr(node, phase)
             if stats is None:

@@ -171,8 +171,10 @@ def _emit(text: str, output_file: str | os.PathLike[str] | None) -> None:
         print(text, end="")
 
 
-def _totals(prof: Profile, mode: str) -> tuple[int, int, int]:
-    """``(flops, macs, params)``; with ``mode="backward"`` forward and backward together."""
+def _totals(prof: Profile, mode: str) -> tuple[int, int, int | None]:
+    """``(flops, macs, params)``; with ``mode="backward"`` forward and backward together.
+    ``params`` is None only for a profile that does not know its counts (one read from a
+    trace without the model; never one measured here, with the model at hand)."""
     phases = [stats for name, stats in prof.root.phases() if name == "forward" or mode == "backward"]
     return (
         sum(stats.flops or 0 for stats in phases),
@@ -258,10 +260,15 @@ def get_model_profile(
         _emit(text, output_file)
     flops, macs, params = _totals(prof, mode)
     if old_api:
-        return (macs_to_string(macs), params_to_string(params)) if as_string else (macs, params)
+        return (macs_to_string(macs), _params_text(params)) if as_string else (macs, params)
     if as_string:
-        return number_to_string(flops), macs_to_string(macs), params_to_string(params)
+        return number_to_string(flops), macs_to_string(macs), _params_text(params)
     return flops, macs, params
+
+
+def _params_text(params: int | None) -> str:
+    """DeepSpeed's string of a count; ``?`` for one not known, never ``0``."""
+    return fmt.params(None) if params is None else params_to_string(params)
 
 
 # -- FlopsProfiler ----------------------------------------------------------------------
@@ -351,9 +358,10 @@ class FlopsProfiler:
         seconds = (self.profile.root.forward.busy_time_ns or 0) / 1e9
         return duration_to_string(seconds) if as_string else seconds
 
-    def get_total_params(self, as_string: bool = False) -> int | str:
+    def get_total_params(self, as_string: bool = False) -> int | str | None:
+        """The model's parameter count (None, ``?`` as a string, when not known)."""
         params = self.profile.root.params_total
-        return params_to_string(params) if as_string else params
+        return _params_text(params) if as_string else params
 
     def print_model_profile(
         self,

@@ -52,6 +52,11 @@ def _macs(value: int | None) -> str:
     return "? MACs" if value is None else fmt.ds_macs(value)
 
 
+def _params(value: int | None) -> str:
+    # A profile from a trace recorded without the model has no counts: unknown, never zero.
+    return fmt.params(None) if value is None else fmt.ds_params(value)
+
+
 def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> list[str]:
     root = profile.root
     mp_size = int(engine.get("mp_world_size", 1) or 1)
@@ -77,8 +82,8 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
         if engine.get(key) is not None:
             rows.append((label, engine[key]))
     rows += [
-        ("params per GPU: ", fmt.ds_params(root.params_total)),
-        ("params of model = params per GPU * mp_size: ", fmt.ds_params(root.params_total * mp_size)),
+        ("params per GPU: ", _params(root.params_total)),
+        ("params of model = params per GPU * mp_size: ", _params(None if root.params_total is None else root.params_total * mp_size)),
         ("fwd MACs per GPU: ", _macs(fwd.macs)),
         ("fwd flops per GPU: ", fmt.si_number(fwd.flops or 0)),
         ("fwd flops of model = fwd flops per GPU * mp_size: ", fmt.si_number((fwd.flops or 0) * mp_size)),
@@ -149,7 +154,10 @@ def _aggregated(profile: Profile, module_depth: int, top_modules: int, ignore: C
 
 
 def _figures(node: ModuleNode, root: ModuleNode, timed: bool, ignore: Collection[str]) -> str:
-    items = [f"{fmt.ds_params(node.params_total)} = {fmt.ds_share(node.params_total, root.params_total)} Params"]
+    if node.params_total is None:
+        items = [f"{_params(None)} Params"]  # no share of an unknown whole either
+    else:
+        items = [f"{fmt.ds_params(node.params_total)} = {fmt.ds_share(node.params_total, root.params_total)} Params"]
     if node.type in ignore:
         return ", ".join([*items, "ignored"])
     fwd = node.forward

@@ -14,8 +14,14 @@ from layerscope.transforms import max_depth, top_by_depth
 from layerscope.tree import ModuleNode, Profile
 
 
+def _params(node: ModuleNode, root: ModuleNode) -> str:
+    if node.params_total is None:
+        return f"{fmt.params(None)} Params"  # unknown (no model when it was recorded): no share either
+    return f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"
+
+
 def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: int | None) -> str:
-    parts = [f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"]
+    parts = [_params(node, root)]
     fwd = node.forward
     if fwd.macs is not None:
         parts.append(f"{fmt.count(fwd.macs)} = {fmt.percent(fwd.macs, root.forward.macs) or '0.0%'} MACs")
@@ -53,7 +59,7 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
     fwd = root.forward
     lines = [
         f"Model: {profile.meta.get('model', root.type)}   device: {profile.meta.get('device', 'cpu')}",
-        f"Params: {fmt.count(root.params_total)} ({fmt.nbytes(profile.param_bytes)})",
+        f"Params: {fmt.params(root.params_total, profile.param_bytes)}",
     ]
     if fwd.macs is not None:
         lines.append(f"Forward MACs: {fmt.count(fwd.macs)}   FLOPs: {fmt.count(fwd.flops)}")

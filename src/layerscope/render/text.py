@@ -46,6 +46,12 @@ def _has_flops(profile: Profile) -> bool:
     return profile.root.forward.flops is not None
 
 
+def _has_params(profile: Profile) -> bool:
+    """Whether the parameter counts are known (not for a profile read from a trace
+    recorded without the model): they are known on every node or on none."""
+    return profile.root.params_total is not None
+
+
 def _is_timed(profile: Profile) -> bool:
     return profile.timed
 
@@ -199,7 +205,10 @@ COLUMNS: list[TreeColumn] = [
     TreeColumn("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
     TreeColumn("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
     TreeColumn("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
-    TreeColumn("Params", "params", 4, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    TreeColumn(
+        "Params", "params", 4, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
+        shown=_has_params,
+    ),
     TreeColumn("Calls", "calls", 9, _calls, lambda o, p: str(o.calls)),
 ]
 
@@ -256,7 +265,10 @@ STEP_COLUMNS: list[TreeColumn] = [
         _op_alloc,
         shown=_has_memory,
     ),
-    TreeColumn("Params", "params", 5, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: ""),
+    TreeColumn(
+        "Params", "params", 5, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
+        shown=_has_params,
+    ),
     TreeColumn("Calls", "calls", 11, _calls, lambda o, p: str(o.calls)),
 ]
 
@@ -408,7 +420,7 @@ def _footer(profile: Profile) -> list[str]:
     if root.forward.flops is not None:
         flops = f"   FLOPs: {fmt.count(root.forward.flops)}   MACs: {fmt.count(root.forward.macs)}"
     lines = [
-        f"Params: {fmt.count(root.params_total)} ({fmt.nbytes(profile.param_bytes)})"
+        f"Params: {fmt.params(root.params_total, profile.param_bytes)}"
         f"{flops}"
         + (f"   Forward CPU total: {fmt.time_ns(root.forward.cpu_time_ns)}" if _is_timed(profile) else "")
         + (
@@ -536,7 +548,11 @@ def _memory_lines(profile: Profile) -> list[str]:
     def by_dtype(table: dict[str, int]) -> str:
         return ", ".join(f"{fmt.nbytes(n)} {dtype}" for dtype, n in table.items())
 
-    held = [f"parameters {by_dtype(memory.get('param_bytes_by_dtype') or {}) or '0 B'}"]
+    param_table = memory.get("param_bytes_by_dtype")
+    if param_table is None and not _has_params(profile):
+        held = [f"parameters {fmt.params(None)}"]  # recorded without the model: unknown, not 0 B
+    else:
+        held = [f"parameters {by_dtype(param_table or {}) or '0 B'}"]
     if memory.get("buffer_bytes_by_dtype"):
         held.append(f"buffers {by_dtype(memory['buffer_bytes_by_dtype'])}")
     for name, state in (memory.get("optimizer_state_bytes") or {}).items():

@@ -92,7 +92,11 @@
       cols.push({ key: "comm_time", label: "Comm", kind: "time", get: (n) => sum(n, "comm_time_ns") });
       cols.push({ key: "comm_bytes", label: "Comm bytes", kind: "bytes", get: (n) => sum(n, "comm_bytes") });
     }
-    cols.push({ key: "params", label: "Params", kind: "count", get: (n) => (n.kind === "module" ? n.params_total : null) });
+    // Counts are known on every node or on none (a profile from a trace without the model):
+    // the column is there only when they are, as the text tree's.
+    if (modelRoot.params_total !== null) {
+      cols.push({ key: "params", label: "Params", kind: "count", get: (n) => (n.kind === "module" ? n.params_total : null) });
+    }
     cols.push({ key: "calls", label: "Calls", kind: "int", get: (n) => (n.kind !== "module" && !n.calls ? null : n.calls) });
     for (const col of cols) {
       const get = col.get;
@@ -120,7 +124,9 @@
         fact("steps far from the median (x" + spread.far + ")", spread.outliers.map(([n, ns]) => "step " + n + " " + fmt.time(ns) + " (x" + (ns / spread.median_ns).toPrecision(2) + ")").join(", ") + (spread.more ? " and " + spread.more + " more" : ""));
       }
     }
-    fact("params", fmt.count(modelRoot.params_total) + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
+    // Unknown counts show as "?", as an op with no FLOP formula does: never as 0 or left out.
+    fact("params", modelRoot.params_total === null ? "?"
+      : fmt.count(modelRoot.params_total) + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
     const flops = sum(modelRoot, "flops");
     if (flops !== null) fact("FLOPs", fmt.count(flops) + " (MACs " + fmt.count(sum(modelRoot, "macs")) + ")");
     const unsupported = Object.keys(DATA.unsupported_ops || {});
