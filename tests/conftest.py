@@ -115,3 +115,30 @@ def browser(playwright: Any) -> Iterator[Any]:
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     yield browser
     browser.close()
+
+
+#: The real GPU traces recorded by others (../shared/traces/ beside the checkout): test
+#: data read in place, never copied into the repository.
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+#: The traces it holds (its README lists them), by file name without ``.json.gz``.
+REAL_TRACES = (
+    "a100_alexnet_no_modules",
+    "b200_gptoss_tp8_rank0",
+    "h100_bert_small_inference",
+    "h100_owlv2_inference",
+    "h100_qwen1.5_0.5b_inference",
+    "mi300x_bert_small_inference",
+    "mi300x_norm_layers_fwd_bwd",
+    "mi300x_resnet_ddp_actckpt_train_rank0",
+)
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """The folder of real torch.profiler traces; a test needing it is skipped (with the
+    reason) where it is absent, and fails in CI, where it must be there."""
+    if not SHARED_TRACES.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the real GPU traces are missing: expected them in {SHARED_TRACES} (CI must have them)")
+        pytest.skip(f"the real GPU traces are not here (expected in {SHARED_TRACES})")
+    return SHARED_TRACES

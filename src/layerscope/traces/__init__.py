@@ -1,0 +1,1 @@
+"""Reading torch.profiler (Kineto) trace files into layerscope profiles."""
