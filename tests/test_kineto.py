@@ -334,3 +334,27 @@ def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> N
     assert result.self_cpu[("<other>", "forward")] == 500 - 90 - 60
     rows = {(key[0], key[2]): op.calls for key, op in result.ops.items()}
     assert rows == {(0, "aten::t"): 1, (0, "aten::addmm"): 1, ("<loss>", "aten::t"): 1, ("<loss>", "aten::addmm"): 1}
+
+
+def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counter_alone() -> None:
+    from layerscope.capture.kineto import Detail
+
+    # On a GPU, backward runs on autograd's device thread (tid 3): a checkpoint's node
+    # recomputes module 1 there. Its ops are recompute work of module 1 (not dropped as
+    # another thread's), and their sequence numbers (thread 3's own counter) do not move
+    # the forward thread's counter at module 0's exit.
+    relu = _Meta(2, 4)
+    tree = [
+        step(
+            0, 300,
+            module(0, 10, 50, module(1, 20, 40, Range("aten::relu", 25, 35, 1, 0, [], RangeFields(2, inputs=[relu])))),
+        ),
+        Range(EVAL + "CheckpointFunctionBackward", 100, 200, 3, 0, [
+            module(1, 120, 160, Range("aten::relu", 125, 150, 3, 0, [], RangeFields(0, inputs=[relu])), tid=3),
+        ], RangeFields(2)),
+    ]  # fmt: skip
+    (stream,) = convert(tree, detail=Detail())
+    recomputed = [e for e in stream if isinstance(e, Op) and e.name == "aten::relu" and e.tid == 3]
+    assert len(recomputed) == 1 and recomputed[0].flops == 8
+    exits = [e for e in stream if isinstance(e, Exit) and not e.in_backward]
+    assert [(e.module, e.seq) for e in exits] == [(1, None), (0, None)]

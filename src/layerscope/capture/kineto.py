@@ -348,6 +348,9 @@ class _Converter:
         # carry one, in order. The first such op after an instant is a top-level op.
         self.seq_marks: list[tuple[int, int]] = []
         self.on_owner = True
+        #: The thread whose ranges mark the steps: only its ops number autograd's counter
+        #: at its frames (another thread's, a checkpoint recomputing, count its own).
+        self.owner_tid: int | None = None
         self.last_backward_seq: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
@@ -442,7 +445,7 @@ class _Converter:
             return
         start = event.start_time_ns
         seq = _sequence_nr(event)
-        if seq >= 0:
+        if seq >= 0 and event.start_tid == self.owner_tid:
             self.seq_marks.append((start, seq))
         at = self.put(start, Op(start, event.end_time_ns, name, fwd_seq=seq if seq >= 0 else None, tid=event.start_tid))
         if "::" not in name:
@@ -515,7 +518,7 @@ class _Converter:
         name = event.name if name is None else name
         start = event.start_time_ns
         seq = _sequence_nr(event)
-        if seq >= 0 and grad is None:
+        if seq >= 0 and grad is None and event.start_tid == self.owner_tid:
             self.seq_marks.append((start, seq))
         overload = getattr(event, "overload_name", "") or ""
         if is_communication(name):
@@ -682,6 +685,7 @@ class _Converter:
         owner = next((r.start_tid for r in self.roots if r.name == STEP_NAME), None)
         if owner is None:
             return []
+        self.owner_tid = owner
         steps = [(r.start_time_ns, r.end_time_ns) for r in self.roots if r.name == STEP_NAME and r.start_tid == owner]
         for root in self.roots:
             tid = root.start_tid
@@ -690,7 +694,10 @@ class _Converter:
             if self.on_owner:
                 self.walk(root, kind, False)
             elif kind == "backward" and any(s <= root.start_time_ns <= e for s, e in steps):
-                self.on_backward(root)  # autograd's device thread, backward of a step
+                # Autograd's device thread, backward of a step: all its work in the node
+                # counts (a checkpoint's recompute runs its ops there).
+                self.on_owner = True
+                self.on_backward(root)
             elif is_communication(root.name) and any(root.start_time_ns < e and s < root.end_time_ns for s, e in steps):
                 # A collective running on the process group's own thread (gloo's worker).
                 self.put(root.start_time_ns, Collective(root.start_time_ns, root.end_time_ns, root.name))
