@@ -36,6 +36,8 @@ from layerscope.raw import (
         ("gloo:all_reduce", True, "all_reduce"),
         ("nccl:reduce_scatter", True, "reduce_scatter"),
         ("record_param_comms", True, None),
+        # Tensor parallelism's all-reduce over symmetric memory (B200 trace): no NCCL in the name.
+        ("symm_mem::multimem_all_reduce_", True, "all_reduce"),
         ("aten::mm", False, None),
         ("my_label", False, None),
     ],

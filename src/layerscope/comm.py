@@ -4,9 +4,9 @@ factor that turns those bytes into bus bandwidth. Pure Python; no torch.
 A collective is recognised by name:
 
 - the ops of torch.distributed's process groups (``c10d::allreduce_``,
-  ``c10d::_allgather_base_``, ...) and of its functional collectives
+  ``c10d::_allgather_base_``, ...), of its functional collectives
   (``_c10d_functional::all_reduce``, ``_c10d_functional::wait_tensor``, ...), which is
-  what DDP's reducer and FSDP run;
+  what DDP's reducer and FSDP run, and of symmetric memory (``symm_mem::``);
 - the ranges process groups record around the work of a collective (``gloo:all_reduce``,
   ``nccl:all_reduce``) and ``record_param_comms``.
 
@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Namespaces whose ops are collectives (or waits on them).
-NAMESPACES = ("c10d::", "_c10d_functional::", "c10d_functional::")
+#: Namespaces whose ops are collectives (or waits on them); ``symm_mem::`` holds the
+#: all-reduces over symmetric memory that tensor parallelism runs without NCCL
+#: (``symm_mem::multimem_all_reduce_``).
+NAMESPACES = ("c10d::", "_c10d_functional::", "c10d_functional::", "symm_mem::")
 #: Prefixes of the ranges process groups record around a collective's work.
 RANGE_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
 RANGE_NAMES = ("record_param_comms",)
