@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from typing import Any
 
@@ -88,10 +89,23 @@ def _default_keys() -> tuple[Any, Any]:
     return keys[0], keys[1]
 
 
+@contextlib.contextmanager
+def _fake_quiet() -> Any:
+    """The fake mode logs each op it cannot run, with a traceback, before raising; the
+    caller reports the figure as unknown instead, so that log is held back."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    was = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
 def _run(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], counter: _PartCounter | None = None) -> Any:
     """The op's output on fake stand-ins, as at top level outside inference mode, without
     grad; with ``counter``, the ops it runs are counted (it sits above the fake mode)."""
-    with torch.inference_mode(False), torch.no_grad(), torch._C._ForceDispatchKeyGuard(*_default_keys()):
+    with torch.inference_mode(False), torch.no_grad(), torch._C._ForceDispatchKeyGuard(*_default_keys()), _fake_quiet():
         with FakeTensorMode():
             fake_args = _stand_ins(args)
             fake_kwargs = {k: _stand_ins(v) for k, v in kwargs.items()}
