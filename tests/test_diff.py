@@ -418,7 +418,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _profile(_net(), step_ns=1300).save(folder / "new.json")
     text = (folder / "base.json").read_text(encoding="utf-8")
     (folder / "truncated.json").write_text(text[: len(text) // 2], encoding="utf-8")
-    (folder / "trace.json").write_text('{"traceEvents": []}', encoding="utf-8")
+    (folder / "trace.json").write_text('{"version": 3, "samples": []}', encoding="utf-8")
+    (folder / "empty.trace.json").write_text('{"schemaVersion": 1, "traceEvents": []}', encoding="utf-8")
     return folder
 
 
@@ -469,6 +470,9 @@ def test_cli_help_teaches_with_examples(saved: Path) -> None:
         pytest.param(("base.json", "missing.json"), ["no such profile file", "'missing.json'"], id="missing-file"),
         pytest.param(("truncated.json", "new.json"), ["'truncated.json'", "not valid JSON", "truncated"], id="truncated"),
         pytest.param(("base.json", "trace.json"), ["'trace.json'", "not a layerscope profile"], id="other-tool"),
+        pytest.param(
+            ("base.json", "empty.trace.json"), ["'empty.trace.json'", "torch.profiler trace with nothing"], id="empty-trace"
+        ),
         pytest.param(("base.json", "new.json", "--fail-above", "10"), ["--fail-above", "ambiguous", "10%"], id="bare-10"),
         pytest.param(("base.json", "new.json", "--fail-above", "lots"), ["--fail-above", "'lots'"], id="bad-threshold"),
         pytest.param(("base.json", "new.json", "--min-time", "5 parsecs"), ["--min-time", "'5 parsecs'", "50us"], id="bad-min-time"),

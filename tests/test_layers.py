@@ -2,9 +2,9 @@
 to the one data model and the files below it.
 
     app      session, block, cli, compat, handlers, integrations, bench.measure, the package
-    render   render/*, plot           capture   capture/*, attribute/*, flops/*, zoo, specs
+    render   render/*, plot           capture   capture/*, attribute/*, flops/*, zoo, specs, traces/*
     model    tree, ops, check, schema, transforms, diff, ranks, documents, bench.result
-    base     errors, fmt, io, formats (the output registry), comm, raw, schedule
+    base     errors, fmt, io, formats (the output registry), comm, raw, schedule, traces.reader
 
 A module imports its own layer or lower ones, render and capture never each other. Every
 import counts, the ones inside functions too (``if TYPE_CHECKING`` blocks aside): a
@@ -22,10 +22,10 @@ import layerscope
 SRC = Path(layerscope.__file__).parent
 
 LAYERS = {
-    "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule"),
+    "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "traces.reader"),
     "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result"),
     "render": ("render", "plot"),
-    "capture": ("capture", "attribute", "flops", "zoo", "specs"),
+    "capture": ("capture", "attribute", "flops", "zoo", "specs", "traces"),
     "app": ("session", "block", "cli", "__main__", "compat", "handlers", "integrations", "bench", "examples", ""),
 }
 RANK = {"base": 0, "model": 1, "render": 2, "capture": 2, "app": 3}

@@ -91,3 +91,21 @@ def test_distributed_doc_lines_run(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, (argv, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
+
+
+def test_traces_doc_lines_run(tmp_path: Path) -> None:
+    """docs/traces.md: each Python example in a process of its own (each runs torch's
+    profiler, as a user's script would, once); then its command lines read the trace the
+    first one wrote."""
+    text = (README.parent / "docs" / "traces.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (block[:200], result.stderr[-2000:])
+    lines = _cli_lines(text)
+    assert len(lines) >= 5
+    for argv in lines:
+        result = subprocess.run(_command(argv, tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (argv, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr

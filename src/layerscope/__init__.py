@@ -44,8 +44,8 @@ import layerscope.render  # noqa: F401
 from layerscope.bench.result import BenchResult
 from layerscope.check import InvariantError, check_tree
 from layerscope.diff import diff
-from layerscope.documents import load
 from layerscope.errors import LayerscopeError
+from layerscope.loading import load
 from layerscope.ranks import merge
 from layerscope.schedule import schedule
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile

@@ -403,14 +403,21 @@ def build_parser() -> argparse.ArgumentParser:
         "  layerscope show run.json -o run.trace.json        # Chrome trace / Perfetto\n"
         "  layerscope show run.json --format folded --metric flops\n"
         "  layerscope show merged.json                      # ranks merged by 'layerscope merge'\n"
-        "  layerscope show merged.json --rank 3 --depth 2   # the tree of rank 3\n",
+        "  layerscope show merged.json --rank 3 --depth 2   # the tree of rank 3\n"
+        "  layerscope show run.pt.trace.json.gz             # a torch.profiler trace, by module\n"
+        "  layerscope show run.pt.trace.json.gz --model transformers:bert-base-uncased\n",
     )
-    show.add_argument("profile", metavar="PROFILE", help="a profile saved as JSON, or a merged run (layerscope merge)")
+    show.add_argument(
+        "profile", metavar="PROFILE",
+        help="a profile saved as JSON, a merged run (layerscope merge), or a torch.profiler trace "
+        "(.json or .json.gz, as Kineto writes it: see docs/traces.md)",
+    )
     show.add_argument(
         "--rank", type=_positive, metavar="N",
         help="a merged run: render rank N's profile (any format) instead of the report of all ranks",
     )
     _add_output_options(show, ("profile", "ranks"))
+    _add_trace_model(show)
     show.add_argument("--debug", action="store_true", help="show full tracebacks")
 
     plot = sub.add_parser(
@@ -448,10 +455,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(50us, 1ms, 200ns; a bare number is ns; default 50us)",
     )
     _add_output_options(compare, ("diff",), defaults={"limit": 20})
+    _add_trace_model(compare)
     compare.add_argument("--debug", action="store_true", help="show full tracebacks")
     _add_merge_parser(sub)
     _add_bench_parser(sub)
     return parser
+
+
+
+def _add_trace_model(parser: Any) -> None:
+    parser.add_argument(
+        "--model", metavar="SPEC",
+        help="for torch.profiler trace files: the model that was traced (zoo:NAME, transformers:NAME, "
+        "or a module:callable building it), to give the trace's modules (BertLayer_3) their paths and "
+        "parameters; built on the meta device, never run",
+    )
 
 
 MERGE_EPILOG = """\
@@ -496,6 +514,7 @@ def _add_merge_parser(sub: Any) -> None:
         "--min-time", metavar="TIME", default="1ms",
         help="... and by at least this much (1ms, 500us; a bare number is ns; default 1ms)",
     )
+    _add_trace_model(merge)
     merge.add_argument("--debug", action="store_true", help="show full tracebacks")
 
 
@@ -607,7 +626,7 @@ def _emit(doc: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any],
 def _show(args: argparse.Namespace) -> int:
     from layerscope.ranks import MergedRun
 
-    doc = _load_profile(args.profile)
+    doc = _load_profile(args.profile, args)
     document, hint = "profile", ""
     if isinstance(doc, MergedRun):
         if args.rank is None:
@@ -764,17 +783,37 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: folder {folder!r} is not writable")
 
 
-def _load_profile(path: str) -> Any:
-    """A saved profile, or a merged run of ranks; a missing or unreadable file is a usage
-    error (exit 2)."""
-    import layerscope
+def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
+    """A saved profile, a merged run of ranks, or a torch.profiler trace (with ``--model
+    SPEC`` mapping its modules); a missing or unreadable file is a usage error (exit 2)."""
+    import os
 
+    import layerscope
+    from layerscope.traces.reader import is_kineto_trace
+
+    model = None
+    if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
+        model = _trace_model(args)
     try:
-        return layerscope.load(path)
+        return layerscope.load(path, model=model)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:  # a folder, no permission
         raise UsageError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
+
+
+def _trace_model(args: argparse.Namespace) -> Any:
+    """The model ``--model SPEC`` names, built once, on the meta device (its structure and
+    parameter counts are all a trace's mapping reads: no memory for weights, no run)."""
+    found = getattr(args, "_trace_model", None)
+    if found is None:
+        import torch
+
+        from layerscope.specs import resolve_model
+
+        found = resolve_model(args.model, device=torch.device("meta")).model
+        args._trace_model = found
+    return found
 
 
 def _rank_of(run: Any, rank: int, name: str) -> Any:
@@ -811,7 +850,7 @@ def _merge(args: argparse.Namespace) -> int:
     def loaded() -> Iterator[Any]:
         # One file at a time: merge keeps what a merged run needs and drops the rest.
         for path in args.files:
-            item = _load_profile(path)
+            item = _load_profile(path, args)
             if isinstance(item, MergedRun):
                 if traces:
                     raise UsageError(
@@ -823,7 +862,7 @@ def _merge(args: argparse.Namespace) -> int:
 
     run = merge(loaded(), sources=args.files, threshold=threshold, min_time_ns=floor)
     if traces:
-        every = RankTraces(_load_profile(files_of_rank[rank]) for rank in run.rank_numbers)
+        every = RankTraces(_load_profile(files_of_rank[rank], args) for rank in run.rank_numbers)
         return _emit(every, args, fmt, options, f"the {fmt} trace of every rank")
     return _emit(run, args, fmt, options, f"the merged run ({fmt})")
 
@@ -884,7 +923,7 @@ def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     merged runs: their median ranks' trees, and how each node's imbalance moved."""
     from layerscope.ranks import MergedRun, imbalance_changes
 
-    base = _load_profile(args.base)
+    base = _load_profile(args.base, args)
     if args.ranks is not None:
         if args.new is not None or not isinstance(base, MergedRun):
             raise UsageError("--ranks A B compares two ranks of one merged run: give that run alone (diff MERGED --ranks A B)")
@@ -892,7 +931,7 @@ def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         return _rank_of(base, first, args.base), _rank_of(base, second, args.base), None
     if args.new is None:
         raise UsageError("diff needs BASE and NEW, or a merged run and --ranks A B")
-    new = _load_profile(args.new)
+    new = _load_profile(args.new, args)
     merged = (isinstance(base, MergedRun), isinstance(new, MergedRun))
     if merged == (True, True):
         return base.median_profile(), new.median_profile(), imbalance_changes(base, new)

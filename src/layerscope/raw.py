@@ -226,3 +226,9 @@ class RawCapture:
     #: Model-level memory known without running it: bytes by dtype of parameters and buffers.
     memory_static: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Whether what Python knew was noted (activations saved for backward, gradients by
+    #: owner): a trace file's allocations come without it, so those figures are unknown.
+    memory_notes: bool = True
+    #: Whether op records carry FLOP counts where a formula exists: a trace recorded
+    #: without shapes has none, so FLOPs, MACs and bytes are unknown, never 0.
+    counts_known: bool = True

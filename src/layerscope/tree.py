@@ -198,7 +198,7 @@ class ModuleNode:
         and the exports share."""
         if self.kind != "module":
             if self.path.endswith("]"):
-                return self.path[self.path.rindex("[") + 1 : -1]
+                return self.path[_label_start(self.path) : -1]
             return self.path
         return self.path.rsplit(".", 1)[-1] if self.path else self.type
 
@@ -431,6 +431,20 @@ class Profile:
 
     def __str__(self) -> str:
         return self.render("text")
+
+
+def _label_start(path: str) -> int:
+    """Where the label of ``parent[label]`` begins: after the ``[`` matching the last
+    ``]`` (a label may hold brackets itself: ``[param|cuda]``)."""
+    depth = 0
+    for at in range(len(path) - 1, -1, -1):
+        if path[at] == "]":
+            depth += 1
+        elif path[at] == "[":
+            depth -= 1
+            if depth == 0:
+                return at + 1
+    return path.rindex("[") + 1
 
 
 def part_total(node: ModuleNode) -> int:

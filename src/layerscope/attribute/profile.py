@@ -66,6 +66,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
     """Nodes from per-node self figures, totals derived bottom-up."""
     has_device = raw.has_device_time
     counted = op_result is not None
+    counts = counted and raw.counts_known
     memory = op_result.memory if op_result is not None else None
     phases = set(times.phases) | (op_result.phases if op_result is not None else set())
     if op_result is not None:
@@ -110,15 +111,17 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
                 "self_grad_bytes": memory.grad.get(site, 0),
                 "grad_bytes": 0,
             }
+            if not raw.memory_notes:
+                mem.update(self_activation_bytes=None, activation_bytes=None, self_grad_bytes=None, grad_bytes=None)
         return PhaseStats(
             **mem,
             **comm,
             self_cpu_time_ns=times.self_cpu.get((key, phase), 0) if selected else 0,
             self_device_time_ns=self_dev,
             device_time_ns=0 if has_device else None,
-            self_flops=sum(op.flops or 0 for op in own_ops) if counted else None,
-            self_macs=sum(op.macs or 0 for op in own_ops) if counted else None,
-            self_bytes=sum(op.bytes or 0 for op in own_ops) if counted else None,
+            self_flops=sum(op.flops or 0 for op in own_ops) if counts else None,
+            self_macs=sum(op.macs or 0 for op in own_ops) if counts else None,
+            self_bytes=sum(op.bytes or 0 for op in own_ops) if counts else None,
         )
 
     def make(key: Key, **fields: Any) -> ModuleNode:
@@ -131,7 +134,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
             backward=phase_stats(key, "backward", selected),
             recompute=phase_stats(key, "recompute", selected),
             ops=ops,
-            unsupported_ops=_unsupported(ops),
+            unsupported_ops=_unsupported(ops) if counts else {},
             **fields,
         )
         return node

@@ -168,3 +168,63 @@ def _split(name: str, overload: str, values: list[Any]) -> tuple[tuple[Any, ...]
         else:
             args.append(value)
     return tuple(args), kwargs
+
+
+#: What a trace file says an input was, as :func:`overload_for` reads it.
+TENSOR, TENSORS, SCALAR, SCALARS, UNKNOWN = "tensor", "tensors", "scalar", "scalars", "?"
+_NUMBERS = frozenset({"NumberType", "IntType", "FloatType", "BoolType", "SymIntType", "SymFloatType", "SymBoolType", "ComplexType"})
+#: Places a trace records no value for (strings, generators): an input recorded as nothing.
+_UNRECORDED = frozenset({"StringType", "DeviceObjType", "GeneratorType", "AnyType", "LayoutType", "ScalarTypeType", "MemoryFormatType"})
+
+
+def _fits(argument: Any, kind: str) -> bool:
+    """Whether a schema argument can take an input of ``kind``."""
+    t = argument.type
+    optional = t.kind() == "OptionalType"
+    if optional:
+        t = t.getElementType()
+    found = t.kind()
+    if kind == UNKNOWN:
+        return optional or argument.has_default_value() or found in _UNRECORDED
+    if kind == TENSOR:
+        return found == "TensorType"
+    if kind == SCALAR:
+        return found in _NUMBERS or found in _UNRECORDED
+    if found != "ListType":
+        return False
+    element = t.getElementType()
+    if element.kind() == "OptionalType":
+        element = element.getElementType()
+    is_tensor = element.kind() == "TensorType"
+    return is_tensor if kind == TENSORS else not is_tensor
+
+
+@functools.lru_cache(maxsize=8192)
+def overload_for(name: str, kinds: tuple[str, ...]) -> str:
+    """The overload of ``name`` whose schema takes inputs of these ``kinds`` (a trace
+    file records no overload names): one with a place of the right kind for each input
+    and a default for each place after them, the one with the fewest such places (the
+    first listed among equals); ``out=`` variants only if nothing else fits. ``""`` (the
+    default overload) when none does."""
+    packet = _packet(name)
+    if packet is None:
+        return ""
+    try:
+        overloads = packet.overloads()
+    except (AttributeError, RuntimeError):
+        return ""
+    best: tuple[int, int, str] | None = None
+    for order, overload in enumerate(overloads):
+        op = _overload(name, overload)
+        if op is None:
+            continue
+        arguments = op._schema.arguments
+        if len(arguments) < len(kinds) or not all(_fits(a, k) for a, k in zip(arguments, kinds)):
+            continue
+        rest = arguments[len(kinds) :]
+        if not all(a.has_default_value() or a.type.kind() == "OptionalType" for a in rest):
+            continue
+        rank = (len(rest) + (1000 if any(a.is_out for a in arguments) else 0), order, overload)
+        if best is None or rank < best:
+            best = rank
+    return "" if best is None else best[2]

@@ -257,7 +257,10 @@ STEP_COLUMNS: list[TreeColumn] = [
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
-    TreeColumn("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_memory),
+    TreeColumn(
+        "Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "",
+        shown=lambda p: _has_memory(p) and p.root.forward.activation_bytes is not None,
+    ),
     TreeColumn("Peak mem", "peak_mem", 6, _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
     TreeColumn(
         "Alloc", "alloc", 12,
@@ -537,7 +540,42 @@ def _detail_lines(profile: Profile) -> list[str]:
             "Times from steps recorded under a dispatch mode (torch's profiler was already running, "
             "and only one can): op recording inflates small modules"
         ]
+    if profile.meta.get("mode") == "trace":
+        return trace_lines(profile.meta)
     return []
+
+
+def trace_lines(meta: dict[str, Any]) -> list[str]:
+    """Where a profile read from a torch.profiler trace came from, and what it lacks."""
+    source = meta.get("source") or {}
+    where = ", ".join(source.get("device_names") or []) or "no accelerator"
+    rank = f", rank {meta.get('rank')} of {meta['world_size']}" if meta.get("world_size") is not None else ""
+    lines = [f"From the torch.profiler trace {source.get('file', '?')} ({where}{rank})"]
+    how = meta.get("modules_from") or {}
+    if how.get("instances"):
+        line = f"Modules: {how.get('method', '?')}: {how.get('matched')} of {how.get('instances')} instances"
+        unmatched = how.get("unmatched") or []
+        if unmatched:
+            line += f"; not matched (their work stays with their caller): {', '.join(unmatched[:5])}"
+            line += f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
+        lines.append(line)
+    else:
+        lines.append("Modules: none recorded (the trace has no nn.Module events: record it with with_stack=True)")
+    if meta.get("flops_unknown"):
+        lines.append(f"FLOPs unknown: {meta['flops_unknown']}")
+    device = meta.get("device_events")
+    if device:
+        line = f"Device events: {device['events']}, busy {fmt.time_ns(device['time_ns'])}"
+        outside = device.get("outside_steps", 0)
+        if outside:
+            line += f"; {outside} launched outside the steps ({fmt.time_ns(device.get('outside_steps_time_ns'))}, in no node)"
+        if device.get("orphans"):
+            line += (
+                f"; {device['orphans']} launched before the trace began "
+                f"({fmt.time_ns(device['orphans_time_ns'])}, in no node)"
+            )
+        lines.append(line)
+    return lines
 
 
 def _memory_lines(profile: Profile) -> list[str]:

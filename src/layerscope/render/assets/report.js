@@ -111,11 +111,25 @@
   function header() {
     const facts = [];
     const fact = (label, value) => { if (value !== null && value !== undefined && value !== "") facts.push(el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { text: value }))); };
-    fact("device", META.device || "cpu");
+    const source = META.mode === "trace" ? (META.source || {}) : null;
+    fact("device", source && (source.device_names || []).length ? source.device_names.join(", ") : (META.device || "cpu"));
+    if (META.world_size !== undefined && META.world_size !== null) fact("rank", (META.rank ?? "?") + " of " + META.world_size);
     fact("dtype", META.dtype ? META.dtype + (META.autocast ? " (autocast " + META.autocast + ")" : "") : "");
     fact("inputs", DATA.inputs_text);
     fact("torch", META.torch_version);
     fact("mode", modeText());
+    if (source) {
+      const how = META.modules_from || {};
+      fact("modules", how.instances ? how.matched + " of " + how.instances + " instances: " + how.method : "none recorded (no nn.Module events: record with with_stack=True)");
+      const device = META.device_events;
+      if (device && (device.orphans || device.outside_steps)) {
+        fact("device events in no node", [
+          device.orphans ? device.orphans + " launched before the trace began (" + fmt.time(device.orphans_time_ns) + ")" : "",
+          device.outside_steps ? device.outside_steps + " launched outside the steps (" + fmt.time(device.outside_steps_time_ns) + ")" : "",
+        ].filter(Boolean).join("; "));
+      }
+      if (META.flops_unknown) fact("FLOPs unknown", META.flops_unknown);
+    }
     if (META.step_range) fact("steps", META.step_range[0] + "–" + META.step_range[1] + (META.steps !== undefined ? " (" + META.steps + " timed)" : ""));
     const spread = DATA.step_spread;
     if (spread) {
@@ -141,6 +155,7 @@
     if (META.mode === "profile") return "profile(): median of " + META.repeat + " passes after " + META.warmup + " warm-up";
     if (META.mode === "context") return "Profiler block" + (META.times_from === "dispatch mode" ? ", times under a dispatch mode" : "");
     if (META.mode === "count") return "count_flops (not timed)";
+    if (META.mode === "trace") return "torch.profiler trace " + ((META.source || {}).file || "");
     return META.mode || "";
   }
 

@@ -1,0 +1,382 @@
+"""A trace's events as the live capture's ranges: one host tree per thread, the device
+events with the op that launched each, and the modules the Python tracer saw.
+
+torch.profiler writes the same events it hands the live capture, flattened: each
+``cpu_op``, ``user_annotation`` and ``python_function`` is a complete event (``ph: X``)
+with its thread; allocations are ``[memory]`` instants; a launch (``cuda_runtime`` /
+``cuda_driver``) and the kernels, copies and memsets it started share
+``args.correlation``. Nesting is rebuilt from time on each thread (the Python tracer's
+``Python parent id`` crosses threads: a hook run by autograd's thread names a parent on
+the main thread), into the :class:`~layerscope.capture.kineto.Range` trees the live
+conversion reads. A device event is linked to the innermost range open on its launch's
+thread when the launch ran (correlation ids join them: ``ac2g`` flows lack a start for
+some launches on ROCm).
+
+Times are integer nanoseconds (timestamps near 10^12 µs with three decimals do not fit a
+float's precision in ns).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from layerscope.capture import op_args
+from layerscope.capture.kineto import (
+    _USER_SCOPE,
+    STEP_NAME,
+    KernelSpan,
+    Range,
+    RangeFields,
+)
+from layerscope.traces.reader import us_to_ns
+
+#: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.
+MODULE_EVENT = "nn.Module: "
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+
+#: torch's names for dtypes in ``Input type`` (``c10::toString(ScalarType)``).
+_DTYPES: dict[str, torch.dtype] = {
+    "float": torch.float32,
+    "double": torch.float64,
+    "c10::Half": torch.float16,
+    "c10::BFloat16": torch.bfloat16,
+    "long int": torch.int64,
+    "int": torch.int32,
+    "short int": torch.int16,
+    "signed char": torch.int8,
+    "unsigned char": torch.uint8,
+    "bool": torch.bool,
+    "c10::complex<float>": torch.complex64,
+    "c10::complex<double>": torch.complex128,
+    "c10::complex<c10::Half>": torch.complex32,
+}
+for _name in ("Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz"):
+    _found = getattr(torch, _name.lower(), None)
+    if isinstance(_found, torch.dtype):
+        _DTYPES[f"c10::{_name}"] = _found
+_CPU = torch.device("cpu")
+_KINDS = {"TensorList": op_args.TENSORS, "Scalar": op_args.SCALAR, "ScalarList": op_args.SCALARS}
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    """A tensor input as the trace recorded it (its shape and dtype), read by the
+    conversion as it reads torch's tensor metadata: ``sizes``, ``dtype``, ``device``."""
+
+    sizes: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device = _CPU
+
+
+class _Device:
+    """An allocation's device, as the conversion reads it (``.type``)."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, kind: str) -> None:
+        self.type = kind
+
+
+_CPU_DEVICE = _Device("cpu")
+_ACCELERATOR = _Device("cuda")
+
+
+@dataclass
+class DeviceEvent:
+    """A kernel, copy or memset on the device, and what launched it."""
+
+    name: str
+    category: str
+    start_ns: int
+    end_ns: int
+    correlation: int
+    stream: Any
+
+
+@dataclass
+class ModuleCall:
+    """One ``nn.Module: ClassName_k`` event: a call of module instance ``instance``."""
+
+    instance: str
+    range: Range
+    python_id: int | None
+    python_parent: int | None
+
+
+@dataclass
+class TraceEvents:
+    """What a trace holds, as the live conversion reads it."""
+
+    #: Each thread's root ranges (steps, modules, labels, ops), by thread id.
+    roots: dict[int, list[Range]] = field(default_factory=dict)
+    #: Device events and the range each was launched from (``linked_correlation_id``).
+    kernels: list[KernelSpan] = field(default_factory=list)
+    device_events: list[DeviceEvent] = field(default_factory=list)
+    #: Each launch's correlation, the range it ran in (0: none) and when it ran.
+    launched_in: dict[int, int] = field(default_factory=dict)
+    launched_at: dict[int, int] = field(default_factory=dict)
+    modules: list[ModuleCall] = field(default_factory=list)
+    #: Each Python tracer frame's parent frame (``Python id`` -> ``Python parent id``).
+    python_parent: dict[int, int | None] = field(default_factory=dict)
+    #: ``ProfilerStep#N`` ranges: the step's range and ``N``.
+    steps: list[tuple[Range, int]] = field(default_factory=list)
+    has_shapes: bool = False
+    has_memory: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.out = TraceEvents()
+        #: Host events per thread, unnested: (start, -end, rank, order, range or launch).
+        self.by_thread: dict[int, list[tuple[int, int, int, int, Any]]] = {}
+        self.order = 0
+        self.next_id = 1
+        self.live_alloc: dict[int, int] = {}  # address -> allocation id
+        self.tensors: dict[tuple[Any, ...], TensorInput] = {}
+
+    def add(self, event: dict[str, Any]) -> None:
+        ph = event.get("ph")
+        cat = event.get("cat")
+        counts = self.out.counts
+        counts[cat or ""] = counts.get(cat or "", 0) + 1
+        if ph == "X":
+            if cat == "cpu_op":
+                self.op(event)
+            elif cat == "user_annotation":
+                self.annotation(event)
+            elif cat == "python_function":
+                self.python(event)
+            elif cat in _DEVICE_CATEGORIES:
+                self.device(event)
+            elif cat in _LAUNCH_CATEGORIES:
+                self.launch(event)
+        elif ph == "i" and event.get("name") == "[memory]":
+            self.memory(event)
+
+    # -- one method per kind of event ---------------------------------------------------
+    def _tid(self, event: dict[str, Any]) -> int | None:
+        tid = event.get("tid")
+        return tid if type(tid) is int else None
+
+    def _span(self, event: dict[str, Any]) -> tuple[int, int]:
+        start = us_to_ns(event["ts"])
+        return start, start + max(0, us_to_ns(event.get("dur", 0)))
+
+    def _push(self, tid: int, start: int, end: int, rank: int, item: Any) -> None:
+        self.order += 1
+        self.by_thread.setdefault(tid, []).append((start, -end, rank, self.order, item))
+
+    def op(self, event: dict[str, Any]) -> None:
+        tid = self._tid(event)
+        if tid is None:
+            return
+        start, end = self._span(event)
+        args = event.get("args") or {}
+        fields = RangeFields(sequence_number=_int(args.get("Sequence number"), -1))
+        name = str(event.get("name", ""))
+        overload = ""
+        types = args.get("Input type")
+        if isinstance(types, list):
+            self.out.has_shapes = True
+            fields.inputs = self.inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
+            overload = self.overload(name, types)
+        rng = Range(name, start, end, tid, self._id(), extra_fields=fields, overload_name=overload)
+        self._push(tid, start, end, 3, rng)
+
+    def annotation(self, event: dict[str, Any]) -> None:
+        tid = self._tid(event)
+        if tid is None:
+            return
+        start, end = self._span(event)
+        name = str(event.get("name", ""))
+        step = _STEP.match(name)
+        if step is not None:
+            rng = Range(STEP_NAME, start, end, tid, self._id())
+            self.out.steps.append((rng, int(step.group(1))))
+            self._push(tid, start, end, 0, rng)
+            return
+        rng = Range(name, start, end, tid, self._id(), extra_fields=RangeFields(scope=_USER_SCOPE))
+        self._push(tid, start, end, 2, rng)
+
+    def python(self, event: dict[str, Any]) -> None:
+        args = event.get("args") or {}
+        ident = _int(args.get("Python id"), None)
+        parent = _int(args.get("Python parent id"), None)
+        if ident is not None:
+            self.out.python_parent[ident] = parent
+        name = str(event.get("name", ""))
+        if not name.startswith(MODULE_EVENT):
+            return
+        tid = self._tid(event)
+        if tid is None or tid == 0:
+            return  # a Python-only thread's frame: no op of the trace ran on it
+        start, end = self._span(event)
+        rng = Range(name, start, end, tid, self._id())
+        self.out.modules.append(ModuleCall(name[len(MODULE_EVENT) :], rng, ident, parent))
+        self._push(tid, start, end, 1, rng)
+
+    def memory(self, event: dict[str, Any]) -> None:
+        tid = self._tid(event)
+        if tid is None:
+            return
+        self.out.has_memory = True
+        args = event.get("args") or {}
+        t = us_to_ns(event["ts"])
+        size = _int(args.get("Bytes"), 0)
+        ptr = _int(args.get("Addr"), 0)
+        # Allocation ids are not written to the file: each allocation at an address is a
+        # new storage until that address is freed.
+        if size > 0:
+            ident = self.live_alloc[ptr] = self._id()
+        else:
+            ident = self.live_alloc.pop(ptr, None) or self._id()
+        fields = RangeFields(
+            ptr=ptr,
+            alloc_size=size,
+            allocation_id=ident,
+            total_allocated=_int(args.get("Total Allocated"), 0),
+            total_reserved=_int(args.get("Total Reserved"), 0),
+            device=_CPU_DEVICE if _int(args.get("Device Type"), 0) == 0 else _ACCELERATOR,
+        )
+        self._push(tid, t, t, 4, Range("[memory]", t, t, tid, 0, extra_fields=fields))
+
+    def launch(self, event: dict[str, Any]) -> None:
+        tid = self._tid(event)
+        correlation = _int((event.get("args") or {}).get("correlation"), None)
+        if tid is None or correlation is None:
+            return
+        start, end = self._span(event)
+        self._push(tid, start, end, 5, correlation)
+
+    def device(self, event: dict[str, Any]) -> None:
+        args = event.get("args") or {}
+        correlation = _int(args.get("correlation"), None)
+        start, end = self._span(event)
+        self.out.device_events.append(
+            DeviceEvent(str(event.get("name", "")), str(event.get("cat")), start, end, correlation or 0, args.get("stream"))
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def inputs(self, types: list[Any], dims: list[Any], concrete: list[Any]) -> list[Any]:
+        """Each recorded input as the conversion reads it: tensors as :class:`TensorInput`,
+        scalars and int lists as values (``Concrete Inputs``), anything else None."""
+        values: list[Any] = []
+        first_dtype = next((_DTYPES[t] for t in types if t in _DTYPES), torch.float32)
+        for i, kind in enumerate(types):
+            shape = dims[i] if i < len(dims) else []
+            known = concrete[i] if i < len(concrete) else ""
+            dtype = _DTYPES.get(kind)
+            if dtype is not None:
+                values.append(self.tensor(shape, dtype))
+            elif kind == "TensorList":
+                values.append([self.tensor(s, first_dtype) for s in shape if isinstance(s, list)])
+            elif kind == "Scalar":
+                values.append(_scalar(known))
+            elif kind == "ScalarList":
+                values.append(_scalar_list(known))
+            else:
+                values.append(None)
+        return values
+
+    def overload(self, name: str, types: list[Any]) -> str:
+        """The overload the recorded inputs fit (the file names none)."""
+        if "::" not in name:
+            return ""
+        kinds = tuple(
+            op_args.TENSOR if t in _DTYPES else _KINDS.get(t, op_args.UNKNOWN) for t in types
+        )
+        return op_args.overload_for(name, kinds)
+
+    def tensor(self, shape: Any, dtype: torch.dtype) -> TensorInput:
+        key = (tuple(shape) if isinstance(shape, list) else (), dtype)
+        found = self.tensors.get(key)
+        if found is None:
+            found = self.tensors[key] = TensorInput(key[0], dtype)
+        return found
+
+    # -- nesting ------------------------------------------------------------------------
+    def finish(self) -> TraceEvents:
+        out = self.out
+        for tid, items in self.by_thread.items():
+            items.sort(key=lambda item: item[:4])
+            roots: list[Range] = []
+            stack: list[Range] = []
+            for start, neg_end, _, _, item in items:
+                end = -neg_end
+                while stack and stack[-1].end_time_ns <= start:
+                    stack.pop()
+                if type(item) is int:  # a launch: its device events belong to the range open now
+                    out.launched_in[item] = stack[-1].correlation_id if stack else 0
+                    out.launched_at[item] = start
+                    continue
+                if stack and end > stack[-1].end_time_ns:
+                    # Ends after the range it starts in (clocks of two recorders): kept inside.
+                    item.end_time_ns = max(item.start_time_ns, stack[-1].end_time_ns)
+                (stack[-1].children if stack else roots).append(item)
+                if item.name != "[memory]":
+                    stack.append(item)
+            out.roots[tid] = roots
+        self.by_thread = {}
+        for event in out.device_events:
+            link = out.launched_in.get(event.correlation, 0)
+            if link:
+                out.kernels.append(KernelSpan(link, event.start_ns, event.end_ns))
+        return out
+
+
+def read_events(events: Iterable[dict[str, Any]]) -> TraceEvents:
+    """The trace's events (dicts, as the file holds them) as host range trees per thread,
+    device events linked to the ranges that launched them, and module calls."""
+    builder = _Builder()
+    for event in events:
+        if isinstance(event, dict):
+            builder.add(event)
+    return builder.finish()
+
+
+def _int(value: Any, default: Any) -> Any:
+    if type(value) is int:
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _scalar(text: Any) -> Any:
+    if not isinstance(text, str) or not text:
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _scalar_list(text: Any) -> list[Any] | None:
+    if not isinstance(text, str) or not (text.startswith("[") and text.endswith("]")):
+        return None
+    inner = text[1:-1].strip()
+    if not inner:
+        return []
+    values = [_scalar(part.strip()) for part in inner.split(",")]
+    return None if any(v is None for v in values) else values

@@ -1,0 +1,211 @@
+"""A torch.profiler trace file as a :class:`~layerscope.tree.Profile`, through the live
+capture's own conversion and attribution.
+
+The file's events become the range trees torch's profiler hands the live capture
+(``events.py``): ``ProfilerStep#N`` ranges are steps, ``nn.Module: ClassName_k`` calls
+module ranges (``modules.py`` gives each instance its place), other ``user_annotation``
+ranges labels, ``cpu_op`` events ops with their recorded inputs. From there it is the
+live path: ``capture.kineto.convert`` makes one typed stream per step, and the walker
+(``attribute.cycle``) sums the steps into the tree. Nothing here attributes anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any
+
+from torch import nn
+
+from layerscope import __version__
+from layerscope.attribute.cycle import Cycle
+from layerscope.attribute.walk import parent_indices
+from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert, union_ns
+from layerscope.capture.modules import module_table
+from layerscope.errors import SchemaError
+from layerscope.raw import RawCapture
+from layerscope.traces.events import TraceEvents, read_events
+from layerscope.traces.modules import instances, map_to_model, table_without_model
+from layerscope.traces.reader import open_trace
+from layerscope.tree import Profile
+
+_EVALUATE = "autograd::engine::evaluate_function: "
+
+
+def load_trace(path: str | os.PathLike[str], *, model: nn.Module | None = None) -> Profile:
+    """The profile of a torch.profiler (Kineto) trace file, ``.json`` or ``.json.gz``.
+
+    Without ``model`` the modules are the trace's instances (``BertModel_0``), their
+    parameters unknown; with it, each instance is matched to its path in the model
+    (``meta["modules_from"]`` says how). The model is only read, never run or changed.
+    """
+    name = os.fspath(path)
+    try:
+        with open_trace(name) as reader:
+            events = read_events(reader.events())
+            file_meta = dict(reader.meta)
+        return profile_of_events(events, file_meta, model=model, source=os.path.basename(name))
+    except MemoryError:
+        raise SchemaError(
+            f"{name!r} is too large a trace for this machine's memory; record fewer steps "
+            "(torch.profiler's schedule: active=1) or read it on a machine with more"
+        ) from None
+
+
+def profile_of_events(
+    events: TraceEvents, file_meta: dict[str, Any], *, model: nn.Module | None = None, source: str = "trace"
+) -> Profile:
+    """The profile of a trace's events (``read_events``) and its top-level keys."""
+    found = instances(events.modules, events.python_parent)
+    param_bytes: int | None
+    if model is not None:
+        modules, infos, param_bytes = module_table(model)
+        shapes = [{tuple(p.shape) for p in m._parameters.values() if p is not None} for m in modules]
+        index, how = map_to_model(found, infos, shapes)
+    else:
+        infos, index = table_without_model(found)
+        param_bytes = None
+        how = {
+            "method": "the trace's module instances, nested as called (no model given: parameters unknown)",
+            "instances": len(found),
+            "matched": len(found),
+            "unmatched": [],
+        }
+    dropped: set[int] = set()
+    for call in events.modules:
+        at = index.get(call.instance)
+        if at is None:
+            dropped.add(id(call.range))
+        else:
+            call.range.name = f"{MODULE_PREFIX}{at}"
+    roots: list[Range] = []
+    for tid_roots in events.roots.values():
+        roots.extend(_spliced(tid_roots, dropped))
+    numbers = _steps(events, roots)
+    has_device = bool(events.device_events)
+    detail = Detail(stacks=None) if events.has_shapes else None
+    streams = convert(roots, events.kernels, has_device=has_device, detail=detail)
+
+    cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
+    for number, stream in zip(numbers, streams):
+        cycle.add(stream, number, warmup=False, keep_empty=True, has_device=has_device)
+    windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
+    meta = _meta(file_meta, events, source, how, model, windows, infos[0].type)
+    if numbers:
+        meta["step_range"] = [min(numbers), max(numbers)]
+    raw = RawCapture(
+        modules=infos, has_device_time=has_device, param_bytes=param_bytes, meta=meta, memory_notes=False,
+        counts_known=events.has_shapes,
+    )
+    if cycle.empty:
+        raise SchemaError(
+            f"{source!r} is a torch.profiler trace with nothing to profile: no op, range or module "
+            "on any thread (expected the cpu_op events of a recorded run)"
+        )
+    return cycle.build(raw)
+
+
+def _spliced(ranges: list[Range], dropped: set[int]) -> list[Range]:
+    """``ranges`` with each dropped range (a module call matched to no module) replaced
+    by the ranges nested in it, at every depth."""
+    if not dropped:
+        return ranges
+    out: list[Range] = []
+    for rng in ranges:
+        kids = _spliced(rng.children, dropped) if rng.children else rng.children
+        if id(rng) in dropped:
+            out.extend(kids)
+        else:
+            rng.children = kids
+            out.append(rng)
+    return out
+
+
+def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
+    """The step numbers, in order; a trace without ``ProfilerStep#N`` ranges is one step
+    (numbered 0) around everything the busiest thread did."""
+    if events.steps:
+        owner = min(events.steps, key=lambda s: s[0].start_time_ns)[0].start_tid
+        return [n for rng, n in sorted(events.steps, key=lambda s: s[0].start_time_ns) if rng.start_tid == owner]
+    weight: dict[int, int] = {}
+    for rng in roots:
+        if not rng.name.startswith(_EVALUATE):
+            weight[rng.start_tid] = weight.get(rng.start_tid, 0) + 1 + 100 * rng.name.startswith(MODULE_PREFIX)
+    if not weight:
+        return []
+    owner = max(weight, key=lambda tid: weight[tid])
+    mine = [r for r in roots if r.start_tid == owner]
+    step = Range(STEP_NAME, min(r.start_time_ns for r in mine), max(r.end_time_ns for r in mine), owner, 0, mine)
+    roots[:] = [r for r in roots if r.start_tid != owner] + [step]
+    return [0]
+
+
+def _meta(
+    file_meta: dict[str, Any], events: TraceEvents, source: str, how: dict[str, Any], model: nn.Module | None,
+    windows: list[tuple[int, int]], model_type: str,
+) -> dict[str, Any]:
+    devices = file_meta.get("deviceProperties") or []
+    names = sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")})
+    distributed = _distributed(file_meta.get("distributedInfo"))
+    all_device = union_ns([(e.start_ns, e.end_ns) for e in events.device_events])
+    orphans = [e for e in events.device_events if e.correlation not in events.launched_in]
+
+    def in_a_step(correlation: int) -> bool:
+        at = events.launched_at[correlation]
+        return bool(events.launched_in[correlation]) and any(s <= at <= e for s, e in windows)
+
+    outside = [e for e in events.device_events if e.correlation in events.launched_in and not in_a_step(e.correlation)]
+    meta: dict[str, Any] = {
+        "model": type(model).__name__ if model is not None else model_type,
+        "layerscope_version": __version__,
+        "torch_version": None,
+        "device": "cuda" if events.device_events else "cpu",
+        "mode": "trace",
+        "source": {
+            "kind": "torch.profiler trace",
+            "file": source,
+            "device_names": names,
+            "schema_version": file_meta.get("schemaVersion"),
+            "record_shapes": _flag(file_meta.get("record_shapes"), events.has_shapes),
+            "profile_memory": _flag(file_meta.get("profile_memory"), events.has_memory),
+            "with_stack": _flag(file_meta.get("with_stack"), bool(events.python_parent)),
+        },
+        "modules_from": how,
+        "times_from": "trace",
+        "ops_from": "trace",
+    }
+    if not events.has_shapes:
+        meta["flops_unknown"] = "the trace recorded no input shapes (record_shapes=False)"
+    if events.device_events:
+        meta["device_events"] = {
+            "events": len(events.device_events),
+            "time_ns": all_device,
+            "outside_steps": len(outside),
+            "outside_steps_time_ns": union_ns([(e.start_ns, e.end_ns) for e in outside]),
+            "orphans": len(orphans),
+            "orphans_time_ns": union_ns([(e.start_ns, e.end_ns) for e in orphans]),
+        }
+    if distributed:
+        for key in ("rank", "world_size", "backend"):
+            if key in distributed:
+                meta[key] = distributed[key]
+    return meta
+
+
+def _flag(value: Any, seen: bool) -> bool:
+    if value is None:
+        return seen
+    return str(value) not in ("0", "false", "False", "")
+
+
+def _distributed(value: Any) -> dict[str, Any]:
+    """``distributedInfo``: a dict, or the Python repr of one (as torch writes it)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            found = ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return {}
+        return found if isinstance(found, dict) else {}
+    return {}

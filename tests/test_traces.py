@@ -1,0 +1,416 @@
+"""torch.profiler trace files read as profiles: the real GPU traces of ../shared/traces/
+(recorded by others on H100, MI300X, B200, A100) and traces recorded here.
+
+Expected figures are computed by hand from the JSON in each test: a module's device time
+is the union of the device events launched inside its event, on its thread.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import layerscope
+from conftest import REAL_TRACES
+from layerscope.capture.kineto import union_ns
+from layerscope.check import tree_problems
+from layerscope.comm import is_communication
+from layerscope.traces.load import load_trace
+from layerscope.traces.reader import us_to_ns
+
+_LOADED: dict[str, Any] = {}
+
+
+def _trace(folder: Path, name: str) -> Any:
+    if name not in _LOADED:
+        _LOADED[name] = load_trace(folder / f"{name}.json.gz")
+    return _LOADED[name]
+
+
+def _events(folder: Path, name: str) -> list[dict[str, Any]]:
+    with gzip.open(folder / f"{name}.json.gz", "rt") as handle:
+        return json.load(handle)["traceEvents"]
+
+
+def _span(event: dict[str, Any]) -> tuple[int, int]:
+    start = us_to_ns(event["ts"])
+    return start, start + us_to_ns(event.get("dur", 0))
+
+
+def _device_by_launch(events: list[dict[str, Any]]) -> list[tuple[int, int, int, int]]:
+    """``(launch thread, launch time, device start, device end)`` of every device event
+    whose launch is in the trace, joined by correlation."""
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})
+    }
+    found = []
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            launch = launches.get(e["args"].get("correlation"))
+            if launch is not None:
+                start, end = _span(e)
+                found.append((launch["tid"], us_to_ns(launch["ts"]), start, end))
+    return found
+
+
+def _node_named(profile: Any, instance: str) -> Any:
+    return next(n for n in profile.modules() if n.path.rsplit(".", 1)[-1] == instance)
+
+
+@pytest.mark.parametrize("name", REAL_TRACES)
+def test_every_real_trace_loads_and_its_tree_holds(shared_traces: Path, name: str) -> None:
+    profile = _trace(shared_traces, name)
+    assert tree_problems(profile) == []
+    assert profile.meta["mode"] == "trace"
+    assert profile.meta["source"]["file"] == f"{name}.json.gz"
+    device = profile.meta["device_events"]
+    assert device["events"] > 0
+    # Without the model, parameters are unknown, never 0.
+    assert profile.root.params is None and profile.param_bytes is None
+    text = profile.render("text")
+    assert f"From the torch.profiler trace {name}.json.gz" in text
+    assert "Params: ?" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "instances"),
+    [
+        ("h100_bert_small_inference", ["BertEmbeddings_0", "BertLayer_1", "BertSdpaSelfAttention_2", "Linear_25"]),
+        ("mi300x_bert_small_inference", ["BertEmbeddings_0", "BertLayer_1", "BertSdpaSelfAttention_2", "Linear_25"]),
+        ("h100_qwen1.5_0.5b_inference", ["Qwen2DecoderLayer_3", "Qwen2MLP_7", "Qwen2RMSNorm_0"]),
+        ("h100_owlv2_inference", ["Owlv2VisionTransformer_0", "Owlv2EncoderLayer_3"]),
+    ],
+)
+def test_device_time_of_a_module_is_the_union_of_what_it_launched(shared_traces: Path, name: str, instances: list[str]) -> None:
+    """A node's device time: the union of the device events launched inside the calls of
+    its module and of every module under it in the tree (a module shared by two parents,
+    OWLv2's post-layernorm, is one node with all its calls); its self device time: those
+    launched inside its own calls and outside its child modules' calls."""
+    events = _events(shared_traces, name)
+    device = _device_by_launch(events)
+    calls: dict[str, list[tuple[int, int, int]]] = {}
+    for e in events:
+        if e.get("cat") == "python_function" and e["name"].startswith("nn.Module: "):
+            calls.setdefault(e["name"][len("nn.Module: ") :], []).append((e["tid"], *_span(e)))
+    profile = _trace(shared_traces, name)
+
+    def launched_in(spans: list[tuple[int, int, int]]) -> set[int]:
+        return {i for i, (tid, at, _, _) in enumerate(device) if any(t == tid and s <= at <= e for t, s, e in spans)}
+
+    for instance in instances:
+        node = _node_named(profile, instance)
+        subtree = [n.path.rsplit(".", 1)[-1] for n in node.walk() if n.kind == "module"]
+        everything = launched_in([span for inst in subtree for span in calls[inst]])
+        children = [c.path.rsplit(".", 1)[-1] for c in node.children if c.kind == "module"]
+        own = launched_in(calls[instance]) - launched_in([span for inst in children for span in calls[inst]])
+        assert everything, instance
+        assert node.forward.device_time_ns == union_ns([device[i][2:] for i in everything]), instance
+        assert node.forward.self_device_time_ns == union_ns([device[i][2:] for i in own]), instance
+        assert node.calls == len(calls[instance])
+
+
+def _backward_by_module(events: list[dict[str, Any]]) -> tuple[dict[str, list[tuple[int, int]]], list[tuple[int, int]]]:
+    """By hand: each backward node's device events, given to the module whose forward
+    op made the node (the innermost module event around the earliest forward op with the
+    node's sequence number); a gradient accumulation (no number) to the module of the
+    node run before it, as autograd's engine runs it right after that node; and all
+    backward device events."""
+    device = _device_by_launch(events)
+    modules = [e for e in events if e.get("cat") == "python_function" and e["name"].startswith("nn.Module: ")]
+    forward_ops: dict[int, dict[str, Any]] = {}
+    nodes = []
+    for e in sorted((e for e in events if "ts" in e), key=lambda e: _span(e)[0]):
+        if e.get("cat") != "cpu_op":
+            continue
+        if e["name"].startswith("autograd::engine::evaluate_function: "):
+            nodes.append(e)
+        elif "Sequence number" in e.get("args", {}):
+            forward_ops.setdefault(e["args"]["Sequence number"], e)
+    by_module: dict[str, list[tuple[int, int]]] = {}
+    every: list[tuple[int, int]] = []
+    last: str | None = None
+    for node in nodes:
+        start, end = _span(node)
+        launched = [(d0, d1) for tid, at, d0, d1 in device if tid == node["tid"] and start <= at <= end]
+        every.extend(launched)
+        owner = None
+        if node["name"].endswith("AccumulateGrad") or "Sequence number" not in node["args"]:
+            owner = last
+        else:
+            op = forward_ops.get(node["args"]["Sequence number"])
+            if op is not None:
+                at = _span(op)[0]
+                around = [m for m in modules if m["tid"] == op["tid"] and _span(m)[0] <= at <= _span(m)[1]]
+                if around:
+                    owner = max(around, key=lambda m: _span(m)[0])["name"][len("nn.Module: ") :]
+            last = owner
+        if owner is not None:
+            by_module.setdefault(owner, []).extend(launched)
+    return by_module, every
+
+
+def test_norm_layers_backward_device_time_by_module(shared_traces: Path) -> None:
+    name = "mi300x_norm_layers_fwd_bwd"
+    by_module, every = _backward_by_module(_events(shared_traces, name))
+    profile = _trace(shared_traces, name)
+    checked = 0
+    for instance, spans in by_module.items():
+        node = _node_named(profile, instance)
+        if any(c.kind == "module" for c in node.children):
+            continue
+        assert node.backward is not None, instance
+        assert node.backward.self_device_time_ns == union_ns(spans), instance
+        checked += 1
+    assert checked >= 5
+    # How much of the backward was attributed to modules (the rest: the loss, accumulation).
+    in_modules = profile.root.backward.device_time_ns
+    assert 0 < in_modules <= union_ns(every)
+
+
+def test_activation_checkpointing_recompute_on_the_ddp_trace(shared_traces: Path) -> None:
+    profile = _trace(shared_traces, "mi300x_resnet_ddp_actckpt_train_rank0")
+    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 8
+    wrappers = [n for n in profile.modules() if n.type == "CheckpointWrapper"]
+    assert len(wrappers) == 4
+    for wrapper in wrappers:
+        inner = wrapper.children[0]
+        # The checkpointed block ran again in backward: recompute, never counted as forward.
+        assert inner.recompute is not None and inner.recompute.cpu_time_ns > 0
+        assert inner.recompute.flops == inner.forward.flops > 0
+        assert inner.backward is not None and inner.backward.device_time_ns > 0
+    assert profile.root.recompute.flops == sum(w.forward.flops for w in wrappers)
+    # Kernels launched before the trace began are in no node, and said.
+    assert profile.meta["device_events"]["orphans"] == 968
+    assert "968 launched before the trace began" in profile.render("text")
+
+
+def _collective_kernels(events: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    words = ("nccl", "rccl", "all_reduce", "allreduce", "allgather", "all_gather", "reduce_scatter")
+    return [
+        _span(e) for e in events
+        if e.get("cat") == "kernel" and any(w in e["name"].lower() for w in words)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["mi300x_resnet_ddp_actckpt_train_rank0", "b200_gptoss_tp8_rank0"])
+def test_collectives_per_module_on_ranked_traces(shared_traces: Path, name: str) -> None:
+    events = _events(shared_traces, name)
+    profile = _trace(shared_traces, name)
+    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 8
+    comm_ops = [
+        (node.path, op) for top in (profile.root, *profile.parts) for node in top.walk() for op in node.ops
+        if is_communication(op.name)
+    ]  # fmt: skip
+    assert comm_ops
+    in_tree = sum(op.device_time_ns or 0 for _, op in comm_ops)
+    by_hand = _collective_kernels(events)
+    orphans = profile.meta["device_events"]["orphans_time_ns"]
+    # Every collective kernel launched in the trace is in a collective op of some node.
+    assert union_ns(by_hand) - orphans <= in_tree <= union_ns(by_hand)
+    owners = {path for path, op in comm_ops if op.device_time_ns}
+    assert owners and all(path != "" or name.startswith("b200") for path in owners)
+
+
+def test_the_tensor_parallel_all_reduce_without_nccl_in_its_name_is_communication(shared_traces: Path) -> None:
+    profile = _trace(shared_traces, "b200_gptoss_tp8_rank0")
+    names = {op.name for node in profile.nodes() for op in node.ops if is_communication(op.name)}
+    assert "symm_mem::multimem_all_reduce_" in names
+
+
+def test_a_trace_without_module_events_is_its_labels_and_ops(shared_traces: Path) -> None:
+    profile = _trace(shared_traces, "a100_alexnet_no_modules")
+    assert profile.meta["modules_from"]["instances"] == 0
+    labels = [n for n in profile.nodes() if n.kind == "label"]
+    assert labels
+    assert "no nn.Module events" in profile.render("text")
+
+
+def test_diff_of_one_model_on_two_vendors_gpus(shared_traces: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "layerscope", "diff",
+         str(shared_traces / "h100_bert_small_inference.json.gz"),
+         str(shared_traces / "mi300x_bert_small_inference.json.gz"), "--format", "json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc
+    h100 = _trace(shared_traces, "h100_bert_small_inference")
+    mi300x = _trace(shared_traces, "mi300x_bert_small_inference")
+    assert [n.path for n in h100.modules()] == [n.path for n in mi300x.modules()]
+    assert h100.meta["source"]["device_names"] == ["NVIDIA H100 80GB HBM3"]
+    assert mi300x.meta["source"]["device_names"] == ["AMD Instinct MI300X VF"]
+
+
+def test_rank_traces_merge(shared_traces: Path, tmp_path: Path) -> None:
+    # A second rank of the same run, made from rank 0's trace (in a temporary folder):
+    # only its distributedInfo differs.
+    with gzip.open(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz", "rt") as handle:
+        doc = json.load(handle)
+    doc["distributedInfo"]["rank"] = 1
+    with gzip.open(tmp_path / "rank1.json.gz", "wt") as handle:
+        json.dump(doc, handle)
+    done = subprocess.run(
+        [sys.executable, "-m", "layerscope", "merge",
+         str(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"), str(tmp_path / "rank1.json.gz"),
+         "-o", str(tmp_path / "m.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    merged = layerscope.load(tmp_path / "m.json")
+    assert merged.world_size == 8 and merged.rank_numbers == [0, 1]
+    assert merged.missing_ranks == [2, 3, 4, 5, 6, 7]
+
+
+# -- traces recorded here, with the model --------------------------------------------
+
+
+def _record(model: torch.nn.Module, inputs: Any, path: Path, loss: Any) -> None:
+    from torch.profiler import profile
+
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    loss(model(*args)).backward()  # warm
+    model.zero_grad(set_to_none=True)
+    with profile(with_stack=True, record_shapes=True, profile_memory=True) as prof:
+        loss(model(*args)).backward()
+    model.zero_grad(set_to_none=True)
+    prof.export_chrome_trace(str(path))
+
+
+def _first(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]
+
+
+def _same_flops(model: torch.nn.Module, inputs: Any, path: Path) -> None:
+    loss = lambda out: _first(out).float().sum()  # noqa: E731
+    _record(model, inputs, path, loss)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    traced = layerscope.load(path, model=model)
+    # Reading a trace with the model only reads the model.
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    counted = layerscope.count_flops(model, inputs, backward=True, loss_fn=loss)
+    assert tree_problems(traced) == []
+    assert traced.meta["modules_from"]["unmatched"] == []
+    assert [n.path for n in traced.modules()] == [n.path for n in counted.modules()]
+    for node in counted.modules():
+        mine = traced[node.path]
+        assert mine.calls == node.calls, node.path
+        assert mine.params == node.params, node.path
+        assert mine.forward.flops == node.forward.flops, node.path
+        assert mine.forward.macs == node.forward.macs, node.path
+        if node.backward is not None and node.backward.flops:
+            assert mine.backward is not None and mine.backward.flops == node.backward.flops, node.path
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5", "resnet18", "gpt", "vit_b_16"])
+def test_zoo_traces_recorded_here_match_count_flops(name: str, tmp_path: Path) -> None:
+    from layerscope import zoo
+
+    entry = zoo.get(name)
+    torch.manual_seed(0)
+    _same_flops(entry.build(), entry.example_inputs(2), tmp_path / f"{name}.json")
+
+
+def test_bert_trace_recorded_here_matches_count_flops(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 500, (2, 16))
+    _same_flops(model, ids, tmp_path / "bert.json")
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def test_show_a_trace_in_every_format(shared_traces: Path, tmp_path: Path) -> None:
+    from layerscope.formats import formats
+    from test_cli import run_cli
+
+    trace = shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"
+    done = run_cli("show", str(trace), "--depth", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ResNet_0" in done.stdout and "recompute" in done.stdout
+    assert "rank 0 of 8" in done.stdout
+    profile = _trace(shared_traces, "mi300x_resnet_ddp_actckpt_train_rank0")
+    for fmt in formats("profile"):
+        # kernels: a torch.compile'd model's; png: the memory timeline, which this trace
+        # (recorded without profile_memory) has not.
+        if fmt in ("kernels", "png"):
+            continue
+        assert profile.render(fmt), fmt
+    assert _trace(shared_traces, "mi300x_norm_layers_fwd_bwd").render("png")
+
+
+def test_show_a_recorded_trace_with_its_model_spec(tmp_path: Path) -> None:
+    from layerscope import zoo
+    from test_cli import run_cli
+
+    entry = zoo.get("lenet5")
+    torch.manual_seed(0)
+    model = entry.build()
+    _record(model, entry.example_inputs(2), tmp_path / "run.json", lambda out: out.sum())
+    done = run_cli("show", "run.json", "--model", "zoo:lenet5", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    paths = [node["path"] for node in doc["modules"]]
+    assert paths == [path for path, _ in model.named_modules()]
+    assert doc["meta"]["modules_from"]["matched"] == len(paths)
+    assert doc["totals"]["param_bytes"] == sum(p.numel() * 4 for p in model.parameters())
+    # Without the model: instance names, parameters unknown.
+    done = run_cli("show", "run.json", "--format", "json", cwd=tmp_path)
+    doc = json.loads(done.stdout)
+    assert doc["modules"][1]["path"] == "Sequential_0" and doc["totals"]["param_bytes"] is None
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"", "not valid JSON"),
+        (gzip.compress(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"')[:-8], "truncated"),
+        (b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1', "truncated"),
+        (b'{"schemaVersion": 1, "traceEvents": []}', "nothing to profile"),
+    ],
+)
+def test_a_bad_trace_is_one_line_and_exit_2(tmp_path: Path, content: bytes, expected: str) -> None:
+    from test_cli import assert_usage_error, run_cli
+
+    (tmp_path / "bad.json.gz").write_bytes(content)
+    line = assert_usage_error(run_cli("show", "bad.json.gz", cwd=tmp_path))
+    assert "bad.json.gz" in line and expected in line, line
+
+
+def test_model_is_refused_for_a_saved_profile(tmp_path: Path) -> None:
+    from layerscope import zoo
+
+    path = tmp_path / "p.json"
+    layerscope.count_flops(zoo.get("mlp").build(), zoo.get("mlp").example_inputs(1)).save(path)
+    with pytest.raises(ValueError, match="not one"):
+        layerscope.load(path, model=zoo.get("mlp").build())
+
+
+def test_overloads_are_told_from_the_recorded_input_kinds() -> None:
+    from layerscope.capture.op_args import overload_for
+
+    assert overload_for("aten::add", ("tensor", "tensor", "scalar")) == "Tensor"
+    assert overload_for("aten::add", ("tensor", "scalar", "scalar")) == "Scalar"
+    assert overload_for("aten::sum", ("tensor", "?")) == "default"
+    assert overload_for("aten::sum", ("tensor", "scalars", "scalar", "?")) == "dim_IntList"
+    assert overload_for("aten::to", ("tensor", "scalar", "scalar", "scalar", "?")) == "dtype"
+    assert overload_for("aten::cat", ("tensors", "scalar")) == "default"
+    assert overload_for("no_such::op", ("tensor",)) == ""
