@@ -151,7 +151,7 @@ class KernelSpan(NamedTuple):
     end_ns: int
 
 
-@dataclass
+@dataclass(slots=True)
 class RangeFields:
     """The op fields of a :class:`Range` (torch's ``_ExtraFields_TorchOp``), and an
     allocation's (``_ExtraFields_Allocation``: ``alloc_size`` < 0 is a free)."""
@@ -167,7 +167,7 @@ class RangeFields:
     device: Any = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Range:
     """A host range (an op, a module range, a label) with the ranges nested in it, by
     the attribute names of the profiler's own tree events, so :func:`convert` reads

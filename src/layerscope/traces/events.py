@@ -84,6 +84,10 @@ class _Device:
         self.type = kind
 
 
+#: The fields of ranges that carry none of their own (labels, modules, steps): shared,
+#: as the conversion only reads them.
+_NO_FIELDS = RangeFields()
+_LABEL_FIELDS = RangeFields(scope=_USER_SCOPE)
 _CPU_DEVICE = _Device("cpu")
 _ACCELERATOR = _Device("cuda")
 
@@ -199,11 +203,11 @@ class _Builder:
         name = str(event.get("name", ""))
         step = _STEP.match(name)
         if step is not None:
-            rng = Range(STEP_NAME, start, end, tid, self._id())
+            rng = Range(STEP_NAME, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
             self.out.steps.append((rng, int(step.group(1))))
             self._push(tid, start, end, 0, rng)
             return
-        rng = Range(name, start, end, tid, self._id(), extra_fields=RangeFields(scope=_USER_SCOPE))
+        rng = Range(name, start, end, tid, self._id(), extra_fields=_LABEL_FIELDS)
         self._push(tid, start, end, 2, rng)
 
     def python(self, event: dict[str, Any]) -> None:
@@ -219,7 +223,7 @@ class _Builder:
         if tid is None or tid == 0:
             return  # a Python-only thread's frame: no op of the trace ran on it
         start, end = self._span(event)
-        rng = Range(name, start, end, tid, self._id())
+        rng = Range(name, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
         self.out.modules.append(ModuleCall(name[len(MODULE_EVENT) :], rng, ident, parent))
         self._push(tid, start, end, 1, rng)
 
