@@ -414,3 +414,33 @@ def test_overloads_are_told_from_the_recorded_input_kinds() -> None:
     assert overload_for("aten::to", ("tensor", "scalar", "scalar", "scalar", "?")) == "dtype"
     assert overload_for("aten::cat", ("tensors", "scalar")) == "default"
     assert overload_for("no_such::op", ("tensor",)) == ""
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_a_range_across_a_step_mark_stays_whole_in_the_step_it_began_in(tmp_path: Path) -> None:
+    # Lightning steps the profiler in the middle of its optimizer's closure: the
+    # optimizer's range (50-150 us) runs past ProfilerStep#1's end (100 us).
+    events = [
+        _x("user_annotation", "ProfilerStep#1", 0, 100),
+        _x("user_annotation", "ProfilerStep#2", 100, 100),
+        _x("user_annotation", "Optimizer.step#SGD.step", 50, 100),
+        _x("python_function", "nn.Module: Linear_0", 60, 80, **{"Python id": 2, "Python parent id": 1}),
+        _x("cpu_op", "aten::relu", 70, 60),
+        _x("cpu_op", "aten::relu", 160, 30),
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}), encoding="utf-8")
+    profile = layerscope.load(path)
+    assert tree_problems(profile) == []
+    assert profile.meta["step_numbers"] == [1, 2]
+    # Step 1 ends where the optimizer's range does (150 us); step 2 runs on to 200 us.
+    assert profile.meta["step_times_ns"] == [150_000, 50_000]
+    # The module's call inside the optimizer's range (a closure) is the model's time; the
+    # optimizer's part keeps the rest of its 100 us.
+    optimizer = next(p for p in profile.parts if p.kind == "optimizer")
+    linear = profile.root  # the one top-level instance is the root
+    assert (linear.type, linear.calls, linear.forward.cpu_time_ns) == ("Linear", 1, 80_000)
+    assert optimizer.forward.cpu_time_ns == 20_000

@@ -129,7 +129,7 @@ class TraceEvents:
     modules: list[ModuleCall] = field(default_factory=list)
     #: Each Python tracer frame's parent frame (``Python id`` -> ``Python parent id``).
     python_parent: dict[int, int | None] = field(default_factory=dict)
-    #: ``ProfilerStep#N`` ranges: the step's range and ``N``.
+    #: ``ProfilerStep#N`` ranges: the step's range and ``N`` (not in ``roots``).
     steps: list[tuple[Range, int]] = field(default_factory=list)
     has_shapes: bool = False
     has_memory: bool = False
@@ -203,9 +203,10 @@ class _Builder:
         name = str(event.get("name", ""))
         step = _STEP.match(name)
         if step is not None:
+            # Steps are marks on the timeline, not ranges the others nest in: a
+            # framework may step the profiler in the middle of a range of its own.
             rng = Range(STEP_NAME, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
             self.out.steps.append((rng, int(step.group(1))))
-            self._push(tid, start, end, 0, rng)
             return
         rng = Range(name, start, end, tid, self._id(), extra_fields=_LABEL_FIELDS)
         self._push(tid, start, end, 2, rng)

@@ -24,7 +24,7 @@ from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, c
 from layerscope.capture.modules import module_table
 from layerscope.errors import SchemaError
 from layerscope.raw import RawCapture
-from layerscope.traces.events import TraceEvents, read_events
+from layerscope.traces.events import _NO_FIELDS, TraceEvents, read_events
 from layerscope.traces.modules import instances, map_to_model, table_without_model
 from layerscope.traces.reader import open_trace
 from layerscope.tree import Profile
@@ -122,22 +122,51 @@ def _spliced(ranges: list[Range], dropped: set[int]) -> list[Range]:
 
 
 def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
-    """The step numbers, in order; a trace without ``ProfilerStep#N`` ranges is one step
-    (numbered 0) around everything the busiest thread did."""
+    """Put the owner thread's roots into steps, in ``roots``; the step numbers, in order.
+
+    ``ProfilerStep#N`` ranges mark where steps begin. A range that runs past its step's
+    end (Lightning steps the profiler in the middle of its optimizer's closure) extends
+    that step, and the next begins where it ends: each root is in the step it began in,
+    whole. A trace without them is one step (numbered 0) around everything the busiest
+    thread did."""
     if events.steps:
-        owner = min(events.steps, key=lambda s: s[0].start_time_ns)[0].start_tid
-        return [n for rng, n in sorted(events.steps, key=lambda s: s[0].start_time_ns) if rng.start_tid == owner]
-    weight: dict[int, int] = {}
-    for rng in roots:
-        if not rng.name.startswith(_EVALUATE):
-            weight[rng.start_tid] = weight.get(rng.start_tid, 0) + 1 + 100 * rng.name.startswith(MODULE_PREFIX)
-    if not weight:
-        return []
-    owner = max(weight, key=lambda tid: weight[tid])
-    mine = [r for r in roots if r.start_tid == owner]
-    step = Range(STEP_NAME, min(r.start_time_ns for r in mine), max(r.end_time_ns for r in mine), owner, 0, mine)
-    roots[:] = [r for r in roots if r.start_tid != owner] + [step]
-    return [0]
+        marks = sorted(events.steps, key=lambda s: s[0].start_time_ns)
+        owner = marks[0][0].start_tid
+        marks = [(rng, n) for rng, n in marks if rng.start_tid == owner]
+    else:
+        weight: dict[int, int] = {}
+        for rng in roots:
+            if not rng.name.startswith(_EVALUATE):
+                weight[rng.start_tid] = weight.get(rng.start_tid, 0) + 1 + 100 * rng.name.startswith(MODULE_PREFIX)
+        if not weight:
+            return []
+        owner = max(weight, key=lambda tid: weight[tid])
+        mine = [r for r in roots if r.start_tid == owner]
+        whole = Range(STEP_NAME, min(r.start_time_ns for r in mine), max(r.end_time_ns for r in mine), owner, 0)
+        marks = [(whole, 0)]
+    mine = sorted((r for r in roots if r.start_tid == owner), key=lambda r: r.start_time_ns)
+    steps: list[Range] = []
+    numbers: list[int] = []
+    at = 0
+    for i, (mark, number) in enumerate(marks):
+        start = max(mark.start_time_ns, steps[-1].end_time_ns if steps else mark.start_time_ns)
+        end = mark.end_time_ns
+        next_start = marks[i + 1][0].start_time_ns if i + 1 < len(marks) else None
+        while at < len(mine) and mine[at].start_time_ns < start:
+            at += 1  # before the first step, or in a gap between steps: no step's work
+        taken: list[Range] = []
+        while at < len(mine) and mine[at].start_time_ns < end:
+            taken.append(mine[at])
+            end = max(end, mine[at].end_time_ns)
+            at += 1
+        if next_start is not None and end <= next_start:
+            end = max(end, mark.end_time_ns)
+        if not taken and steps and end <= steps[-1].end_time_ns:
+            continue  # a step that lies whole inside the one before
+        steps.append(Range(STEP_NAME, start, max(start, end), owner, 0, taken, _NO_FIELDS))
+        numbers.append(number)
+    roots[:] = [r for r in roots if r.start_tid != owner] + steps
+    return numbers
 
 
 def _meta(
