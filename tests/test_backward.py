@@ -18,6 +18,7 @@ whole run's total is compared with the counter's directly.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -196,7 +197,7 @@ def test_flop_counter_tracker_spills(stepped: Any) -> None:
 
 def _chain(*dims: int, bias: bool = False) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Linear(a, b, bias=bias) for a, b in zip(dims, dims[1:])])
+    return nn.Sequential(*[nn.Linear(a, b, bias=bias) for a, b in itertools.pairwise(dims)])
 
 
 def test_matmul_only_net_backward_is_twice_forward() -> None:

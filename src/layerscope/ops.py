@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from layerscope import formats
 from layerscope.errors import RenderError
@@ -43,7 +43,7 @@ from layerscope.tree import PHASES, ModuleNode, OpStats
 if TYPE_CHECKING:
     from layerscope.tree import Profile
 
-GroupBy = Union[str, Sequence[str]]
+GroupBy = str | Sequence[str]
 
 
 class OpTableError(RenderError):

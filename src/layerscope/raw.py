@@ -27,7 +27,7 @@ device timeline (``None`` when nothing ran on an accelerator).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 
 class Enter(NamedTuple):
@@ -174,7 +174,7 @@ class Collective(NamedTuple):
     name: str
 
 
-Event = Union[Enter, Exit, Op, LabelEnter, LabelExit, Step, Free, Saved, Grad, Adopt, Optim, DeviceMem, Collective]
+Event = Enter | Exit | Op | LabelEnter | LabelExit | Step | Free | Saved | Grad | Adopt | Optim | DeviceMem | Collective
 
 #: Events that note memory and take no time of their own.
 MEMORY_NOTES = (Free, Saved, Grad, Adopt, Optim, DeviceMem)

@@ -10,9 +10,9 @@ anything that needs backward spans (memory peaks, the timeline, the trace) liste
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
-Key = Union[int, str]
+Key = int | str
 
 #: An entry: ``[key, t_open, data]``; ``data`` belongs to whoever opened it (memory).
 Entry = list[Any]

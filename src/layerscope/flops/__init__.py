@@ -29,7 +29,7 @@ Users register formulas for their own ops::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Optional
+from typing import Any
 
 from layerscope.comm import is_communication, payload_bytes
 from layerscope.flops.meta import TensorMeta, Uncacheable, signature, tensor_bytes, to_meta
@@ -42,7 +42,7 @@ __all__ = [
 #: ``formula(args, kwargs, out) -> (flops, macs)``; every tensor in them is a ``TensorMeta``.
 Formula = Callable[[tuple[Any, ...], dict[str, Any], Any], tuple[int, int]]
 #: ``(flops, macs, bytes)`` of one call; flops and macs are None for an unsupported op.
-Counts = tuple[Optional[int], Optional[int], int]  # evaluated at run time: no "int | None" on 3.9
+Counts = tuple[int | None, int | None, int]
 
 _FORMULAS: dict[str, Formula] = {}
 
