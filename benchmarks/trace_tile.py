@@ -40,13 +40,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-# Run as a file (python benchmarks/trace_tile.py), this folder comes first on sys.path, and
-# its html.py would hide the standard library's html from layerscope.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-from layerscope.io import write_atomic  # noqa: E402
-from layerscope.traces.reader import FloatText, open_trace, us_to_ns  # noqa: E402
+from layerscope.io import write_atomic
+from layerscope.traces.reader import FloatText, open_trace, us_to_ns
 
 #: ``args`` keys whose integer values link events; moved per copy.
 LINK_ARGS = ("correlation", "External id", "Python id", "Python parent id", "Sequence number")

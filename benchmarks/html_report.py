@@ -1,6 +1,6 @@
 """The HTML report at scale: its size and how soon it is interactive in headless chromium.
 
-    python -m benchmarks.html [--loads 5] [--modules 10000] [--quick]
+    python -m benchmarks.html_report [--loads 5] [--modules 10000] [--quick]
 
 Two pages:
 

@@ -1,0 +1,419 @@
+"""The whole GPU check in one command: every CUDA path of layerscope, on a lent GPU.
+
+Runs on a bare GPU machine with the torch already installed there and no network: it
+puts this checkout's ``src`` on the path (nothing is installed), and says which parts it
+skipped where an optional dependency (transformers, pytest) is missing. It writes
+``report.md`` and ``report.json`` into OUT (atomically), and the HTML report of the
+training step. About 8 minutes on a GPU; ``--device cpu --quick`` is the smoke mode CI
+runs between GPUs (small models, the CUDA-only parts skipped with the reason).
+
+Parts, each timed and reported ok / failed (with the error) / skipped (with the reason):
+
+1. the CUDA-marked tests (``pytest -m cuda``);
+2. for a BERT-base forward and a GPT-2 (small config) AdamW training step, in fp32 and
+   bf16: ``profile()``, a 5-step ``Profiler`` block and a one-step block, with
+   - attribution: the same step recorded by torch.profiler and read back as a trace:
+     every kernel in exactly one module or part, the nodes' device time against the
+     union of the kernels (target: within 1%);
+   - overhead: a step under layerscope and under torch.profiler against a plain step,
+     interleaved, medians;
+   - memory: the step's peak against ``torch.cuda.max_memory_allocated``, and the
+     top-level modules' forward allocations against ``memory_allocated`` deltas;
+   - MFU per module, with the peak FLOP/s assumed;
+3. a ``torch.compile``d model: its kernels matched to modules;
+4. DDP on one device (NCCL on a GPU, gloo on the CPU): collective bytes and waiting;
+5. the HTML report of the training step, saved into OUT.
+
+Usage::
+
+    python benchmarks/gpu.py --out gpu-report                 # on the GPU machine
+    python benchmarks/gpu.py --out smoke --device cpu --quick # the CPU smoke mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import layerscope  # noqa: E402
+from layerscope.io import write_atomic  # noqa: E402
+
+#: A part's verdict: "ok", "failed" or "skipped", with its figures or the reason.
+Result = dict[str, Any]
+
+
+# -- the models --------------------------------------------------------------------------
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers
+
+
+def bert(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """BERT-base (12 layers, 768 wide), batch 8 x 128; quick: 2 layers, 128 wide, 2 x 32."""
+    tf = _transformers()
+    size = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512) if quick else {}
+    config = tf.BertConfig(**size)
+    batch, seq = (2, 32) if quick else (8, 128)
+    model = tf.BertModel(config).to(device=device, dtype=dtype).eval()
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
+    return model, {"input_ids": ids}
+
+
+def gpt2(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """GPT-2 small config (12 layers, 768 wide), batch 4 x 256; quick: 2 layers, 128 wide."""
+    tf = _transformers()
+    size = dict(n_layer=2, n_embd=128, n_head=2) if quick else {}
+    config = tf.GPT2Config(**size)
+    batch, seq = (2, 32) if quick else (4, 256)
+    model = tf.GPT2LMHeadModel(config).to(device=device, dtype=dtype).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- one model's checks ----------------------------------------------------------------------
+
+
+class Case:
+    """A model, its inputs and its step (a forward, or an AdamW training step)."""
+
+    def __init__(self, name: str, model: nn.Module, inputs: dict[str, torch.Tensor], train: bool, device: torch.device) -> None:
+        self.name, self.model, self.inputs, self.train, self.device = name, model, inputs, train, device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+
+    def step(self) -> None:
+        if self.optimizer is None:
+            with torch.no_grad():
+                self.model(**self.inputs)
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model(**self.inputs).loss.backward()
+        self.optimizer.step()
+
+
+def _median_step_ms(run: Callable[[], None], steps: int, device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+@contextlib.contextmanager
+def _variant(kind: str, case: Case) -> Iterator[Callable[[], None]]:
+    """A step as the user runs it: plain, under layerscope's Profiler, under torch.profiler."""
+    if kind == "plain":
+        yield case.step
+    elif kind == "layerscope":
+        with layerscope.Profiler(case.model) as prof:
+            def step() -> None:
+                case.step()
+                prof.step()
+            yield step
+    else:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case.device.type == "cuda" else [])
+        with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+            def step() -> None:
+                case.step()
+                prof.step()
+            yield step
+
+
+def overhead(case: Case, rounds: int, steps: int) -> Result:
+    """Median ms per step of each variant, interleaved over rounds, and ratios to plain."""
+    times: dict[str, list[float]] = {"plain": [], "layerscope": [], "torch.profiler": []}
+    for _ in range(rounds):
+        for kind in times:
+            with _variant(kind, case) as step:
+                step()  # a variant's first step (the profiler starting) is not the steady state
+                times[kind].append(_median_step_ms(step, steps, case.device))
+    medians = {kind: statistics.median(values) for kind, values in times.items()}
+    return {
+        "ms_per_step": medians,
+        "x_plain": {kind: medians[kind] / medians["plain"] for kind in medians},
+        "layerscope_x_torch_profiler": medians["layerscope"] / medians["torch.profiler"],
+    }
+
+
+def attribution(case: Case, out: Path) -> Result:
+    """The step recorded by torch.profiler, read back as a trace with the model: each
+    kernel in one node, and the nodes' device time against the kernels' union."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if case.device.type != "cuda":
+        return {"status": "skipped", "reason": "no kernels on the CPU"}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                 profile_memory=True, with_stack=True) as prof:  # fmt: skip
+        case.step()
+        _sync(case.device)
+    path = out / f"{case.name}.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    traced = layerscope.load(path, model=case.model)
+    device = traced.meta.get("device_events") or {}
+    in_nodes = sum(
+        stats.self_device_time_ns or 0 for node in traced.nodes() for _, stats in node.phases()
+    )
+    kernels = device.get("time_ns", 0) - device.get("orphans_time_ns", 0) - device.get("outside_steps_time_ns", 0)
+    unmatched = traced.meta["modules_from"]["unmatched"]
+    ratio = in_nodes / kernels if kernels else None
+    return {
+        "kernels_union_ms": kernels / 1e6,
+        "nodes_device_ms": in_nodes / 1e6,
+        "nodes_over_kernels": ratio,
+        "within_1pct": ratio is not None and abs(ratio - 1) <= 0.01,
+        "device_events": device,
+        "unmatched_modules": unmatched,
+        "trace": path.name,
+    }
+
+
+def memory(case: Case, prof: layerscope.Profile) -> Result:
+    """The profile's peak against the allocator's, and the top-level modules' forward
+    allocations against memory_allocated deltas around them."""
+    if case.device.type != "cuda":
+        return {"status": "skipped", "reason": "torch.cuda memory counters need a GPU"}
+    deltas: dict[str, int] = {}
+    handles = []
+    for name, module in case.model.named_children():
+        def pre(_m: nn.Module, _a: Any, name: str = name) -> None:
+            deltas[name] = deltas.get(name, 0) - torch.cuda.memory_allocated(case.device)
+
+        def post(_m: nn.Module, _a: Any, _o: Any, name: str = name) -> None:
+            deltas[name] = deltas.get(name, 0) + torch.cuda.memory_allocated(case.device)
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    torch.cuda.reset_peak_memory_stats(case.device)
+    try:
+        case.step()
+        _sync(case.device)
+    finally:
+        for handle in handles:
+            handle.remove()
+    peak = torch.cuda.max_memory_allocated(case.device)
+    device_memory = (prof.memory or {}).get("device") or {}
+    rows = {
+        name: {"memory_allocated_delta": delta, "layerscope_alloc_minus_freed":
+               (prof[name].forward.alloc_bytes or 0) - (prof[name].forward.freed_bytes or 0) if name in prof else None}
+        for name, delta in deltas.items()
+    }  # fmt: skip
+    return {"max_memory_allocated": peak, "layerscope_device_peak": device_memory, "modules": rows}
+
+
+def mfu(prof: layerscope.Profile) -> Result:
+    peak = prof.meta.get("peak_flops_per_s")
+    rows = []
+    for node in prof.modules():
+        flops, busy = node.forward.flops, node.forward.busy_time_ns
+        if flops and busy and node.depth <= 2:
+            rows.append({"path": node.path or "(model)", "flops": flops, "busy_ns": busy,
+                         "mfu": flops / (busy / 1e9) / peak if peak else None})  # fmt: skip
+    return {"peak_flops_per_s_assumed": peak, "modules": rows[:20]}
+
+
+def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.dtype, args: argparse.Namespace,
+                out: Path) -> Result:  # fmt: skip
+    device = torch.device(args.device)
+    model, inputs = build(args.quick, device, dtype)
+    case = Case(f"{name}_{str(dtype).removeprefix('torch.')}", model, inputs, train, device)
+    for _ in range(2):
+        case.step()  # warm: kernels chosen, AdamW's state made
+    result: Result = {}
+    started = time.perf_counter()
+    loss = (lambda out: out.loss) if train else None
+    profiled = layerscope.profile(model, inputs, backward=train, loss_fn=loss, repeat=3 if args.quick else 5)
+    result["profile"] = {"root_forward_ms": profiled.root.forward.cpu_time_ns / 1e6, "problems": _problems(profiled)}
+    with layerscope.Profiler(model) as prof:
+        for _ in range(5):
+            case.step()
+            prof.step()
+    block = prof.profile
+    result["block_5_steps"] = {"steps": block.meta.get("steps"), "problems": _problems(block)}
+    with layerscope.Profiler(model) as one:
+        case.step()
+    result["block_1_step"] = {"problems": _problems(one.profile)}
+    result["attribution"] = _part(lambda: attribution(case, out))
+    result["overhead"] = _part(lambda: overhead(case, rounds=3 if args.quick else 7, steps=3 if args.quick else 10))
+    result["memory"] = _part(lambda: memory(case, block))
+    result["mfu"] = _part(lambda: mfu(block))
+    if train:
+        html = out / f"{case.name}.html"
+        block.save(html)
+        result["html"] = html.name
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def _problems(prof: layerscope.Profile) -> list[str]:
+    from layerscope.check import tree_problems
+
+    return [str(p) for p in tree_problems(prof)][:5]
+
+
+# -- the other parts ----------------------------------------------------------------------------
+
+
+def cuda_tests(args: argparse.Namespace) -> Result:
+    if args.device != "cuda":
+        return {"status": "skipped", "reason": "the CUDA tests need a GPU"}
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return {"status": "skipped", "reason": "pytest is not installed here"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])},
+    )  # fmt: skip
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    return {"status": "ok" if done.returncode == 0 else "failed", "summary": tail[0], "output_tail": done.stdout[-4000:]}
+
+
+def compiled(args: argparse.Namespace) -> Result:
+    device = torch.device(args.device)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.LayerNorm(256)).to(device)
+    x = torch.randn(16, 256, device=device)
+    prof = layerscope.profile(torch.compile(model), x)
+    kernels = (prof.compiled or {}).get("kernels") or []
+    total = sum(k.get("time_ns") or 0 for k in kernels)
+    matched = [k for k in kernels if k.get("modules")]
+    shared = [k for k in matched if len(k["modules"]) > 1]
+    return {
+        "kernels": len(kernels), "matched_to_modules": len(matched), "apportioned_over_several": len(shared),
+        "matched_time_share": sum(k.get("time_ns") or 0 for k in matched) / total if total else None,
+        "graph_breaks": len((prof.compiled or {}).get("graph_breaks") or []), "problems": _problems(prof),
+    }  # fmt: skip
+
+
+def ddp(args: argparse.Namespace, out: Path) -> Result:
+    import torch.distributed as dist
+
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if backend == "nccl" and not dist.is_nccl_available():
+        return {"status": "skipped", "reason": "this torch has no NCCL"}
+    store = tempfile.NamedTemporaryFile(dir=out, delete=False)
+    store.close()
+    dist.init_process_group(backend, init_method=f"file://{store.name}", rank=0, world_size=1)
+    try:
+        device = torch.device(args.device)
+        model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+        x = torch.randn(32, 512, device=device)
+        with layerscope.Profiler(wrapped) as prof:
+            for _ in range(3):
+                opt.zero_grad()
+                wrapped(x).sum().backward()
+                opt.step()
+                prof.step()
+        profile = prof.profile
+        moved = sum(stats.comm_bytes or 0 for node in profile.nodes() for _, stats in node.phases())
+        waiting = sum(p.forward.cpu_time_ns for p in profile.parts if p.kind == "communication")
+        return {"backend": backend, "comm_bytes": moved, "waiting_ns": waiting, "problems": _problems(profile)}
+    finally:
+        dist.destroy_process_group()
+        os.unlink(store.name)
+
+
+def _part(run: Callable[[], Result]) -> Result:
+    started = time.perf_counter()
+    try:
+        result = run()
+    except Exception as exc:  # a failed part is reported, and the check goes on
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:],
+                "seconds": time.perf_counter() - started}  # fmt: skip
+    result.setdefault("status", "ok")
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# layerscope GPU check, {report['date']}", "", f"- device: {report['device_name']}",
+             f"- torch {report['torch']}, CUDA {report['cuda']}, Python {report['python']}",
+             f"- mode: {'quick' if report['quick'] else 'full'}, {report['seconds']:.0f} s", "",
+             "| part | status | seconds | figures |", "| --- | --- | --- | --- |"]  # fmt: skip
+    for name, part in report["parts"].items():
+        figures = {k: v for k, v in part.items() if k not in ("status", "seconds", "traceback", "output_tail")}
+        text = json.dumps(figures, default=str)
+        lines.append(f"| {name} | {part.get('status')} | {part.get('seconds', 0):.1f} | `{text[:400]}` |")
+    skipped = [f"- {name}: {part['reason']}" for name, part in report["parts"].items() if part.get("status") == "skipped"]
+    if skipped:
+        lines += ["", "Skipped:", *skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="The whole GPU check of layerscope in one command (see the module docstring).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python benchmarks/gpu.py --out gpu-report\n"
+        "  python benchmarks/gpu.py --out smoke --device cpu --quick   # CI's smoke mode\n",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="folder for report.md, report.json, traces and HTML")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="small models and few rounds (the CPU smoke mode)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu for the smoke mode")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    parts: dict[str, Result] = {"cuda_tests": _part(lambda: cuda_tests(args))}
+    dtypes = [torch.float32] if args.device == "cpu" else [torch.float32, torch.bfloat16]
+    for dtype in dtypes:
+        for name, build, train in (("bert_base_forward", bert, False), ("gpt2_adamw_step", gpt2, True)):
+            key = f"{name}_{str(dtype).removeprefix('torch.')}"
+            if _transformers() is None:
+                parts[key] = {"status": "skipped", "reason": "transformers is not installed here"}
+                continue
+            parts[key] = _part(lambda build=build, train=train, name=name, dtype=dtype: check_model(name, build, train, dtype, args, args.out))
+    parts["compiled"] = _part(lambda: compiled(args))
+    parts["ddp_one_device"] = _part(lambda: ddp(args, args.out))
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "CPU",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "quick": args.quick, "seconds": time.perf_counter() - started, "parts": parts,
+    }  # fmt: skip
+    write_atomic(args.out / "report.json", json.dumps(report, indent=1, default=str))
+    write_atomic(args.out / "report.md", markdown(report))
+    print(markdown(report))
+    failed = [name for name, part in parts.items() if part.get("status") == "failed"]
+    if failed:
+        print(f"failed: {', '.join(failed)} (see report.json for the errors)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
