@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -197,3 +199,98 @@ def test_memory_from_events_equals_the_dispatch_modes_on_cuda() -> None:
             assert (mine.alloc_bytes, mine.activation_bytes, mine.flops) == (
                 theirs.alloc_bytes, theirs.activation_bytes, theirs.flops
             ), (node.path, phase)
+
+
+# -- CUDA paths the tests above do not reach ------------------------------------------------
+
+
+def test_mfu_peak_is_the_datasheets_or_unknown_with_the_device_named() -> None:
+    from layerscope.capture.peaks import known_peak_flops_per_s
+
+    model = _chain_on_cuda()
+    prof = layerscope.profile(model, torch.randn(8, 64, device="cuda"), warmup=1, repeat=2)
+    name = torch.cuda.get_device_name().lower()
+    peak = known_peak_flops_per_s(torch.device("cuda"), "float32")
+    assert prof.meta.get("peak_flops_per_s") == peak
+    if peak is None:
+        # A GPU the table does not list: no MFU column, never a made-up one.
+        assert "MFU" not in prof.render("text"), name
+    else:
+        assert "MFU" in prof.render("text")
+
+
+def test_backward_and_checkpoint_recompute_on_autograd_device_thread() -> None:
+    # On a GPU, backward runs on autograd's device thread; a checkpoint's recompute runs
+    # there too (the case a trace recorded on an MI300X showed was dropped).
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+            self.head = torch.nn.Linear(64, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(checkpoint(self.block, x, use_reentrant=False))
+
+    model = Net().cuda()
+    x = torch.randn(32, 64, device="cuda", requires_grad=True)
+    model(x).sum().backward()
+    with layerscope.Profiler(model) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+            prof.step()
+    layerscope.check_tree(prof.profile)
+    block = prof.profile["block"]
+    assert block.backward is not None and block.backward.device_time_ns > 0
+    assert block.recompute is not None and block.recompute.flops == block.forward.flops > 0
+    assert block.recompute.device_time_ns > 0
+
+
+def test_profile_under_a_users_torch_profiler_falls_back_to_the_dispatch_mode_with_device_time() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _chain_on_cuda()
+    x = torch.randn(8, 64, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        with layerscope.Profiler(model) as prof:
+            model(x)
+    layerscope.check_tree(prof.profile)
+    assert prof.profile.meta["times_from"] == "dispatch mode"
+    assert prof.root.forward.device_time_ns > 0
+
+
+def test_compiled_model_on_cuda_matches_triton_kernels_to_modules() -> None:
+    pytest.importorskip("triton")
+    entry = zoo.get("mlp")
+    model = entry.build().cuda()
+    prof = layerscope.profile(torch.compile(model), entry.example_inputs(8).cuda(), warmup=1, repeat=3)
+    layerscope.check_tree(prof)
+    kernels = prof.meta["compile"]["kernels"]
+    assert kernels and all(k["time_ns"] >= 0 for k in kernels)
+    assert any(k["call"].startswith("triton") for k in kernels), [k["call"] for k in kernels]
+    matched = [k for k in kernels if k["modules"]]
+    assert len(matched) == len(kernels)
+    assert prof.root.forward.device_time_ns is None or prof.root.forward.device_time_ns >= 0
+
+
+def test_ddp_over_nccl_on_one_gpu_counts_collective_bytes(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_chain_on_cuda())
+        x = torch.randn(8, 64, device="cuda")
+        with layerscope.Profiler(model) as prof:
+            for _ in range(2):
+                model(x).sum().backward()
+                prof.step()
+        profile = prof.profile
+        layerscope.check_tree(profile)
+        moved = sum(stats.comm_bytes or 0 for node in profile.nodes() for _, stats in node.phases())
+        params = sum(p.numel() * 4 for p in model.parameters())
+        assert moved >= params  # each step all-reduces every gradient at least once
+    finally:
+        dist.destroy_process_group()
