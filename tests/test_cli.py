@@ -802,3 +802,30 @@ def test_columns_option(saved_profile: Path, capsys: pytest.CaptureFixture[str])
     assert "no column 'fwd_self'" in capsys.readouterr().err
     assert main(["show", str(saved_profile), "--columns", "flops", "--format", "csv"]) == 2
     assert "--columns: only for --format text" in capsys.readouterr().err
+
+
+def test_config_overrides_size_a_transformers_model(workdir: Path) -> None:
+    pytest.importorskip("transformers")
+    args = ("flops", "transformers:LlamaForCausalLM", "--format", "json", "--config",
+            "num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2")  # fmt: skip
+    done = run_cli(*args, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    paths = {node["path"] for node in doc["modules"]}
+    assert "model.layers.1" in paths and "model.layers.2" not in paths
+    q_proj = next(node for node in doc["modules"] if node["path"] == "model.layers.0.self_attn.q_proj")
+    assert q_proj["params"] == 64 * 64  # head_dim follows hidden_size / heads: 16 x 4 = 64
+
+
+@pytest.mark.parametrize(
+    ("spec", "config", "expected"),
+    [
+        ("transformers:LlamaForCausalLM", "hiden_size=3", ["has no 'hiden_size'", "hidden_size"]),
+        ("zoo:mlp", "hidden_size=3", ["'zoo:mlp' is not one"]),
+        ("transformers:LlamaForCausalLM", "num_hidden_layers", ["is not KEY=VALUE"]),
+    ],
+)
+def test_bad_config_is_one_line(workdir: Path, spec: str, config: str, expected: list[str]) -> None:
+    pytest.importorskip("transformers")
+    line = assert_usage_error(run_cli("flops", spec, "--config", config, cwd=workdir))
+    assert all(fragment in line for fragment in expected), line

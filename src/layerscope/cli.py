@@ -186,6 +186,12 @@ def _add_run_options(
         "drawn below the model's vocabulary); repeat for several positional inputs",
     )
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
+    if spec:
+        parser.add_argument(
+            "--config", metavar="KEY=VALUE,...",
+            help="a transformers: model at the size you want: fields of its default config, e.g. "
+            "num_hidden_layers=2,hidden_size=256,num_attention_heads=4",
+        )
     parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
     parser.add_argument(
@@ -547,6 +553,10 @@ def _add_bench_parser(sub: Any) -> None:
                        "by more than this (10%% or 0.1) and by more than the noise")  # fmt: skip
     bench.add_argument("--input", action="append", default=[], metavar="SHAPE", help="a random input of this shape, batch 1 first: 1x3x224x224")
     bench.add_argument("--inputs", metavar="SPEC", help="a callable taking the batch size, returning the batch")
+    bench.add_argument(
+        "--config", metavar="KEY=VALUE,...",
+        help="a transformers: model at the size you want, e.g. num_hidden_layers=2,hidden_size=256",
+    )
     bench.add_argument("--batch-sizes", type=_at_least_one, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
     bench.add_argument("--mode", choices=("inference", "train"), default="inference", help="inference (default) or a training step (SGD, on a copy)")
     bench.add_argument("--dtype", help="cast a copy of the model and the float inputs (float32, bfloat16, float16)")
@@ -645,7 +655,7 @@ def _show(args: argparse.Namespace) -> int:
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
-    from layerscope.specs import parse_dtype, parse_shape, resolve_inputs, resolve_model
+    from layerscope.specs import parse_config, parse_dtype, parse_shape, resolve_inputs, resolve_model
 
     if getattr(args, "compile", False) and args.backward:
         raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
@@ -663,7 +673,10 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     amp = _autocast(device, autocast)
 
     # On the meta device the model is built there directly: a 7B model allocates nothing.
-    resolved = resolve_model(spec, batch_size=args.batch_size, device=device if device.type == "meta" else None)
+    config = parse_config(args.config) if getattr(args, "config", None) else None
+    resolved = resolve_model(
+        spec, batch_size=args.batch_size, device=device if device.type == "meta" else None, config=config
+    )
     inputs = _inputs_from(args, spec, shapes, resolved, resolve_inputs)
     if not count_only:
         refuse_meta_timing(resolved.model, inputs)  # a SPEC may build its model on meta itself
@@ -983,7 +996,7 @@ def _bench(args: argparse.Namespace) -> int:
     from layerscope.bench import benchmark
     from layerscope.formats import render
     from layerscope.io import write_atomic
-    from layerscope.specs import _load_callable, parse_dtype, parse_shape, resolve_model
+    from layerscope.specs import _load_callable, parse_config, parse_dtype, parse_shape, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")
@@ -997,7 +1010,7 @@ def _bench(args: argparse.Namespace) -> int:
     device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
     shapes = [parse_shape(s) for s in args.input]
-    resolved = resolve_model(args.spec, batch_size=1)
+    resolved = resolve_model(args.spec, batch_size=1, config=parse_config(args.config) if args.config else None)
     # --inputs names a builder here: it is called with each batch size.
     sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: _load_callable(spec, "inputs"))
     with _progress_bar(sys.stderr.isatty()) as report:

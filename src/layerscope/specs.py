@@ -135,14 +135,52 @@ def _load_callable(spec: str, what: str) -> Callable[..., Any]:
     return obj
 
 
-def resolve_model(spec: str, *, batch_size: int = 1, device: torch.device | None = None) -> Resolved:
+def parse_config(text: str) -> dict[str, Any]:
+    """``--config num_hidden_layers=2,hidden_size=256`` as a dict: each value an int, a
+    float, true/false/none, or else a string; a clear error for anything else."""
+    found: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise SpecError(f"--config {text!r}: {item!r} is not KEY=VALUE (e.g. num_hidden_layers=2,hidden_size=256)")
+        found[key] = _config_value(raw.strip())
+    if not found:
+        raise SpecError(f"--config {text!r}: give KEY=VALUE pairs, e.g. num_hidden_layers=2,hidden_size=256")
+    return found
+
+
+def _config_value(raw: str) -> Any:
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def resolve_model(
+    spec: str, *, batch_size: int = 1, device: torch.device | None = None, config: dict[str, Any] | None = None
+) -> Resolved:
     """Build the model a SPEC names, with its default inputs where it has some.
 
     With ``device`` the model is constructed under ``torch.device(device)`` (for the
-    meta device: no memory is allocated for its weights).
+    meta device: no memory is allocated for its weights). ``config`` overrides fields
+    of a ``transformers:`` model's default config (its size: ``num_hidden_layers``,
+    ``hidden_size``, ...); other SPECs take none.
     """
     building = torch.device(device) if device is not None else contextlib.nullcontext()
     kind, _, name = spec.partition(":")
+    if config and kind != "transformers":
+        raise SpecError(
+            f"--config sets fields of a transformers: model's config; {spec!r} is not one "
+            "(a zoo: model has a fixed size; a module:callable SPEC builds its own)"
+        )
     if kind == "zoo":
         from layerscope import zoo
 
@@ -154,7 +192,7 @@ def resolve_model(spec: str, *, batch_size: int = 1, device: torch.device | None
             model = entry.build()
         return Resolved(model, entry.example_inputs(batch_size), f"zoo:{entry.name}")
     if kind == "transformers":
-        return _resolve_transformers(name, batch_size, building)
+        return _resolve_transformers(name, batch_size, building, config or {})
     factory = _load_callable(spec, "model")
     try:
         with building:
@@ -188,7 +226,7 @@ def resolve_inputs(spec: str) -> Any:
     return inputs
 
 
-def _resolve_transformers(class_name: str, batch_size: int, building: Any) -> Resolved:
+def _resolve_transformers(class_name: str, batch_size: int, building: Any, overrides: dict[str, Any]) -> Resolved:
     try:
         import transformers
     except ImportError:
@@ -205,6 +243,19 @@ def _resolve_transformers(class_name: str, batch_size: int, building: Any) -> Re
     if config_class is None:
         raise SpecError(f"transformers.{class_name} names no config_class to build it from")
     config = config_class()
+    if overrides:
+        known = config.to_dict()
+        unknown = sorted(key for key in overrides if key not in known)
+        if unknown:
+            sizes = [k for k in known if any(w in k for w in ("layer", "hidden", "head", "size", "dim", "vocab"))]
+            raise SpecError(
+                f"--config: {class_name}'s config has no {', '.join(map(repr, unknown))}; "
+                f"its size fields include {', '.join(sizes[:12])}"
+            )
+        try:
+            config = config_class(**overrides)  # derived fields (head_dim) follow the overrides
+        except Exception as exc:
+            raise SpecError(f"--config: {class_name}'s config refused {overrides}: {type(exc).__name__}: {exc}") from None
     with building:
         model = cls(config)  # random weights from the default config: nothing is downloaded
     return Resolved(model, default_transformers_inputs(model, batch_size), f"transformers:{class_name}")
