@@ -428,7 +428,11 @@ def test_cli_fails_above_the_threshold(saved: Path, threshold: str) -> None:
     run = run_cli("diff", "base.json", "new.json", "--fail-above", threshold, "--min-time", "0", cwd=saved)
     assert run.returncode == 1, run
     assert "Traceback" not in run.stderr and run.stderr == ""
-    assert run.stdout.splitlines()[-1] == "Regressed above 10%: model total +30.0%, (root) +30.0%, act +30.0%, embed +30.0%, head +30.0%"
+    # One regression per line, the model's total first, then the nodes by time gained.
+    verdict = run.stdout.splitlines()[-6:]
+    assert verdict[0] == "Regressed above 10%: 5 (the model's total and 4 nodes), largest first:"
+    assert verdict[1] == "  model total +30.0%"
+    assert sorted(verdict[2:]) == ["  (root) +30.0%", "  act +30.0%", "  embed +30.0%", "  head +30.0%"]
 
 
 @pytest.mark.parametrize("threshold", ["30%", "0.3", "50%"])
@@ -541,10 +545,26 @@ def test_planted_regression_is_found_first(tmp_path: Path) -> None:
     assert run.returncode == 1, run
     table = run.stdout.split("Modules, largest change in self time first:\n")[1].splitlines()
     assert table[2].startswith("wide ")  # the first row under the header and its rule
-    verdict = run.stdout.splitlines()[-1]
-    assert verdict.startswith("Regressed above 10%: model total +")
-    assert verdict.split(", ")[1].startswith("wide +")  # the first module named
+    lines = run.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Regressed above 10%: "))
+    assert lines[at].endswith("largest first:")
+    assert lines[at + 1].startswith("  model total +")
+    assert lines[at + 2].startswith("  wide +")  # the first node named: it gained the most
 
     same = run_cli("diff", "base.json", "base.json", "--fail-above", "10%", cwd=tmp_path)
     assert same.returncode == 0, same
     assert same.stdout.splitlines()[-1] == "No regression above 10%."
+
+
+def test_a_long_verdict_is_bounded_and_counted() -> None:
+    from layerscope.diff import Change, Regression
+    from layerscope.render.diff_text import REGRESSIONS_SHOWN, regressions_line
+
+    nodes = [Regression(f"layers.{i}", "self_time_ns", Change(1000, 1000 + 100 * i)) for i in range(1, 48)]
+    text = regressions_line([Regression(None, "time_ns", Change(10_000, 20_000)), *nodes], 0.1)
+    lines = text.splitlines()
+    assert lines[0] == "Regressed above 10%: 48 (the model's total and 47 nodes), largest first:"
+    assert lines[1] == "  model total +100.0%"
+    assert lines[2] == "  layers.47 +470.0%"  # the node that gained the most time first
+    assert len(lines) == 1 + REGRESSIONS_SHOWN + 1
+    assert lines[-1] == "  ... and 38 more (--format json lists them all)"

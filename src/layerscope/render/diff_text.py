@@ -64,12 +64,30 @@ def regression_text(regression: Regression) -> str:
     return f"{display_path(regression.path)} {change_percent(change)}"
 
 
+#: The verdict names at most this many regressions, one per line; the JSON lists all.
+REGRESSIONS_SHOWN = 10
+
+
 def regressions_line(regressions: list[Regression], threshold: float) -> str:
-    """The verdict the CLI prints after the table."""
+    """The verdict the CLI prints after the table: one regression per line, the model's
+    total first, then the nodes by how much time they gained, largest first; at most
+    :data:`REGRESSIONS_SHOWN` of them, with the count."""
     limit = f"{100 * threshold:g}%"
     if not regressions:
         return f"No regression above {limit}."
-    return f"Regressed above {limit}: " + ", ".join(regression_text(r) for r in regressions)
+    total = [r for r in regressions if r.path is None]
+    nodes = sorted((r for r in regressions if r.path is not None), key=lambda r: -(r.change.delta or 0))
+    ordered = total + nodes
+    if len(ordered) == 1:
+        return f"Regressed above {limit}: {regression_text(ordered[0])}"
+    what = " and ".join(
+        part for part in ("the model's total" if total else "", f"{len(nodes)} node{'s' * (len(nodes) != 1)}" if nodes else "") if part
+    )
+    lines = [f"Regressed above {limit}: {len(ordered)} ({what}), largest first:"]
+    lines += [f"  {regression_text(r)}" for r in ordered[:REGRESSIONS_SHOWN]]
+    if len(ordered) > REGRESSIONS_SHOWN:
+        lines.append(f"  ... and {len(ordered) - REGRESSIONS_SHOWN} more (--format json lists them all)")
+    return "\n".join(lines)
 
 
 # -- tables ------------------------------------------------------------------------------
