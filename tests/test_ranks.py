@@ -451,3 +451,18 @@ def test_commands_for_one_profile_refuse_a_merged_run(tmp_path: Path, capsys: py
     rank_profile(0).save(str(single))
     rank = _main(capsys, "show", single, "--rank", "0")
     assert rank.returncode == 2 and "is one rank's profile, not a merged run" in rank.stderr
+
+
+def test_a_ranks_tree_from_a_merged_run_shows_what_it_dropped_as_unknown_not_zero() -> None:
+    ranks = []
+    for rank in range(2):
+        profile = rank_profile(rank, wait=2 * MS)
+        # The rank's own file: its collective moved 112 KiB in 3 calls, counted from op rows.
+        profile.parts[-1].forward.comm_bytes = profile.parts[-1].forward.self_comm_bytes = 115_320
+        ranks.append(profile)
+    assert "Communication: rank 1 of 4: 112.62 KiB in" in ranks[1].render("text")
+    rebuilt = merge(ranks).rank_profile(1)
+    text = rebuilt.render("text")
+    assert "Communication: rank 1 of 4: bytes not known in collective calls not known" in text
+    assert " 0 B" not in text and "0 collective calls" not in text
+    assert "Rank 1 of a merged run: FLOPs, MACs, bytes, collective bytes and calls, op rows and the trace are not kept" in text

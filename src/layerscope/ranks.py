@@ -63,6 +63,9 @@ _FROM_OPS = frozenset({
     "flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes", "comm_bytes", "self_comm_bytes",
 })
 
+#: What a rank's tree rebuilt from a merged run lacks, in words.
+_NOT_KEPT = "FLOPs, MACs, bytes, collective bytes and calls, op rows and the trace"
+
 #: Node fields that must agree across ranks: the model's structure.
 _STRUCTURE = ("type", "parent", "depth", "kind", "params", "params_total", "extra_repr")
 #: Of those, the parameter counts: None (not known) on one rank is never a mismatch.
@@ -338,7 +341,10 @@ class MergedRun:
         memory = None if record.memory is None else dict(record.memory)
         # The run's counts are known on every node or on none (merge): so is the rank's tree.
         param_bytes = None if root.params is None else record.param_bytes
-        profile = Profile(root=root, meta=dict(record.meta), param_bytes=param_bytes, parts=parts, memory=memory)
+        meta = dict(record.meta)
+        # What a merged run drops, said where the rank's tree is shown: never read as 0.
+        meta["from_merged_run"] = {"rank": rank, "not_kept": _NOT_KEPT}
+        profile = Profile(root=root, meta=meta, param_bytes=param_bytes, parts=parts, memory=memory)
         problems = tree_problems(profile)
         if problems:
             raise SchemaError(f"rank {rank} of this merged run is inconsistent: {summarize(problems)}")

@@ -245,9 +245,9 @@ STEP_COLUMNS: list[TreeColumn] = [
     ),
     TreeColumn(
         "Comm bytes", "comm_bytes", 8,
-        _mem(lambda n: sum(s.comm_bytes or 0 for _, s in n.phases())),
+        _mem(lambda n: _known_sum([s.comm_bytes for _, s in n.phases()])),
         lambda o, p: fmt.nbytes(o.bytes) if is_communication(o.name) and o.bytes is not None else "",
-        shown=_has_comm,
+        shown=lambda p: _has_comm(p) and any(s.comm_bytes is not None for n in p.nodes() for _, s in n.phases()),
     ),
     TreeColumn("Fwd FLOPs", "fwd_flops", 4, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
     TreeColumn("Bwd FLOPs", "bwd_flops", 6, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
@@ -490,14 +490,17 @@ def _comm_lines(profile: Profile) -> list[str]:
         return []
     meta = profile.meta
     trees = [profile.root, *profile.parts]
-    moved = sum(stats.comm_bytes or 0 for node in trees for _, stats in node.phases())
-    calls = sum(op.calls for node in trees for n in node.walk() for op in n.ops if is_communication(op.name))
+    moved = _known_sum([stats.comm_bytes for node in trees for _, stats in node.phases()])
+    has_ops = any(n.ops for node in trees for n in node.walk())
+    calls = sum(op.calls for node in trees for n in node.walk() for op in n.ops if is_communication(op.name)) if has_ops else None
     spent = sum(stats.comm_time_ns or 0 for node in trees for _, stats in node.phases())
     wait = sum(part.forward.cpu_time_ns for part in profile.parts if part.kind == "communication")
     who = ""
     if meta.get("world_size") is not None:
         who = f"rank {meta.get('rank', 0)} of {meta['world_size']}" + (f" on {meta['host']}" if meta.get("host") else "") + ": "
-    line = f"Communication: {who}{fmt.nbytes(moved)} in {calls} collective call{'s' * (calls != 1)}, {fmt.time_ns(spent)} in them"
+    moved_text = "bytes not known" if moved is None else fmt.nbytes(moved)
+    calls_text = "collective calls not known" if calls is None else f"{calls} collective call{'s' * (calls != 1)}"
+    line = f"Communication: {who}{moved_text} in {calls_text}, {fmt.time_ns(spent)} in them"
     step = profile.step_time_ns
     if wait and step:
         line += f", of which {fmt.time_ns(wait)} waiting outside the model ({fmt.percent(wait, step)} of the step)"
@@ -533,8 +536,20 @@ def step_spread_lines(profile: Profile) -> list[str]:
     return lines
 
 
+def _known_sum(values: list[int | None]) -> int | None:
+    """The sum of the figures measured; None when none was (unknown, never 0)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 def _detail_lines(profile: Profile) -> list[str]:
     """Where a profile's times come from, when not from torch's profiler."""
+    merged = profile.meta.get("from_merged_run")
+    if merged:
+        return [
+            f"Rank {merged.get('rank')} of a merged run: {merged.get('not_kept')} are not kept there "
+            "(the rank's own file has them)"
+        ]
     if profile.meta.get("times_from") == "dispatch mode":
         return [
             "Times from steps recorded under a dispatch mode (torch's profiler was already running, "
