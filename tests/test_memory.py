@@ -689,3 +689,21 @@ def test_activations_are_read_when_only_some_modules_are_profiled() -> None:
     whole, some = run(None), run(["1", "3"])
     for path in ("1", "3"):
         assert some[path].forward.activation_bytes == whole[path].forward.activation_bytes > 0, path
+
+
+def test_the_peak_names_buffers_where_it_counts_them_with_the_parameters() -> None:
+    from layerscope.tree import ModuleNode, PhaseStats, Profile
+
+    memory = {
+        "param_bytes_by_dtype": {"float32": 4096}, "buffer_bytes_by_dtype": {"float32": 64},
+        "optimizer_state_bytes": {}, "baseline_bytes": 4160, "peak_bytes": 5184,
+        "peak_at": {"path": "", "phase": "forward", "t_ns": 10}, "peak_categories": {"parameters": 4160, "other": 1024},
+    }  # fmt: skip
+    root = ModuleNode("", "Net", calls=1, params=1024, params_total=1024, forward=PhaseStats(cpu_time_ns=10, self_cpu_time_ns=10))
+    text = Profile(root=root, param_bytes=4096, memory=memory).render("text")
+    # The footer counts parameters (4.00 KiB) and buffers (64 B) apart; the peak's live
+    # bytes hold both, and say so instead of a second, different "parameters" figure.
+    assert "Memory: parameters 4.00 KiB float32; buffers 64 B float32" in text
+    assert "= parameters and buffers 4.06 KiB + other 1.00 KiB" in text
+    without = dict(memory, buffer_bytes_by_dtype={})
+    assert "= parameters 4.06 KiB + other" in Profile(root=root, param_bytes=4096, memory=without).render("text")

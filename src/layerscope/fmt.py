@@ -45,6 +45,16 @@ def count(value: int | None) -> str:
     return str(value)
 
 
+def memory_category(key: str, memory: dict | None = None) -> str:
+    """A memory category as it is shown: ``optimizer_state`` -> ``optimizer state``. The
+    live bytes of ``parameters`` hold the module's buffers too: where it has buffers
+    (``memory["buffer_bytes_by_dtype"]``), the category says so, as the footer's
+    "parameters ...; buffers ..." line counts them apart."""
+    if key == "parameters" and memory and memory.get("buffer_bytes_by_dtype"):
+        return "parameters and buffers"
+    return key.replace("_", " ")
+
+
 def nbytes(value: int | None) -> str:
     """``1048576`` -> ``1.00 MiB``."""
     if value is None:

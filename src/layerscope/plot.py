@@ -16,6 +16,7 @@ from typing import Any
 
 from layerscope import fmt
 from layerscope.io import write_atomic
+from layerscope.raw import MEMORY_CATEGORIES
 
 #: The PNG's size: FIGSIZE inches at DPI dots per inch (1200 x 720 pixels).
 FIGSIZE = (12.0, 7.2)
@@ -26,14 +27,6 @@ PHASE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#55A
 PART_COLOUR = "#8172B3"
 LINE_COLOUR = "#222222"
 PEAK_COLOUR = "#C44E52"
-
-CATEGORIES = (
-    ("parameters", "parameters"),
-    ("gradients", "gradients"),
-    ("optimizer_state", "optimizer state"),
-    ("activations", "activations"),
-    ("other", "other"),
-)
 
 NO_TIMELINE = (
     "this profile has no memory timeline: it was made with memory tracking off "
@@ -382,11 +375,11 @@ def _label_candidates(label: str) -> list[tuple[str, float]]:
 def _breakdown(memory: dict[str, Any], peak: int, baseline: Any) -> str:
     categories = memory.get("peak_categories") or {}
     parts = []
-    for key, name in CATEGORIES:
+    for key in MEMORY_CATEGORIES:
         value = categories.get(key)
         if isinstance(value, int):
             share = f" ({100 * value / peak:.0f}%)" if peak else ""
-            parts.append(f"{name} {fmt.nbytes(value)}{share}")
+            parts.append(f"{fmt.memory_category(key, memory)} {fmt.nbytes(value)}{share}")
     head = f"At the peak, {fmt.nbytes(peak)}"
     if isinstance(baseline, int):
         head += f" ({fmt.nbytes(peak - baseline)} above the baseline {fmt.nbytes(baseline)})"

@@ -616,7 +616,7 @@ def _memory_lines(profile: Profile) -> list[str]:
     if at:
         where = f" in {at['path'] or profile.root.type}" + (f" ({at['phase']})" if at["phase"] else "")
     categories = memory.get("peak_categories") or {}
-    split = " + ".join(f"{name.replace('_', ' ')} {fmt.nbytes(n)}" for name, n in categories.items() if n)
+    split = " + ".join(f"{fmt.memory_category(name, memory)} {fmt.nbytes(n)}" for name, n in categories.items() if n)
     lines.append(f"Peak memory: {fmt.nbytes(memory['peak_bytes'])}{where}" + (f" = {split}" if split else ""))
     device = memory.get("device")
     if device:

@@ -562,7 +562,11 @@
     const fact = (label, value) => facts.append(el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { text: value })));
     fact("peak", fmt.bytes(peak) + (peakAt.path !== undefined ? " in " + (peakAt.path === "" ? "the model" : peakAt.path) + (peakAt.phase ? " (" + peakAt.phase + ")" : "") : "") + (peakAt.t_ns !== undefined && peakAt.t_ns !== null ? " at " + fmt.time(peakAt.t_ns) : ""));
     fact("at the start", fmt.bytes(memory.baseline_bytes || 0));
-    for (const [category, value] of Object.entries(memory.peak_categories || {})) fact(category.replace("_", " "), fmt.bytes(value));
+    // The live bytes of "parameters" hold the buffers too: said where the model has any.
+    const hasBuffers = Object.keys(memory.buffer_bytes_by_dtype || {}).length > 0;
+    for (const [category, value] of Object.entries(memory.peak_categories || {})) {
+      fact(category === "parameters" && hasBuffers ? "parameters and buffers" : category.replace("_", " "), fmt.bytes(value));
+    }
     const element = section("memory", "Memory over the step", facts, holder,
       el("div", { class: "muted", text: "live bytes over " + fmt.time(end) + "; the dot marks the peak, the dashed line the memory at the start; below, the step's parts and the model's modules." }));
     return { element, draw };
