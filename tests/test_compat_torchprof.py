@@ -184,3 +184,15 @@ def test_raising_forward_leaves_no_trace() -> None:
     rows = _table(str(prof))
     assert [row[0] for row in rows] == ["Failing", "first", "raiser", "last"]
     assert rows[3][1:] == ["0ns", "0ns", "0"] or rows[3][-1] == "0"
+
+
+def test_cuda_memory_of_a_cpu_run_is_blank_not_zero() -> None:
+    model = zoo.get("lenet5").build()
+    with torchprof.Profile(model, use_cuda=True, profile_memory=True) as prof:
+        model(torch.rand(1, 1, 32, 32))
+    lines = prof.display().splitlines()
+    header = [cell.strip() for cell in lines[0].split("|")]
+    cuda_mem = header.index("CUDA Mem")
+    rows = [[cell.strip() for cell in line.split("|")] for line in lines[2:] if "|" in line]
+    assert rows and all(row[cuda_mem] == "" and row[header.index("Self CUDA Mem")] == "" for row in rows)
+    assert any(row[header.index("CPU Mem")] not in ("", "0 b") for row in rows)  # CPU memory still shown

@@ -100,10 +100,11 @@ def _cells(measure: Measure | None, on_device: bool) -> list[str]:
         return "" if ns is None else fmt.profiler_time(ns / 1000)
 
     def memory(nbytes: int | None, device: bool) -> str:
-        # Memory is counted on the model's device; the other side allocated nothing.
-        if nbytes is None:
+        # Memory is counted on the model's device only: the other side's is not measured
+        # (CUDA memory of a CPU run is blank, never "0 b").
+        if nbytes is None or device != on_device:
             return ""
-        return fmt.profiler_memory(nbytes if device == on_device else 0, legacy=True)
+        return fmt.profiler_memory(nbytes, legacy=True)
 
     return [
         time(measure.self_cpu_ns),
