@@ -89,3 +89,19 @@ def test_show_a_profile_without_a_trace_says_why(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     line = assert_usage_error(run_cli("show", "plain.json", "--format", "chrome", cwd=tmp_path))
     assert "no trace" in line
+
+
+def test_the_data_loaders_long_range_name_is_shortened_in_the_tree() -> None:
+    from layerscope.tree import ModuleNode, PhaseStats, Profile
+
+    stats = PhaseStats(cpu_time_ns=10, self_cpu_time_ns=10)
+    root = ModuleNode("", "Net", calls=1, params=0, params_total=0, forward=stats)
+    part = ModuleNode("<enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__>", "label", kind="label", calls=1,
+                      forward=PhaseStats(cpu_time_ns=5, self_cpu_time_ns=5))  # fmt: skip
+    profile = Profile(root=root, parts=[part], meta={"step_time_ns": 15})
+    text = profile.render("text")
+    assert "<DataLoader.__next__>" in text and "_SingleProcessDataLoaderIter" not in text
+    from layerscope.render.html import report_data
+
+    assert "<DataLoader.__next__>" in [node["name"] for node in report_data(profile)["nodes"]]
+    assert profile.node(part.path) is part  # the path stays torch's name: only the display is short

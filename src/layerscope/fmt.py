@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -43,6 +44,18 @@ def count(value: int | None) -> str:
         if abs(scaled) < 999.995 or suffix == "T":
             return f"{scaled:.2f}{suffix}"
     return str(value)
+
+
+#: torch's long range names, as a tree shows them: the data loader's ``__next__`` takes
+#: 62 characters as torch names it (HF's Trainer and Lightning show it every step).
+_SHORT_NAMES = ((re.compile(r"enumerate\(DataLoader\)#_\w*DataLoaderIter\.__next__"), "DataLoader.__next__"),)
+
+
+def node_name(name: str) -> str:
+    """A node's name as a tree shows it: torch's long range names shortened."""
+    for pattern, short in _SHORT_NAMES:
+        name = pattern.sub(short, name)
+    return name
 
 
 def memory_category(key: str, memory: dict | None = None) -> str:

@@ -31,6 +31,7 @@ from html import escape as escape_html
 from importlib import resources
 from typing import Any
 
+from layerscope import fmt
 from layerscope.formats import register_renderer
 from layerscope.ops import OpTableError, op_table
 from layerscope.render.text import _inputs_text as inputs_text
@@ -70,7 +71,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "nodes": [
             {
                 "path": node.path,
-                "name": node.name,
+                "name": fmt.node_name(node.name),
                 "type": node.type,
                 "kind": node.kind,
                 "parent": -1 if node.parent is None else index[node.parent],

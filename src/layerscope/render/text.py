@@ -295,7 +295,7 @@ def _rows(
 
     def visit(node: ModuleNode, prefix: str, is_last: bool, is_root: bool) -> None:
         branch = "" if is_root else ("└── " if is_last else "├── ")
-        rows.append([prefix + branch + node.name] + [c.module(node, profile) for c in columns])
+        rows.append([prefix + branch + fmt.node_name(node.name)] + [c.module(node, profile) for c in columns])
         inner = prefix if is_root else prefix + ("    " if is_last else "│   ")
         children = node.children if depth is None or node.depth < depth else []
         if show_ops:
@@ -470,7 +470,7 @@ def _step_lines(profile: Profile) -> list[str]:
         shares.append(("backward", root.backward.cpu_time_ns))
     if root.recompute is not None:
         shares.append(("recompute", root.recompute.cpu_time_ns))
-    shares.extend((part.name, part_total(part)) for part in profile.parts)
+    shares.extend((fmt.node_name(part.name), part_total(part)) for part in profile.parts)
     parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
     steps = profile.meta.get("steps")
     if steps is not None:
