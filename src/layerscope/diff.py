@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from layerscope import formats
+from layerscope import fmt, formats
 from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
 __all__ = [
@@ -128,6 +128,31 @@ class Regression:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "metric": self.metric, **self.change.to_dict()}
+
+    def __str__(self) -> str:
+        """``features.3 +80.1%`` (``features.3 0ns -> 61.00us`` from a zero base)."""
+        change = self.change
+        if change.base == 0:
+            return f"{display_path(self.path)} 0ns -> {fmt.time_ns(change.new)}"
+        return f"{display_path(self.path)} {change_percent(change)}"
+
+
+def change_percent(change: Change) -> str:
+    """``+12.3%`` / ``-4.0%``; ``from 0`` when the base was zero; blank if not measured."""
+    delta = change.delta
+    if delta is None:
+        return ""
+    if change.base == 0:
+        return "from 0" if delta else ""
+    text = fmt.percent(delta, change.base)
+    return "+" + text if delta > 0 else text
+
+
+def display_path(path: str | None) -> str:
+    """A node's path as shown: the root (path ``""``) is ``(root)``; None is the model's total."""
+    if path is None:
+        return "model total"
+    return path or "(root)"
 
 
 @dataclass

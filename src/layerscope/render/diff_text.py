@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from layerscope import fmt
+from layerscope.diff import change_percent, display_path
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import LIMIT
 from layerscope.render.table import Column, draw, from_headers
 
 if TYPE_CHECKING:
-    from layerscope.diff import Change, DiffRow, ProfileDiff, Regression
+    from layerscope.diff import DiffRow, ProfileDiff, Regression
     from layerscope.ranks import ImbalanceChange
 
 Formatter = Callable[[int], str]
@@ -36,32 +37,6 @@ def signed(value: int | None, formatter: Formatter) -> str:
     if value < 0:
         return "-" + formatter(-value)
     return formatter(0)
-
-
-def change_percent(change: Change) -> str:
-    """``+12.3%`` / ``-4.0%``; ``from 0`` when the base was zero; blank if not measured."""
-    delta = change.delta
-    if delta is None:
-        return ""
-    if change.base == 0:
-        return "from 0" if delta else ""
-    text = fmt.percent(delta, change.base)
-    return "+" + text if delta > 0 else text
-
-
-def display_path(path: str | None) -> str:
-    """A node's path as shown: the root (path ``""``) is ``(root)``."""
-    if path is None:
-        return "model total"
-    return path or "(root)"
-
-
-def regression_text(regression: Regression) -> str:
-    """``features.3 +80.1%`` (``features.3 0ns -> 61.00us`` from a zero base)."""
-    change = regression.change
-    if change.base == 0:
-        return f"{display_path(regression.path)} 0ns -> {fmt.time_ns(change.new)}"
-    return f"{display_path(regression.path)} {change_percent(change)}"
 
 
 #: The verdict names at most this many regressions, one per line; the JSON lists all.
@@ -79,12 +54,12 @@ def regressions_line(regressions: list[Regression], threshold: float) -> str:
     nodes = sorted((r for r in regressions if r.path is not None), key=lambda r: -(r.change.delta or 0))
     ordered = total + nodes
     if len(ordered) == 1:
-        return f"Regressed above {limit}: {regression_text(ordered[0])}"
+        return f"Regressed above {limit}: {ordered[0]}"
     what = " and ".join(
         part for part in ("the model's total" if total else "", f"{len(nodes)} node{'s' * (len(nodes) != 1)}" if nodes else "") if part
     )
     lines = [f"Regressed above {limit}: {len(ordered)} ({what}), largest first:"]
-    lines += [f"  {regression_text(r)}" for r in ordered[:REGRESSIONS_SHOWN]]
+    lines += [f"  {r}" for r in ordered[:REGRESSIONS_SHOWN]]
     if len(ordered) > REGRESSIONS_SHOWN:
         lines.append(f"  ... and {len(ordered) - REGRESSIONS_SHOWN} more (--format json lists them all)")
     return "\n".join(lines)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 from layerscope import fmt
+from layerscope.diff import display_path
 from layerscope.formats import register_renderer
 from layerscope.ranks import MergedRun, Spread
-from layerscope.render.diff_text import display_path
 from layerscope.render.options import DEPTH, INDENT, LIMIT
 from layerscope.render.table import draw, from_headers
 
