@@ -105,3 +105,17 @@ def test_the_data_loaders_long_range_name_is_shortened_in_the_tree() -> None:
 
     assert "<DataLoader.__next__>" in [node["name"] for node in report_data(profile)["nodes"]]
     assert profile.node(part.path) is part  # the path stays torch's name: only the display is short
+
+
+def test_show_ops_keeps_the_input_shapes_when_the_table_must_fit() -> None:
+    from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
+
+    stats = PhaseStats(cpu_time_ns=30, self_cpu_time_ns=30, flops=12, self_flops=12)
+    ops = [OpStats("aten::t", calls=1, cpu_time_ns=10, self_cpu_time_ns=10, input_shapes=[[64, 32 * i]], flops=4)
+           for i in (1, 2, 3)]  # fmt: skip
+    profile = Profile(root=ModuleNode("", "Net", calls=1, params=0, params_total=0, forward=stats, ops=ops))
+    text = profile.render("text", show_ops=True, width=60)
+    # The three aten::t rows differ by their shapes alone: those stay, other columns go.
+    assert "Input shapes" in text
+    assert all(f"[[64, {32 * i}]]" in text for i in (1, 2, 3))
+    assert "Hidden to fit a width of 60" in text

@@ -275,7 +275,9 @@ STEP_COLUMNS: list[TreeColumn] = [
     TreeColumn("Calls", "calls", 11, _calls, lambda o, p: str(o.calls)),
 ]
 
-_SHAPES = TreeColumn("Input shapes", "shapes", 13, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
+# With --show-ops the shapes tell rows of one op apart (aten::t three times): of the
+# columns a width may hide, they go last but for Self CPU.
+_SHAPES = TreeColumn("Input shapes", "shapes", 0, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
 
 
 #: Columns whose op cells are times: blank for a compiled model's op rows, which are the
