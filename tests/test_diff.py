@@ -126,15 +126,24 @@ def test_rows_are_sorted_by_absolute_change_in_self_time() -> None:
 
 def test_ops_match_by_module_phase_name_and_input_shapes() -> None:
     # A larger batch changes addmm's and relu's input shapes but not the weight's
-    # transpose (aten::t of the [16, 8] weight): those match, the others do not.
+    # transpose (aten::t of the [16, 8] weight): t matches as it is; addmm, alone of its
+    # name in its module and phase on each side, matches by name with its shape change.
     result = layerscope.diff(_profile(_net()), _profile(_net(), batch=3))
-    by_key = {(row.path, row.op, json.dumps(row.input_shapes)): row.status for row in result.op_rows}
-    assert by_key[("embed", "aten::t", "[[16, 8]]")] == "matched"
-    assert by_key[("embed", "aten::addmm", "[[16], [2, 8], [8, 16]]")] == "removed"
-    assert by_key[("embed", "aten::addmm", "[[16], [3, 8], [8, 16]]")] == "added"
-    assert by_key[("head", "aten::addmm", "[[4], [2, 16], [16, 4]]")] == "removed"
+    by_key = {(row.path, row.op, json.dumps(row.input_shapes)): row for row in result.op_rows}
+    assert by_key[("embed", "aten::t", "[[16, 8]]")].status == "matched"
+    assert by_key[("embed", "aten::t", "[[16, 8]]")].new_input_shapes is None
+    addmm = by_key[("embed", "aten::addmm", "[[16], [2, 8], [8, 16]]")]
+    assert addmm.status == "matched" and addmm.new_input_shapes == [[16], [3, 8], [8, 16]]
+    assert addmm["flops"].delta == 2 * 8 * 16 + 16  # one more row of the batch
+    assert by_key[("head", "aten::addmm", "[[4], [2, 16], [16, 4]]")].status == "matched"
+    assert not any(row.status != "matched" for row in result.op_rows)
+    text = result.render()
+    assert "[[16], [2, 8], [8, 16]] -> [[16], [3, 8], [8, 16]]" in text
+    assert result.to_dict()["op_rows"][0].get("new_input_shapes") is not None or any(
+        row.get("new_input_shapes") for row in result.to_dict()["op_rows"]
+    )
     # The same op in two modules is two rows.
-    assert by_key[("head", "aten::t", "[[4, 16]]")] == "matched"
+    assert by_key[("head", "aten::t", "[[4, 16]]")].status == "matched"
     # With backward, each phase's ops are their own rows; a profile against itself
     # matches every one of them.
     step = _profile(_net(), backward=True)

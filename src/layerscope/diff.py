@@ -96,6 +96,9 @@ class DiffRow:
     op: str | None = None
     phase: str | None = None
     input_shapes: Any = None
+    #: An op matched by name within its module and phase whose shapes changed (the batch
+    #: size did): the new side's shapes; ``input_shapes`` holds the base's.
+    new_input_shapes: Any = None
 
     def __getitem__(self, metric: str) -> Change:
         return self.metrics[metric]
@@ -113,6 +116,8 @@ class DiffRow:
             doc.update(type_base=self.type_base, type_new=self.type_new)
         else:
             doc.update(op=self.op, phase=self.phase, input_shapes=self.input_shapes)
+            if self.new_input_shapes is not None:
+                doc["new_input_shapes"] = self.new_input_shapes
         doc["metrics"] = {name: change.to_dict() for name, change in self.metrics.items()}
         return doc
 
@@ -450,20 +455,46 @@ def _op_values(ops: list[OpStats] | None, timed: bool) -> dict[str, int | None]:
 
 
 def _op_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool) -> list[DiffRow]:
+    """Ops matched by (module, phase, name, shapes); then, of what is left on each side,
+    those of one module, phase and name are matched to each other in order of their
+    shapes: when only the batch size changed, every op is one row with its shape change,
+    not a removed row and an added one."""
     base_ops, new_ops = _ops(base, phases), _ops(new, phases)
-    rows = [
-        DiffRow(
-            path=key[0],
-            kind="op",
-            status=status,
-            metrics=_changes(OP_METRICS, _op_values(old, timed), _op_values(now, timed)),
-            op=key[2],
-            phase=key[1],
-            input_shapes=either[0].input_shapes,
-        )
-        for key, old, now, either, status in _pairs(base_ops, new_ops)
-    ]
+    rows = []
+    left: dict[tuple[str, str, str], tuple[list[OpKey], list[OpKey]]] = {}
+    for key, old, now, either, status in _pairs(base_ops, new_ops):
+        if status != "matched":
+            sides = left.setdefault(key[:3], ([], []))
+            sides[0 if status == "removed" else 1].append(key)
+            continue
+        rows.append(_op_row(key, old, now, either, status, timed))
+    for removed, added in left.values():
+        removed.sort(key=lambda k: k[3])
+        added.sort(key=lambda k: k[3])
+        for old_key, new_key in zip(removed, added):
+            old, now = base_ops[old_key], new_ops[new_key]
+            rows.append(_op_row(old_key, old, now, old, "matched", timed, new_shapes=now[0].input_shapes))
+        for key in removed[len(added) :]:
+            rows.append(_op_row(key, base_ops[key], None, base_ops[key], "removed", timed))
+        for key in added[len(removed) :]:
+            rows.append(_op_row(key, None, new_ops[key], new_ops[key], "added", timed))
     return _by_impact(rows, timed)
+
+
+def _op_row(
+    key: OpKey, old: list[OpStats] | None, now: list[OpStats] | None, either: list[OpStats], status: str, timed: bool,
+    new_shapes: Any = None,
+) -> DiffRow:
+    return DiffRow(
+        path=key[0],
+        kind="op",
+        status=status,
+        metrics=_changes(OP_METRICS, _op_values(old, timed), _op_values(now, timed)),
+        op=key[2],
+        phase=key[1],
+        input_shapes=either[0].input_shapes,
+        new_input_shapes=new_shapes,
+    )
 
 
 def _by_impact(rows: list[DiffRow], timed: bool) -> list[DiffRow]:

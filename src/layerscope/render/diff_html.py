@@ -63,6 +63,7 @@ def diff_data(
         "op_metrics": list(OP_METRICS),
         "ops": [
             {"path": row.path, "op": row.op, "phase": row.phase, "input_shapes": row.input_shapes,
+             "new_input_shapes": row.new_input_shapes,
              "status": row.status, "values": _values(row, OP_METRICS)}
             for row in diff.changed_ops()
         ],

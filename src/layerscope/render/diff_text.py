@@ -39,6 +39,13 @@ def signed(value: int | None, formatter: Formatter) -> str:
     return formatter(0)
 
 
+def _shapes_cell(row: DiffRow) -> str:
+    """An op's shapes; ``base -> new`` where they changed (the batch size did)."""
+    if row.new_input_shapes is None:
+        return fmt.shape(row.input_shapes)
+    return f"{fmt.shape(row.input_shapes)} -> {fmt.shape(row.new_input_shapes)}"
+
+
 #: The verdict names at most this many regressions, one per line; the JSON lists all.
 REGRESSIONS_SHOWN = 10
 
@@ -159,7 +166,7 @@ OP_COLUMNS: list[DiffColumn] = [
     DiffColumn("Op", lambda row: row.op or "", align="<"),
     DiffColumn("Module", lambda row: display_path(row.path), align="<"),
     DiffColumn("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<"),
-    DiffColumn("Input shapes", lambda row: fmt.shape(row.input_shapes), align="<"),
+    DiffColumn("Input shapes", lambda row: _shapes_cell(row), align="<"),
     *_METRIC_COLUMNS,
     DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
     DiffColumn("Note", _note, align="<"),

@@ -106,7 +106,8 @@
       { key: "op", label: "Op", kind: "text", get: (r) => r.op },
       { key: "path", label: "Module", kind: "text", get: (r) => r.path },
       { key: "phase", label: "Phase", kind: "text", get: (r) => r.phase },
-      { key: "shapes", label: "Input shapes", kind: "shape", get: (r) => r.input_shapes },
+      // An op matched by name whose shapes changed (the batch size did) shows base → new.
+      { key: "shapes", label: "Input shapes", kind: "text", get: (r) => fmt.shape(r.input_shapes) + (r.new_input_shapes ? " → " + fmt.shape(r.new_input_shapes) : "") },
       { key: "status", label: "Status", kind: "text", get: statusOf },
       ...metricColumns(m, rows, "self_time_ns", "Self", true),
       ...metricColumns(m, rows, "flops", "FLOPs", false),
