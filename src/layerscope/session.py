@@ -16,6 +16,7 @@ from layerscope import __version__
 from layerscope.attribute import build_profile
 from layerscope.attribute.compiled import RULE as COMPILED_RULE
 from layerscope.attribute.compiled import attribute as attribute_compiled
+from layerscope.capture._torch import missing_meta
 from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
 from layerscope.capture.compiled import eager_module, time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
@@ -49,6 +50,8 @@ def meta_of(model: nn.Module, device: torch.device, **extra: Any) -> dict[str, A
         "device": str(device),
         "dtype": model_dtype(model),
         "training": model.training,
+        # What this torch lacks that layerscope tolerates (nothing on a supported torch).
+        **missing_meta(),
         **extra,
     }
 

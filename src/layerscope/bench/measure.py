@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves, tree_map
 
 from layerscope.bench.result import BatchResult, BenchResult
+from layerscope.capture._torch import tree_leaves, tree_map
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import model_device, model_dtype, modes_restored, require_module
 from layerscope.capture.training import loss_of
@@ -235,11 +235,14 @@ def _transfer_ns(value: Any, device: torch.device, repeat: int = 5) -> int:
 
 def _peak_bytes_tracked(runner: _Runner, batch: Any) -> tuple[int | None, Any]:
     """One untimed pass under layerscope's memory tracking: (peak bytes, its profile)."""
+    from layerscope.capture.compiled import eager_module
     from layerscope.session import count_flops
 
     # A model compiled by the user is counted through its eager original: the counts are
     # the same, and per-module capture refuses compiled graphs.
-    eager = getattr(runner.model, "_orig_mod", runner.model)
+    eager = eager_module(runner.model)
+    if eager is None:
+        eager = runner.model
     with runner.amp():
         prof = count_flops(eager, batch, memory=True, backward=runner.train, loss_fn=runner.loss_fn)
     peak = prof.memory.get("peak_bytes") if isinstance(prof.memory, dict) else None

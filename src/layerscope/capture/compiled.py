@@ -18,8 +18,11 @@ What is read, all in the process, nothing written to disk:
 - each pass's profiler events: under every ``## Call CompiledFxGraph <key> ##`` range,
   its kernels' ranges in call order.
 
-These are torch's private formats; a version that changes them gives kernels no module
-(``attribute/compiled.py`` then leaves their time with the model as a whole).
+These are torch's private formats and functions, reached through ``capture/_torch.py``:
+a torch that lacks one (before 2.9, or a later release that changed it) refuses the
+compiled profile with ``MissingTorchAPI`` naming it. A kernel whose provenance is
+missing from a torch that has them all has no module (``attribute/compiled.py`` then
+leaves its time with the model as a whole).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.capture import _torch
 from layerscope.capture.kineto import _quiet
 from layerscope.errors import ModelError
 
@@ -53,13 +57,8 @@ _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
 def eager_module(model: nn.Module) -> nn.Module | None:
     """The eager module behind a model compiled as a whole (``torch.compile(model)``),
     else None."""
-    import sys
-
-    if "torch._dynamo" not in sys.modules:
-        return None
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return model._orig_mod if isinstance(model, OptimizedModule) else None
+    wrapper = _torch.optimized_module_type()
+    return _torch.eager_of(model) if wrapper is not None and isinstance(model, wrapper) else None
 
 
 @dataclass
@@ -123,7 +122,7 @@ class _Collector(logging.Handler):
 
 @contextlib.contextmanager
 def _structured_trace() -> Iterator[_Collector]:
-    logger = logging.getLogger("torch.__trace")
+    logger = _torch.structured_trace_logger()
     collector = _Collector()
     level, propagate = logger.level, logger.propagate
     logger.setLevel(logging.DEBUG)
@@ -169,13 +168,8 @@ class _Backend:
             self._tensors, self._types = {}, {}
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        from torch._guards import CompileContext
-        from torch._inductor import config
-        from torch._inductor.compile_fx import compile_fx
-
         self.compiles += 1
-        compile_id = CompileContext.current_compile_id()
-        frame = f"{compile_id.frame_id}/{compile_id.frame_compile_id}" if compile_id is not None else "?"
+        frame = _torch.current_compile_frame()
         prefix = self._prefix(gm, example_inputs)
         names: dict[str, str] = {}
         if prefix is not None:
@@ -184,8 +178,7 @@ class _Backend:
                 # A node of the frame's own code (no module call around it) is its self's.
                 names[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0])) if stack else prefix
         self.node_modules[frame] = names
-        with config.patch({"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}):
-            return compile_fx(gm, example_inputs)
+        return _torch.compile_with_provenance(gm, example_inputs)
 
     def _prefix(self, gm: torch.fx.GraphModule, example_inputs: Any) -> str | None:
         """Where this frame's ``self`` sits in the model: Dynamo names modules from the
@@ -311,11 +304,11 @@ def _eager_ranges(eager: nn.Module, paths: list[str]) -> Iterator[None]:
             handles: list[Any] = []
 
             def enter(module: nn.Module, inputs: Any, name: str = name, handles: list[Any] = handles) -> None:
-                handles.append(torch.ops.profiler._record_function_enter_new(name, None))
+                handles.append(_torch.open_profiler_range(name))
 
             def leave(module: nn.Module, inputs: Any, output: Any, handles: list[Any] = handles) -> None:
                 if handles:
-                    torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
+                    _torch.close_profiler_range(handles.pop())
 
             stack.callback(modules[path].register_forward_pre_hook(enter).remove)
             stack.callback(modules[path].register_forward_hook(leave, always_call=True).remove)
@@ -358,22 +351,21 @@ def time_compiled(
     graph holds ran eagerly, between graphs: they get a profiler range each, as an
     eager profile's modules do. If that made Dynamo compile again (a hook on a module it
     traces), the ranges are dropped and those modules' time stays with the root."""
-    import torch._dynamo
-
+    _torch.require_compiled_profiling()
     compiled = torch.compile(eager, backend=_BACKEND)
 
     def call() -> None:
         compiled(*args, **kwargs)
 
     with _BACKEND.model(eager):
-        before = len(torch._dynamo.utils.get_compilation_metrics())
+        before = len(_torch.compilation_metrics())
         compiles = _BACKEND.compiles
         with _structured_trace() as collector:
             start = time.perf_counter_ns()
             call()
             first_ns = time.perf_counter_ns() - start
         if _BACKEND.compiles != compiles:
-            metrics = torch._dynamo.utils.get_compilation_metrics()[before:]
+            metrics = _torch.compilation_metrics()[before:]
             compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             _COMPILES[eager] = (_graph_breaks(collector.records), round(compile_s * 1e9) if compile_s else first_ns)
             for key, graph in _graphs(collector.records, _BACKEND.node_modules).items():

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from layerscope.capture import _torch
+
 RUN_ID_ENV = "LAYERSCOPE_RUN_ID"
 #: How long a rank other than 0 waits for rank 0's run id.
 RUN_ID_WAIT_S = 60.0
@@ -112,8 +114,6 @@ def default_store() -> Any:
     if dist is None:
         return None
     try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
+        return _torch.default_store()
     except Exception:
         return None

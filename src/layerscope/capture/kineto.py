@@ -60,7 +60,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from layerscope.capture import op_args
+from layerscope.capture import _torch, op_args
+from layerscope.capture._torch import graph_task_id as _graph_task
+from layerscope.capture._torch import next_sequence_nr as _next_seq
 from layerscope.capture.inputs import shapes_of
 from layerscope.capture.memory import (
     optimizer_hooks,
@@ -103,13 +105,7 @@ _MEMORY = "[memory]"
 _EVALUATE = "autograd::engine::evaluate_function: "
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
 
-try:  # torch >= 2.1
-    from torch._C._profiler import _RecordFunctionFast as _Range
-except ImportError:  # pragma: no cover - older torch
-    _Range = None  # type: ignore[assignment,misc]
-
-_graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
-_next_seq: Callable[[], int | None] = getattr(torch._C._autograd, "_get_sequence_nr", lambda: None)
+_Range = _torch.FastRange
 
 @contextmanager
 def quiet_fd2() -> Iterator[None]:
@@ -134,13 +130,10 @@ def _quiet() -> AbstractContextManager[None]:
 
 
 def available() -> bool:
-    """Whether the Kineto capture can run here: torch has it, and no other profiler
-    (a user's ``torch.profiler``, or another layerscope block's) is running, since only
-    one can."""
-    if _Range is None:
-        return False
-    enabled = getattr(torch.autograd, "_profiler_enabled", None)
-    return enabled is not None and not enabled()
+    """Whether the Kineto capture can run here: no other profiler (a user's
+    ``torch.profiler``, or another layerscope block's) is running, since only one can.
+    A torch without what it needs raises ``MissingTorchAPI`` naming it."""
+    return _torch.profiler_free()
 
 
 class KernelSpan(NamedTuple):
@@ -183,17 +176,10 @@ class Range:
     overload_name: str = ""
 
 
-try:
-    from torch._C._profiler import RecordScope as _RecordScope
-    from torch._C._profiler import _EventType
-
-    _USER_SCOPE: Any = _RecordScope.USER_SCOPE
-    _TORCH_OP: Any = _EventType.TorchOp
-    _PY_CALL: Any = _EventType.PyCall
-    _PYTHON: Any = (_EventType.PyCall, _EventType.PyCCall)
-except ImportError:  # pragma: no cover
-    _USER_SCOPE = _TORCH_OP = _PY_CALL = None
-    _PYTHON = ()
+_USER_SCOPE: Any = _torch.USER_SCOPE
+_TORCH_OP: Any = _torch.EVENT_TORCH_OP
+_PY_CALL: Any = _torch.EVENT_PY_CALL
+_PYTHON: Any = _torch.PYTHON_EVENTS
 
 
 def _see_through(events: list[Any]) -> list[Any]:
@@ -232,7 +218,7 @@ def _sequence_nr(event: Any) -> int:
 
 def read_kernels(result: Any) -> list[KernelSpan]:
     """The device kernels of a profiler result, with the op each was launched from."""
-    cpu = torch._C._autograd.DeviceType.CPU
+    cpu = _torch.CPU_DEVICE
     return [
         KernelSpan(e.linked_correlation_id(), e.start_ns(), e.end_ns())
         for e in result.events()
@@ -1012,19 +998,16 @@ class KinetoWindow:
         return shape
 
     def start(self) -> None:
-        from torch._C._profiler import ProfilerConfig, ProfilerState
-        from torch.autograd.profiler import _enable_profiler, _prepare_profiler
-
         self._owner = threading.get_ident()
         self._notes = []
-        config = ProfilerConfig(
-            ProfilerState.KINETO, self.detail, self.memory, self.with_stack, False, False, _experimental(self.detail)
-        )
+        # A detailed window records overload names too (they pick the schema a call's
+        # inputs follow); a torch without them assumes default overloads.
+        config = _torch.profiler_config(self.detail, self.memory, self.with_stack)
         activities = self._activities()
         stack = ExitStack()
         try:
             with _quiet():
-                _prepare_profiler(config, activities)
+                _torch.prepare_profiler(config, activities)
             pre, post = self._hooks()
             stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
             stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
@@ -1034,14 +1017,12 @@ class KinetoWindow:
                 handle = nn_module.register_module_forward_hook(self._shapes_hook(), with_kwargs=True, always_call=True)
                 shapes.callback(handle.remove)
                 # torch keeps the with_kwargs flag outside the handle: take it out too.
-                flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
-                if flags is not None:
-                    shapes.callback(flags.pop, handle.id, None)
+                _torch.forget_hook_kwargs_flag(shapes, handle)
                 self._shape_hook = shapes
             if self.memory:
                 optimizer_hooks(stack, self._optimizer_pre, self._optimizer_post)
             with _quiet():
-                _enable_profiler(config, activities)
+                _torch.enable_profiler(config, activities)
         except BaseException:
             stack.close()
             raise
@@ -1079,8 +1060,6 @@ class KinetoWindow:
 
     def stop(self) -> list[list[Event]]:
         """Stop the profiler (hooks first), and the window's steps as typed streams."""
-        from torch.autograd.profiler import _disable_profiler
-
         stack, self._stack = self._stack, None
         if stack is None:
             return []
@@ -1089,12 +1068,12 @@ class KinetoWindow:
             stack.close()
         finally:
             with _quiet():
-                result = _disable_profiler()
+                result = _torch.disable_profiler()
         gc_was_on = gc.isenabled()
         gc.disable()  # many small objects, none cyclic: collections would only cost time
         try:
             kernels = read_kernels(result) if self.has_device else []
-            tree = result.experimental_event_tree()
+            tree = _torch.event_tree(result)
             if self.with_stack:
                 tree = _see_through(tree)
             roots = [e for e in tree if e.tag == _TORCH_OP]
@@ -1108,27 +1087,16 @@ class KinetoWindow:
                 gc.enable()
 
 
-def _experimental(detail: bool) -> Any:
-    """torch's experimental profiler options: overload names for a detailed window
-    (they pick the schema a call's inputs follow)."""
-    from torch._C._profiler import _ExperimentalConfig
-
-    if detail:
-        try:
-            return _ExperimentalConfig(capture_overload_names=True)
-        except TypeError:  # an older torch: default overloads are assumed
-            pass
-    return _ExperimentalConfig()
-
-
 def _concrete_inputs(result: Any) -> dict[int, list[Any]]:
     """Each op's concrete inputs (the int lists the event tree does not hold), by
     correlation id; only for ops that have one."""
     found: dict[int, list[Any]] = {}
     for event in result.events():
         try:
-            values = event.concrete_inputs()
-        except (AttributeError, RuntimeError):
+            values = _torch.concrete_inputs(event)
+        except RuntimeError:
+            return found
+        if values is None:  # a torch that records none (said in the profile's meta)
             return found
         if values and any(isinstance(v, list) for v in values):
             found[event.correlation_id()] = list(values)
@@ -1161,8 +1129,7 @@ def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> 
 def _stopped_recompute() -> bool:
     """Whether the exception being handled is a non-reentrant checkpoint ending its
     recompute early (once every tensor it needs is back)."""
-    kind = sys.exc_info()[0]
-    return kind is not None and kind.__name__ == "_StopRecomputationError"
+    return _torch.is_stopped_recompute(sys.exc_info()[0])
 
 
 def _grad_fns(output: Any) -> list[Any]:

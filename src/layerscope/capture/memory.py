@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.capture._torch import node_sequence_nr, saved_attributes, storage_key
 from layerscope.raw import NO_SEQ, Adopt, DeviceMem, Event, Free, Grad, Optim, Saved
 
 Append = Callable[[Event], None]
@@ -60,12 +61,12 @@ def _input_storages(args: Any, kwargs: Any) -> set[int]:
         if isinstance(value, torch.Tensor):
             storage = _storage(value)
             if storage is not None:
-                found.add(storage._cdata)
+                found.add(storage_key(storage))
         elif isinstance(value, (tuple, list, dict)):
             for tensor in tensors_in(value):
                 storage = _storage(tensor)
                 if storage is not None:
-                    found.add(storage._cdata)
+                    found.add(storage_key(storage))
     return found
 
 
@@ -75,9 +76,9 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     total = 0
     for tensor in tensors:
         storage = _storage(tensor)
-        if storage is None or storage._cdata in seen:
+        if storage is None or storage_key(storage) in seen:
             continue
-        seen.add(storage._cdata)
+        seen.add(storage_key(storage))
         total += storage.nbytes()
     return total
 
@@ -88,9 +89,9 @@ def bytes_by_dtype(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
     out: dict[str, int] = {}
     for tensor in tensors:
         storage = _storage(tensor)
-        if storage is None or storage._cdata in seen:
+        if storage is None or storage_key(storage) in seen:
             continue
-        seen.add(storage._cdata)
+        seen.add(storage_key(storage))
         name = str(tensor.dtype).replace("torch.", "")
         out[name] = out.get(name, 0) + storage.nbytes()
     return dict(sorted(out.items()))
@@ -104,17 +105,6 @@ def model_memory(model: nn.Module) -> dict[str, Any]:
     }
 
 
-_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_names(node: Any) -> tuple[str, ...]:
-    kind = type(node)
-    names = _SAVED_NAMES.get(kind)
-    if names is None:
-        names = _SAVED_NAMES[kind] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
-    return names
-
-
 def saved_tensors(roots: Iterable[Any], min_seq: int, walked: set[int]) -> Iterator[torch.Tensor]:
     """The tensors saved for backward by the autograd nodes reachable from ``roots``
     numbered from ``min_seq`` on (the ones a pass created), each node once (``walked``
@@ -124,13 +114,13 @@ def saved_tensors(roots: Iterable[Any], min_seq: int, walked: set[int]) -> Itera
     while stack:
         node = stack.pop()
         try:
-            seq = node._sequence_nr()
+            seq = node_sequence_nr(node)
         except (AttributeError, RuntimeError):
             continue
         if seq == NO_SEQ or seq < min_seq or seq in walked:
             continue
         walked.add(seq)
-        for name in _saved_names(node):
+        for name in saved_attributes(node):
             try:
                 saved = getattr(node, name)
             except RuntimeError:
@@ -200,7 +190,7 @@ class StorageTracker:
 
     def serial(self, tensor: torch.Tensor) -> int | None:
         storage = _storage(tensor)
-        return None if storage is None else self._serial_of.get(storage._cdata)
+        return None if storage is None else self._serial_of.get(storage_key(storage))
 
     def allocated(self, out: Any, args: Any, kwargs: Any, fresh: bool = False) -> tuple[tuple[int, int], ...] | None:
         """``(serial, nbytes)`` of each storage ``out`` holds that the op allocated;
@@ -222,7 +212,7 @@ class StorageTracker:
             storage = _storage(tensor)
             if storage is None:
                 continue
-            address = storage._cdata
+            address = storage_key(storage)
             if address in serial_of:
                 continue
             nbytes = storage.nbytes()
@@ -244,9 +234,9 @@ class StorageTracker:
         now = self._clock()
         for tensor in tensors:
             storage = _storage(tensor)
-            if storage is None or storage._cdata in self._serial_of or not storage.nbytes():
+            if storage is None or storage_key(storage) in self._serial_of or not storage.nbytes():
                 continue
-            serial = self._track(storage, storage._cdata)
+            serial = self._track(storage, storage_key(storage))
             self._append(Adopt(t_ns=now, serial=serial, nbytes=storage.nbytes(), category=category, since_start=since_start))
 
     def constant(self, nbytes: int, category: str) -> None:
@@ -283,7 +273,7 @@ class StorageTracker:
         for tensor in saved_tensors(roots, self._min_seq, self._walked):
             storage = _storage(tensor)
             if storage is not None:
-                serial = serial_of.get(storage._cdata)
+                serial = serial_of.get(storage_key(storage))
                 if serial is not None:
                     self._append(Saved(serial))
 
@@ -334,9 +324,9 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
             if not isinstance(value, torch.Tensor):
                 continue
             storage = _storage(value)
-            if storage is None or storage._cdata in seen:
+            if storage is None or storage_key(storage) in seen:
                 continue
-            seen.add(storage._cdata)
+            seen.add(storage_key(storage))
             by_key[str(key)] = by_key.get(str(key), 0) + storage.nbytes()
     return by_key
 

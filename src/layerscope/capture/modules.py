@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
+from layerscope.capture import _torch
 from layerscope.capture.inputs import dtype_name
 from layerscope.errors import ModelError
 from layerscope.raw import ModuleInfo
@@ -44,7 +44,7 @@ def refuse_meta_timing(model: nn.Module, inputs: Any = None) -> None:
     ``layerscope.count_flops``."""
     on_meta = next((t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_meta), None)
     if on_meta is None:
-        on_meta = next((t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_meta), None)
+        on_meta = next((t for t in _torch.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.is_meta), None)
     if on_meta is not None:
         raise ModelError(
             f"{type(model).__name__} runs on the meta device, which runs no kernels: there is no time "
@@ -79,9 +79,9 @@ def module_table(
     infos: list[ModuleInfo] = []
     for path, module in named:
         own = 0
-        # _parameters directly: parameters(recurse=False) builds a generator chain per
-        # module, which dominates set-up on models with thousands of modules.
-        for param in module._parameters.values():
+        # Not parameters(recurse=False): it builds a generator chain per module, which
+        # dominates set-up on models with thousands of modules.
+        for param in _torch.own_parameters(module):
             if param is None or id(param) in seen_params:
                 continue
             seen_params.add(id(param))
@@ -159,16 +159,13 @@ def autocast_dtype(device: torch.device) -> str | None:
 def compiled_modules(model: nn.Module) -> list[str]:
     """``named_modules()`` paths of the parts of ``model`` compiled with ``torch.compile``
     (an ``OptimizedModule`` wrapper, or a module whose ``.compile()`` was called)."""
-    import sys
-
-    if "torch._dynamo" not in sys.modules:
+    wrapper = _torch.optimized_module_type()
+    if wrapper is None:
         return []  # nothing can have been compiled in this process
-    from torch._dynamo.eval_frame import OptimizedModule
-
     return [
         path
         for path, module in model.named_modules()
-        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None
+        if isinstance(module, wrapper) or _torch.compiled_in_place(module)
     ]
 
 
@@ -180,7 +177,8 @@ def refuse_compiled(model: nn.Module) -> None:
     if not found:
         return
     where = "the model" if found[0] == "" else f"module{'s' if len(found) > 1 else ''} {', '.join(repr(p) for p in found[:3])}"
-    eager = "model._orig_mod" if found[0] == "" and hasattr(model, "_orig_mod") else "the model before torch.compile"
+    whole = found[0] == "" and isinstance(model, _torch.optimized_module_type() or ())
+    eager = "model._orig_mod" if whole else "the model before torch.compile"
     raise ModelError(
         f"{where} is compiled with torch.compile, whose graphs replay module hooks, so per-module "
         f"figures from hooks would be wrong: layerscope.profile(torch.compile(model), inputs) profiles a "

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from layerscope.capture import _torch
 from layerscope.flops import Counts, count_meta, generation
 from layerscope.flops.meta import TensorMeta
 
@@ -58,7 +59,7 @@ def is_composite(name: str, overload: str) -> bool:
     which torch's profiler shows nested in it (``aten::linear`` over ``aten::addmm``)."""
     qualified = name if overload in ("", "default") else f"{name}.{overload}"
     try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"))
+        return _torch.has_composite_kernel(qualified)
     except RuntimeError:
         return False
 
@@ -159,7 +160,7 @@ def _split(name: str, overload: str, values: list[Any]) -> tuple[tuple[Any, ...]
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     by_name = False  # after a positional input left to its default, the rest go by name
-    for argument, value in zip(op._schema.arguments, values):
+    for argument, value in zip(_torch.op_schema(op).arguments, values):
         if value is None and argument.has_default_value():
             by_name = True
             continue
@@ -218,7 +219,7 @@ def overload_for(name: str, kinds: tuple[str, ...]) -> str:
         op = _overload(name, overload)
         if op is None:
             continue
-        arguments = op._schema.arguments
+        arguments = _torch.op_schema(op).arguments
         if len(arguments) < len(kinds) or not all(_fits(a, k) for a, k in zip(arguments, kinds)):
             continue
         rest = arguments[len(kinds) :]

@@ -33,8 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from layerscope.capture import _torch
+from layerscope.capture._torch import current_autograd_node as _current_node
+from layerscope.capture._torch import graph_task_id as _graph_task
+from layerscope.capture._torch import next_sequence_nr as _next_seq
 from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.capture.memory import StorageTracker, optimizer_hooks, storage_bytes
 from layerscope.errors import ProfilerStateError
@@ -42,12 +45,6 @@ from layerscope.flops import count_op
 from layerscope.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 Clock = Callable[[], int]
-
-# Autograd's thread-local sequence counter, the graph task running (-1 outside backward)
-# and the node being executed: how backward work is traced back to its module.
-_next_seq: Callable[[], int | None] = getattr(torch._C._autograd, "_get_sequence_nr", lambda: None)
-_graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
-_current_node: Callable[[], Any] = getattr(torch._C, "_current_autograd_node", lambda: None)
 
 #: Ops returning a tensor made outside the dispatcher (``torch.tensor(...)``): new memory.
 _FRESH = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
@@ -136,19 +133,16 @@ def python_stack() -> tuple[str, ...]:
     return tuple(frames)
 
 
-class _OpMode(TorchDispatchMode):
+class _OpMode(_torch.UnwrappedDispatchMode):
     """Times each aten op; with ``record`` also its input shapes, FLOPs, MACs and bytes.
 
     It also turns ``record_function`` ranges into label events, and tags each op run by
     autograd's engine with the node being executed (see ``layerscope.raw``).
-    """
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # TorchDispatchMode wraps __torch_dispatch__ in a dynamo-disable guard that costs
-        # a few µs per op, as much as a small op itself. This mode is never compiled
-        # (it reads a clock and appends to a list), so the guard buys nothing.
-        return False
+    Without torch's dynamo-disable wrapper around ``__torch_dispatch__``, which costs a
+    few µs per op, as much as a small op itself: this mode is never compiled (it reads a
+    clock and appends to a list), so the wrapper buys nothing.
+    """
 
     def __init__(
         self,
@@ -175,7 +169,7 @@ class _OpMode(TorchDispatchMode):
     def _name(self, func: Any) -> str:
         name = self._names.get(func)
         if name is None:
-            name = self._names[func] = func._schema.name
+            name = self._names[func] = _torch.op_name(func)
         return name
 
     def _label(self, name: str, func: Any, args: Any, kwargs: Any) -> Any:
@@ -195,7 +189,7 @@ class _OpMode(TorchDispatchMode):
     def _node_grad(self, node: Any) -> tuple[tuple[int, int | None], Any]:
         """``(Op.grad, variable)`` for the autograd node being executed: its number, or
         for a gradient accumulation (no number) the module owning its parameter."""
-        seq = node._sequence_nr()
+        seq = _torch.node_sequence_nr(node)
         owner = variable = None
         if seq == NO_SEQ:
             variable = getattr(node, "variable", None)
@@ -383,9 +377,7 @@ class Recorder:
             if detailed:
                 # torch sets the with_kwargs flag outside the handle, so remove() leaves
                 # it behind in the global table: take it out ourselves.
-                flags = getattr(nn_module, "_global_forward_hooks_with_kwargs", None)
-                if flags is not None:
-                    stack.callback(flags.pop, post_handle.id, None)
+                _torch.forget_hook_kwargs_flag(stack, post_handle)
             if steps:
                 events.append(Step(self._clock()))
             if detailed and self.memory:

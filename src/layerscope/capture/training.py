@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.capture import _torch
 from layerscope.errors import InputsError
 
 
@@ -103,7 +104,7 @@ def state_restored(model: nn.Module) -> Iterator[None]:
 
 def _version(tensor: torch.Tensor) -> int | None:
     """The tensor's version counter (None for an inference tensor, which has none)."""
-    return None if tensor.is_inference() else tensor._version
+    return None if tensor.is_inference() else _torch.tensor_version(tensor)
 
 
 def _state_tensors(model: nn.Module) -> list[torch.Tensor]:

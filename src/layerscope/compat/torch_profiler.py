@@ -27,7 +27,6 @@ empty or malformed: pytorch#100253, #73556).
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -58,14 +57,12 @@ def as_schedule(value: Callable[[int], Any] | None) -> Callable[[int], Any] | No
     actions are read by name)."""
     if value is None or isinstance(value, Schedule) or not str(getattr(value, "__module__", "")).startswith("torch."):
         return value
-    try:
-        settings = inspect.getclosurevars(value).nonlocals
-    except (TypeError, ValueError):
-        return value
-    names = ("wait", "warmup", "active", "repeat", "skip_first")
-    if settings.get("skip_first_wait", 0) or not all(name in settings for name in names):
+    from layerscope.capture import _torch
+
+    settings = _torch.schedule_settings(value)
+    if settings is None:
         return value  # a variant layerscope's schedule cannot express: ask it step by step
-    return schedule(**{name: settings[name] for name in names})
+    return schedule(**settings)
 
 
 def _activity_names(activities: Iterable[Any]) -> list[str]:

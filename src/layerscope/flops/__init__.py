@@ -75,12 +75,15 @@ def _op_name(target: Any) -> str:
         if "::" not in target:
             raise ValueError(f"op names look like 'namespace::name' (e.g. 'aten::add'), got {target!r}")
         return target
-    qualified = getattr(target, "_qualified_op_name", None)  # OpOverloadPacket
+    from layerscope.capture import _torch
+
+    qualified = _torch.packet_name(target)  # OpOverloadPacket
     if qualified:
         return str(qualified)
-    schema = getattr(target, "_schema", None)  # OpOverload
-    if schema is not None:
-        return str(schema.name)
+    try:
+        return str(_torch.op_name(target))  # OpOverload
+    except AttributeError:
+        pass
     raise TypeError(f"cannot name op {target!r}; pass 'namespace::name' or torch.ops.namespace.name")
 
 

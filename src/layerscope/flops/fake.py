@@ -29,9 +29,9 @@ import threading
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from layerscope.capture import _torch
+from layerscope.capture._torch import FakeTensorMode, MissingTorchAPI
 from layerscope.flops import Counts, count_op
 from layerscope.flops.meta import TensorMeta, to_meta
 
@@ -51,7 +51,7 @@ def is_composite(name: str) -> bool:
     for overload in overloads:
         qualified = name if overload == "default" else f"{name}.{overload}"
         try:
-            if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"):
+            if _torch.has_composite_kernel(qualified):
                 return True
         except RuntimeError:  # TorchScript-only overloads (aten::to.prim_Device)
             continue
@@ -80,20 +80,14 @@ def _default_keys() -> tuple[Any, Any]:
     Inside a dispatch mode's handler (the recorder's, which calls count_op) every key
     above it is excluded, autograd's too, and a composite would decompose below autograd:
     its views would not carry requires_grad, and matmul would take another path."""
-    keys: list[Any] = []
-    reader = threading.Thread(
-        target=lambda: keys.extend([torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()])
-    )
-    reader.start()
-    reader.join()
-    return keys[0], keys[1]
+    return _torch.default_dispatch_keys()
 
 
 @contextlib.contextmanager
 def _fake_quiet() -> Any:
     """The fake mode logs each op it cannot run, with a traceback, before raising; the
     caller reports the figure as unknown instead, so that log is held back."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
+    log = logging.getLogger(_torch.FAKE_TENSOR_LOGGER)
     was = log.disabled
     log.disabled = True
     try:
@@ -105,7 +99,7 @@ def _fake_quiet() -> Any:
 def _run(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], counter: _PartCounter | None = None) -> Any:
     """The op's output on fake stand-ins, as at top level outside inference mode, without
     grad; with ``counter``, the ops it runs are counted (it sits above the fake mode)."""
-    with torch.inference_mode(False), torch.no_grad(), torch._C._ForceDispatchKeyGuard(*_default_keys()), _fake_quiet():
+    with torch.inference_mode(False), torch.no_grad(), _torch.force_dispatch_keys(*_default_keys()), _fake_quiet():
         with FakeTensorMode():
             fake_args = _stand_ins(args)
             fake_kwargs = {k: _stand_ins(v) for k, v in kwargs.items()}
@@ -118,11 +112,13 @@ def output_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     depends on data, or it has no fake implementation)."""
     try:
         return to_meta(_run(name, args, kwargs))
+    except MissingTorchAPI:
+        raise
     except Exception:
         return None
 
 
-class _PartCounter(TorchDispatchMode):
+class _PartCounter(_torch.DispatchMode):  # type: ignore[misc]
     """Sums ``count_op`` over the ops a composite decomposes into."""
 
     def __init__(self) -> None:
@@ -134,7 +130,7 @@ class _PartCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        name = func._schema.name
+        name = _torch.op_name(func)
         if name.startswith("prim::"):  # the fake tensors' own queries (prim::device)
             return out
         flops, macs, nbytes = count_op(name, args, kwargs, out)
@@ -162,6 +158,8 @@ def count_decomposition(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     names.add(name)
     try:
         _run(name, args, kwargs, counter)
+    except MissingTorchAPI:
+        raise
     except Exception:
         return None
     finally:

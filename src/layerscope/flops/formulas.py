@@ -31,6 +31,7 @@ from typing import Any
 
 from torch.utils import flop_counter as torch_flops
 
+from layerscope.capture import _torch
 from layerscope.flops import Formula, declare_free, has_formula, register_flops
 from layerscope.flops.meta import TensorMeta
 
@@ -175,7 +176,7 @@ _FAST: dict[str, Formula] = {
 }  # fmt: skip
 
 for _packet, _fn in torch_flops.flop_registry.items():
-    _name = getattr(_packet, "_qualified_op_name", None)
+    _name = _torch.packet_name(_packet)
     if _name:
         register_flops(_name)(_FAST.get(_name) or _torch_backed(_fn, _EXTRAS.get(_name)))
 

@@ -20,6 +20,7 @@ from torch import nn
 from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
+from layerscope.capture import _torch
 from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert, union_ns
 from layerscope.capture.modules import module_table
 from layerscope.errors import SchemaError
@@ -60,7 +61,7 @@ def profile_of_events(
     param_bytes: int | None
     if model is not None:
         modules, infos, param_bytes = module_table(model)
-        shapes = [{tuple(p.shape) for p in m._parameters.values() if p is not None} for m in modules]
+        shapes = [{tuple(p.shape) for p in _torch.own_parameters(m) if p is not None} for m in modules]
         index, how = map_to_model(found, infos, shapes)
     else:
         infos, index = table_without_model(found)

@@ -8,6 +8,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from layerscope.capture._torch import symbolic_assert
 from layerscope.zoo import register
 
 
@@ -137,11 +138,11 @@ class VisionTransformer(nn.Module):
     def _process_input(self, x: torch.Tensor) -> torch.Tensor:
         n, _, h, w = x.shape
         p = self.patch_size
-        torch._assert(
+        symbolic_assert(
             h == self.image_size,
             f"Wrong image height! Expected {self.image_size} but got {h}!",
         )
-        torch._assert(
+        symbolic_assert(
             w == self.image_size,
             f"Wrong image width! Expected {self.image_size} but got {w}!",
         )
