@@ -274,3 +274,23 @@ def test_cli_compile_lists_kernels_and_a_saved_profile_shows_them_again(tmp_path
     assert shown.stdout == saved.render("kernels")
     assert "extern_kernels.addmm:1" in shown.stdout and "Per module" in shown.stdout
     assert "Compiled (inductor)" in run_cli("show", "mlp.json", cwd=tmp_path).stdout
+
+
+def test_kernels_reach_modules_whatever_the_compiled_frame_calls_itself() -> None:
+    # Dynamo names the frame's first local as the code does: L['fn'] for a module
+    # compiled whole (a Sequential), L['s'] for a forward(s, x). Both map to the model's
+    # paths; before, only L['self'] did, and every kernel stayed with the root.
+    class Named(nn.Module):
+        def __init__(s) -> None:
+            super().__init__()
+            s.a, s.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(s, x: torch.Tensor) -> torch.Tensor:
+            return s.b(torch.relu(s.a(x)))
+
+    for model in (nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)), Named()):
+        prof, _ = _compiled(model, torch.randn(4, 16))
+        kernels = prof.meta["compile"]["kernels"]
+        assert kernels and all(k["modules"] for k in kernels), [(k["call"], k["modules"]) for k in kernels]
+        first = "0" if isinstance(model, nn.Sequential) else "a"
+        assert prof[first].forward.self_cpu_time_ns > 0

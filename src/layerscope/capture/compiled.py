@@ -101,8 +101,10 @@ class CompiledRun:
 
 
 def module_path(stack_key: str) -> str:
-    """``L['self'].blocks[0].fc1`` (Dynamo's name of a module) -> ``blocks.0.fc1``."""
-    path = re.sub(r"^L\['self'\]", "", stack_key)
+    """``L['self'].blocks[0].fc1`` (Dynamo's name of a module) -> ``blocks.0.fc1``. The
+    frame's first local is named as its code names it: ``L['self']`` in a ``forward``,
+    ``L['fn']`` for a module compiled whole (``torch.compile(nn.Sequential(...))``)."""
+    path = re.sub(r"^L\['[^']*'\]", "", stack_key)
     path = re.sub(r"\[(\d+)\]", r".\1", path)
     path = re.sub(r"\[['\"]([^'\"]+)['\"]\]", r".\1", path)
     path = path.replace("._modules.", ".")
@@ -184,8 +186,9 @@ class _Backend:
         """Where this frame's ``self`` sits in the model: Dynamo names modules from the
         compiled frame's ``self``, which is a submodule when a graph break restarted
         tracing inside it. Found from a parameter the graph takes (its path in the model
-        against its path from ``self``), else from a model type only one module has;
-        None when neither tells."""
+        against its path from ``self``), else from a model type only one module has, else
+        (the model's own frame) from every module the graph names being at that path in
+        the model; None when none tells."""
         placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
         for node, value in zip(placeholders, example_inputs):
             name = self._tensors.get(id(value))
@@ -196,11 +199,19 @@ class _Backend:
             relative = module_path(list(stack.values())[-1][0])
             if relative == owner or owner.endswith("." + relative) or not relative:
                 return owner[: len(owner) - len(relative)].rstrip(".")
+        named: set[str] = set()
         for node in gm.graph.nodes:
             for key, kind in (node.meta.get("nn_module_stack") or {}).values():
                 if module_path(key) == "":
                     paths = self._types.get(kind, [])
                     return paths[0] if len(paths) == 1 else None
+                named.add(module_path(key))
+        # The model's own frame, whose stacks name its submodules but never itself (no
+        # parameter placeholder carries a stack): every module the graph names is where
+        # the model has it.
+        known = {path for paths in self._types.values() for path in paths}
+        if named and named <= known:
+            return ""
         return None
 
 
