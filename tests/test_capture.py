@@ -850,3 +850,20 @@ def test_the_header_names_nested_inputs_and_autocast() -> None:
     )
     again = profile_from_dict(prof.to_dict())  # as saved and loaded: the schema admits it
     assert again.render("text") == prof.render("text")
+
+
+def test_an_exception_from_the_model_names_the_module_it_came_from_and_keeps_its_type() -> None:
+    model = nn.Sequential(nn.Linear(64, 65), nn.ReLU(), nn.Sequential(nn.Linear(64, 256)))
+    x = torch.randn(8, 64)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as raised:
+        layerscope.profile(model, x)
+    assert raised.value.__notes__ == ["layerscope: raised in module '2.0' (Linear)"]
+    with pytest.raises(RuntimeError) as again:
+        with layerscope.Profiler(model):
+            model(x)
+    assert again.value.__notes__ == ["layerscope: raised in module '2.0' (Linear)"]
+    with pytest.raises(RuntimeError) as counted:
+        layerscope.count_flops(model, x)
+    assert counted.value.__notes__ == ["layerscope: raised in module '2.0' (Linear)"]
+    # The model is left as it was: no hooks, nothing added.
+    assert not model._forward_hooks and not model._forward_pre_hooks

@@ -463,8 +463,11 @@ def test_a_transformers_model_that_raises_says_what_it_takes(tiny: Path, capsys:
     # One positional tensor is T5's input_ids only; its own error names neither input.
     run = run_main("flops", f"{tiny}:t5", "--input", "1x8:int64", capsys=capsys)
     assert run.returncode == 1
-    model_line, hint, debug = run.stderr.splitlines()
+    model_line, *notes, debug = run.stderr.splitlines()
     assert model_line.startswith("layerscope: the model raised ValueError: ")
+    # Which module raised (the decoder: it has no input ids), and what the model takes.
+    assert "(layerscope: raised in module 'decoder' (T5Stack))" in notes
+    hint = next(note for note in notes if note.startswith("(T5Model.forward takes"))
     assert hint.startswith("(T5Model.forward takes input_ids, attention_mask, decoder_input_ids, ")
     assert "it was given (Tensor[1, 8]:int64)" in hint
     assert "without --input/--inputs layerscope builds input_ids, decoder_input_ids" in hint
@@ -829,3 +832,18 @@ def test_bad_config_is_one_line(workdir: Path, spec: str, config: str, expected:
     pytest.importorskip("transformers")
     line = assert_usage_error(run_cli("flops", spec, "--config", config, cwd=workdir))
     assert all(fragment in line for fragment in expected), line
+
+
+def test_the_module_that_raised_is_named_by_path_and_class(workdir: Path) -> None:
+    (workdir / "broken.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(64, 65), torch.nn.ReLU(),\n"
+        "                               torch.nn.Sequential(torch.nn.Linear(64, 256)))\n",
+        encoding="utf-8",
+    )
+    run = run_cli("profile", "broken.py:build", "--input", "8x64", cwd=workdir)
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert lines[0] == "layerscope: the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x65 and 64x256)"
+    assert "(layerscope: raised in module '2.0' (Linear))" in lines

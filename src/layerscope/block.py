@@ -22,6 +22,7 @@ from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import (
     model_device,
     module_table,
+    note_raising_module,
     refuse_compiled,
     refuse_meta_timing,
     require_module,
@@ -294,6 +295,8 @@ class Profiler:
     def __exit__(self, *exc_info: Any) -> bool:
         assert self._stack is not None
         failed = exc_info[0] is not None
+        if isinstance(exc_info[1], Exception):
+            note_raising_module(exc_info[1], self.model)
         try:
             self._end_step()
         finally:

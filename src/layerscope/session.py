@@ -26,6 +26,7 @@ from layerscope.capture.modules import (
     model_device,
     model_dtype,
     module_table,
+    note_raising_module,
     refuse_compiled,
     refuse_meta_timing,
     require_module,
@@ -291,14 +292,19 @@ def _run_step(
     backward: bool,
     loss_fn: Callable[[Any], Any] | None,
 ) -> None:
-    """One pass: forward, and with ``backward`` the loss (a step part) and backward."""
-    output = model(*args, **kwargs)
-    if backward:
-        with capture.part("loss", "loss"):
-            loss = loss_of(output, loss_fn)
-        del output
-        with capture.backward():
-            loss.backward()
+    """One pass: forward, and with ``backward`` the loss (a step part) and backward. An
+    exception the model raises is noted with the module it came from."""
+    try:
+        output = model(*args, **kwargs)
+        if backward:
+            with capture.part("loss", "loss"):
+                loss = loss_of(output, loss_fn)
+            del output
+            with capture.backward():
+                loss.backward()
+    except Exception as exc:
+        note_raising_module(exc, model)
+        raise
 
 
 def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:

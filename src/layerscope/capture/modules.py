@@ -185,3 +185,28 @@ def refuse_compiled(model: nn.Module) -> None:
         f"model compiled as a whole from its kernels (`layerscope profile SPEC --compile`); or profile {eager}, "
         "or time the compiled model whole with layerscope.benchmark / `layerscope bench --compile`"
     )
+
+
+#: The note layerscope adds to an exception raised in a model's forward or backward.
+RAISED_NOTE = "layerscope: raised in module {path!r} ({type})"
+
+
+def note_raising_module(exc: BaseException, model: nn.Module) -> None:
+    """Add a note naming the module of ``model`` whose ``forward`` raised ``exc`` (the
+    innermost one on the traceback), by path and class: "mat1 and mat2 shapes cannot be
+    multiplied" then says where. Read from the traceback only when something raised, so
+    it costs nothing per call; the exception's type and message are left as they were.
+    Once per exception (an outer profiler seeing it again adds nothing)."""
+    if any(str(note).startswith("layerscope: raised in module") for note in getattr(exc, "__notes__", ())):
+        return
+    paths = {id(module): path for path, module in model.named_modules()}
+    found: tuple[str, nn.Module] | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        path = paths.get(id(owner)) if owner is not None else None
+        if path is not None:
+            found = (path, owner)  # the innermost one wins: the last found going down
+        tb = tb.tb_next
+    if found is not None:
+        exc.add_note(RAISED_NOTE.format(path=found[0] or "(the model)", type=type(found[1]).__name__))
