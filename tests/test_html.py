@@ -375,3 +375,32 @@ def test_the_header_shows_the_steps_spread_and_names_the_far_ones(open_report: A
     header = open_report(profile).page.inner_text("header .facts")
     assert "median 1.000ms, p90 5.000ms, min 1.000ms, max 5.000ms over 6 steps" in header
     assert "step 4 5.000ms (x5.0)" in header
+    # A step's FLOPs sum its phases: the header says which, not a bare figure.
+    root = profile.root
+    assert f"{fmt.count(root.forward.flops + root.backward.flops)}: forward {fmt.count(root.forward.flops)} + backward" in header
+
+
+@pytest.mark.browser
+def test_a_real_mi300x_training_traces_report(open_report: Any, shared_traces: Path, tmp_path: Path) -> None:
+    # A torch.profiler trace recorded elsewhere (ResNet under DDP with activation
+    # checkpointing, rank 0 of 8 on an AMD MI300X): the checkpointed blocks run their
+    # forward again in backward, so the tree carries a recompute phase.
+    profile = layerscope.load(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz")
+    resnet = profile["ResNet_0"]
+    assert resnet.recompute is not None and resnet.recompute.cpu_time_ns > 0
+    report = open_report(profile, "mi300x.html")
+    page = report.page
+    assert "ResNet_0" in report.visible_paths()
+    label = page.eval_on_selector('#tree-table tr[data-path="ResNet_0"] span.label', "e => e.textContent")
+    assert label == "ResNet_0"
+    # The recompute figure, in the tree's own column for that phase.
+    assert page.eval_on_selector('#tree-table thead th[data-key="recompute_total"]', "th => th.textContent").startswith(
+        "Recompute total"
+    )
+    cell = page.eval_on_selector(
+        '#tree-table tr[data-path="ResNet_0"] td[data-key="recompute_total"]', "c => [c.dataset.value, c.textContent]"
+    )
+    assert cell == [str(resnet.recompute.cpu_time_ns), fmt.time_ns(resnet.recompute.cpu_time_ns)]
+    assert "AMD Instinct MI300X" in page.inner_text("header .facts")
+    assert report.errors == [] and report.dialogs == []
+    _screenshot(report, tmp_path, "mi300x.png")

@@ -142,7 +142,12 @@
     fact("params", modelRoot.params_total === null ? "?"
       : fmt.count(modelRoot.params_total) + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
     const flops = sum(modelRoot, "flops");
-    if (flops !== null) fact("FLOPs", fmt.count(flops) + " (MACs " + fmt.count(sum(modelRoot, "macs")) + ")");
+    if (flops !== null) {
+      // Summed over the phases the run had: say which, so a step's figure is not read as a forward's.
+      const phases = Object.entries(modelRoot.phases).filter(([, st]) => st.flops !== null && st.flops !== undefined);
+      const split = phases.length > 1 ? ": " + phases.map(([name, st]) => name + " " + fmt.count(st.flops)).join(" + ") : " (" + (phases[0] ? phases[0][0] : "forward") + ")";
+      fact("FLOPs", fmt.count(flops) + split + "; MACs " + fmt.count(sum(modelRoot, "macs")));
+    }
     const unsupported = Object.keys(DATA.unsupported_ops || {});
     if (unsupported.length) fact("no FLOP formula", unsupported.join(", "));
     return el("header", { class: "card" },
@@ -568,7 +573,7 @@
       fact(category === "parameters" && hasBuffers ? "parameters and buffers" : category.replace("_", " "), fmt.bytes(value));
     }
     const element = section("memory", "Memory over the step", facts, holder,
-      el("div", { class: "muted", text: "live bytes over " + fmt.time(end) + "; the dot marks the peak, the dashed line the memory at the start; below, the step's parts and the model's modules." }));
+      el("div", { class: "muted", text: "live bytes over " + fmt.time(end) + (META.steps > 1 ? " of the step with the highest peak (the header's step time is the median step's)" : "") + "; the dot marks the peak, the dashed line the memory at the start; below, the step's parts and the model's modules." }));
     return { element, draw };
   }
 
