@@ -448,3 +448,30 @@ def test_ops_with_no_formula_are_listed_not_counted_as_zero(tmp_path: Path) -> N
     assert "ops with no FLOP formula (not counted in FLOPs): layerscope_test::mystery x1" in result.render()
     result.save(tmp_path / "bench.json")
     assert load(tmp_path / "bench.json").unsupported_ops == {"layerscope_test::mystery": 1}
+
+
+def test_an_interrupted_benchmark_keeps_the_batch_sizes_that_finished(tmp_path: Path) -> None:
+    from layerscope.bench.measure import BenchInterrupted
+
+    class StopsAt8(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] == 8:
+                raise KeyboardInterrupt  # the user's Ctrl-C, while batch size 8 runs
+            return self.fc(x)
+
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        layerscope.benchmark(StopsAt8(), torch.randn(1, 4), batch_sizes=[1, 2, 8, 32], min_runs=3, min_time_s=0)
+    assert isinstance(stopped.value, BenchInterrupted)
+    result = stopped.value.result
+    assert [(b.batch_size, b.status) for b in result.batches] == [(1, "ok"), (2, "ok"), (8, "interrupted"), (32, "interrupted")]
+    text = result.render("text")
+    assert "    8  INTERRUPTED" in text and "best throughput: batch size 2" in text
+    result.save(tmp_path / "partial.json")
+    from layerscope.bench import load
+
+    again = load(tmp_path / "partial.json")
+    assert [b.status for b in again.batches] == ["ok", "ok", "interrupted", "interrupted"]

@@ -847,3 +847,27 @@ def test_the_module_that_raised_is_named_by_path_and_class(workdir: Path) -> Non
     lines = run.stderr.splitlines()
     assert lines[0] == "layerscope: the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x65 and 64x256)"
     assert "(layerscope: raised in module '2.0' (Linear))" in lines
+
+
+def test_bench_interrupted_prints_what_finished_and_exits_130(workdir: Path) -> None:
+    (workdir / "stops.py").write_text(
+        "import torch\n"
+        "class Stops(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        if x.shape[0] == 8:\n"
+        "            raise KeyboardInterrupt  # as Ctrl-C would, while batch size 8 runs\n"
+        "        return self.fc(x)\n"
+        "def build():\n"
+        "    return Stops()\n",
+        encoding="utf-8",
+    )
+    run = run_cli("bench", "stops.py:build", "--input", "1x4", "--batch-sizes", "1", "8", "--min-runs", "3",
+                  "--min-time", "0", "-o", "partial.json", cwd=workdir)  # fmt: skip
+    assert run.returncode == 130, run
+    assert "    8  INTERRUPTED" in run.stdout and "best throughput: batch size 1" in run.stdout
+    assert run.stderr.strip().splitlines()[-1] == "layerscope: interrupted; the batch sizes that finished are above"
+    saved = json.loads((workdir / "partial.json").read_text(encoding="utf-8"))
+    assert [b["status"] for b in saved["batches"]] == ["ok", "interrupted"]

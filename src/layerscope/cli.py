@@ -1013,13 +1013,19 @@ def _bench(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.spec, batch_size=1, config=parse_config(args.config) if args.config else None)
     # --inputs names a builder here: it is called with each batch size.
     sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: _load_callable(spec, "inputs"))
+    from layerscope.bench.measure import BenchInterrupted
+
+    interrupted = False
     with _progress_bar(sys.stderr.isatty()) as report:
-        result = benchmark(
-            resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
-            min_runs=args.min_runs, min_time_s=args.min_time, device=device, dtype=dtype,
-            autocast=autocast, compile=args.compile, lr=args.lr, memory=not args.no_memory,
-            find_max_batch=args.max_batch, progress=report,
-        )  # fmt: skip
+        try:
+            result = benchmark(
+                resolved.model, sample, args.batch_sizes, mode=args.mode, warmup=args.warmup,
+                min_runs=args.min_runs, min_time_s=args.min_time, device=device, dtype=dtype,
+                autocast=autocast, compile=args.compile, lr=args.lr, memory=not args.no_memory,
+                find_max_batch=args.max_batch, progress=report,
+            )  # fmt: skip
+        except BenchInterrupted as stop:  # Ctrl-C: show (and save) what finished, then exit 130
+            result, interrupted = stop.result, True
     result.model = resolved.label
     if args.output:
         _print(render(result, "text"))
@@ -1029,6 +1035,9 @@ def _bench(args: argparse.Namespace) -> int:
             _write_file(args.plot, lambda: write_atomic(args.plot, render(result, "png")), "the plot")
     except ImportError as exc:  # no matplotlib for a picture
         raise UsageError(str(exc)) from exc
+    if interrupted:
+        print("layerscope: interrupted; the batch sizes that finished are above", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -372,7 +372,11 @@ def _measure(
     runner.model = timed_model
     batches: list[BatchResult] = []
     failed = False
+    interrupted: KeyboardInterrupt | None = None
     for index, size in enumerate(sizes):
+        if interrupted is not None:
+            batches.append(BatchResult(size, status="interrupted"))
+            continue
         if failed:
             batches.append(BatchResult(size, status="skipped"))
             continue
@@ -388,6 +392,9 @@ def _measure(
                 runner.model = timed_model
         except InputsError:
             raise
+        except KeyboardInterrupt as stop:  # Ctrl-C: the batch sizes done are kept
+            runner.model = timed_model
+            interrupted, entry = stop, BatchResult(size, status="interrupted")
         except Exception as exc:
             runner.model = timed_model
             if not is_oom(exc):
@@ -405,7 +412,7 @@ def _measure(
             by_dtype[name] = by_dtype.get(name, 0) + nbytes
     # No count (it ran out of memory) is unknown, never 0 FLOPs.
     root = counted.root.forward if counted is not None else None
-    return BenchResult(
+    result = BenchResult(
         model=type(eager).__name__, mode="train" if runner.train else "inference", device=str(device),
         dtype=model_dtype(eager) or "none", params=sum(p.numel() for p in params),
         trainable_params=sum(p.numel() for p in params if p.requires_grad), model_bytes_by_dtype=by_dtype,
@@ -415,6 +422,20 @@ def _measure(
         autocast=None if runner.autocast is None else str(runner.autocast).replace("torch.", ""),
         compiled=compile_options is not None, compile_time_ns=compile_time_ns,
     )  # fmt: skip
+    if interrupted is not None:
+        raise BenchInterrupted(result) from interrupted
+    return result
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a benchmark: ``result`` holds the batch sizes that finished (the
+    rest have status ``interrupted``). A ``KeyboardInterrupt``, so code that stops on one
+    still stops."""
+
+    def __init__(self, result: BenchResult) -> None:
+        done = [b.batch_size for b in result.batches if b.status == "ok"]
+        super().__init__(f"benchmark interrupted; batch sizes done: {done or 'none'}")
+        self.result = result
 
 
 def _measure_size(

@@ -26,7 +26,7 @@ SCHEMA = "layerscope-bench/1"
 NOISY_CV = 0.10
 
 #: Status of one batch size: measured, ran out of memory, or not tried after an OOM.
-STATUSES = ("ok", "oom", "skipped")
+STATUSES = ("ok", "oom", "skipped", "interrupted")
 
 
 def percentile(sorted_values: list[int], q: float) -> float:
