@@ -4,7 +4,9 @@ Runs on a bare GPU machine with the torch already installed there and no network
 puts this checkout's ``src`` on the path (nothing is installed), and says which parts it
 skipped where an optional dependency (transformers, pytest) is missing. It writes
 ``report.md`` and ``report.json`` into OUT (atomically), and the HTML report of the
-training step. About 8 minutes on a GPU; ``--device cpu --quick`` is the smoke mode CI
+training step. On an H100 the CUDA tests take 35 s and the BERT-base fp32 part 27 s; the GPT-2
+training-step parts take minutes (see docs/benchmarks.md), so ``--budget-s`` stops starting
+parts after a time and ``--only`` picks parts. ``--device cpu --quick`` is the smoke mode CI
 runs between GPUs (small models, the CUDA-only parts skipped with the reason).
 
 Parts, each timed and reported ok / failed (with the error) / skipped (with the reason):
@@ -165,7 +167,7 @@ def overhead(case: Case, rounds: int, steps: int) -> Result:
     }
 
 
-def attribution(case: Case, out: Path) -> Result:
+def attribution(case: Case, out: Path, keep_trace: bool) -> Result:
     """The step recorded by torch.profiler, read back as a trace with the model: each
     kernel in one node, and the nodes' device time against the kernels' union."""
     from torch.profiler import ProfilerActivity, profile
@@ -178,7 +180,11 @@ def attribution(case: Case, out: Path) -> Result:
         _sync(case.device)
     path = out / f"{case.name}.pt.trace.json"
     prof.export_chrome_trace(str(path))
-    traced = layerscope.load(path, model=case.model)
+    try:
+        traced = layerscope.load(path, model=case.model)
+    finally:
+        if not keep_trace:
+            path.unlink()
     device = traced.meta.get("device_events") or {}
     in_nodes = sum(
         stats.self_device_time_ns or 0 for node in traced.nodes() for _, stats in node.phases()
@@ -193,7 +199,7 @@ def attribution(case: Case, out: Path) -> Result:
         "within_1pct": ratio is not None and abs(ratio - 1) <= 0.01,
         "device_events": device,
         "unmatched_modules": unmatched,
-        "trace": path.name,
+        "trace": path.name if keep_trace else None,
     }
 
 
@@ -251,18 +257,23 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
     started = time.perf_counter()
     loss = (lambda out: out.loss) if train else None
     profiled = layerscope.profile(model, inputs, backward=train, loss_fn=loss, repeat=3 if args.quick else 5)
-    result["profile"] = {"root_forward_ms": profiled.root.forward.cpu_time_ns / 1e6, "problems": _problems(profiled)}
+    result["profile"] = {"root_forward_ms": profiled.root.forward.cpu_time_ns / 1e6, "problems": _problems(profiled),
+                         "seconds": time.perf_counter() - started}  # fmt: skip
+    _progress(case.name, "profile()", started)
     with layerscope.Profiler(model) as prof:
         for _ in range(5):
             case.step()
             prof.step()
     block = prof.profile
     result["block_5_steps"] = {"steps": block.meta.get("steps"), "problems": _problems(block)}
+    _progress(case.name, "5-step block", started)
     with layerscope.Profiler(model) as one:
         case.step()
     result["block_1_step"] = {"problems": _problems(one.profile)}
-    result["attribution"] = _part(lambda: attribution(case, out))
-    result["overhead"] = _part(lambda: overhead(case, rounds=3 if args.quick else 7, steps=3 if args.quick else 10))
+    _progress(case.name, "1-step block", started)
+    result["attribution"] = _part(lambda: attribution(case, out, args.keep_traces))
+    result["overhead"] = _part(lambda: overhead(case, rounds=3 if args.quick else 5, steps=3 if args.quick else 10))
+    _progress(case.name, "attribution and overhead", started)
     result["memory"] = _part(lambda: memory(case, block))
     result["mfu"] = _part(lambda: mfu(block))
     if train:
@@ -271,6 +282,10 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
         result["html"] = html.name
     result["seconds"] = time.perf_counter() - started
     return result
+
+
+def _progress(case: str, stage: str, started: float) -> None:
+    print(f"  {case}: {stage} done at {time.perf_counter() - started:.1f} s", flush=True)
 
 
 def _problems(prof: layerscope.Profile) -> list[str]:
@@ -290,10 +305,11 @@ def cuda_tests(args: argparse.Namespace) -> Result:
     except ImportError:
         return {"status": "skipped", "reason": "pytest is not installed here"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "--tb=short", "-m", "cuda", "tests"],
+        cwd=ROOT, capture_output=True, text=True, timeout=args.tests_timeout_s,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])},
     )  # fmt: skip
+    write_atomic(args.out / "cuda_tests.log", done.stdout + done.stderr)
     tail = done.stdout.strip().splitlines()[-1:] or [""]
     return {"status": "ok" if done.returncode == 0 else "failed", "summary": tail[0], "output_tail": done.stdout[-4000:]}
 
@@ -379,40 +395,65 @@ def main(argv: list[str] | None = None) -> int:
         description="The whole GPU check of layerscope in one command (see the module docstring).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python benchmarks/gpu.py --out gpu-report\n"
+        "  python benchmarks/gpu.py --out gpu-report --budget-s 400   # stop starting parts after 400 s\n"
         "  python benchmarks/gpu.py --out smoke --device cpu --quick   # CI's smoke mode\n",
     )
-    parser.add_argument("--out", required=True, type=Path, help="folder for report.md, report.json, traces and HTML")
+    parser.add_argument("--out", required=True, type=Path, help="folder for report.md, report.json and the HTML reports")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="small models and few rounds (the CPU smoke mode)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no part after this many seconds (those left are reported skipped); "
+                        "the report is rewritten after every part, so a run cut off keeps what finished")
+    parser.add_argument("--tests-timeout-s", type=float, default=300, help="limit for the CUDA tests (default 300)")
+    parser.add_argument("--only", action="append", default=None, metavar="PART", help="run only this part (repeatable)")
+    parser.add_argument("--keep-traces", action="store_true", help="keep the torch.profiler traces in OUT")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu for the smoke mode")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    parts: dict[str, Result] = {"cuda_tests": _part(lambda: cuda_tests(args))}
-    dtypes = [torch.float32] if args.device == "cpu" else [torch.float32, torch.bfloat16]
-    for dtype in dtypes:
-        for name, build, train in (("bert_base_forward", bert, False), ("gpt2_adamw_step", gpt2, True)):
-            key = f"{name}_{str(dtype).removeprefix('torch.')}"
-            if _transformers() is None:
-                parts[key] = {"status": "skipped", "reason": "transformers is not installed here"}
-                continue
-            parts[key] = _part(lambda build=build, train=train, name=name, dtype=dtype: check_model(name, build, train, dtype, args, args.out))
-    parts["compiled"] = _part(lambda: compiled(args))
-    parts["ddp_one_device"] = _part(lambda: ddp(args, args.out))
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "CPU",
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "quick": args.quick, "seconds": time.perf_counter() - started, "parts": parts,
+        "quick": args.quick, "seconds": 0.0, "parts": {},
     }  # fmt: skip
-    write_atomic(args.out / "report.json", json.dumps(report, indent=1, default=str))
-    write_atomic(args.out / "report.md", markdown(report))
+    parts: dict[str, Result] = report["parts"]
+    for key, run in _plan(args):
+        if args.only and key not in args.only:
+            continue
+        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            parts[key] = {"status": "skipped", "reason": f"past the time budget of {args.budget_s:.0f} s"}
+        else:
+            parts[key] = _part(run)
+        report["seconds"] = time.perf_counter() - started
+        print(f"[{report['seconds']:6.0f} s] {key}: {parts[key].get('status')}", flush=True)
+        write_atomic(args.out / "report.json", json.dumps(report, indent=1, default=str))
+        write_atomic(args.out / "report.md", markdown(report))
     print(markdown(report))
     failed = [name for name, part in parts.items() if part.get("status") == "failed"]
     if failed:
         print(f"failed: {', '.join(failed)} (see report.json for the errors)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _plan(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[], Result]]]:
+    """The parts, most telling first, so that a time budget drops the least."""
+    yield "cuda_tests", lambda: cuda_tests(args)
+
+    def model_part(name: str, build: Callable[..., Any], train: bool, dtype: torch.dtype) -> Callable[[], Result]:
+        if _transformers() is None:
+            return lambda: {"status": "skipped", "reason": "transformers is not installed here"}
+        return lambda: check_model(name, build, train, dtype, args, args.out)
+
+    models = (("bert_base_forward", bert, False), ("gpt2_adamw_step", gpt2, True))
+    for name, build, train in models:
+        yield f"{name}_float32", model_part(name, build, train, torch.float32)
+    yield "compiled", lambda: compiled(args)
+    yield "ddp_one_device", lambda: ddp(args, args.out)
+    if args.device == "cuda":
+        for name, build, train in models:
+            yield f"{name}_bfloat16", model_part(name, build, train, torch.bfloat16)
 
 
 if __name__ == "__main__":

@@ -608,7 +608,11 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
     assert run.returncode == 1
     assert "Traceback (most recent call last)" in run.stderr
     assert 'raise ValueError("boom from forward")' in run.stderr  # the user's own line
-    assert run.stderr.rstrip().endswith("ValueError: boom from forward")
+    # The exception as raised, then the note saying which module raised it (the root here).
+    assert run.stderr.rstrip().splitlines()[-2:] == [
+        "ValueError: boom from forward",
+        "layerscope: raised in module '(the model)' (Boom)",
+    ]
 
 
 def test_unwritable_output_path(workdir: Path) -> None:
