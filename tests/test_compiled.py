@@ -51,6 +51,17 @@ def test_calls_are_matched_in_order_skipping_unseen_ones() -> None:
     ]  # fmt: skip
 
 
+def test_triton_kernel_ranges_match_their_calls() -> None:
+    # On a GPU, Inductor's Triton launcher records a range named after the kernel itself
+    # (seen on an H100 with torch 2.11: only the extern calls had matched).
+    calls = ["extern_kernels.mm:1", "triton_poi_fused_addmm_relu_0:2", "extern_kernels.addmm:3"]
+    events = [("aten::mm", 10), ("triton_poi_fused_addmm_relu_0", 4), ("aten::addmm", 7)]
+    assert match_calls(calls, events) == [
+        ("extern_kernels.mm:1", 10), ("triton_poi_fused_addmm_relu_0:2", 4), ("extern_kernels.addmm:3", 7),
+    ]  # fmt: skip
+    assert match_calls(calls[1:2], [("triton_poi_fused_addmm_relu_1", 4)]) == [(None, 4)]
+
+
 @dataclass
 class G:
     calls: list[str]

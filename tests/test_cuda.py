@@ -109,10 +109,11 @@ def test_step_peak_agrees_with_max_memory_allocated() -> None:
 
 
 def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() -> None:
-    # Every step is recorded by torch's profiler: each module's device time is the
-    # union of its ops' kernels. The root's backward and forward
-    # kernel time must agree with the kernels torch.profiler itself records for the
-    # same steps (within 5%: both are the same kernels, measured on other runs).
+    # Every step is recorded by torch's profiler: each node's device time is the union of
+    # its ops' kernels. All nodes' self device time (the model's, and the loss ops' in the
+    # step's parts) must agree with the kernels torch.profiler itself records for the
+    # same steps (within 5%: the same kernels, measured on other runs; one stream, so the
+    # union is the sum).
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)
@@ -132,7 +133,10 @@ def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() ->
             prof.step()
     profile = layerscope.check_tree(prof.profile)
     assert profile.meta["steps"] == steps and "counts_from" not in profile.meta
-    ours = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns
+    ours = sum(stats.self_device_time_ns or 0 for node in profile.nodes() for _, stats in node.phases())
+    # The model's own kernels are most of it (the loss, pow and mean, is a few small ones).
+    model = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns
+    assert 0.5 * ours < model <= ours
     for path in ("0", "2"):
         assert profile[path].forward.self_device_time_ns > 0
         assert profile[path].backward.self_device_time_ns > 0

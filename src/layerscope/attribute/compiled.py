@@ -86,7 +86,8 @@ def shares(nodes: Sequence[tuple[str, str | None]]) -> dict[str, float]:
 def event_name(call: str) -> str | None:
     """The profiler's name of a kernel call: ``extern_kernels.addmm:2`` ->
     ``aten::addmm``, ``torch.ops.aten.foo.default:3`` -> ``aten::foo``; None for a
-    generated kernel (its range is ``graph_<n>_<kernel>``)."""
+    generated kernel (its range is ``graph_<n>_<kernel>`` on the CPU, the Triton kernel's
+    name on a GPU)."""
     name = call.rsplit(":", 1)[0]
     if name.startswith("extern_kernels."):
         return "aten::" + name.split(".", 1)[1]
@@ -100,7 +101,9 @@ def _matches(event: str, call: str) -> bool:
     expected = event_name(call)
     if expected is not None:
         return event == expected
-    return re.fullmatch(r"graph_\d+_" + re.escape(call.rsplit(":", 1)[0]), event) is not None
+    # A C++ kernel's range is ``graph_<n>_<kernel>``; a Triton kernel's (on a GPU) is the
+    # kernel's own name, which Inductor's launcher records.
+    return re.fullmatch(r"(?:graph_\d+_)?" + re.escape(call.rsplit(":", 1)[0]), event) is not None
 
 
 def match_calls(calls: Sequence[str], events: Sequence[tuple[str, int]]) -> list[tuple[str | None, int]]:
