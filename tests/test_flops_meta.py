@@ -316,3 +316,36 @@ def test_inference_mode_counts_as_no_grad(name: str) -> None:
         inference = layerscope.count_flops(model, x)
     assert inference.unsupported_ops() == no_grad.unsupported_ops() == {}
     assert totals(inference) == totals(no_grad)
+
+
+IN_PLACE = [
+    ("aten::add_", (torch.randn(4, 5), torch.randn(5)), {"alpha": 2}),
+    ("aten::mul_", (torch.randn(3, 8).t(), 0.5), {}),
+    ("aten::addcdiv_", (torch.randn(6), torch.randn(6), torch.rand(6) + 1), {"value": 0.1}),
+    ("aten::lerp_", (torch.randn(2, 3), torch.randn(2, 3), 0.9), {}),
+    ("aten::_foreach_add_", ([torch.randn(3), torch.randn(2, 2)], 1.0), {}),
+    ("aten::_foreach_addcdiv_", ([torch.randn(3)], [torch.randn(3)], [torch.rand(3) + 1], [0.1]), {}),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs"), IN_PLACE, ids=[case[0] for case in IN_PLACE])
+def test_in_place_outputs_are_read_from_the_schema_as_the_op_would_give_them(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    # An in-place op's output is its first input (or nothing, for the _foreach_ ones):
+    # read from the schema without running it, and the same as running it on fake tensors.
+    from layerscope.flops import fake
+
+    assert fake._in_place(name) in ("self", "nothing")
+    meta_args = to_meta(args, True)
+    read = fake.output_meta(name, meta_args, kwargs)
+    ran = to_meta(fake._run(name, meta_args, kwargs), True)
+    assert read == ran
+    assert count_meta(name, to_meta(args, False), kwargs) == count_op(name, args, kwargs, None if read is None else args[0])
+
+
+@pytest.mark.parametrize("name", ["aten::add", "aten::resize_", "aten::_foreach_sqrt", "aten::unsqueeze_", "aten::copy"])
+def test_ops_whose_output_is_not_their_input_still_run(name: str) -> None:
+    from layerscope.flops import fake
+
+    assert fake._in_place(name) is None

@@ -107,9 +107,51 @@ def _run(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], counter: _Par
                 return _packet(name)(*fake_args, **fake_kwargs)
 
 
+#: In-place ops that change their tensor's shape or strides: their output is not their
+#: input's metadata.
+_RESHAPES_IN_PLACE = frozenset({
+    "resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "transpose_", "t_", "as_strided_",
+    "swapdims_", "swapaxes_", "_resize_output_", "resize_as_sparse_", "sparse_resize_", "sparse_resize_and_clear_",
+})  # fmt: skip
+
+
+@functools.cache
+def _in_place(name: str) -> str | None:
+    """How every overload of ``name`` returns, when its schema alone says what its output
+    is: "nothing" (``_foreach_add_``: ``-> ()``) or "self" (``add_``: the first input,
+    written in place, is the output); else None (the op has to run)."""
+    try:
+        packet = _packet(name)
+        schemas = [_torch.op_schema(getattr(packet, overload)) for overload in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return None
+    # TorchScript's list overloads (``add_.t``: ``t[](a!) self``) never reach a profiler.
+    schemas = [s for s in schemas if not s.arguments or str(s.arguments[0].type) in ("Tensor", "List[Tensor]")]
+    if schemas and all(not schema.returns for schema in schemas):
+        return "nothing"
+
+    def returns_self(schema: Any) -> bool:
+        if len(schema.returns) != 1 or not schema.arguments:
+            return False
+        out, first = schema.returns[0].alias_info, schema.arguments[0].alias_info
+        return out is not None and out.is_write and first is not None and out.before_set == first.before_set
+
+    bare = name.partition("::")[2]
+    if schemas and bare not in _RESHAPES_IN_PLACE and all(returns_self(schema) for schema in schemas):
+        return "self"
+    return None
+
+
 def output_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The output's metadata, or None when the op cannot run on fake tensors (its shape
-    depends on data, or it has no fake implementation)."""
+    depends on data, or it has no fake implementation). An in-place op's output is read
+    from its schema, without running it: the optimizer's ``_foreach_*_`` calls over every
+    parameter were most of the cost of a training step's counts."""
+    returns = _in_place(name)
+    if returns == "nothing":
+        return None
+    if returns == "self" and args and isinstance(args[0], TensorMeta):
+        return args[0]
     try:
         return to_meta(_run(name, args, kwargs))
     except MissingTorchAPI:
