@@ -216,6 +216,9 @@ def test_mfu_peak_is_the_datasheets_or_unknown_with_the_device_named() -> None:
     name = torch.cuda.get_device_name().lower()
     peak = known_peak_flops_per_s(torch.device("cuda"), "float32")
     assert prof.meta.get("peak_flops_per_s") == peak
+    with layerscope.Profiler(model) as block:  # a block knows the same peak
+        model(torch.randn(8, 64, device="cuda"))
+    assert block.profile.meta.get("peak_flops_per_s") == peak
     if peak is None:
         # A GPU the table does not list: no MFU column, never a made-up one.
         assert "MFU" not in prof.render("text"), name

@@ -121,3 +121,22 @@ def test_bad_peak_is_refused_before_running() -> None:
     finally:
         handle.remove()
     assert calls == []
+
+
+def test_a_profiler_block_takes_the_peak_for_mfu() -> None:
+    # Profiler(peak_tflops=...) as profile(): the peak in meta, MFU per module from it;
+    # without one, on the CPU, the peak is unknown and no MFU is made up.
+    import pytest
+
+    entry = zoo.get("lenet5")
+    model, x = entry.build().eval(), entry.example_inputs(1)
+    with layerscope.Profiler(model, peak_tflops=0.1) as prof:
+        model(x)
+    assert prof.profile.meta["peak_flops_per_s"] == 100_000_000_000
+    assert "MFU" in prof.profile.render("text")
+    with layerscope.Profiler(model) as plain:
+        model(x)
+    assert plain.profile.meta["peak_flops_per_s"] is None
+    assert "MFU" not in plain.profile.render("text")
+    with pytest.raises(ValueError, match=r"peak_tflops must be a positive number of TFLOP/s .*got -1"):
+        layerscope.Profiler(model, peak_tflops=-1)

@@ -19,8 +19,10 @@ from layerscope.attribute.cycle import Cycle
 from layerscope.capture import distributed
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps
 from layerscope.capture.memory import model_memory
+from layerscope.capture.peaks import check_peak_tflops, peak_flops_per_s
 from layerscope.capture.modules import (
     model_device,
+    model_dtype,
     module_table,
     note_raising_module,
     refuse_compiled,
@@ -71,7 +73,9 @@ class Profiler:
     ``record_ops=False`` records module forward times only, by two hooks on a clock (no
     torch profiler: no ops, FLOPs, memory or backward), the leanest
     timing; ``memory=False`` keeps ops but not memory;
-    ``with_stack=True`` keeps each op's Python call site (``OpStats.stack``). If the
+    ``with_stack=True`` keeps each op's Python call site (``OpStats.stack``).
+    ``peak_tflops`` is the hardware's peak for MFU (% of peak per module); on common GPUs
+    it is known from the datasheet. If the
     block raises, what was captured up to then is kept, marked
     ``meta["complete"] = False``.
 
@@ -96,8 +100,10 @@ class Profiler:
         record_shapes: bool | None = None,
         profile_memory: bool | None = None,
         on_trace_ready: Callable[[Profiler], Any] | None = None,
+        peak_tflops: float | None = None,
     ) -> None:
         self.model = require_module(model)
+        self._peak_tflops = check_peak_tflops(peak_tflops)
         # torch.profiler's arguments, with their meanings: see layerscope.compat.torch_profiler.
         from layerscope.compat import torch_profiler
 
@@ -286,6 +292,7 @@ class Profiler:
                 step_range=[self._cycle.first, self._cycle.last],
                 complete=complete,
                 schedule=None if self._schedule is None else str(self._schedule),
+                peak_flops_per_s=peak_flops_per_s(self._peak_tflops, self._device, model_dtype(self.model)),
                 **self._identity,
                 **({"times_from": self._times_from} if self._times_from else {}),
             ),

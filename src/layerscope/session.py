@@ -21,6 +21,7 @@ from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, t
 from layerscope.capture.compiled import eager_module, time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
+from layerscope.capture.peaks import peak_flops_per_s
 from layerscope.capture.modules import (
     autocast_dtype,
     model_device,
@@ -132,7 +133,7 @@ def profile(
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
-    peak_flops_per_s = _peak(peak_tflops, device, model_dtype(model))
+    peak = peak_flops_per_s(peak_tflops, device, model_dtype(model))
     selected = [i.selected for i in infos]
     recorder = Recorder(modules, selected, device=device, clock=clock, memory=memory, with_stack=with_stack)
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
@@ -216,7 +217,7 @@ def profile(
             backward=backward,
             paths=None if paths is None else list(paths),
             **_inputs_meta(args, kwargs, device),
-            peak_flops_per_s=peak_flops_per_s,
+            peak_flops_per_s=peak,
             **({"ops_from": ops_from} if ops_from else {}),
         ),
     )
@@ -251,7 +252,7 @@ def _profile_compiled(
     device = model_device(eager)
     prof.meta.update(
         mode="profile", warmup=warmup, repeat=repeat,
-        peak_flops_per_s=_peak(peak_tflops, device, model_dtype(eager)),
+        peak_flops_per_s=peak_flops_per_s(peak_tflops, device, model_dtype(eager)),
         compile={
             "backend": "inductor", "rule": COMPILED_RULE, "compile_time_ns": run.compile_ns, "frames": run.frames,
             "graphs": len(run.graphs), "graph_breaks": run.graph_breaks, "step_time_ns": times.step_ns,
@@ -305,16 +306,6 @@ def _run_step(
     except Exception as exc:
         note_raising_module(exc, model)
         raise
-
-
-def _peak(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
-    if peak_tflops is not None:
-        if not peak_tflops > 0:
-            raise ValueError(f"peak_tflops must be a positive number of TFLOP/s, got {peak_tflops!r}")
-        return int(peak_tflops * 1e12)
-    from layerscope.capture.peaks import known_peak_flops_per_s
-
-    return known_peak_flops_per_s(device, dtype)
 
 
 def count_flops(

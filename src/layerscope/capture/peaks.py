@@ -32,3 +32,18 @@ def known_peak_flops_per_s(device: torch.device, dtype: str | None) -> int | Non
             tflops = table.get(dtype or "float32")
             return int(tflops * 1e12) if tflops else None
     return None
+
+
+def peak_flops_per_s(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
+    """The peak for MFU in FLOP/s: the user's ``peak_tflops`` (checked: a positive
+    number), else the datasheet's for ``device`` at ``dtype``, else None (unknown)."""
+    if peak_tflops is not None:
+        return int(check_peak_tflops(peak_tflops) * 1e12)
+    return known_peak_flops_per_s(device, dtype)
+
+
+def check_peak_tflops(peak_tflops: float | None) -> float | None:
+    """``peak_tflops`` as given, or a ValueError saying what was expected."""
+    if peak_tflops is not None and not (isinstance(peak_tflops, (int, float)) and peak_tflops > 0):
+        raise ValueError(f"peak_tflops must be a positive number of TFLOP/s (an H100's bf16: 989), got {peak_tflops!r}")
+    return peak_tflops
