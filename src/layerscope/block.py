@@ -19,7 +19,6 @@ from layerscope.attribute.cycle import Cycle
 from layerscope.capture import distributed
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps
 from layerscope.capture.memory import model_memory
-from layerscope.capture.peaks import check_peak_tflops, peak_flops_per_s
 from layerscope.capture.modules import (
     model_device,
     model_dtype,
@@ -29,6 +28,7 @@ from layerscope.capture.modules import (
     refuse_meta_timing,
     require_module,
 )
+from layerscope.capture.peaks import check_peak_tflops, peak_flops_per_s
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.errors import ProfilerStateError
 from layerscope.raw import Event, RawCapture

@@ -21,7 +21,6 @@ from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, t
 from layerscope.capture.compiled import eager_module, time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
-from layerscope.capture.peaks import peak_flops_per_s
 from layerscope.capture.modules import (
     autocast_dtype,
     model_device,
@@ -32,6 +31,7 @@ from layerscope.capture.modules import (
     refuse_meta_timing,
     require_module,
 )
+from layerscope.capture.peaks import peak_flops_per_s
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.errors import ModelError
