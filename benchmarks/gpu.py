@@ -154,13 +154,19 @@ def _variant(kind: str, case: Case) -> Iterator[Callable[[], None]]:
 def overhead(case: Case, rounds: int, steps: int) -> Result:
     """Median ms per step of each variant, interleaved over rounds, and ratios to plain."""
     times: dict[str, list[float]] = {"plain": [], "layerscope": [], "torch.profiler": []}
-    for _ in range(rounds):
+    finalize: dict[str, list[float]] = {kind: [] for kind in times}
+    for round_ in range(rounds):
         for kind in times:
             with _variant(kind, case) as step:
                 step()  # a variant's first step (the profiler starting) is not the steady state
                 times[kind].append(_median_step_ms(step, steps, case.device))
+                leaving = time.perf_counter()
+            finalize[kind].append(time.perf_counter() - leaving)  # the block's exit: reading events back
+            print(f"  {case.name}: round {round_ + 1}, {kind}: {times[kind][-1]:.2f} ms per step, "
+                  f"exit {finalize[kind][-1]:.2f} s", flush=True)  # fmt: skip
     medians = {kind: statistics.median(values) for kind, values in times.items()}
     return {
+        "exit_s": {kind: statistics.median(values) for kind, values in finalize.items()},
         "ms_per_step": medians,
         "x_plain": {kind: medians[kind] / medians["plain"] for kind in medians},
         "layerscope_x_torch_profiler": medians["layerscope"] / medians["torch.profiler"],
