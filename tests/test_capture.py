@@ -867,3 +867,59 @@ def test_an_exception_from_the_model_names_the_module_it_came_from_and_keeps_its
     assert counted.value.__notes__ == ["layerscope: raised in module '2.0' (Linear)"]
     # The model is left as it was: no hooks, nothing added.
     assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+QUIET_SCRIPT = r"""
+import os, sys, threading, time
+import torch, layerscope
+import layerscope.capture
+
+layerscope.capture.QUIET_PROFILER = sys.argv[1] == "quiet"
+model = torch.nn.Linear(4, 4)
+done = threading.Event()
+
+def chatter():  # another thread of the user's, writing to fd 2 past sys.stderr
+    i = 0
+    while not done.is_set():
+        os.write(2, b"user line %d\n" % i)
+        i += 1
+        time.sleep(0.0005)
+    os.write(2, b"user wrote %d\n" % i)
+
+thread = threading.Thread(target=chatter)
+thread.start()
+for _ in range(5):
+    sys.stderr.write("user print\n")  # one write (print's end would be another)
+    with layerscope.Profiler(model) as prof:
+        model(torch.randn(2, 4))
+        prof.step()
+done.set()
+thread.join()
+"""
+
+
+@pytest.mark.parametrize("setting", ["quiet", "loud"])
+def test_torch_profiler_lines_kept_off_stderr_and_nothing_of_the_users_lost(setting: str, tmp_path: Any) -> None:
+    # A Profiler block prints nothing of torch's profiler backend (its start and stop
+    # lines, "USDT: ... profiler_start"), and loses nothing the user writes meanwhile,
+    # from any thread, even straight to file descriptor 2.
+    import re
+    import subprocess
+    import sys
+
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_SCRIPT, encoding="utf-8")
+    run = subprocess.run([sys.executable, str(script), setting], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stderr.splitlines()
+    written = int(next(line for line in lines if line.startswith("user wrote")).split()[-1])
+    # Every line arrives, whole; one written just as the profiler starts or stops may
+    # arrive a line or two out of place.
+    assert sorted(int(line.split()[-1]) for line in lines if line.startswith("user line")) == list(range(written))
+    assert lines.count("user print") == 5
+    ours = [line for line in lines if not line.startswith(("user line", "user wrote", "user print"))]
+    backend = [line for line in ours if re.match(r"(USDT|STAGE):\d{4}-", line)]
+    if setting == "quiet":
+        assert ours == [], ours[:5]
+    else:  # the switch is real: with it off, torch's own lines come through
+        assert backend, ours[:5]

@@ -1069,9 +1069,6 @@ def _flush_stdout() -> None:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    import layerscope.capture
-
-    layerscope.capture.QUIET_PROFILER = True  # stderr is for the CLI's own messages
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -45,10 +45,12 @@ How the records are derived (``convert``):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
 import sys
+import tempfile
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -107,20 +109,45 @@ _ACCUMULATE = "torch::autograd::AccumulateGrad"
 
 _Range = _torch.FastRange
 
+#: A line of torch's profiler backend's own log (Kineto's), as it starts and stops:
+#: ``USDT:2026-11-26 15:00:00 2127:2127 SyncActivityProfilerHandler.cpp:52] profiler_start``.
+_BACKEND_LINE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d [^\n]*?\w+\.cpp:\d+\] ")
+
+
 @contextmanager
 def quiet_fd2() -> Iterator[None]:
-    """Point file descriptor 2 at the null device for the duration (C++ writes go there
-    directly, so ``sys.stderr`` cannot catch them)."""
+    """For the duration, torch's profiler backend's own lines kept off file descriptor
+    2 (C++ writes there directly, past ``sys.stderr``); every other line written there
+    meanwhile (by another thread) is passed on as the duration ends."""
     sys.stderr.flush()
     saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    sink = tempfile.TemporaryFile()
     try:
-        os.dup2(devnull, 2)
+        os.dup2(sink.fileno(), 2)
         yield
     finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        # What was written so far goes out before descriptor 2 is given back, so that
+        # a thread's later lines follow its earlier ones; the few written in between
+        # follow at once.
+        read = _pass_on(sink.fileno(), 0, saved)
         os.dup2(saved, 2)
         os.close(saved)
-        os.close(devnull)
+        _pass_on(sink.fileno(), read, 2)
+        sink.close()
+
+
+def _pass_on(sink: int, start: int, fd: int) -> int:
+    """The lines written into ``sink`` from offset ``start`` on, less the backend's, to
+    ``fd``; the offset read up to. (``pread``: descriptor 2 shares the sink's offset.)"""
+    data = b""
+    while chunk := os.pread(sink, 1 << 16, start + len(data)):
+        data += chunk
+    kept = b"".join(line for line in data.splitlines(keepends=True) if not _BACKEND_LINE.match(line))
+    while kept:
+        kept = kept[os.write(fd, kept) :]
+    return start + len(data)
 
 
 def _quiet() -> AbstractContextManager[None]:
