@@ -11,10 +11,12 @@ does that).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
+import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -32,6 +34,7 @@ __all__ = [
     "parse_duration_ns",
     "parse_threshold",
     "profile_kind",
+    "run_spread",
 ]
 
 #: The default noise floor: a module whose self time is below this in both profiles is
@@ -99,6 +102,9 @@ class DiffRow:
     #: An op matched by name within its module and phase whose shapes changed (the batch
     #: size did): the new side's shapes; ``input_shapes`` holds the base's.
     new_input_shapes: Any = None
+    #: Its self time moved, but by no more than the runs' measured noise
+    #: (:meth:`ProfileDiff.within_noise`): not a regression.
+    noise: bool = False
 
     def __getitem__(self, metric: str) -> Change:
         return self.metrics[metric]
@@ -118,6 +124,7 @@ class DiffRow:
             doc.update(op=self.op, phase=self.phase, input_shapes=self.input_shapes)
             if self.new_input_shapes is not None:
                 doc["new_input_shapes"] = self.new_input_shapes
+        doc["noise"] = self.noise
         doc["metrics"] = {name: change.to_dict() for name, change in self.metrics.items()}
         return doc
 
@@ -181,6 +188,22 @@ class ProfileDiff:
     #: What the summary's ``time_ns`` is: ``"step"`` or ``"forward"``.
     total_kind: str
     min_time_ns: int = DEFAULT_MIN_TIME_NS
+    #: Each side's measured noise: how its repeated passes or steps spread
+    #: (:func:`run_spread`); None where it ran once.
+    noise_base: float | None = None
+    noise_new: float | None = None
+
+    @property
+    def noise(self) -> float | None:
+        """The noise band, relative: the larger side's spread (None: neither measured)."""
+        known = [n for n in (self.noise_base, self.noise_new) if n is not None]
+        return max(known) if known else None
+
+    def within_noise(self, change: Change) -> bool:
+        """Whether a time moved by no more than was measured as noise: by at most the
+        noise band of the larger side's value. False when a side was not measured, or
+        no noise was (one pass each); the floor (``min_time_ns``) is another rule."""
+        return _within(change, self.noise)
 
     @property
     def timed(self) -> bool:
@@ -213,8 +236,9 @@ class ProfileDiff:
 
         A node counts only if its self time is at least ``min_time_ns`` (``50000`` or
         ``"50us"``; default: the diff's own floor) in base or new: below that, timing
-        noise swamps any ratio. Added and removed nodes are not regressions; the total
-        time shows what they cost.
+        noise swamps any ratio. Nor does a change within the runs' measured noise
+        (:attr:`noise`), the total's included. Added and removed nodes are not
+        regressions; the total time shows what they cost.
         """
         ratio = parse_threshold(threshold) if isinstance(threshold, str) else float(threshold)
         if not ratio >= 0 or math.isinf(ratio):
@@ -225,13 +249,13 @@ class ProfileDiff:
             floor = parse_duration_ns(min_time_ns) if isinstance(min_time_ns, str) else int(min_time_ns)
         found: list[Regression] = []
         total = self.summary["time_ns"]
-        if _regressed(total, ratio):
+        if _regressed(total, ratio) and not self.within_noise(total):
             found.append(Regression(None, "time_ns", total))
         for row in self.rows:
             change = row.metrics["self_time_ns"]
             if row.status != "matched" or change.delta is None:
                 continue
-            if max(change.base or 0, change.new or 0) < floor:
+            if max(change.base or 0, change.new or 0) < floor or self.within_noise(change):
                 continue
             if _regressed(change, ratio):
                 found.append(Regression(row.path, "self_time_ns", change))
@@ -263,6 +287,7 @@ class ProfileDiff:
             "phases": list(self.phases),
             "total_kind": self.total_kind,
             "min_time_ns": self.min_time_ns,
+            "noise": {"base": self.noise_base, "new": self.noise_new, "band": self.noise},
             "summary": {name: change.to_dict() for name, change in self.summary.items()},
             "rows": [row.to_dict() for row in self.rows],
             "op_rows": [row.to_dict() for row in self.op_rows],
@@ -275,6 +300,25 @@ def _regressed(change: Change, ratio: float) -> bool:
     if change.base == 0:
         return change.new > 0
     return change.new - change.base > ratio * change.base
+
+
+def _within(change: Change, band: float | None) -> bool:
+    if band is None or change.base is None or change.new is None:
+        return False
+    return abs(change.new - change.base) <= band * max(change.base, change.new)
+
+
+def run_spread(profile: Profile) -> float | None:
+    """How much a profile's repeated measurements of the same work spread, relative:
+    ``(max - min) / median`` of its passes' times (``profile()``'s repeats) or else of
+    its steps' wall times (a ``Profiler`` block); None with fewer than two (one pass
+    measures no noise)."""
+    for key in ("pass_cpu_time_ns", "step_times_ns"):
+        values = sorted(int(v) for v in profile.meta.get(key) or [])
+        if len(values) >= 2:
+            middle = statistics.median(values)
+            return (values[-1] - values[0]) / middle if middle > 0 else None
+    return None
 
 
 def _describe(profile: Profile) -> dict[str, Any]:
@@ -344,13 +388,26 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
         side = "new" if base.timed else "base"
         warnings.append(f"{side} was counted without timing (layerscope flops): no time is compared")
 
-    rows = _node_rows(base, new, phases, timed)
-    op_rows = _op_rows(base, new, phases, timed)
+    noise_base, noise_new = (run_spread(base), run_spread(new)) if timed else (None, None)
+    known = [n for n in (noise_base, noise_new) if n is not None]
+    band = max(known) if known else None
+    rows = _marked(_node_rows(base, new, phases, timed), band)
+    op_rows = _marked(_op_rows(base, new, phases, timed), band)
     summary, total_kind = _summary(base, new, phases, timed, same_kind)
     return ProfileDiff(
         base=base, new=new, rows=rows, op_rows=op_rows, summary=summary, warnings=warnings,
-        phases=phases, total_kind=total_kind, min_time_ns=min_time_ns,
+        phases=phases, total_kind=total_kind, min_time_ns=min_time_ns, noise_base=noise_base, noise_new=noise_new,
     )
+
+
+def _marked(rows: list[DiffRow], band: float | None) -> list[DiffRow]:
+    """The rows, those whose self time moved within the noise marked so."""
+    return [
+        dataclasses.replace(row, noise=True)
+        if row.status == "matched" and row.metrics["self_time_ns"].delta and _within(row.metrics["self_time_ns"], band)
+        else row
+        for row in rows
+    ]
 
 
 def _phase_stats(node: ModuleNode, phases: tuple[str, ...]) -> list[PhaseStats]:

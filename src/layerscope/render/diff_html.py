@@ -51,20 +51,21 @@ def diff_data(
         "total_kind": diff.total_kind,
         "timed": diff.timed,
         "min_time_ns": diff.min_time_ns,
+        "noise": doc["noise"],
         "threshold": threshold,
         "gated": fail_above is not None,
         "summary": [[name, change.base, change.new] for name, change in diff.summary.items()],
         "node_metrics": list(NODE_METRICS),
         "rows": [
             {"path": row.path, "kind": row.kind, "status": row.status, "type_base": row.type_base,
-             "type_new": row.type_new, "values": _values(row, NODE_METRICS)}
+             "type_new": row.type_new, "noise": row.noise, "values": _values(row, NODE_METRICS)}
             for row in diff.rows
         ],
         "op_metrics": list(OP_METRICS),
         "ops": [
             {"path": row.path, "op": row.op, "phase": row.phase, "input_shapes": row.input_shapes,
              "new_input_shapes": row.new_input_shapes,
-             "status": row.status, "values": _values(row, OP_METRICS)}
+             "status": row.status, "noise": row.noise, "values": _values(row, OP_METRICS)}
             for row in diff.changed_ops()
         ],
         "ops_total": len(diff.op_rows),

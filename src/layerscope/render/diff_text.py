@@ -124,7 +124,7 @@ def _note(row: DiffRow) -> str:
         return row.status
     if row.type_base != row.type_new:
         return f"was {row.type_base}"
-    return ""
+    return "noise" if row.noise else ""
 
 
 def _time_columns(metric: str, label: str) -> list[DiffColumn]:
@@ -246,11 +246,28 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
     out.append(f"Modules: {_counts(diff.rows)}. Ops: {_counts(diff.op_rows)}.")
     out.extend(notes)
     if diff.timed:
-        out.append(
-            f"Noise floor: {fmt.time_ns(diff.min_time_ns)}; a module whose self time is below it "
-            "in both profiles is never counted as a regression."
-        )
+        out.extend(noise_lines(diff))
     return "\n".join(out) + "\n"
+
+
+def noise_lines(diff: ProfileDiff) -> list[str]:
+    """What the diff counts as noise: the floor, and the spread measured on each side."""
+    lines = [
+        f"Noise floor: {fmt.time_ns(diff.min_time_ns)}; a module whose self time is below it "
+        "in both profiles is never counted as a regression."
+    ]
+
+    def spread(value: float | None) -> str:
+        return "not measured (one pass)" if value is None else f"{100 * value:.1f}%"
+
+    if diff.noise is None:
+        lines.append("Noise: not measured (each side ran one pass or step); only the floor applies.")
+    else:
+        lines.append(
+            f"Noise: repeated passes spread by {spread(diff.noise_base)} (base) and {spread(diff.noise_new)} (new); "
+            f"a self time that moved by at most {100 * diff.noise:.1f}% is marked noise, not a regression."
+        )
+    return lines
 
 
 def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) -> list[str]:

@@ -19,12 +19,20 @@
     return [side.model, side.kind, side.device].filter(Boolean).join(", ");
   }
 
+  function noiseText(noise) {
+    // How much each side's repeated passes spread; changes within the larger are "noise".
+    if (noise.band === null) return "not measured (one pass each)";
+    const side = (v) => (v === null ? "one pass" : (100 * v).toFixed(1) + "%");
+    return "±" + (100 * noise.band).toFixed(1) + "% (base " + side(noise.base) + ", new " + side(noise.new) + ")";
+  }
+
   function header() {
     const warnings = DATA.warnings.map((w) => el("div", { class: "warning", text: "warning: " + w }));
     return el("header", { class: "card" },
       el("h1", {}, el("span", { text: "Diff" }), el("span", { class: "muted", text: " · layerscope" })),
       facts([["base", describe(DATA.base)], ["new", describe(DATA.new)], ["phases", DATA.phases.join(", ")],
-        ["noise floor", DATA.timed ? fmt.time(DATA.min_time_ns) : ""]]),
+        ["noise floor", DATA.timed ? fmt.time(DATA.min_time_ns) : ""],
+        ["noise", DATA.timed ? noiseText(DATA.noise) : ""]]),
       ...warnings);
   }
 
@@ -71,7 +79,9 @@
     return cols;
   }
   function statusOf(row) {
-    return row.status === "matched" ? "" : row.status;
+    // A matched row whose self time moved within the runs' measured noise says so.
+    if (row.status === "matched") return row.noise ? "noise" : "";
+    return row.status;
   }
 
   function modulesSection() {
