@@ -475,3 +475,42 @@ def test_an_interrupted_benchmark_keeps_the_batch_sizes_that_finished(tmp_path: 
 
     again = load(tmp_path / "partial.json")
     assert [b.status for b in again.batches] == ["ok", "ok", "interrupted", "interrupted"]
+
+
+def test_the_input_is_shown_and_a_sequence_model_gets_tokens_per_second(golden: Any) -> None:
+    # Token ids [1, 128] at batch size 1: 128 tokens per sample. Batch 8 in 0.4 ms is
+    # 20,000 samples/s (hand: 8 / 0.0004 s), so 2,560,000 tokens/s.
+    result = made(BASE, model="GPT2Model")
+    result.input_shapes, result.input_dtypes = {"input_ids": [1, 128], "attention_mask": [1, 128]}, {
+        "input_ids": "int64", "attention_mask": "int64"}  # fmt: skip
+    assert result.inputs == [("input_ids", [1, 128], "int64"), ("attention_mask", [1, 128], "int64")]
+    assert result.tokens_per_sample == 128
+    text = result.render()
+    assert "input        input_ids int64 [1, 128], attention_mask int64 [1, 128] (at batch size 1; 128 tokens per sample)" in text
+    assert "best throughput: batch size 8, 20.00K samples/s, 2.56M tokens/s" in text
+    golden("bench_table_tokens.out", text)
+    again = from_dict(json.loads(result.render("json")))
+    assert again.inputs == result.inputs and again.to_dict()["tokens_per_sample"] == 128
+    from layerscope.render.bench_html import bench_data
+
+    assert bench_data(result)["tokens_per_sample"] == 128 and bench_data(result)["inputs"][0]["shape"] == [1, 128]
+    # An image model's float input: its input shown, no tokens.
+    image = made(BASE)
+    image.input_shapes, image.input_dtypes = [[1, 3, 32, 32]], ["float32"]
+    assert image.inputs == [("0", [1, 3, 32, 32], "float32")] and image.tokens_per_sample is None
+    assert "tokens" not in image.render()
+    # A result saved before inputs were kept: nothing is made up.
+    old = json.loads(made(BASE).render("json"))
+    del old["input_shapes"], old["input_dtypes"], old["tokens_per_sample"]
+    assert from_dict(old).inputs == [] and "input " not in from_dict(old).render()
+
+
+def test_a_real_benchmark_records_what_it_fed_the_model() -> None:
+    model, x = mlp()
+    result = layerscope.benchmark(model, x, [1, 2], **FAST)
+    assert result.inputs == [("input", list(x.shape), "float32")] and result.tokens_per_sample is None
+    tokens = torch.randint(0, 50, (1, 12))
+    embed = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(96, 4)).eval()
+    sequence = layerscope.benchmark(embed, tokens, [1, 3], **FAST)
+    assert sequence.inputs == [("input", [1, 12], "int64")] and sequence.tokens_per_sample == 12
+    assert "tokens/s" in sequence.render()

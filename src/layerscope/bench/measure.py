@@ -23,6 +23,7 @@ from torch import nn
 
 from layerscope.bench.result import BatchResult, BenchResult
 from layerscope.capture._torch import tree_leaves, tree_map
+from layerscope.capture.inputs import dtypes_of, shapes_of
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import model_device, model_dtype, modes_restored, require_module
 from layerscope.capture.training import loss_of
@@ -421,6 +422,7 @@ def _measure(
         count_batch_size=sizes[0], batches=batches, machine=machine_info(device),
         autocast=None if runner.autocast is None else str(runner.autocast).replace("torch.", ""),
         compiled=compile_options is not None, compile_time_ns=compile_time_ns,
+        input_shapes=shapes_of(first), input_dtypes=dtypes_of(first),
     )  # fmt: skip
     if interrupted is not None:
         raise BenchInterrupted(result) from interrupted

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope import formats
 from layerscope.errors import SchemaError
 from layerscope.io import read_json
+from layerscope.tree import NotebookDisplay
 
 SCHEMA = "layerscope-bench/1"
 
@@ -154,7 +156,7 @@ class BatchResult:
 
 
 @dataclass
-class BenchResult:
+class BenchResult(NotebookDisplay):
     """A model-level benchmark: the model's size and cost, then latency, throughput and
     peak memory per batch size, with the settings and the machine it ran on.
 
@@ -183,8 +185,28 @@ class BenchResult:
     #: CUDA only, with ``find_max_batch=True``: the largest batch size that fit.
     max_batch_size: int | None = None
     unsupported_ops: dict[str, int] = field(default_factory=dict)
+    #: The batch at ``count_batch_size`` as the model got it: shapes and dtype names,
+    #: nested as the inputs are (a dict of keyword inputs, a list of positional ones);
+    #: None in a result saved before they were kept.
+    input_shapes: Any = None
+    input_dtypes: Any = None
 
     DOCUMENT = "bench"  # its table in the output registry
+
+    @property
+    def inputs(self) -> list[tuple[str, list[int], str]]:
+        """Each input tensor as ``(name, shape, dtype)`` at ``count_batch_size``: a keyword
+        input by its key, a positional one by its index (``"0"``), a lone tensor ``"input"``."""
+        return list(_leaves("input", self.input_shapes, self.input_dtypes))
+
+    @property
+    def tokens_per_sample(self) -> int | None:
+        """A sequence model's tokens per sample: the length (dim 1) of its first input of
+        token ids (an integer tensor ``[batch, sequence]``); None for other models."""
+        for _, shape, dtype in self.inputs:
+            if len(shape) == 2 and dtype.startswith(("int", "uint")):
+                return shape[1]
+        return None
 
     @property
     def model_bytes(self) -> int:
@@ -249,6 +271,9 @@ class BenchResult:
             "macs": self.macs,
             "unsupported_ops": dict(self.unsupported_ops),
             "count_batch_size": self.count_batch_size,
+            "input_shapes": self.input_shapes,
+            "input_dtypes": self.input_dtypes,
+            "tokens_per_sample": self.tokens_per_sample,
             "settings": dict(self.settings),
             "machine": dict(self.machine),
             "batches": [b.to_dict() for b in self.batches],
@@ -265,6 +290,18 @@ class BenchResult:
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _leaves(name: str, shapes: Any, dtypes: Any) -> Iterator[tuple[str, list[int], str]]:
+    if isinstance(shapes, dict):
+        for key, shape in shapes.items():
+            yield from _leaves(str(key), shape, dtypes.get(key) if isinstance(dtypes, dict) else None)
+    elif isinstance(shapes, list) and all(isinstance(v, int) for v in shapes) and isinstance(dtypes, str):
+        yield name, shapes, dtypes
+    elif isinstance(shapes, list):
+        for index, shape in enumerate(shapes):
+            inner = dtypes[index] if isinstance(dtypes, list) and index < len(dtypes) else None
+            yield from _leaves(str(index) if name == "input" else f"{name}.{index}", shape, inner)
 
 
 _BATCH_FIELDS = ("first_run_ns", "peak_memory_bytes", "h2d_ns", "d2h_ns")
@@ -327,6 +364,7 @@ def from_dict(doc: Any, source: str = "document") -> BenchResult:
         autocast=doc.get("autocast"), compiled=bool(doc.get("compiled", False)),
         compile_time_ns=_int_or_none(doc.get("compile_time_ns"), "'compile_time_ns'", source),
         max_batch_size=_int_or_none(doc.get("max_batch_size"), "'max_batch_size'", source),
+        input_shapes=doc.get("input_shapes"), input_dtypes=doc.get("input_dtypes"),
     )  # fmt: skip
 
 

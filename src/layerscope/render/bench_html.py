@@ -41,6 +41,8 @@ def bench_data(result: BenchResult) -> dict[str, Any]:
         "flops_per_sample": result.flops_per_sample, "macs_per_sample": result.macs_per_sample,
         "machine": dict(result.machine), "settings": dict(result.settings),
         "max_batch_size": result.max_batch_size, "best_batch_size": result.best_batch_size,
+        "count_batch_size": result.count_batch_size, "tokens_per_sample": result.tokens_per_sample,
+        "inputs": [{"name": name, "shape": shape, "dtype": dtype} for name, shape, dtype in result.inputs],
         "warnings": result.warnings,
         "batches": [_batch(entry) for entry in sorted(result.batches, key=lambda b: b.batch_size)],
     }  # fmt: skip

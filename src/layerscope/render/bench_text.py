@@ -58,14 +58,26 @@ def _machine(machine: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _batch_row(entry: BatchResult, show_transfer: bool) -> list[str]:
+def _inputs_line(result: BenchResult) -> list[str]:
+    """``input        input_ids int64 [1, 128] (batch size 1)``; nothing when unknown."""
+    inputs = result.inputs
+    if not inputs:
+        return []
+    listed = ", ".join(f"{name} {dtype} {fmt.shape(shape)}" for name, shape, dtype in inputs)
+    tokens = result.tokens_per_sample
+    per_sample = f"; {tokens} tokens per sample" if tokens is not None else ""
+    return [f"input        {listed} (at batch size {result.count_batch_size}{per_sample})"]
+
+
+def _batch_row(entry: BatchResult, show_transfer: bool, tokens: int | None) -> list[str]:
     if entry.status != "ok":
-        cells = [str(entry.batch_size), entry.status.upper()] + [""] * 9
+        cells = [str(entry.batch_size), entry.status.upper()] + [""] * (10 if tokens is None else 11)
     else:
         cells = [
             str(entry.batch_size), _ns(entry.p50_ns), _ns(entry.p90_ns), _ns(entry.p99_ns),
             f"{_ns(entry.mean_ns)} ± {_ns(entry.std_ns)}", _ns(entry.min_ns), _ns(entry.max_ns),
             f"{100 * entry.cv:.1f}%", str(entry.runs), _per_s(entry.throughput_per_s),
+            *([] if tokens is None else [_per_s(entry.throughput_per_s * tokens)]),
             fmt.nbytes(entry.peak_memory_bytes),
         ]  # fmt: skip
     if show_transfer:
@@ -86,6 +98,7 @@ def render_table(result: BenchResult) -> str:
         + (f"(forward, counted at batch size {result.count_batch_size})" if result.flops is not None
            else "(unknown: the count ran out of memory)"),
         *_unsupported(result.unsupported_ops),
+        *_inputs_line(result),
         f"machine      {_machine(result.machine)}",
         f"runs         {settings.get('warmup', '?')} warm-up, then at least {settings.get('min_runs', '?')} runs "
         f"and {settings.get('min_time_s', '?')}s per batch size",
@@ -95,14 +108,18 @@ def render_table(result: BenchResult) -> str:
     if result.compile_time_ns is not None:
         lines.append(f"compile      {_ns(result.compile_time_ns)} (first call; not in the figures below)")
     show_transfer = any(b.h2d_ns is not None or b.d2h_ns is not None for b in result.batches)
-    header = ["batch", "p50", "p90", "p99", "mean ± std", "min", "max", "CV", "runs", "samples/s", "peak mem"]
+    tokens = result.tokens_per_sample
+    header = ["batch", "p50", "p90", "p99", "mean ± std", "min", "max", "CV", "runs", "samples/s"]
+    header += ([] if tokens is None else ["tokens/s"]) + ["peak mem"]
     if show_transfer:
         header += ["H2D", "D2H"]
-    rows = [_batch_row(b, show_transfer) for b in sorted(result.batches, key=lambda b: b.batch_size)]
+    rows = [_batch_row(b, show_transfer, tokens) for b in sorted(result.batches, key=lambda b: b.batch_size)]
     lines += ["", *draw(from_headers(header), rows, style=SPACES), ""]
     best = result.best_batch_size
     if best is not None:
-        lines.append(f"best throughput: batch size {best}, {fmt.count(round(result.batch(best).throughput_per_s))} samples/s")
+        per_s = result.batch(best).throughput_per_s
+        in_tokens = "" if tokens is None else f", {fmt.count(round(per_s * tokens))} tokens/s"
+        lines.append(f"best throughput: batch size {best}, {fmt.count(round(per_s))} samples/s{in_tokens}")
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,8 @@
         ["dtype", DATA.dtype + (DATA.autocast ? " (autocast " + DATA.autocast + ")" : "") + (DATA.compiled ? ", compiled" : "")],
         ["params", fmt.count(DATA.params) + " (" + fmt.bytes(DATA.model_bytes) + ")"],
         ["FLOPs per sample", DATA.flops_per_sample === null ? "unknown" : fmt.count(DATA.flops_per_sample)],
+        ["input", DATA.inputs.length ? DATA.inputs.map((i) => i.name + " " + i.dtype + " " + fmt.shape(i.shape)).join(", ") + " (at batch size " + DATA.count_batch_size + ")" : ""],
+        ["tokens per sample", DATA.tokens_per_sample],
         ["machine", [machine.cpu, machine.gpu, machine.torch ? "torch " + machine.torch : null].filter(Boolean).join(", ")],
         ["best throughput", DATA.best_batch_size === null ? "" : "batch size " + DATA.best_batch_size],
         ["max batch", DATA.max_batch_size],
@@ -79,6 +81,7 @@
       { key: "runs", label: "Runs", kind: "int", get: (b) => b.runs },
       { key: "throughput", label: "Samples/s", kind: "count", get: (b) => (b.throughput_per_s === null ? null : Math.round(b.throughput_per_s)) },
     ];
+    if (DATA.tokens_per_sample !== null) columns.push({ key: "tokens", label: "Tokens/s", kind: "count", get: (b) => (b.throughput_per_s === null ? null : Math.round(b.throughput_per_s * DATA.tokens_per_sample)) });
     if (DATA.batches.some((b) => b.peak_memory_bytes !== null)) columns.push({ key: "peak", label: "Peak mem", kind: "bytes", get: (b) => b.peak_memory_bytes });
     return section("table", "Batch sizes", sortableTable("bench-table", columns, DATA.batches, { attrs: (b) => ({ "data-batch": b.batch_size }) }));
   }
