@@ -1,15 +1,18 @@
 """The architecture as a test: imports flow one way, from the layer that runs things down
 to the one data model and the files below it.
 
-    app      session, block, cli, compat, handlers, integrations, bench.measure, the package
-    render   render/*, plot           capture   capture/*, attribute/*, flops/*, zoo, specs, traces/*
-    model    tree, ops, check, schema, transforms, diff, ranks, documents, bench.result
-    base     errors, fmt, io, formats (the output registry), comm, raw, schedule, traces.reader
+    app        session, block, cli, compat, handlers, integrations, bench.measure, the package
+    capture    capture/*, flops/*, zoo, specs, traces/*
+    render     render/*, plot               attribute   attribute/*
+    model      tree, ops, check, schema, transforms, diff, ranks, documents, bench.result
+    base       errors, fmt, io, formats (the output registry), comm, raw, schedule, traces.reader
 
-A module imports its own layer or lower ones, render and capture never each other. Every
-import counts, the ones inside functions too (``if TYPE_CHECKING`` blocks aside): a
-document's ``render()``/``save()`` reach the renderers through the registry in ``base``,
-which the renderers fill, never by importing them.
+A module imports its own layer or lower ones; render and attribute never each other, and
+capture never render. The four lower layers are pure: none imports torch, so a tree can
+be attributed, checked and rendered from events or files alone. Every import counts, the
+ones inside functions too (``if TYPE_CHECKING`` blocks aside): a document's
+``render()``/``save()`` reach the renderers through the registry in ``base``, which the
+renderers fill, never by importing them.
 """
 
 from __future__ import annotations
@@ -24,11 +27,16 @@ SRC = Path(layerscope.__file__).parent
 LAYERS = {
     "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "traces.reader"),
     "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result"),
+    "attribute": ("attribute",),
     "render": ("render", "plot"),
-    "capture": ("capture", "attribute", "flops", "zoo", "specs", "traces"),
+    "capture": ("capture", "flops", "zoo", "specs", "traces"),
     "app": ("session", "block", "cli", "__main__", "compat", "handlers", "integrations", "bench", "examples", ""),
 }
-RANK = {"base": 0, "model": 1, "render": 2, "capture": 2, "app": 3}
+RANK = {"base": 0, "model": 1, "attribute": 2, "render": 2, "capture": 3, "app": 4}
+#: Lower-ranked pairs that still must not import each other (importer, imported).
+APART = {("capture", "render")}
+#: The layers that run without torch.
+PURE = ("base", "model", "attribute", "render")
 
 #: ``Profile.ops()`` builds the op table, a view of the same tree that needs the tree's
 #: phases: the one cycle, inside the model.
@@ -55,7 +63,9 @@ def _layer(module: str) -> str:
     return found
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+def _imports(path: Path, modules: dict[str, Path] | None) -> set[str]:
+    """The modules ``path`` imports: those in ``modules`` (layerscope's own), or with
+    ``modules=None`` every top-level or dotted name it imports."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     typing_only = {
         id(inner) for node in ast.walk(tree)
@@ -71,7 +81,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        found.update(name for name in names if name in modules and name != "layerscope")
+        found.update(name for name in names if (modules is None or name in modules) and name != "layerscope")
     return found
 
 
@@ -90,8 +100,22 @@ def test_imports_go_down_or_across_their_own_layer():
         here = _layer(module)
         for target in sorted(imported):
             there = _layer(target)
-            if RANK[there] > RANK[here] or (RANK[there] == RANK[here] and there != here):
+            if RANK[there] > RANK[here] or (RANK[there] == RANK[here] and there != here) or (here, there) in APART:
                 wrong.append(f"{module} ({here}) imports {target} ({there})")
+    assert wrong == []
+
+
+def _imports_torch(path: Path) -> list[str]:
+    """The torch modules ``path`` imports, anywhere in it (``TYPE_CHECKING`` blocks aside)."""
+    return sorted(name for name in _imports(path, None) if name == "torch" or name.startswith("torch."))
+
+
+def test_the_pure_layers_never_import_torch():
+    wrong = [
+        f"{module} ({_layer(module)}) imports {', '.join(_imports_torch(path))}"
+        for module, path in _modules().items()
+        if _layer(module) in PURE and _imports_torch(path)
+    ]
     assert wrong == []
 
 
@@ -155,3 +179,15 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     assert _imports(modules["layerscope.tree"], modules) == {"layerscope.render.text"}
     assert RANK[_layer("layerscope.render.text")] > RANK[_layer("layerscope.tree")]
     assert sorted(map(sorted, _strongly_connected({"a": {"b"}, "b": {"a"}, "c": set()}))) == [["a", "b"], ["c"]]
+
+
+def test_the_purity_check_sees_torch_and_capture_from_attribute(tmp_path):
+    """The checker itself: an attribute module reaching for torch, or for capture/, fails."""
+    walk = tmp_path / "walk.py"
+    walk.write_text("def f():\n    import torch.nn\n    from layerscope.capture.kineto import convert\n")
+    assert _imports_torch(walk) == ["torch.nn"]
+    modules = {"layerscope.attribute.walk": walk, "layerscope.capture.kineto": tmp_path / "kineto.py"}
+    assert _imports(walk, modules) == {"layerscope.capture.kineto"}
+    assert _layer("layerscope.attribute.walk") in PURE
+    assert RANK[_layer("layerscope.capture.kineto")] > RANK[_layer("layerscope.attribute.walk")]
+    assert ("capture", "render") in APART and _layer("layerscope.render.text") == "render"

@@ -1,0 +1,244 @@
+"""The walker (``attribute/walk.py``) and the tree it builds, from hand-written event
+streams: no torch, no model, every number computed by hand. A stream is what a capture
+backend emits (``raw.py``'s typed events); ``build_profile`` walks it into the tree.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from layerscope.attribute import build_profile, walk_pass
+from layerscope.check import check_tree
+from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture, Step
+from layerscope.tree import Profile
+
+
+def op_calls(profile: Profile) -> int:
+    return sum(op.calls for node in profile.nodes() for op in node.ops)
+
+
+# -- raw capture -> tree, with hand-written event streams ------------------------------
+
+# root (0 params) -> a (10) -> a.b (5); root -> c (0)
+MODULES = [
+    ModuleInfo(path="", type="Root", parent=None, depth=0, params=0),
+    ModuleInfo(path="a", type="A", parent="", depth=1, params=10),
+    ModuleInfo(path="a.b", type="B", parent="a", depth=2, params=5),
+    ModuleInfo(path="c", type="C", parent="", depth=1, params=0),
+]
+ROOT, A, B, C = range(4)
+
+
+def enter(t: int, index: int) -> Enter:
+    return Enter(t_ns=t, module=index)
+
+
+def leave(t: int, index: int) -> Exit:
+    return Exit(t_ns=t, module=index)
+
+
+def op(t0: int, t1: int, name: str, shapes: list[Any]) -> Op:
+    return Op(t0_ns=t0, t1_ns=t1, name=name, input_shapes=shapes)
+
+
+def build(*passes: list[Event], op_pass: list[Event] | None = None) -> Profile:
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=list(passes), op_pass=op_pass)
+    return check_tree(build_profile(raw))
+
+
+def cpu(prof: Profile, path: str) -> tuple[int, int]:
+    stats = prof[path].forward
+    return stats.self_cpu_time_ns, stats.cpu_time_ns
+
+
+def test_build_nested_modules() -> None:
+    stream = [
+        enter(0, ROOT), enter(10, A), enter(20, B), leave(50, B), leave(70, A),
+        enter(80, C), leave(90, C), leave(100, ROOT),
+    ]  # fmt: skip
+    prof = build(stream)
+    assert cpu(prof, "a.b") == (30, 30)  # 50 - 20
+    assert cpu(prof, "a") == (30, 60)  # 70 - 10 = 60, minus b's 30
+    assert cpu(prof, "c") == (10, 10)
+    assert cpu(prof, "") == (30, 100)  # 100 - 60 - 10
+    assert [n.calls for n in prof.nodes()] == [1, 1, 1, 1]
+    assert prof.root.params_total == 15
+    assert prof["a"].params_total == 15
+    assert prof.meta["pass_cpu_time_ns"] == [100]
+
+
+def test_build_module_called_twice() -> None:
+    stream = [enter(0, ROOT), enter(10, C), leave(15, C), enter(20, C), leave(40, C), leave(50, ROOT)]
+    prof = build(stream)
+    assert prof["c"].calls == 2
+    assert cpu(prof, "c") == (25, 25)  # 5 + 20
+    assert cpu(prof, "") == (25, 50)
+    assert prof["a"].calls == 0 and cpu(prof, "a") == (0, 0)
+
+
+def _one_child_pass(child_ns: int) -> list[Event]:
+    # root lasts 200 in every pass; a lasts child_ns inside it.
+    return [enter(0, ROOT), enter(10, A), leave(10 + child_ns, A), leave(200, ROOT)]
+
+
+def test_build_median_of_three_passes() -> None:
+    prof = build(*[_one_child_pass(d) for d in (10, 50, 30)])
+    # a self: 10, 50, 30 -> median 30; root self: 190, 150, 170 -> median 170.
+    assert cpu(prof, "a") == (30, 30)
+    assert cpu(prof, "") == (170, 200)
+    assert prof.meta["pass_cpu_time_ns"] == [200, 200, 200]
+
+
+def test_build_median_is_median_low_per_module() -> None:
+    prof = build(*[_one_child_pass(d) for d in (10, 30, 50, 70)])
+    # a self: 10, 30, 50, 70 -> median_low 30 (the plain median would be 40).
+    # root self: 190, 170, 150, 130 -> median_low 150. Totals are rebuilt from the
+    # per-module medians: 150 + 30 = 180, though every pass lasted 200.
+    assert cpu(prof, "a") == (30, 30)
+    assert cpu(prof, "") == (150, 180)
+
+
+def test_build_calls_median_across_passes() -> None:
+    once = [enter(0, ROOT), enter(1, C), leave(2, C), leave(10, ROOT)]
+    twice = [enter(0, ROOT), enter(1, C), leave(2, C), enter(3, C), leave(4, C), leave(10, ROOT)]
+    prof = build(once, twice, twice)
+    assert prof["c"].calls == 2
+
+
+def test_build_ops_go_to_innermost_module_and_outside_is_counted() -> None:
+    stream = [
+        op(-20, -10, "aten::empty", []),  # before the root: outside
+        enter(0, ROOT),
+        op(1, 3, "aten::add", [[2]]),  # root's own
+        enter(10, A),
+        enter(20, B),
+        op(21, 25, "aten::mul", [[2], [2]]),  # b's
+        op(26, 27, "aten::mul", [[2], [2]]),  # b's again, same shapes: same row
+        op(28, 29, "aten::mul", [[3], [3]]),  # b's, other shapes: own row
+        leave(30, B),
+        op(31, 34, "aten::mul", [[2], [2]]),  # a's (b has exited)
+        leave(40, A),
+        leave(50, ROOT),
+        op(60, 61, "aten::empty", []),  # after the root: outside
+    ]
+    prof = build(stream, op_pass=stream)
+    assert prof.meta["unattributed_ops"] == 2
+
+    def rows(path: str) -> list[tuple[str, int, int, list[Any]]]:
+        return [(o.name, o.calls, o.cpu_time_ns, o.input_shapes) for o in prof[path].ops]
+
+    assert rows("") == [("aten::add", 1, 2, [[2]])]
+    assert rows("a") == [("aten::mul", 1, 3, [[2], [2]])]
+    assert rows("a.b") == [("aten::mul", 2, 5, [[2], [2]]), ("aten::mul", 1, 1, [[3], [3]])]
+    assert rows("c") == []
+    for node in prof.nodes():
+        for o in node.ops:
+            assert o.self_cpu_time_ns == o.cpu_time_ns  # ops are one level deep
+    # Op events are ignored by the timing walk: root self is 50 - 30 = 20.
+    assert cpu(prof, "") == (20, 50)
+
+
+def test_build_unbalanced_stream_exit_skips_an_open_frame() -> None:
+    # b is entered but never exits; a's exit closes it.
+    stream = [
+        enter(0, ROOT), enter(10, A), enter(20, B), leave(50, A),
+        op(60, 61, "aten::relu", [[1]]),  # after a's exit: the root's, not b's
+        leave(100, ROOT),
+    ]  # fmt: skip
+    prof = build(stream, op_pass=stream)
+    assert prof["a"].calls == 1
+    assert prof["a"].forward.cpu_time_ns == 40  # 50 - 10, however b is accounted
+    assert prof.root.calls == 1
+    assert prof.root.forward.cpu_time_ns == 100
+    assert [o.name for o in prof.root.ops] == ["aten::relu"]
+    assert prof["a.b"].ops == []
+
+
+def test_build_unbalanced_stream_left_open_and_stray_exit() -> None:
+    stream = [
+        leave(5, C),  # exit with nothing open: ignored
+        enter(10, ROOT), enter(20, A), leave(40, A), enter(50, C),  # root and c never exit
+    ]  # fmt: skip
+    prof = build(stream, op_pass=stream)
+    assert prof["a"].calls == 1
+    assert cpu(prof, "a") == (20, 20)
+    # Calls are counted when entered: root and c started a call each.
+    assert prof["c"].calls == 1
+    assert prof.root.calls == 1
+
+
+def test_build_without_passes_or_op_pass() -> None:
+    prof = build()
+    assert [n.calls for n in prof.nodes()] == [0, 0, 0, 0]
+    assert op_calls(prof) == 0
+    assert prof.meta["unattributed_ops"] == 0
+    assert "pass_cpu_time_ns" not in prof.meta
+
+
+def test_walk_refuses_what_is_not_an_event_record() -> None:
+    # An old-style positional tuple, say: refused, not silently skipped.
+    with pytest.raises(TypeError, match="not an event record"):
+        walk_pass([enter(0, ROOT), (1, 10, ROOT, None)], [m.path for m in MODULES])
+
+
+def test_build_device_times_add_up() -> None:
+    stream = [
+        Enter(t_ns=0, module=ROOT, device_t_ns=0),
+        Enter(t_ns=10, module=A, device_t_ns=100),
+        Exit(t_ns=20, module=A, device_t_ns=400),
+        Exit(t_ns=30, module=ROOT, device_t_ns=1000),
+    ]
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream], has_device_time=True)
+    prof = check_tree(build_profile(raw))
+    assert prof["a"].forward.self_device_time_ns == 300
+    assert prof.root.forward.self_device_time_ns == 700  # 1000 - 300
+    assert prof.root.forward.device_time_ns == 1000
+    assert prof["c"].forward.device_time_ns == 0
+
+
+def test_build_device_times_from_ops_when_frames_have_no_device_marks() -> None:
+    # A backend that times kernels, not module calls (torch's Kineto profiler): Enter and
+    # Exit carry no device time, each op its kernel time. A frame's own device time is
+    # that of the ops run directly in it.
+    def kernel(t0: int, t1: int, name: str, device_ns: int, grad: Any = None) -> Op:
+        return Op(t0_ns=t0, t1_ns=t1, name=name, input_shapes=[], device_time_ns=device_ns, grad=grad)
+
+    stream = [
+        Step(t_ns=0),
+        Enter(t_ns=0, module=ROOT, seq=0),
+        kernel(1, 3, "aten::add", 5),  # root's own
+        Enter(t_ns=10, module=A, seq=0),
+        kernel(11, 12, "aten::mul", 7),  # a's own
+        Enter(t_ns=20, module=B, seq=0),
+        kernel(21, 25, "aten::mm", 40),  # b's
+        kernel(26, 27, "aten::relu", 2),  # b's
+        Exit(t_ns=30, module=B, seq=3),  # b created autograd nodes 0..2
+        Exit(t_ns=40, module=A, seq=5),  # a nodes 3..4
+        Enter(t_ns=50, module=C, seq=5),
+        Exit(t_ns=60, module=C, seq=5),  # c ran no op
+        Exit(t_ns=100, module=ROOT, seq=5),
+        kernel(110, 120, "aten::sum", 9),  # the loss, outside every frame
+        kernel(130, 140, "aten::mm", 11, grad=(1, None)),  # backward of b's node 1
+        Step(t_ns=200),
+    ]
+    raw = RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream], op_pass=stream, has_device_time=True)
+    prof = check_tree(build_profile(raw))
+
+    def device(path: str) -> tuple[int | None, int | None]:
+        stats = prof[path].forward
+        return stats.self_device_time_ns, stats.device_time_ns
+
+    assert device("a.b") == (42, 42)  # 40 + 2
+    assert device("a") == (7, 49)  # 7 + b's 42
+    assert device("c") == (0, 0)
+    assert device("") == (5, 54)  # 5 + a's 49 + c's 0
+    assert prof["a.b"].backward.self_device_time_ns == 11
+    assert prof.root.backward.device_time_ns == 11
+    assert prof["<loss>"].forward.self_device_time_ns == 9
+    # Every op's kernel time is in exactly one node: 5 + 7 + 40 + 2 + 11 + 9.
+    all_nodes = list(prof.nodes())  # the model's, then the step's parts
+    assert sum(stats.self_device_time_ns or 0 for node in all_nodes for _, stats in node.phases()) == 74
+    assert sum(op.device_time_ns or 0 for node in all_nodes for op in node.ops) == 74
