@@ -996,7 +996,7 @@ def _bench(args: argparse.Namespace) -> int:
     from layerscope.bench import benchmark
     from layerscope.formats import render
     from layerscope.io import write_atomic
-    from layerscope.specs import _load_callable, parse_config, parse_dtype, parse_shape, resolve_model
+    from layerscope.specs import load_callable, parse_config, parse_dtype, parse_shape, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")
@@ -1012,7 +1012,7 @@ def _bench(args: argparse.Namespace) -> int:
     shapes = [parse_shape(s) for s in args.input]
     resolved = resolve_model(args.spec, batch_size=1, config=parse_config(args.config) if args.config else None)
     # --inputs names a builder here: it is called with each batch size.
-    sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: _load_callable(spec, "inputs"))
+    sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: load_callable(spec, "inputs"))
     from layerscope.bench.measure import BenchInterrupted
 
     interrupted = False

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ def gather(
     ranks met through) and goes on at once; rank 0 waits for the others' up to
     ``timeout`` seconds per cycle. A rank that never sends (it died, or is far behind)
     holds no one up past that: rank 0 writes what arrived, the document names the ranks
-    missing, and a line on stderr says so. Every rank must use ``gather`` (a rank that
+    missing, and a ``RuntimeWarning`` says so. Every rank must use ``gather`` (a rank that
     does not is reported missing after ``timeout``).
     """
     if not timeout > 0:
@@ -84,11 +84,12 @@ def gather(
         path = target / f"{prefix}_steps{first}-{last}_ranks.json"
         _save_merged(profiles, path)
         if missing:
-            print(
+            warnings.warn(
                 f"layerscope: gather: rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of {world} "
                 f"sent no profile for steps {first}-{last} within {timeout:g}s; wrote the "
                 f"{len(profiles)} that arrived to {path} (missing ranks named there)",
-                file=sys.stderr,
+                RuntimeWarning,
+                stacklevel=2,
             )
         return path
 
@@ -122,13 +123,3 @@ def _save_merged(profiles: list[Profile], path: Path) -> None:
     from layerscope.ranks import merge
 
     merge(profiles).save(str(path), fmt="json")
-
-
-def print_table(**options: Any) -> Callable[[Profile], None]:
-    """``on_ready`` that prints each cycle's text table (``options`` as for ``render``,
-    e.g. ``depth=2``)."""
-
-    def handler(profile: Profile) -> None:
-        print(profile.render("text", **options))
-
-    return handler

@@ -18,11 +18,12 @@ from layerscope.attribute.compiled import RULE as COMPILED_RULE
 from layerscope.attribute.compiled import attribute as attribute_compiled
 from layerscope.capture._torch import missing_meta
 from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
-from layerscope.capture.compiled import eager_module, time_compiled
+from layerscope.capture.compiled import time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import (
     autocast_dtype,
+    eager_module,
     model_device,
     model_dtype,
     module_table,

@@ -100,7 +100,9 @@ def vocab_size(model: nn.Module) -> int | None:
     return None
 
 
-def _load_callable(spec: str, what: str) -> Callable[..., Any]:
+def load_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable a ``module:callable`` or ``file.py:callable`` SPEC names (``what`` is
+    the kind of SPEC, for the error); a one-line ``SpecError`` when it cannot be read."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise SpecError(
@@ -193,7 +195,7 @@ def resolve_model(
         return Resolved(model, entry.example_inputs(batch_size), f"zoo:{entry.name}")
     if kind == "transformers":
         return _resolve_transformers(name, batch_size, building, config or {})
-    factory = _load_callable(spec, "model")
+    factory = load_callable(spec, "model")
     try:
         with building:
             model = factory()
@@ -213,7 +215,7 @@ def resolve_model(
 
 def resolve_inputs(spec: str) -> Any:
     """Call the ``--inputs`` SPEC; it must return a Tensor, a tuple/list or a dict."""
-    factory = _load_callable(spec, "inputs")
+    factory = load_callable(spec, "inputs")
     try:
         inputs = factory()
     except Exception as exc:

@@ -3,7 +3,8 @@
 - ``measure.py``: runs the model (the only part that imports torch): ``benchmark()``.
 - ``result.py``: the data model, ``BenchResult``, its JSON (``layerscope-bench/1``),
   ``load`` and ``compare``.
-- ``render.py``: pure renderers, ``BenchResult -> str`` and comparisons.
+- Its renderers are ``render/bench_text.py`` (text and JSON, comparisons too) and
+  ``render/bench_html.py``, through the output registry (``BenchResult.render``).
 
 Loading, comparing and rendering saved results does not import torch.
 """

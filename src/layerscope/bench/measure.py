@@ -236,7 +236,7 @@ def _transfer_ns(value: Any, device: torch.device, repeat: int = 5) -> int:
 
 def _peak_bytes_tracked(runner: _Runner, batch: Any) -> tuple[int | None, Any]:
     """One untimed pass under layerscope's memory tracking: (peak bytes, its profile)."""
-    from layerscope.capture.compiled import eager_module
+    from layerscope.capture.modules import eager_module
     from layerscope.session import count_flops
 
     # A model compiled by the user is counted through its eager original: the counts are

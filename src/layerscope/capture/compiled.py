@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from layerscope.capture import _torch
-from layerscope.capture.kineto import _quiet
+from layerscope.capture.kineto import quiet_profiler
 from layerscope.errors import ModelError
 
 #: The range layerscope wraps each timed call in.
@@ -52,13 +52,6 @@ _CALL = re.compile(r"## Call CompiledFxGraph (\S+) ##")
 MODULE_RANGE = "layerscope#eager:"
 _REGION = "Torch-Compiled Region"
 _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
-
-
-def eager_module(model: nn.Module) -> nn.Module | None:
-    """The eager module behind a model compiled as a whole (``torch.compile(model)``),
-    else None."""
-    wrapper = _torch.optimized_module_type()
-    return _torch.eager_of(model) if wrapper is not None and isinstance(model, wrapper) else None
 
 
 @dataclass
@@ -339,13 +332,13 @@ def _profiled(call: Callable[[], Any]) -> Pass:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     prof = profile(activities=[ProfilerActivity.CPU])
-    with _quiet():
+    with quiet_profiler():
         prof.start()
     try:
         with record_function(STEP_RANGE):
             call()
     finally:
-        with _quiet():
+        with quiet_profiler():
             prof.stop()
     return _pass(prof.events())
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import uuid
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -100,10 +100,11 @@ def _agree(dist: Any) -> str:
         return bytes(store.get(_STORE_KEY)).decode()
     except Exception:  # the store's timeout error
         made = new_run_id()
-        print(
+        warnings.warn(
             f"layerscope: rank {dist.get_rank()} heard no run id from rank 0 within {RUN_ID_WAIT_S:g}s "
             f"(is rank 0 profiling?); its files carry run id {made} (set {RUN_ID_ENV} to name the run)",
-            file=sys.stderr,
+            RuntimeWarning,
+            stacklevel=2,
         )
         return made
 

@@ -150,7 +150,9 @@ def _pass_on(sink: int, start: int, fd: int) -> int:
     return start + len(data)
 
 
-def _quiet() -> AbstractContextManager[None]:
+def quiet_profiler() -> AbstractContextManager[None]:
+    """Around starting or stopping torch's profiler: its backend's log lines kept off
+    stderr (:func:`quiet_fd2`), unless ``layerscope.capture.QUIET_PROFILER`` is off."""
     import layerscope.capture
 
     return quiet_fd2() if layerscope.capture.QUIET_PROFILER else nullcontext()
@@ -1033,7 +1035,7 @@ class KinetoWindow:
         activities = self._activities()
         stack = ExitStack()
         try:
-            with _quiet():
+            with quiet_profiler():
                 _torch.prepare_profiler(config, activities)
             pre, post = self._hooks()
             stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
@@ -1048,7 +1050,7 @@ class KinetoWindow:
                 self._shape_hook = shapes
             if self.memory:
                 optimizer_hooks(stack, self._optimizer_pre, self._optimizer_post)
-            with _quiet():
+            with quiet_profiler():
                 _torch.enable_profiler(config, activities)
         except BaseException:
             stack.close()
@@ -1094,7 +1096,7 @@ class KinetoWindow:
         try:
             stack.close()
         finally:
-            with _quiet():
+            with quiet_profiler():
                 result = _torch.disable_profiler()
         gc_was_on = gc.isenabled()
         gc.disable()  # many small objects, none cyclic: collections would only cost time

@@ -169,6 +169,13 @@ def compiled_modules(model: nn.Module) -> list[str]:
     ]
 
 
+def eager_module(model: nn.Module) -> nn.Module | None:
+    """The eager module behind a model compiled as a whole (``torch.compile(model)``),
+    else None."""
+    wrapper = _torch.optimized_module_type()
+    return _torch.eager_of(model) if wrapper is not None and isinstance(model, wrapper) else None
+
+
 def refuse_compiled(model: nn.Module) -> None:
     """Refuse per-module profiling of a compiled model: module hooks are traced into
     the compiled graph and replayed, so their times (and the ops seen) say nothing
@@ -177,8 +184,7 @@ def refuse_compiled(model: nn.Module) -> None:
     if not found:
         return
     where = "the model" if found[0] == "" else f"module{'s' if len(found) > 1 else ''} {', '.join(repr(p) for p in found[:3])}"
-    whole = found[0] == "" and isinstance(model, _torch.optimized_module_type() or ())
-    eager = "model._orig_mod" if whole else "the model before torch.compile"
+    eager = "model._orig_mod" if eager_module(model) is not None else "the model before torch.compile"
     raise ModelError(
         f"{where} is compiled with torch.compile, whose graphs replay module hooks, so per-module "
         f"figures from hooks would be wrong: layerscope.profile(torch.compile(model), inputs) profiles a "
