@@ -875,3 +875,15 @@ def test_bench_interrupted_prints_what_finished_and_exits_130(workdir: Path) -> 
     assert run.stderr.strip().splitlines()[-1] == "layerscope: interrupted; the batch sizes that finished are above"
     saved = json.loads((workdir / "partial.json").read_text(encoding="utf-8"))
     assert [b["status"] for b in saved["batches"]] == ["ok", "interrupted"]
+
+
+@pytest.mark.parametrize("command", ["profile", "bench"])
+def test_input_and_inputs_are_one_or_the_other(command: str, workdir: Path) -> None:
+    # One rule for both commands, checked before any model is built.
+    run = run_cli(command, "zoo:mlp", "--input", "1x64", "--inputs", "nets.py:no_such_builder", cwd=workdir)
+    assert assert_usage_error(run) == "layerscope: error: give either --input SHAPE or --inputs SPEC, not both"
+
+
+def test_a_bad_peak_is_the_librarys_rule_named_as_the_flag(workdir: Path) -> None:
+    line = assert_usage_error(run_cli("profile", "zoo:mlp", "--peak-tflops", "-5", cwd=workdir))
+    assert line == "layerscope: error: --peak-tflops must be a positive number of TFLOP/s (an H100's bf16: 989), got -5.0"

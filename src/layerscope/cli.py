@@ -655,18 +655,18 @@ def _show(args: argparse.Namespace) -> int:
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
-    from layerscope.specs import parse_config, parse_dtype, parse_shape, resolve_inputs, resolve_model
+    from layerscope.capture.peaks import check_peak_tflops
+    from layerscope.specs import parse_config, parse_dtype, resolve_inputs, resolve_model
 
     if getattr(args, "compile", False) and args.backward:
         raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
     device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
-    peak = getattr(args, "peak_tflops", None)
-    if peak is not None and not peak > 0:
-        raise UsageError(f"--peak-tflops must be a positive number of TFLOP/s, got {peak}")
-    shapes = [parse_shape(s) for s in args.input]
-    if shapes and args.inputs:
-        raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
+    try:
+        check_peak_tflops(getattr(args, "peak_tflops", None))  # the library's own rule
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("peak_tflops", "--peak-tflops", 1)) from None
+    shapes = _input_shapes(args)
 
     if not count_only and device.type == "meta":
         raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
@@ -752,6 +752,15 @@ def _hinted(model: Any, inputs: Any) -> Iterator[None]:
         if hint is not None:
             exc.add_note(hint)
         raise
+
+
+def _input_shapes(args: argparse.Namespace) -> list[Any]:
+    """The --input shapes, parsed; refused beside --inputs (one or the other)."""
+    from layerscope.specs import parse_shape
+
+    if args.input and args.inputs:
+        raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
+    return [parse_shape(s) for s in args.input]
 
 
 def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], resolved: Any, from_spec: Any) -> Any:
@@ -996,12 +1005,11 @@ def _bench(args: argparse.Namespace) -> int:
     from layerscope.bench import benchmark
     from layerscope.formats import render
     from layerscope.io import write_atomic
-    from layerscope.specs import load_callable, parse_config, parse_dtype, parse_shape, resolve_model
+    from layerscope.specs import load_callable, parse_config, parse_dtype, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")
-    if args.input and args.inputs:
-        raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
+    shapes = _input_shapes(args)
     # -o's format (JSON unless its extension says otherwise); stdout's is text.
     fmt = _output_format(args, "bench", default="json" if args.output else "text")
     options = _format_options(args, "bench", fmt)
@@ -1009,7 +1017,6 @@ def _bench(args: argparse.Namespace) -> int:
         _check_writable(path)
     device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
-    shapes = [parse_shape(s) for s in args.input]
     resolved = resolve_model(args.spec, batch_size=1, config=parse_config(args.config) if args.config else None)
     # --inputs names a builder here: it is called with each batch size.
     sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: load_callable(spec, "inputs"))
