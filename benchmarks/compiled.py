@@ -1,16 +1,22 @@
-"""A compiled model's profile against its plain run, side by side.
+"""A compiled model's profile against its plain run, side by side, in the steady state.
 
 For each model, ``torch.compile(model)`` (Inductor, default options) is compiled first,
-and layerscope's own compile of it once. Then rounds alternate two variants:
+and layerscope's own compile of it once. Then rounds alternate two variants, their
+order swapped every round, each measured as a user's loop sees it (warm, many calls):
 
-- *plain*: one call of the compiled model, timed with ``time.perf_counter_ns``;
-- *layerscope*: ``layerscope.profile(compiled, x, warmup=0, repeat=1)``, whose root time
-  is the profiled call (kernel ranges and torch's profiler on).
+- *plain*: ``--warm`` calls of the compiled model, then ``--calls`` calls each timed
+  with ``time.perf_counter_ns``: their median;
+- *torch.profiler*: the same as *plain* inside one ``torch.profiler.profile()`` session
+  (CPU activity): what a call costs while torch's own profiler records it;
+- *layerscope*: ``layerscope.profile(compiled, x, warmup=--warm, repeat=--calls)``, whose
+  root time is the median profiled call (kernel ranges and torch's profiler on).
 
-The report gives each variant's median and their ratio (the issue's bar: within 10%).
-It also checks, once per model, that per-module FLOPs equal the eager count's.
+The report gives each variant's median over the rounds and the ratios of layerscope's
+root to the plain call and to the call under torch.profiler (the bar: no heavier than
+torch.profiler's own). It also checks, once per model, that per-module FLOPs equal the eager
+count's.
 
-Usage: python -m benchmarks.compiled [--rounds 15] [--models mlp,gpt,bert] [--threads 1]
+Usage: python -m benchmarks.compiled [--rounds 15] [--calls 20] [--warm 3] [--models mlp,gpt,bert] [--threads 1]
 """
 
 from __future__ import annotations
@@ -59,7 +65,18 @@ def _call(model: nn.Module, inputs: object) -> None:
         model(inputs)
 
 
-def measure(name: str, rounds: int) -> dict[str, float]:
+def _plain(compiled: nn.Module, inputs: object, warm: int, calls: int) -> float:
+    for _ in range(warm):
+        _call(compiled, inputs)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter_ns()
+        _call(compiled, inputs)
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times)
+
+
+def measure(name: str, rounds: int, calls: int = 20, warm: int = 3) -> dict[str, float]:
     model, inputs = MODELS[name]()
     compiled = torch.compile(model)
     with torch.no_grad():
@@ -69,16 +86,31 @@ def measure(name: str, rounds: int) -> dict[str, float]:
         first = layerscope.profile(compiled, inputs, warmup=1, repeat=1)  # layerscope's compile, once
         eager = layerscope.count_flops(model, inputs)
         same = all(a.forward.flops == b.forward.flops for a, b in zip(first.root.walk(), eager.root.walk(), strict=True))
-        plain, profiled = [], []
-        for _ in range(rounds):
-            start = time.perf_counter_ns()
-            _call(compiled, inputs)
-            plain.append(time.perf_counter_ns() - start)
-            prof = layerscope.profile(compiled, inputs, warmup=0, repeat=1)
+        plain: list[float] = []
+        under_torch: list[float] = []
+        profiled: list[float] = []
+
+        def run_plain() -> None:
+            plain.append(_plain(compiled, inputs, warm, calls))
+
+        def run_torch() -> None:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]):
+                under_torch.append(_plain(compiled, inputs, warm, calls))
+
+        def run_profiled() -> None:
+            prof = layerscope.profile(compiled, inputs, warmup=warm, repeat=calls)
             profiled.append(prof.root.forward.cpu_time_ns)
+
+        variants = [run_plain, run_torch, run_profiled]
+        for round_ in range(rounds):  # the order rotates each round: none always runs warmed by another
+            for run in variants[round_ % 3 :] + variants[: round_ % 3]:
+                run()
     info = first.meta["compile"]
     return {
         "plain_ns": statistics.median(plain),
+        "torch_ns": statistics.median(under_torch),
         "profiled_ns": statistics.median(profiled),
         "compile_s": compile_s,
         "kernels": len(info["kernels"]),
@@ -92,16 +124,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=20, help="timed calls per variant and round (their median)")
+    parser.add_argument("--warm", type=int, default=3, help="untimed calls first, per variant and round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), {args.rounds} rounds")
-    print("| model | kernel calls (shared) | plain | layerscope root | ratio | FLOPs = eager |")
-    print("|---|---|---|---|---|---|")
+    print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), {args.rounds} rounds "
+          f"of {args.warm} warm + {args.calls} timed calls")
+    print("| model | kernel calls (shared) | plain | under torch.profiler | layerscope root | x plain | x torch.profiler | FLOPs = eager |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        r = measure(name, args.rounds)
+        r = measure(name, args.rounds, args.calls, args.warm)
         print(
-            f"| {name} | {r['kernels']} ({r['shared']}) | {r['plain_ns'] / 1e3:.1f} us | "
-            f"{r['profiled_ns'] / 1e3:.1f} us | x{r['profiled_ns'] / r['plain_ns']:.3f} | {r['flops_equal']} |",
+            f"| {name} | {r['kernels']} ({r['shared']}) | {r['plain_ns'] / 1e3:.1f} us | {r['torch_ns'] / 1e3:.1f} us | "
+            f"{r['profiled_ns'] / 1e3:.1f} us | x{r['profiled_ns'] / r['plain_ns']:.3f} | "
+            f"x{r['profiled_ns'] / r['torch_ns']:.3f} | {r['flops_equal']} |",
             flush=True,
         )
 

@@ -33,6 +33,7 @@ import logging
 import re
 import time
 import weakref
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -273,9 +274,21 @@ def _ns(us: float) -> int:
     return round(us * 1000)
 
 
-def _pass(events: Any) -> Pass:
-    """The figures of one profiled call, from torch's event tree."""
-    step = next(e for e in events if e.name == STEP_RANGE)
+def _passes(events: Any) -> list[Pass]:
+    """The figures of each profiled call (a ``STEP_RANGE`` range each), from torch's
+    events: every event belongs to the call whose range it starts in."""
+    steps = sorted((e for e in events if e.name == STEP_RANGE), key=lambda e: e.time_range.start)
+    starts = [step.time_range.start for step in steps]
+    inside: list[list[Any]] = [[] for _ in steps]
+    for event in events:
+        at = bisect_right(starts, event.time_range.start) - 1
+        if at >= 0 and event.time_range.start <= steps[at].time_range.end:
+            inside[at].append(event)
+    return [_pass(step, mine) for step, mine in zip(steps, inside, strict=True)]
+
+
+def _pass(step: Any, events: list[Any]) -> Pass:
+    """The figures of one profiled call, from its step range and the events in it."""
     origin = step.time_range.start
 
     def span(event: Any) -> tuple[int, int]:
@@ -328,19 +341,28 @@ _MAX_GRAPHS = 512
 _COMPILES: weakref.WeakKeyDictionary[nn.Module, tuple[list[dict[str, str]], int]] = weakref.WeakKeyDictionary()
 
 
-def _profiled(call: Callable[[], Any]) -> Pass:
-    from torch.profiler import ProfilerActivity, profile, record_function
+def _profiled(call: Callable[[], Any], passes: int = 1, progress: Callable[[int], None] | None = None) -> list[Pass]:
+    """``passes`` calls, each in a ``STEP_RANGE`` range, in one session of torch's
+    profiler; the session's first call, which pays for the profiler's start (a few
+    hundred µs on a small model), is made first and not measured."""
+    from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
     with quiet_profiler():
         prof.start()
     try:
-        with record_function(STEP_RANGE):
-            call()
+        call()
+        for n in range(passes):
+            # torch's C++ range, not record_function's op: the range is the call's time,
+            # and a Python op around it would add its own tens of µs to every call.
+            with _torch.FastRange(STEP_RANGE):
+                call()
+            if progress is not None:
+                progress(n + 1)
     finally:
         with quiet_profiler():
             prof.stop()
-    return _pass(prof.events())
+    return _passes(prof.events())
 
 
 def time_compiled(
@@ -381,7 +403,7 @@ def time_compiled(
         for n in range(warmup):
             call()
             progress("warmup", n + 2, warmup + 1)
-        keys = {key for key, _, _ in _profiled(call).graph_calls}
+        keys = {key for key, _, _ in _profiled(call)[0].graph_calls}
         graphs = {key: _GRAPHS[key] for key in keys if key in _GRAPHS}
         if not graphs:
             raise ModelError(
@@ -398,9 +420,6 @@ def time_compiled(
                 if _BACKEND.compiles != compiles:  # the hooks were traced: drop them
                     ranges.close()
                     outside = []
-            passes = []
-            for n in range(repeat):
-                passes.append(_profiled(call))
-                progress("measure", n + 1, repeat)
+            passes = _profiled(call, repeat, lambda done: progress("measure", done, repeat))
     breaks, compile_ns = _COMPILES.get(eager, ([], 0))
     return CompiledRun(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))
