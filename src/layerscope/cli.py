@@ -584,22 +584,9 @@ def _progress_bar(enabled: bool) -> Iterator[Any]:
     if not enabled:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from layerscope.progress import progress_bar
 
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        console=Console(stderr=True), transient=True,
-    )
-    tasks: dict[str, Any] = {}
-    labels = {"warmup": "warm-up", "measure": "measuring", "ops": "recording ops"}
-
-    def report(stage: str, done: int, total: int) -> None:
-        if stage not in tasks:
-            tasks[stage] = progress.add_task(labels.get(stage, stage), total=total)
-        progress.update(tasks[stage], completed=done)
-
-    with progress:
+    with progress_bar() as report:
         yield report
 
 

@@ -16,13 +16,12 @@ import json
 import math
 import os
 import re
-import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from layerscope import fmt, formats
-from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
+from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, OpStats, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_TIME_NS",
@@ -34,7 +33,6 @@ __all__ = [
     "parse_duration_ns",
     "parse_threshold",
     "profile_kind",
-    "run_spread",
 ]
 
 #: The default noise floor: a module whose self time is below this in both profiles is
@@ -168,7 +166,7 @@ def display_path(path: str | None) -> str:
 
 
 @dataclass
-class ProfileDiff:
+class ProfileDiff(NotebookDisplay):
     """What changed between ``base`` and ``new``; see :func:`diff`.
 
     ``rows`` are the nodes and ``op_rows`` the ops, both largest self-time change first.
@@ -189,7 +187,7 @@ class ProfileDiff:
     total_kind: str
     min_time_ns: int = DEFAULT_MIN_TIME_NS
     #: Each side's measured noise: how its repeated passes or steps spread
-    #: (:func:`run_spread`); None where it ran once.
+    #: (:meth:`~layerscope.tree.Profile.pass_spread`); None where it ran once.
     noise_base: float | None = None
     noise_new: float | None = None
 
@@ -308,19 +306,6 @@ def _within(change: Change, band: float | None) -> bool:
     return abs(change.new - change.base) <= band * max(change.base, change.new)
 
 
-def run_spread(profile: Profile) -> float | None:
-    """How much a profile's repeated measurements of the same work spread, relative:
-    ``(max - min) / median`` of its passes' times (``profile()``'s repeats) or else of
-    its steps' wall times (a ``Profiler`` block); None with fewer than two (one pass
-    measures no noise)."""
-    for key in ("pass_cpu_time_ns", "step_times_ns"):
-        values = sorted(int(v) for v in profile.meta.get(key) or [])
-        if len(values) >= 2:
-            middle = statistics.median(values)
-            return (values[-1] - values[0]) / middle if middle > 0 else None
-    return None
-
-
 def _describe(profile: Profile) -> dict[str, Any]:
     meta = profile.meta
     return {
@@ -388,7 +373,7 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
         side = "new" if base.timed else "base"
         warnings.append(f"{side} was counted without timing (layerscope flops): no time is compared")
 
-    noise_base, noise_new = (run_spread(base), run_spread(new)) if timed else (None, None)
+    noise_base, noise_new = (base.pass_spread(), new.pass_spread()) if timed else (None, None)
     known = [n for n in (noise_base, noise_new) if n is not None]
     band = max(known) if known else None
     rows = _marked(_node_rows(base, new, phases, timed), band)

@@ -33,7 +33,7 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
-from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
+from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_TIME_NS",
@@ -249,7 +249,7 @@ class Waiting:
 
 
 @dataclass
-class MergedRun:
+class MergedRun(NotebookDisplay):
     """The ranks of one run (one cycle of a ``Profiler`` schedule), merged.
 
     ``ranks`` are sorted by rank; ``nodes`` is the union of their node structure, in an

@@ -17,6 +17,7 @@ from typing import Any
 from layerscope import formats
 from layerscope.errors import SchemaError
 from layerscope.io import read_json
+from layerscope.stats import percentile
 from layerscope.tree import NotebookDisplay
 
 SCHEMA = "layerscope-bench/1"
@@ -29,18 +30,6 @@ NOISY_CV = 0.10
 
 #: Status of one batch size: measured, ran out of memory, or not tried after an OOM.
 STATUSES = ("ok", "oom", "skipped", "interrupted")
-
-
-def percentile(sorted_values: list[int], q: float) -> float:
-    """The ``q``-th percentile (0..100) of already sorted values, interpolated linearly
-    between the two nearest ranks (numpy's default, "linear")."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    position = (len(sorted_values) - 1) * q / 100.0
-    lower = math.floor(position)
-    upper = min(lower + 1, len(sorted_values) - 1)
-    weight = position - lower
-    return sorted_values[lower] * (1.0 - weight) + sorted_values[upper] * weight
 
 
 @dataclass
