@@ -311,7 +311,10 @@ def test_the_op_table_and_memory_timeline(open_report: Any, step: Profile) -> No
     assert first == step.ops(group_by="name").rows[0].name
     page.click('#ops button[data-group="module"]')
     assert "Module" in page.inner_text("#ops-table thead")
-    assert page.eval_on_selector_all("#ops-table tbody tr", "rows => rows.length") == len(step.ops(group_by="module"))
+    # A training step's ops by module are told apart by phase too.
+    assert "Phase" in page.inner_text("#ops-table thead")
+    by_module = step.ops(group_by="module,phase")
+    assert page.eval_on_selector_all("#ops-table tbody tr", "rows => rows.length") == len(by_module)
     # Sorting by calls, descending.
     page.click('#ops-table th:has-text("Calls")')
     calls = page.eval_on_selector_all('#ops-table tbody tr td:nth-child(4)', "tds => tds.map(t => Number(t.dataset.value))")
@@ -404,3 +407,36 @@ def test_a_real_mi300x_training_traces_report(open_report: Any, shared_traces: P
     assert "AMD Instinct MI300X" in page.inner_text("header .facts")
     assert report.errors == [] and report.dialogs == []
     _screenshot(report, tmp_path, "mi300x.png")
+
+
+@pytest.mark.browser
+def test_a_transformers_training_steps_op_table_fits_1400_pixels(open_report: Any, tmp_path: Path) -> None:
+    # GPT-2's module paths (transformer.h.0.attn.c_attn) and shapes are long: grouped by
+    # module, with a phase column, the table still fits a 1400 px window; the cut text
+    # is whole in the cell's title. The header says how noisy the figures are.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 128, (2, 16))
+    prof = layerscope.profile(model, {"input_ids": ids, "labels": ids}, backward=True,
+                              loss_fn=lambda out: out.loss, warmup=1, repeat=3)  # fmt: skip
+    report = open_report(layerscope.check_tree(prof), "gpt2.html")
+    page = report.page
+    page.click('#ops button[data-group="module"]')
+    head = page.inner_text("#ops-table thead")
+    assert "Phase" in head and "Modules" not in head  # one module per row: no count column
+    sizes = page.eval_on_selector("#ops .scroll", "s => [s.scrollWidth, s.clientWidth]")
+    assert sizes[0] <= sizes[1], sizes
+    titles = page.eval_on_selector_all("#ops-table td.cut[title]", "tds => tds.map(t => t.title)")
+    assert any(title.startswith("transformer.h.") for title in titles)
+    spread = prof.pass_spread()
+    assert spread is not None
+    assert f"±{100 * spread:.1f}%: the 3 passes' spread" in page.inner_text("header .facts")
+
+
+@pytest.mark.browser
+def test_one_pass_says_its_noise_is_not_measured(open_report: Any, step: Profile) -> None:
+    assert step.pass_spread() is None  # repeat=1
+    header = open_report(step).page.inner_text("header .facts")
+    assert "not measured: one pass" in header

@@ -91,6 +91,9 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "ops": _op_tables(profile),
         "memory": profile.memory,
         "step_spread": _step_spread(profile),
+        # How much the repeated passes (or steps) spread; None: one pass, noise unknown.
+        "pass_spread": profile.pass_spread(),
+        "passes": len(profile.meta.get("pass_cpu_time_ns") or []),
     }
 
 
@@ -113,17 +116,25 @@ def _inputs(profile: Profile) -> str | None:
 
 
 def _op_tables(profile: Profile) -> dict[str, Any]:
+    """The op table per grouping. By module, ops are told apart by phase too when the
+    run had more than one (a forward ``addmm`` and its backward ``mm`` are other work),
+    and the columns that add nothing to a module's row are left out (``modules``, one
+    per row; ``module_type``, the tree's and the module-type grouping's), so that a
+    transformer's fits a 1400 px window."""
+    several = sum(1 for phase in PHASES if getattr(profile.root, phase) is not None) > 1
     tables: dict[str, Any] = {}
     for grouping in OP_GROUPINGS:
+        keys = ("module", "phase") if grouping == "module" and several else grouping
         try:
-            table = op_table(profile, group_by=grouping)
+            table = op_table(profile, group_by=keys)
         except OpTableError:  # nothing to sort by: a profile without ops
             continue
+        columns = [c for c in table.columns if not (grouping == "module" and c in ("modules", "module_type"))]
         tables[grouping] = {
             "sort_by": table.sort_by,
-            "columns": table.columns,
-            "rows": [[getattr(row, name) for name in table.columns] for row in table.rows],
-            "total": [getattr(table.total, name) for name in table.columns],
+            "columns": columns,
+            "rows": [[getattr(row, name) for name in columns] for row in table.rows],
+            "total": [getattr(table.total, name) for name in columns],
         }
     return tables
 

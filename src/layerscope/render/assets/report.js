@@ -130,6 +130,12 @@
       }
       if (META.flops_unknown) fact("FLOPs unknown", META.flops_unknown);
     }
+    // How noisy the figures are: the repeated passes' spread, or that one pass measured none.
+    if (DATA.pass_spread !== null && DATA.pass_spread !== undefined) {
+      fact("noise", "±" + (100 * DATA.pass_spread).toFixed(1) + "%: the " + (DATA.passes > 1 ? DATA.passes + " passes'" : "steps'") + " spread, (p90 − p10) / median");
+    } else if (META.mode === "profile" || META.mode === "context") {
+      fact("noise", "not measured: one pass (profile(repeat=…) or more steps measure it); a figure may be far from typical");
+    }
     if (META.step_range) fact("steps", META.step_range[0] + "–" + META.step_range[1] + (META.steps !== undefined ? " (" + META.steps + " timed)" : ""));
     const spread = DATA.step_spread;
     if (spread) {
@@ -475,7 +481,9 @@
         const kind = opKind(col);
         let text = fmt.as(kind, r[i]);
         if (i === flopsAt && unsupported) text = r[i] === null ? "?" : text + " + ?";
-        const td = el("td", { class: kind === "text" || kind === "shape" ? "" : "num", "data-value": r[i] === null || typeof r[i] === "object" ? "" : r[i], text });
+        // Long names and shapes are cut to the column's width; the whole text is the cell's title.
+        const wide = kind === "text" || kind === "shape";
+        const td = el("td", { class: wide ? "cut" : "num", "data-value": r[i] === null || typeof r[i] === "object" ? "" : r[i], text, title: wide && text.length > 22 ? text : null });
         if (i === 0 && unsupported) td.append(el("span", { class: "badge", title: "no FLOP formula for " + r[unsupportedAt] + " calls", text: "no formula" }));
         tr.append(td);
       });
