@@ -5,7 +5,7 @@ to the one data model and the files below it.
     capture    capture/*, flops/*, zoo, specs, traces/*
     render     render/*, plot               attribute   attribute/*
     model      tree, ops, check, schema, transforms, diff, ranks, documents, bench.result
-    base       errors, fmt, io, formats (the output registry), comm, raw, schedule, stats, traces.reader
+    base       errors, fmt, io, formats (the output registry), comm, raw, schedule, stats, intervals, traces.reader
 
 A module imports its own layer or lower ones; render and attribute never each other, and
 capture never render. The four lower layers are pure: none imports torch, so a tree can
@@ -25,7 +25,7 @@ import layerscope
 SRC = Path(layerscope.__file__).parent
 
 LAYERS = {
-    "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "stats", "traces.reader"),
+    "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "stats", "intervals", "traces.reader"),
     "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result"),
     "attribute": ("attribute",),
     "render": ("render", "plot"),

@@ -19,9 +19,9 @@ import torch
 
 import layerscope
 from conftest import REAL_TRACES
-from layerscope.capture.kineto import union_ns
 from layerscope.check import tree_problems
 from layerscope.comm import is_communication
+from layerscope.intervals import union_ns
 from layerscope.traces.load import load_trace
 from layerscope.traces.reader import us_to_ns
 

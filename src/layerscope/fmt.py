@@ -58,7 +58,7 @@ def node_name(name: str) -> str:
     return name
 
 
-def memory_category(key: str, memory: dict | None = None) -> str:
+def memory_category(key: str, memory: dict[str, Any] | None = None) -> str:
     """A memory category as it is shown: ``optimizer_state`` -> ``optimizer state``. The
     live bytes of ``parameters`` hold the module's buffers too: where it has buffers
     (``memory["buffer_bytes_by_dtype"]``), the category says so, as the footer's

@@ -37,8 +37,8 @@ def destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:
     return (Path(os.path.realpath(target)) if target.is_symlink() else target), False
 
 
-def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]) -> None:
-    """Write ``text`` (str, as UTF-8; bytes; or an iterable of str chunks, written as they
+def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str | bytes]) -> None:
+    """Write ``text`` (str, as UTF-8; bytes; or an iterable of str or bytes chunks, written as they
     come so a big document never sits in memory whole) to ``path`` so that readers see
     the old file or the whole new one.
 
@@ -81,7 +81,7 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes | Iterable[str]
         raise
 
 
-def _write_all(handle: BinaryIO, text: str | bytes | Iterable[str]) -> None:
+def _write_all(handle: BinaryIO, text: str | bytes | Iterable[str | bytes]) -> None:
     if isinstance(text, (str, bytes)):
         handle.write(text.encode("utf-8") if isinstance(text, str) else text)
         return

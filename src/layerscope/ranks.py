@@ -508,8 +508,9 @@ def _self_time(stats: PhaseStats, time_metric: str) -> int:
     return max(0, stats.self_cpu_time_ns - (stats.self_comm_time_ns or 0))
 
 
-def _median(values: Sequence[int]) -> int:
-    # statistics.median of whole numbers, rounded down: ns and bytes stay whole.
+def median_floor(values: Sequence[int]) -> int:
+    # statistics.median of whole numbers (the middle pair averaged), rounded down: ns
+    # and bytes stay whole.
     ordered = sorted(values)
     middle = len(ordered) // 2
     if len(ordered) % 2:
@@ -518,7 +519,7 @@ def _median(values: Sequence[int]) -> int:
 
 
 def _median_without(ordered: list[int], index: int) -> int:
-    """The median (as :func:`_median`) of sorted ``ordered`` without its item at ``index``,
+    """The median (as :func:`median_floor`) of sorted ``ordered`` without its item at ``index``,
     by position: no copy per rank, so stragglers cost O(ranks log ranks) per node."""
     size = len(ordered) - 1
 
@@ -533,7 +534,7 @@ def _median_without(ordered: list[int], index: int) -> int:
 def _spread(path: str, phase: str, metric: str, values: list[tuple[int, int]]) -> Spread:
     top, top_rank = max(values, key=lambda item: (item[0], -item[1]))
     return Spread(
-        path, phase, metric, min(v for v, _ in values), _median([v for v, _ in values]), top, top_rank, len(values)
+        path, phase, metric, min(v for v, _ in values), median_floor([v for v, _ in values]), top, top_rank, len(values)
     )
 
 

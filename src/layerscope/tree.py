@@ -489,7 +489,7 @@ class Profile(NotebookDisplay):
         print(self.render("text", **options))
 
     def __str__(self) -> str:
-        return self.render("text")
+        return str(self.render("text"))
 
 
 def _label_start(path: str) -> int:

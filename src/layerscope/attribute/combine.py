@@ -12,9 +12,9 @@ from layerscope.attribute.walk import PassResult
 from layerscope.tree import OpStats
 
 
-def _median(values: list[int]) -> int:
-    if len(values) == 1:
-        return values[0]
+def _median_low(values: list[int]) -> int:
+    """The lower median, an observed value (a pass's own figure, never an average of
+    two); 0 for no values."""
     return int(statistics.median_low(values)) if values else 0
 
 
@@ -37,8 +37,8 @@ class Accumulator:
         ):
             for k, v in other.items():
                 table[k] = table.get(k, 0) + v
-        for k, v in result.calls.items():
-            total.calls[k] = total.calls.get(k, 0) + v
+        for key, calls in result.calls.items():
+            total.calls[key] = total.calls.get(key, 0) + calls
         for path, dyn in result.dynamic.items():
             total.dynamic.setdefault(path, dyn)
         for k, op in result.ops.items():
@@ -87,18 +87,15 @@ def _merge_op(into: OpStats, other: OpStats) -> None:
 def median_result(passes: list[PassResult]) -> PassResult:
     """Per node and phase, the median self time over passes (0 where a pass lacked it)."""
     out = PassResult()
-    keys = {k for p in passes for k in p.self_cpu}
-    for k in keys:
-        out.self_cpu[k] = _median([p.self_cpu.get(k, 0) for p in passes])
-    dev_keys = {k for p in passes for k in p.self_dev}
-    for k in dev_keys:
-        out.self_dev[k] = _median([p.self_dev.get(k, 0) for p in passes])
-    comm_keys = {k for p in passes for k in p.self_comm}
-    for k in comm_keys:
-        out.self_comm[k] = _median([p.self_comm.get(k, 0) for p in passes])
-    call_keys = {k for p in passes for k in p.calls}
-    for k in call_keys:
-        out.calls[k] = _median([p.calls.get(k, 0) for p in passes])
+    for into, tables in (
+        (out.self_cpu, [p.self_cpu for p in passes]),
+        (out.self_dev, [p.self_dev for p in passes]),
+        (out.self_comm, [p.self_comm for p in passes]),
+    ):
+        for site in {site for table in tables for site in table}:
+            into[site] = _median_low([table.get(site, 0) for table in tables])
+    for key in {key for p in passes for key in p.calls}:
+        out.calls[key] = _median_low([p.calls.get(key, 0) for p in passes])
     for p in passes:
         for path, dyn in p.dynamic.items():
             out.dynamic.setdefault(path, dyn)

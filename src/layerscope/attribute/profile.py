@@ -4,7 +4,7 @@ every total derived bottom-up as ``self + sum(children)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from layerscope.attribute.chain import Key
 from layerscope.attribute.combine import Accumulator, median_result
@@ -62,6 +62,28 @@ def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = Tru
     return assemble(raw, steps.total, steps.total if counted else None, meta)
 
 
+class _CommFigures(TypedDict, total=False):
+    """A node's own communication figures, where collectives ran: :class:`PhaseStats` fields."""
+
+    self_comm_time_ns: int
+    self_comm_bytes: int | None
+
+
+class _MemoryFigures(TypedDict, total=False):
+    """A node's own memory figures, when memory was tracked: :class:`PhaseStats` fields
+    (None where the capture could not know them)."""
+
+    self_alloc_bytes: int
+    alloc_bytes: int
+    self_freed_bytes: int
+    freed_bytes: int
+    peak_bytes: int
+    self_activation_bytes: int | None
+    activation_bytes: int | None
+    self_grad_bytes: int | None
+    grad_bytes: int | None
+
+
 def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any]) -> Profile:
     """Nodes from per-node self figures, totals derived bottom-up."""
     has_device = raw.has_device_time
@@ -88,7 +110,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         if phase != "forward" and phase not in phases:
             return None
         own_ops = [op for op in ops_by_key.get(key, []) if op.phase == phase] if selected else []
-        comm: dict[str, int | None] = {}
+        comm: _CommFigures = {}
         if has_comm:
             comm_ops = [op for op in own_ops if is_communication(op.name)]
             comm = {
@@ -97,7 +119,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
             }
             own_ops = [op for op in own_ops if not is_communication(op.name)] if comm_ops else own_ops
         self_dev = times.self_dev.get((key, phase), 0) if has_device and selected else None
-        mem: dict[str, int | None] = {}
+        mem: _MemoryFigures = {}
         if memory is not None:
             site = (key, phase)
             mem = {
@@ -112,7 +134,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
                 "grad_bytes": 0,
             }
             if not raw.memory_notes:
-                mem.update(self_activation_bytes=None, activation_bytes=None, self_grad_bytes=None, grad_bytes=None)
+                mem.update({"self_activation_bytes": None, "activation_bytes": None, "self_grad_bytes": None, "grad_bytes": None})
         return PhaseStats(
             **mem,
             **comm,
@@ -230,7 +252,7 @@ def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], p
     if op_result is None or op_result.trace is None:
         return None
     base = op_result.trace_start_ns
-    spans = []
+    spans: list[list[Any]] = []
     created: dict[int, int] = {}
     flows = []
     for t0, t1, key, phase, op_key, node_seq in op_result.trace:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from layerscope.attribute.chain import BackwardChain, Entry, Key
 from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, scan
 from layerscope.comm import is_communication
+from layerscope.intervals import merged
 from layerscope.raw import (
     MEMORY_NOTES,
     NO_SEQ,
@@ -249,13 +250,18 @@ class PassWalker:
 
     def on_label_enter(self, event: LabelEnter) -> None:
         frames = self.frames
-        if (frames and frames[-1].phase == "backward") or (event.grad is not None and not frames):
-            # A hook of an autograd node (FSDP's pre-backward, its reduce-scatter): backward
-            # work of the module whose forward created the node, under that module.
-            parent: Key | None = frames[-1].key if frames else self.backward_owner(event.grad)
-            if isinstance(parent, str) and not frames:
-                self.ensure_part(parent)
-            path = self.ensure_dynamic(parent, event.name, event.kind)
+        # A hook of an autograd node (FSDP's pre-backward, its reduce-scatter) is backward
+        # work of the module whose forward created the node, under that module.
+        hooked: Key | None = None
+        if frames:
+            if frames[-1].phase == "backward":
+                hooked = frames[-1].key
+        elif event.grad is not None:
+            hooked = self.backward_owner(event.grad)
+            if isinstance(hooked, str):
+                self.ensure_part(hooked)
+        if hooked is not None:
+            path = self.ensure_dynamic(hooked, event.name, event.kind)
             self.result.calls[path] = self.result.calls.get(path, 0) + 1
             self._push(Frame(path, "backward", event.t_ns, event.device_t_ns, self.live()))
             return
@@ -672,7 +678,7 @@ def waiting_ns(t_first: int, t_last: int, covered: list[tuple[int, int]], collec
         cursor = max(cursor, t1)
     if cursor < t_last:
         idle.append((cursor, t_last))
-    busy = _merged([(max(a, t_first), min(b, t_last)) for a, b in collectives if b > a])
+    busy = merged([(max(a, t_first), min(b, t_last)) for a, b in collectives if b > a])
     total = 0
     j = 0
     for a, b in idle:
@@ -683,18 +689,6 @@ def waiting_ns(t_first: int, t_last: int, covered: list[tuple[int, int]], collec
             total += max(0, min(b, busy[k][1]) - max(a, busy[k][0]))
             k += 1
     return total
-
-
-def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(intervals):
-        if b <= a:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def parent_indices(modules: list[Any]) -> list[int | None]:

@@ -76,6 +76,7 @@ from layerscope.capture.memory import (
 )
 from layerscope.capture.recorder import label_kind
 from layerscope.comm import is_communication
+from layerscope.intervals import union_ns
 from layerscope.raw import (
     NO_SEQ,
     Adopt,
@@ -253,23 +254,6 @@ def read_kernels(result: Any) -> list[KernelSpan]:
         for e in result.events()
         if e.device_type() != cpu
     ]
-
-
-def union_ns(intervals: list[tuple[int, int]]) -> int:
-    """Length of the union of ``[start, end)`` intervals (kernels on several streams
-    overlap; their device time is the time any of them ran)."""
-    total = 0
-    cur_start = cur_end = None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start  # type: ignore[operator]
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    if cur_end is not None:
-        total += cur_end - cur_start  # type: ignore[operator]
-    return total
 
 
 def _kind(event: Any, name: str | None = None) -> str:

@@ -135,11 +135,11 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
         yield f'{{"name":"memory by category","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{{args}}}}}'
     at = memory.get("peak_at") or {}
     if at.get("t_ns") is not None:
-        args = {"bytes": memory["peak_bytes"], **(memory.get("peak_categories") or {})}
-        args.update({"path": at["path"] or profile.meta.get("model"), "phase": at.get("phase")})
+        peak = {"bytes": memory["peak_bytes"], **(memory.get("peak_categories") or {})}
+        peak.update({"path": at["path"] or profile.meta.get("model"), "phase": at.get("phase")})
         yield (
             f'{{"name":"memory peak","ph":"i","s":"t","ts":{_ts(at["t_ns"])},"pid":{pid},"tid":{_TID},'
-            f'"args":{json.dumps(args, separators=(",", ":"))}}}'
+            f'"args":{json.dumps(peak, separators=(",", ":"))}}}'
         )
 
 

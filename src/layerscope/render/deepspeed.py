@@ -20,7 +20,7 @@ layerscope's own take on the same view.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from layerscope import fmt
@@ -140,7 +140,9 @@ def _depths(profile: Profile, module_depth: int) -> range:
 
 def _aggregated(profile: Profile, module_depth: int, top_modules: int, ignore: Collection[str]) -> list[str]:
     lines = [f"Top {top_modules} modules in terms of params, MACs or fwd latency at different model depths:"]
-    metrics = [("params", "params     ", fmt.ds_params), ("macs", "MACs       ", fmt.ds_macs)]
+    metrics: list[tuple[str, str, Callable[[int], str]]] = [
+        ("params", "params     ", fmt.ds_params), ("macs", "MACs       ", fmt.ds_macs),
+    ]
     if profile.timed:
         latency = "device_time_ns" if profile.root.forward.device_time_ns is not None else "cpu_time_ns"
         metrics.append((latency, "fwd latency", lambda ns: fmt.ds_seconds(_seconds(ns))))

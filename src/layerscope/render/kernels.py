@@ -11,6 +11,8 @@ away as a view): eager calls minus extern calls that are wholly the module's.
 
 from __future__ import annotations
 
+from typing import Any
+
 from layerscope import fmt
 from layerscope.errors import RenderError
 from layerscope.formats import register_renderer
@@ -46,8 +48,8 @@ def render_kernels(profile: Profile) -> str:
     return "\n".join(out) + "\n"
 
 
-def _module_table(profile: Profile, kernels: list[dict]) -> list[str]:
-    calls: dict[str, list[dict]] = {}
+def _module_table(profile: Profile, kernels: list[dict[str, Any]]) -> list[str]:
+    calls: dict[str, list[dict[str, Any]]] = {}
     for kernel in kernels:
         for path in kernel.get("modules") or {}:
             calls.setdefault(path, []).append(kernel)

@@ -16,7 +16,7 @@ from typing import Any
 
 from layerscope.formats import register_renderer
 from layerscope.ranks import MergedRun
-from layerscope.ranks import _median as median  # the spreads' own median (lower, to the ns)
+from layerscope.ranks import median_floor as median  # the spreads' own median (to the ns)
 from layerscope.render.html import html_page
 from layerscope.tree import PHASES, ModuleNode
 

@@ -138,7 +138,7 @@ def _rows(profile: Profile, measured: Collection[str] | None, show_events: bool,
         is_measured = (not children) if measured is None else node.path in measured
         name = node.type if node.parent is None else node.name
         if is_measured and node.profiled and show_events:
-            ops = [(op_name, m, []) for op_name, m in _op_measures(node)]
+            ops: list[tuple[str, Measure | None, list[Any]]] = [(op_name, m, []) for op_name, m in _op_measures(node)]
             return name, None, ops + [entry(child) for child in children]
         measure = _node_measure(node) if is_measured and node.profiled else None
         return name, measure, [entry(child) for child in children]

@@ -21,9 +21,10 @@ from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
 from layerscope.capture import _torch
-from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert, union_ns
+from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert
 from layerscope.capture.modules import module_table
 from layerscope.errors import SchemaError
+from layerscope.intervals import union_ns
 from layerscope.raw import RawCapture
 from layerscope.traces.events import _NO_FIELDS, TraceEvents, read_events
 from layerscope.traces.modules import instances, map_to_model, table_without_model
