@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
         os.path.abspath(__file__), "--worker", "--rounds", str(args.rounds), "--steps", str(args.steps),
         "--model", args.model,
-    ]  # fmt: skip
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.path.join(root, "src") + os.pathsep + env.get("PYTHONPATH", "")

@@ -163,7 +163,7 @@ def overhead(case: Case, rounds: int, steps: int) -> Result:
                 leaving = time.perf_counter()
             finalize[kind].append(time.perf_counter() - leaving)  # the block's exit: reading events back
             print(f"  {case.name}: round {round_ + 1}, {kind}: {times[kind][-1]:.2f} ms per step, "
-                  f"exit {finalize[kind][-1]:.2f} s", flush=True)  # fmt: skip
+                  f"exit {finalize[kind][-1]:.2f} s", flush=True)
     medians = {kind: statistics.median(values) for kind, values in times.items()}
     return {
         "exit_s": {kind: statistics.median(values) for kind, values in finalize.items()},
@@ -181,7 +181,7 @@ def attribution(case: Case, out: Path, keep_trace: bool) -> Result:
     if case.device.type != "cuda":
         return {"status": "skipped", "reason": "no kernels on the CPU"}
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
-                 profile_memory=True, with_stack=True) as prof:  # fmt: skip
+                 profile_memory=True, with_stack=True) as prof:
         case.step()
         _sync(case.device)
     path = out / f"{case.name}.pt.trace.json"
@@ -237,7 +237,7 @@ def memory(case: Case, prof: layerscope.Profile) -> Result:
         name: {"memory_allocated_delta": delta, "layerscope_alloc_minus_freed":
                (prof[name].forward.alloc_bytes or 0) - (prof[name].forward.freed_bytes or 0) if name in prof else None}
         for name, delta in deltas.items()
-    }  # fmt: skip
+    }
     return {"max_memory_allocated": peak, "layerscope_device_peak": device_memory, "modules": rows}
 
 
@@ -248,12 +248,12 @@ def mfu(prof: layerscope.Profile) -> Result:
         flops, busy = node.forward.flops, node.forward.busy_time_ns
         if flops and busy and node.depth <= 2:
             rows.append({"path": node.path or "(model)", "flops": flops, "busy_ns": busy,
-                         "mfu": flops / (busy / 1e9) / peak if peak else None})  # fmt: skip
+                         "mfu": flops / (busy / 1e9) / peak if peak else None})
     return {"peak_flops_per_s_assumed": peak, "modules": rows[:20]}
 
 
 def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.dtype, args: argparse.Namespace,
-                out: Path) -> Result:  # fmt: skip
+                out: Path) -> Result:
     device = torch.device(args.device)
     model, inputs = build(args.quick, device, dtype)
     case = Case(f"{name}_{str(dtype).removeprefix('torch.')}", model, inputs, train, device)
@@ -264,7 +264,7 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
     loss = (lambda out: out.loss) if train else None
     profiled = layerscope.profile(model, inputs, backward=train, loss_fn=loss, repeat=3 if args.quick else 5)
     result["profile"] = {"root_forward_ms": profiled.root.forward.cpu_time_ns / 1e6, "problems": _problems(profiled),
-                         "seconds": time.perf_counter() - started}  # fmt: skip
+                         "seconds": time.perf_counter() - started}
     _progress(case.name, "profile()", started)
     with layerscope.Profiler(model) as prof:
         for _ in range(5):
@@ -314,7 +314,7 @@ def cuda_tests(args: argparse.Namespace) -> Result:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "--tb=short", "-m", "cuda", "tests"],
         cwd=ROOT, capture_output=True, text=True, timeout=args.tests_timeout_s,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])},
-    )  # fmt: skip
+    )
     write_atomic(args.out / "cuda_tests.log", done.stdout + done.stderr)
     tail = done.stdout.strip().splitlines()[-1:] or [""]
     return {"status": "ok" if done.returncode == 0 else "failed", "summary": tail[0], "output_tail": done.stdout[-4000:]}
@@ -333,7 +333,7 @@ def compiled(args: argparse.Namespace) -> Result:
         "kernels": len(kernels), "matched_to_modules": len(matched), "apportioned_over_several": len(shared),
         "matched_time_share": sum(k.get("time_ns") or 0 for k in matched) / total if total else None,
         "graph_breaks": len((prof.compiled or {}).get("graph_breaks") or []), "problems": _problems(prof),
-    }  # fmt: skip
+    }
 
 
 def ddp(args: argparse.Namespace, out: Path) -> Result:
@@ -372,7 +372,7 @@ def _part(run: Callable[[], Result]) -> Result:
         result = run()
     except Exception as exc:  # a failed part is reported, and the check goes on
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:],
-                "seconds": time.perf_counter() - started}  # fmt: skip
+                "seconds": time.perf_counter() - started}
     result.setdefault("status", "ok")
     result["seconds"] = time.perf_counter() - started
     return result
@@ -385,7 +385,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# layerscope GPU check, {report['date']}", "", f"- device: {report['device_name']}",
              f"- torch {report['torch']}, CUDA {report['cuda']}, Python {report['python']}",
              f"- mode: {'quick' if report['quick'] else 'full'}, {report['seconds']:.0f} s", "",
-             "| part | status | seconds | figures |", "| --- | --- | --- | --- |"]  # fmt: skip
+             "| part | status | seconds | figures |", "| --- | --- | --- | --- |"]
     for name, part in report["parts"].items():
         figures = {k: v for k, v in part.items() if k not in ("status", "seconds", "traceback", "output_tail")}
         text = json.dumps(figures, default=str)
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "CPU",
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "quick": args.quick, "seconds": 0.0, "parts": {},
-    }  # fmt: skip
+    }
     parts: dict[str, Result] = report["parts"]
     for key, run in _plan(args):
         if args.only and key not in args.only:

@@ -115,7 +115,7 @@ def rank_documents(base: dict[str, Any], ranks: int, slow_rank: int, slow_path: 
         doc["parts"].append({
             "path": "<communication>", "type": "communication", "parent": None, "depth": 0, "calls": 1, "params": 0,
             "params_total": 0, "kind": "communication", "forward": stats, "backward": None, "recompute": None,
-        })  # fmt: skip
+        })
         doc["meta"]["step_time_ns"] += wait
     return docs
 
@@ -156,7 +156,7 @@ def main() -> None:
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.merge", "--ranks", str(args.ranks), "--generate", folder],
             capture_output=True, text=True, check=True,
-        )  # fmt: skip
+        )
         made = json.loads(done.stdout.strip().splitlines()[-1])
         slow_rank, slow_path, nodes = made["slow_rank"], made["slow_path"], made["nodes"]
         paths = [os.path.join(folder, f"layerscope_steps0-0_rank{rank}.json") for rank in range(args.ranks)]

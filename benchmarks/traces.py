@@ -69,7 +69,7 @@ OWLV2 = ROOT.parent / "shared" / "traces" / "h100_owlv2_inference.json.gz"
 #: Debian's chromium; playwright's own browser download is never used (as in tests/conftest.py).
 CHROMIUM = os.environ.get("LAYERSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]  # fmt: skip
+                 "--no-first-run", "--disable-sync"]
 MIB = 2**20
 #: The spawning process's largest peak RSS that cannot distort a child's (see ``loads``).
 PARENT_LIMIT_MIB = 100
@@ -133,7 +133,7 @@ def _env() -> dict[str, str]:
 
 def _child(kind: str, path: Path) -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path)], capture_output=True, text=True,
-                          timeout=900, check=False, env=_env())  # fmt: skip
+                          timeout=900, check=False, env=_env())
     if done.returncode != 0:
         raise RuntimeError(f"{kind} on {path.name} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -152,7 +152,7 @@ def loads(path: Path, rounds: int) -> dict[str, dict[str, float]]:
     parent_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if parent_mib > PARENT_LIMIT_MIB:
         raise RuntimeError(f"this process's peak RSS is {parent_mib:.0f} MiB: it would count in every child's peak; "
-                           "measure the loads before importing torch here")  # fmt: skip
+                           "measure the loads before importing torch here")
     kinds = {BASELINE: "json", LOAD: "layerscope"}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
     for index in range(rounds):
@@ -340,15 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="benchmarks/traces.py", description=__doc__.split("\n\n", 1)[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of every load variant (each a fresh process) and of every recording variant; "
-                             "interleaved, the order rotated each round (default 5)")  # fmt: skip
+                             "interleaved, the order rotated each round (default 5)")
     parser.add_argument("--loads", type=int, default=7, help="fresh loads of the HTML report in Chromium (default 7)")
     parser.add_argument("--warm", type=int, default=2, help="untimed steps at the start of each recording session (default 2)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per recording session (default 5)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 1 round, no 1,000,000-event trace, 2 browser loads, 1 warm and 2 timed steps")  # fmt: skip
+                        help="a smoke run: 1 round, no 1,000,000-event trace, 2 browser loads, 1 warm and 2 timed steps")
     parser.add_argument("--no-million", action="store_true", help="skip the 1,000,000-event trace (2.)")
     parser.add_argument("--no-browser", action="store_true", help="skip the HTML report in Chromium (3.)")
     parser.add_argument("--no-recording", action="store_true", help="skip the cost of recording (4.)")
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # No torch in this process until the loads are measured (see ``loads``).
     print(f"python {platform.python_version()}, torch {importlib.metadata.version('torch')}, {os.cpu_count()} CPUs, "
-          f"{args.rounds} rounds, medians\n")  # fmt: skip
+          f"{args.rounds} rounds, medians\n")
     lines = ["## 1. Loading the OWLv2 trace", ""]
     lines += load_table(f"`{OWLV2.name}`", loads(OWLV2, args.rounds), 3, 400e6)
     print("\n".join(lines), flush=True)
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_million:
             big = folder / "million.json.gz"
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_tile.py"), str(OWLV2), str(big),
-                            "--events", "1000000"], check=True, capture_output=True, env=_env())  # fmt: skip
+                            "--events", "1000000"], check=True, capture_output=True, env=_env())
             lines = ["## 2. A 1,000,000-event trace (the OWLv2 trace tiled)", ""]
             lines += load_table(f"{big.stat().st_size / MIB:.0f} MiB gzipped", loads(big, args.rounds), 15, 1e9)
             print("\n".join(lines), flush=True)

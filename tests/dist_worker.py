@@ -83,14 +83,14 @@ def trainer(out: str) -> None:
     config = BertConfig(
         vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         max_position_embeddings=32,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = BertForSequenceClassification(config)
     data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.tensor(i % 2)} for i in range(32)]
     args = TrainingArguments(
         output_dir=out, max_steps=5, per_device_train_batch_size=2, use_cpu=True, ddp_backend="gloo",
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-    )  # fmt: skip
+    )
     with LayerscopeTrainerCallback(output_dir=f"{out}/layerscope") as callback:
         Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
 

@@ -250,7 +250,7 @@ def made(times: dict[int, list[int]], *, model: str = "MLP", machine: bool = Tru
         batches=[BatchResult(n, times_ns=t, first_run_ns=5 * t[0], peak_memory_bytes=4096 * n) for n, t in times.items()],
         settings={"warmup": 3, "min_runs": 5, "min_time_s": 0.5},
         machine={"cpu": "Test CPU", "threads": 2, "torch_version": "2.13.0+cpu", "python_version": "3.11.7"} if machine else {},
-    )  # fmt: skip
+    )
 
 
 BASE = {1: [100_000, 101_000, 99_000, 100_000, 100_000], 8: [400_000, 404_000, 396_000, 400_000, 400_000]}
@@ -309,7 +309,7 @@ def test_compare_ratio_and_noise(golden: Any) -> None:
 
 def test_cli_bench_json_plot_and_compare(tmp_path: Path) -> None:
     run = run_cli("bench", "zoo:mlp", "--batch-sizes", "1", "4", "--min-runs", "3", "--min-time", "0.02",
-                  "-o", "r.json", "--plot", "r.png", cwd=tmp_path)  # fmt: skip
+                  "-o", "r.json", "--plot", "r.png", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "zoo:mlp: inference, float32, cpu" in run.stdout and "samples/s" in run.stdout
     result = load(tmp_path / "r.json")
@@ -482,7 +482,7 @@ def test_the_input_is_shown_and_a_sequence_model_gets_tokens_per_second(golden: 
     # 20,000 samples/s (hand: 8 / 0.0004 s), so 2,560,000 tokens/s.
     result = made(BASE, model="GPT2Model")
     result.input_shapes, result.input_dtypes = {"input_ids": [1, 128], "attention_mask": [1, 128]}, {
-        "input_ids": "int64", "attention_mask": "int64"}  # fmt: skip
+        "input_ids": "int64", "attention_mask": "int64"}
     assert result.inputs == [("input_ids", [1, 128], "int64"), ("attention_mask", [1, 128], "int64")]
     assert result.tokens_per_sample == 128
     text = result.render()

@@ -485,7 +485,7 @@ def test_paths_exact_with_fake_clock(alexnet: nn.Module, fake_clock: Any) -> Non
             alexnet, ALEXNET_X, warmup=0, repeat=1, record_ops=False,
             paths=["features.3", "classifier"], clock=fake_clock,
         )
-    )  # fmt: skip
+    )
     # features.3: enter, exit -> 1000. classifier: enter, 7 children x 2 reads, exit
     # -> 15000 total, 7 x 1000 in children, 8000 self. Unprofiled modules read nothing.
     assert prof["features.3"].forward.cpu_time_ns == 1000
@@ -520,7 +520,7 @@ def test_progress_reports_every_stage() -> None:
         ("warmup", 1, 2), ("warmup", 2, 2),
         ("measure", 1, 3), ("measure", 2, 3), ("measure", 3, 3),
         ("ops", 1, 1),
-    ]  # fmt: skip
+    ]
     seen.clear()
     layerscope.profile(Nested(), X, warmup=0, repeat=1, record_ops=False, progress=lambda *a: seen.append(a))
     assert seen == [("measure", 1, 1)]

@@ -414,7 +414,7 @@ def test_token_ids_are_drawn_below_the_vocabulary(tiny: Path) -> None:
     models = {name: resolve_model(f"{tiny}:{name}").model for name in ("bert", "t5", "clip", "embedding_only")}
     assert {name: vocab_size(model) for name, model in models.items()} == {
         "bert": 50, "t5": 60, "clip": 70, "embedding_only": 30,
-    }  # fmt: skip
+    }
     assert vocab_size(torch.nn.Linear(2, 2)) is None
     ids = tensor_for((64, 64), torch.int64, torch.Generator().manual_seed(0), int_limit=50)
     assert 0 <= int(ids.min()) and int(ids.max()) == 49
@@ -448,11 +448,11 @@ def test_default_inputs_follow_the_config(tiny: Path) -> None:
     assert t5 == {"input_ids": ([2, 128], "torch.int64", 59), "decoder_input_ids": ([2, 128], "torch.int64", 59)}
     assert described(resolve_model(f"{tiny}:clip").model)["pixel_values"][0] == [1, 3, 32, 32]
     small = {"d_model": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "encoder_attention_heads": 2,
-             "decoder_attention_heads": 2, "encoder_layers": 1, "decoder_layers": 1}  # fmt: skip
+             "decoder_attention_heads": 2, "encoder_layers": 1, "decoder_layers": 1}
     bart = described(T.BartModel(T.BartConfig(vocab_size=40, max_position_embeddings=64, **small)))
     assert bart == {"input_ids": ([1, 64], "torch.int64", 39), "decoder_input_ids": ([1, 64], "torch.int64", 39)}
     vit = T.ViTModel(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                                 image_size=16, patch_size=8, num_channels=1))  # fmt: skip
+                                 image_size=16, patch_size=8, num_channels=1))
     assert described(vit) == {"pixel_values": ([1, 1, 16, 16], "torch.float32", 0)}
     whisper = T.WhisperModel(T.WhisperConfig(num_mel_bins=8, max_source_positions=16, **small))
     with pytest.raises(SpecError, match=r"WhisperModel \(its main input is 'input_features'; forward takes input_features"):
@@ -814,7 +814,7 @@ def test_columns_option(saved_profile: Path, capsys: pytest.CaptureFixture[str])
 def test_config_overrides_size_a_transformers_model(workdir: Path) -> None:
     pytest.importorskip("transformers")
     args = ("flops", "transformers:LlamaForCausalLM", "--format", "json", "--config",
-            "num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2")  # fmt: skip
+            "num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2")
     done = run_cli(*args, cwd=workdir)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -869,7 +869,7 @@ def test_bench_interrupted_prints_what_finished_and_exits_130(workdir: Path) -> 
         encoding="utf-8",
     )
     run = run_cli("bench", "stops.py:build", "--input", "1x4", "--batch-sizes", "1", "8", "--min-runs", "3",
-                  "--min-time", "0", "-o", "partial.json", cwd=workdir)  # fmt: skip
+                  "--min-time", "0", "-o", "partial.json", cwd=workdir)
     assert run.returncode == 130, run
     assert "    8  INTERRUPTED" in run.stdout and "best throughput: batch size 1" in run.stdout
     assert run.stderr.strip().splitlines()[-1] == "layerscope: interrupted; the batch sizes that finished are above"

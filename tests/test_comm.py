@@ -193,7 +193,7 @@ def test_golden_rank_profile_text(golden: object) -> None:
     raw = RawCapture(
         modules=modules, timing_passes=[stream], op_pass=stream, param_bytes=320,
         meta={"model": "Net", "device": "cpu", "mode": "context", "rank": 1, "world_size": 4, "host": "node7"},
-    )  # fmt: skip
+    )
     profile = build_profile(raw)
     check_tree(profile)
     fc = profile.root.children[0]

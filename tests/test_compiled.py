@@ -48,7 +48,7 @@ def test_calls_are_matched_in_order_skipping_unseen_ones() -> None:
     # The second addmm was not seen: the next relu range is call 4; copy_ is no call.
     assert match_calls(calls, events) == [
         ("extern_kernels.addmm:1", 10), ("cpp_fused_relu_0:2", 2), (None, 1), ("cpp_fused_relu_0:4", 3),
-    ]  # fmt: skip
+    ]
 
 
 def test_triton_kernel_ranges_match_their_calls() -> None:
@@ -58,7 +58,7 @@ def test_triton_kernel_ranges_match_their_calls() -> None:
     events = [("aten::mm", 10), ("triton_poi_fused_addmm_relu_0", 4), ("aten::addmm", 7)]
     assert match_calls(calls, events) == [
         ("extern_kernels.mm:1", 10), ("triton_poi_fused_addmm_relu_0:2", 4), ("extern_kernels.addmm:3", 7),
-    ]  # fmt: skip
+    ]
     assert match_calls(calls[1:2], [("triton_poi_fused_addmm_relu_1", 4)]) == [(None, 4)]
 
 
@@ -199,7 +199,7 @@ def test_transformers_bert_compiled_flops_equal_eager() -> None:
     config = transformers.BertConfig(
         vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=32,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = transformers.BertModel(config).eval()
     ids = torch.randint(0, 128, (1, 16))

@@ -76,7 +76,7 @@ def test_added_and_removed_modules_are_marked() -> None:
     result = layerscope.diff(base, new)
     status = {row.path: row.status for row in result.rows}
     assert status == {"": "matched", "embed": "matched", "head": "matched",
-                      "act": "removed", "gelu": "added", "norm": "added"}  # fmt: skip
+                      "act": "removed", "gelu": "added", "norm": "added"}
     act, gelu = result.row("act"), result.row("gelu")
     assert (act.type_base, act.type_new) == ("ReLU", None)
     assert act["self_time_ns"] == Change(1000, None)
@@ -152,7 +152,7 @@ def test_ops_match_by_module_phase_name_and_input_shapes() -> None:
     assert phases == {"forward", "backward"}
     assert {row.status for row in own.op_rows} == {"matched"}
     assert len(own.op_rows) == len({(n.path, o.phase, o.name, json.dumps(o.input_shapes))
-                                    for n in step.nodes() for o in n.ops})  # fmt: skip
+                                    for n in step.nodes() for o in n.ops})
     assert own.changed_ops() == []
 
 

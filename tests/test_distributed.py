@@ -68,7 +68,7 @@ def test_one_valid_distinct_file_per_rank_and_cycle(ddp_run: Path) -> None:
     assert names == [
         "layerscope_steps2-4_rank0.json", "layerscope_steps2-4_rank1.json",
         "layerscope_steps7-9_rank0.json", "layerscope_steps7-9_rank1.json",
-    ]  # fmt: skip
+    ]
     cycles = _cycles(ddp_run)
     run_ids = {p.meta["run_id"] for p in cycles.values()}
     assert len(run_ids) == 1 and len(run_ids.pop()) >= 8  # one run id, shared by every file
@@ -126,7 +126,7 @@ def test_merge_cli_on_the_rank_files(ddp_run: Path, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "layerscope", "merge", *files, "-o", str(out)],
         env=_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     shown = subprocess.run(
         [sys.executable, "-m", "layerscope", "show", str(out)],
@@ -165,11 +165,11 @@ def test_a_rank_dies(tmp_path: Path) -> None:
     procs = []
     for rank in range(2):
         env = _env() | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen(
             [sys.executable, str(WORKER), "die", str(tmp_path)], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
+        ))
     outs = [p.communicate(timeout=240) for p in procs]
     codes = [p.returncode for p in procs]
     assert codes[0] == 0, outs[0][1][-3000:]

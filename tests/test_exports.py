@@ -116,7 +116,7 @@ def hand_built() -> Profile:
     label = ModuleNode(
         "blocks.0[a;b\nc ]", "label", parent="blocks.0", depth=3, calls=1, kind="label",
         forward=stats(300, 300, 0, 0),
-    )  # fmt: skip
+    )
     block = ModuleNode(
         "blocks.0", "Linear", parent="blocks", depth=2, calls=1, params=6, params_total=6,
         forward=stats(2300, 2000, 12, 12),
@@ -125,14 +125,14 @@ def hand_built() -> Profile:
                     stack=["model.py:12 forward", "train.py:3 main"]),
             OpStats("aten::t", calls=1, cpu_time_ns=1500, self_cpu_time_ns=1500, flops=0),
         ],
-    )  # fmt: skip
+    )
     blocks = ModuleNode(
         "blocks", "ModuleList", parent="", depth=1, params_total=6, forward=stats(2300, 0, 12, 0)
     )
     root = ModuleNode(
         "", "Net", calls=1, params_total=6, forward=stats(3800, 1500, 12, 0),
         ops=[OpStats("aten::view", calls=1, cpu_time_ns=500, self_cpu_time_ns=500, flops=0)],
-    )  # fmt: skip
+    )
     link([root, blocks, block, label])
     return check_tree(Profile(root, meta={"model": "Net"}))
 
@@ -185,7 +185,7 @@ def test_forward_only_profile_has_no_phase_frames(resnet_forward: Profile) -> No
         own = sum(
             value for frames, value in lines
             if frames == prefix or (frames[:-1] == prefix and frames[-1].startswith("aten::"))
-        )  # fmt: skip
+        )
         assert abs(own * 1000 - node.forward.self_cpu_time_ns) < 1000, node.path
 
 
@@ -317,12 +317,12 @@ def test_hand_built_speedscope_samples_come_in_the_order_they_ran() -> None:
             [0, 100, "", "forward", -1], [10, 30, "a", "forward", -1], [40, 50, "b", "forward", -1],
             [200, 100, "", "backward", -1], [200, 50, "b", "backward", -1], [250, 50, "a", "backward", -1],
         ]
-    }  # fmt: skip
+    }
     doc = check_speedscope(profile.render("speedscope", metric="time"))
     assert list(zip(_sample_names(doc), doc["profiles"][0]["weights"])) == [
         ("forward;Net", 20), ("forward;Net;a", 30), ("forward;Net;b", 50),
         ("backward;Net", 10), ("backward;Net;b", 50), ("backward;Net;a", 40),
-    ]  # fmt: skip
+    ]
     # Folded stacks keep tree order; without a trace, so does speedscope.
     folded_order = [";".join(f.name for f in stack) for stack, _ in build_stacks(profile, METRICS["time"])]
     assert folded_order[-2:] == ["backward;Net;a", "backward;Net;b"]

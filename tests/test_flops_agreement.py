@@ -109,7 +109,7 @@ def _bert() -> tuple[nn.Module, Any]:
     config = BertConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000,
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     return BertModel(config), {"input_ids": _token_ids()}
 
 
@@ -119,7 +119,7 @@ def _gpt2() -> tuple[nn.Module, Any]:
     config = GPT2Config(
         n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=128, bos_token_id=0, eos_token_id=0,
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     return GPT2LMHeadModel(config), {"input_ids": _token_ids()}
 
 
@@ -130,7 +130,7 @@ def _llama() -> tuple[nn.Module, Any]:
     config = LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=1000, attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     return LlamaForCausalLM(config), {"input_ids": _token_ids()}
 
 
@@ -150,7 +150,7 @@ def _vit() -> tuple[nn.Module, Any]:
     config = ViTConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, image_size=32,
         patch_size=8, attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     pixels = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     return ViTModel(config), {"pixel_values": pixels}
 

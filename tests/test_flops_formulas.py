@@ -853,7 +853,7 @@ def test_embedding_scatter_and_index_put() -> None:
 def test_drawing_random_numbers_is_free() -> None:
     aten = torch.ops.aten
     for op in (aten.random_, aten.random, aten.uniform_, aten.uniform, aten.normal_, aten.normal,
-               aten.bernoulli_, aten.bernoulli, aten.randint_like):  # fmt: skip
+               aten.bernoulli_, aten.bernoulli, aten.randint_like):
         assert is_free(op._qualified_op_name), op
 
 

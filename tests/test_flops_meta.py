@@ -39,7 +39,7 @@ def test_tensor_meta_reads_like_a_tensor() -> None:
         lambda t: tuple(t.shape), lambda t: t.dtype, lambda t: t.numel(), lambda t: t.dim(), lambda t: t.ndim,
         lambda t: t.size(1), lambda t: tuple(t.size()), lambda t: t.element_size(), lambda t: t.nbytes,
         lambda t: t.is_floating_point(), lambda t: len(t),
-    ):  # fmt: skip
+    ):
         assert read(meta) == read(x)
     # Nesting is kept: lists stay lists, tuples tuples, scalars as they are.
     assert to_meta([x, (x, 3), None, 1.5]) == [meta, (meta, 3), None, 1.5]
@@ -158,7 +158,7 @@ def test_convolution_backward_from_metadata() -> None:
     grad = randn(2, 8, 4, 4)
     for mask in ([True, True, True], [False, True, False], [True, False, False]):
         _same_from_metadata(aten.convolution_backward.default, grad, x, w, [8], [2, 2], [0, 0], [1, 1],
-                            False, [0, 0], 1, mask)  # fmt: skip
+                            False, [0, 0], 1, mask)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,7 @@ COMPOSITES = {
                        (*SDPA["float-mask"][0], randn(5, 7) > 0)),
     "layer_norm": (aten.layer_norm, lambda x, w, b: F.layer_norm(x, [16], w, b), (randn(2, 3, 16), randn(16),
                                                                                     randn(16))),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(("op", "call", "tensors"), COMPOSITES.values(), ids=COMPOSITES.keys())
@@ -302,7 +302,7 @@ def _modules() -> dict[str, tuple[nn.Module, Any]]:
         "cosine_similarity": (nn.CosineSimilarity(), (randn(4, 5), randn(4, 5))),
         "dropout-train": (nn.Dropout(0.5).train(), randn(2, 3)),
         "to": (Fn(lambda x: x.to(torch.float64) * 2), randn(2, 3)),
-    }  # fmt: skip
+    }
 
 
 MODULES = _modules()

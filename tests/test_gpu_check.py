@@ -18,7 +18,7 @@ def test_the_gpu_check_runs_in_its_cpu_smoke_mode(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--device", "cpu", "--quick"],
         capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
     parts = report["parts"]
     failed = {name: part.get("error") for name, part in parts.items() if part["status"] == "failed"}

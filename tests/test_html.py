@@ -420,7 +420,7 @@ def test_a_transformers_training_steps_op_table_fits_1400_pixels(open_report: An
     model = transformers.GPT2LMHeadModel(config)
     ids = torch.randint(0, 128, (2, 16))
     prof = layerscope.profile(model, {"input_ids": ids, "labels": ids}, backward=True,
-                              loss_fn=lambda out: out.loss, warmup=1, repeat=3)  # fmt: skip
+                              loss_fn=lambda out: out.loss, warmup=1, repeat=3)
     report = open_report(layerscope.check_tree(prof), "gpt2.html")
     page = report.page
     page.click('#ops button[data-group="module"]')

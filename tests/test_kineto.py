@@ -230,7 +230,7 @@ def test_collectives_from_a_gradient_hook_and_gloo_thread() -> None:
         ),
         op("gloo:all_reduce", 165, 390, tid=3),
         op("gloo:all_reduce", 600, 700, tid=3),
-    ]  # fmt: skip
+    ]
     (stream,) = convert(roots)
     ops = [e for e in stream if isinstance(e, Op) and e.grad is not None]
     assert [(o.name, o.t0_ns, o.t1_ns, o.grad) for o in ops] == [
@@ -255,7 +255,7 @@ def test_a_node_with_hooks_takes_its_number_from_its_own_range_and_its_hook_labe
                 op("AddmmBackward0", 150, 190, seq=7),
             ),
         ),
-    ]  # fmt: skip
+    ]
     (stream,) = convert(roots)
     body = [e for e in stream if not isinstance(e, (Step, Enter, Exit)) and getattr(e, "name", "") != "aten::addmm"]
     assert body == [
@@ -302,13 +302,13 @@ def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> N
         _op("aten::addmm", 30, 80, _alloc(40, 7, 32, 0x100), _alloc(50, 8, 64, 0x200), _alloc(60, 8, -64, 0x200),
             inputs=(b, x, _Meta(4, 4), 1, 1), corr=2),
         inputs=(x, w, b), seq=0,
-    )  # fmt: skip
+    )
     loss = _op(
         "aten::linear", 200, 260,
         _op("aten::t", 205, 210, inputs=(w,)),
         _op("aten::addmm", 210, 250, inputs=(b, x, _Meta(4, 4), 1, 1), corr=4),
         inputs=(x, w, b),
-    )  # fmt: skip
+    )
     tree = [step(0, 500, module(0, 10, 100, linear), loss)]
     kernels = [KernelSpan(2, 1000, 1020), KernelSpan(4, 2000, 2010)]
     (stream,) = convert(tree, kernels, has_device=True, detail=Detail())
@@ -352,7 +352,7 @@ def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counte
         Range(EVAL + "CheckpointFunctionBackward", 100, 200, 3, 0, [
             module(1, 120, 160, Range("aten::relu", 125, 150, 3, 0, [], RangeFields(0, inputs=[relu])), tid=3),
         ], RangeFields(2)),
-    ]  # fmt: skip
+    ]
     (stream,) = convert(tree, detail=Detail())
     recomputed = [e for e in stream if isinstance(e, Op) and e.name == "aten::relu" and e.tid == 3]
     assert len(recomputed) == 1 and recomputed[0].flops == 8

@@ -71,7 +71,7 @@ def _imports(path: Path, modules: dict[str, Path] | None) -> set[str]:
         id(inner) for node in ast.walk(tree)
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for statement in node.body for inner in ast.walk(statement)
-    }  # fmt: skip
+    }
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:

@@ -418,7 +418,7 @@ def test_walk_forward_by_hand() -> None:
     assert memory["peak_at"] == {"path": "b", "phase": "forward", "t_ns": 80}
     assert memory["peak_categories"] == {
         "parameters": 1000, "gradients": 0, "optimizer_state": 0, "activations": 50, "other": 100,
-    }  # fmt: skip
+    }
     assert memory["timeline"]["t_ns"] == [0, 40, 80, 85]
     assert memory["timeline"]["bytes"] == [1000, 1100, 1150, 1050]
     assert memory["timeline"]["spans"] == [[10, 100, "", "forward"], [20, 50, "a", "forward"], [60, 90, "b", "forward"]]
@@ -698,7 +698,7 @@ def test_the_peak_names_buffers_where_it_counts_them_with_the_parameters() -> No
         "param_bytes_by_dtype": {"float32": 4096}, "buffer_bytes_by_dtype": {"float32": 64},
         "optimizer_state_bytes": {}, "baseline_bytes": 4160, "peak_bytes": 5184,
         "peak_at": {"path": "", "phase": "forward", "t_ns": 10}, "peak_categories": {"parameters": 4160, "other": 1024},
-    }  # fmt: skip
+    }
     root = ModuleNode("", "Net", calls=1, params=1024, params_total=1024, forward=PhaseStats(cpu_time_ns=10, self_cpu_time_ns=10))
     text = Profile(root=root, param_bytes=4096, memory=memory).render("text")
     # The footer counts parameters (4.00 KiB) and buffers (64 B) apart; the peak's live

@@ -67,7 +67,7 @@ def bench_result() -> BenchResult:
             BatchResult(32, status="oom"),
         ],
         settings={"warmup": 1, "min_runs": 4, "min_time_s": 0.0},
-    )  # fmt: skip
+    )
 
 
 def _embedded(page: str) -> Any:
@@ -202,7 +202,7 @@ def test_cli_diff_merge_and_show_write_pages(files: Path, tmp_path: Path) -> Non
     assert (tmp_path / "d.html").read_text(encoding="utf-8") == diff.render("html")
     # --fail-above: the verdict on stderr, the gate's regressions on the page, exit 1.
     gated = run_cli("diff", str(files / "rank0.json"), str(files / "rank2.json"), "--format", "html",
-                    "--fail-above", "50%", cwd=tmp_path)  # fmt: skip
+                    "--fail-above", "50%", cwd=tmp_path)
     assert gated.returncode == 1 and gated.stderr.startswith("Regressed above 50%")
     assert _embedded(gated.stdout)["threshold"] == 0.5
     ranks = [str(files / f"rank{r}.json") for r in range(4)]
@@ -240,7 +240,7 @@ def test_cli_format_choices_come_from_the_registry(tmp_path: Path) -> None:
         ("merge", "{files}/rank0.json", "{files}/rank1.json"),
         ("show", "{files}/rank0.json"),
     ], ids=["diff", "merge", "show"],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("name", ["out.html", "out.json"])
 def test_a_failed_write_is_exit_4_and_keeps_the_old_file(
     args: tuple[str, ...], name: str, files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -269,7 +269,7 @@ def test_a_failed_write_is_exit_4_and_keeps_the_old_file(
         ("show", "{files}/rank0.json"),
         ("bench", "zoo:mlp", "--batch-sizes", "1"),
     ], ids=["diff", "merge", "show", "bench"],
-)  # fmt: skip
+)
 def test_an_unwritable_folder_is_refused_before_any_work_as_a_usage_error(
     args: tuple[str, ...], files: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

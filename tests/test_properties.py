@@ -33,7 +33,7 @@ from layerscope.errors import SchemaError
 from layerscope.tree import Profile
 
 FIXED = {"deadline": None, "derandomize": True, "database": None,
-         "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}  # fmt: skip
+         "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -112,7 +112,7 @@ def test_random_json_is_refused_in_one_line(folder: Path, doc: Any) -> None:
 @given(doc=st.fixed_dictionaries(
     {"schema": st.just("layerscope/1")},
     optional={key: json_values for key in ("meta", "totals", "modules", "parts", "memory", "trace")},
-))  # fmt: skip
+))
 def test_random_fields_under_the_right_schema(folder: Path, doc: Any) -> None:
     path = folder / "fields.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
@@ -204,7 +204,7 @@ class Block(nn.Module):
 LEAVES: dict[str, Callable[[], nn.Module]] = {
     "linear": lambda: nn.Linear(WIDTH, WIDTH), "relu": nn.ReLU, "tanh": nn.Tanh,
     "nobias": lambda: nn.Linear(WIDTH, WIDTH, bias=False),
-}  # fmt: skip
+}
 
 
 @st.composite
@@ -281,7 +281,7 @@ def _round_trip(prof: Profile, folder: Path) -> None:
 @given(
     blueprint=blueprints(), shares=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99), st.booleans()), max_size=2),
     batch=st.integers(1, 3),
-)  # fmt: skip
+)
 def test_random_module_trees(folder: Path, blueprint: Any, shares: list[tuple[int, int, bool]], batch: int) -> None:
     torch.manual_seed(0)
     model = build(blueprint)

@@ -44,5 +44,5 @@ def test_nothing_needs_a_newer_python_than_declared() -> None:
         [sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())", "--no-tips", "--eval-annotations", "--violations", f"-t={major}.{minor}-",
          "src/layerscope", "benchmarks"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -49,26 +49,26 @@ def rank_profile(
     root_own, act = 1 * MS, 2 * MS
     extra = 500_000 if label else 0
     head_node = ModuleNode("head", "Linear", parent="", depth=1, calls=1, params=20, params_total=20,
-                           forward=_stats(head + extra, head))  # fmt: skip
+                           forward=_stats(head + extra, head))
     if label:
         head_node.children.append(ModuleNode("head[extra]", "label", parent="head", depth=2, calls=1, kind="label",
-                                             forward=_stats(extra, extra)))  # fmt: skip
+                                             forward=_stats(extra, extra)))
     children = [
         ModuleNode("embed", "Linear", parent="", depth=1, calls=1, params=36, params_total=36,
                    forward=_stats(embed, embed, peak=peak)),
         ModuleNode("act", "ReLU", parent="", depth=1, calls=1, forward=_stats(act, act)),
         head_node,
-    ]  # fmt: skip
+    ]
     total = root_own + embed + act + head + extra
     root = ModuleNode("", "Net", calls=1, params=0, params_total=56, forward=_stats(total, root_own), children=children)
     parts = [ModuleNode("<loss>", "loss", calls=1, kind="loss", forward=_stats(1 * MS, 1 * MS))]
     step = total + 1 * MS
     if wait is not None:
         parts.append(ModuleNode("<communication>", "communication", calls=1, kind="communication",
-                                forward=_stats(wait, wait, comm=wait)))  # fmt: skip
+                                forward=_stats(wait, wait, comm=wait)))
         step += wait
     info: dict[str, Any] = {"model": "Net", "rank": rank, "world_size": 4, "run_id": "run-a",
-                            "step_range": [0, 4], "steps": 5, "step_time_ns": step, "device": "cpu"}  # fmt: skip
+                            "step_range": [0, 4], "steps": 5, "step_time_ns": step, "device": "cpu"}
     info.update(meta)
     return check_tree(Profile(root=root, meta={k: v for k, v in info.items() if v is not None}, parts=parts))
 
@@ -195,7 +195,7 @@ def test_nodes_only_some_ranks_have_are_merged() -> None:
                                  "merge one cycle at a time, e.g. layerscope merge run/layerscope_steps0-4_rank*.json"),
     ],
     ids=["run_id", "model", "world_size", "step_range"],
-)  # fmt: skip
+)
 def test_mismatches_are_refused_naming_what_differs(change: dict[str, Any], says: str) -> None:
     with pytest.raises(MergeError) as caught:
         merge([rank_profile(0), rank_profile(1), rank_profile(2, **change)])
@@ -252,7 +252,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
         (lambda d: d["ranks"].clear(), "it holds no ranks"),
     ],
     ids=["type", "invariant", "unknown-node", "duplicate-rank", "no-ranks", "empty"],
-)  # fmt: skip
+)
 def test_a_damaged_document_is_refused_clearly(tmp_path: Path, damage: Any, says: str) -> None:
     doc = merge(four_ranks()).to_dict()
     damage(doc)

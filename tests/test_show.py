@@ -97,7 +97,7 @@ def test_the_data_loaders_long_range_name_is_shortened_in_the_tree() -> None:
     stats = PhaseStats(cpu_time_ns=10, self_cpu_time_ns=10)
     root = ModuleNode("", "Net", calls=1, params=0, params_total=0, forward=stats)
     part = ModuleNode("<enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__>", "label", kind="label", calls=1,
-                      forward=PhaseStats(cpu_time_ns=5, self_cpu_time_ns=5))  # fmt: skip
+                      forward=PhaseStats(cpu_time_ns=5, self_cpu_time_ns=5))
     profile = Profile(root=root, parts=[part], meta={"step_time_ns": 15})
     text = profile.render("text")
     assert "<DataLoader.__next__>" in text and "_SingleProcessDataLoaderIter" not in text
@@ -112,7 +112,7 @@ def test_show_ops_keeps_the_input_shapes_when_the_table_must_fit() -> None:
 
     stats = PhaseStats(cpu_time_ns=30, self_cpu_time_ns=30, flops=12, self_flops=12)
     ops = [OpStats("aten::t", calls=1, cpu_time_ns=10, self_cpu_time_ns=10, input_shapes=[[64, 32 * i]], flops=4)
-           for i in (1, 2, 3)]  # fmt: skip
+           for i in (1, 2, 3)]
     profile = Profile(root=ModuleNode("", "Net", calls=1, params=0, params_total=0, forward=stats, ops=ops))
     text = profile.render("text", show_ops=True, width=60)
     # The three aten::t rows differ by their shapes alone: those stay, other columns go.

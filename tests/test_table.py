@@ -42,7 +42,7 @@ def _text(lines: list[str]) -> str:
             features.0.block.1.attention.query_key_value_projection |  1.05M
             """, id="wide-cells-are-never-cut"),
     ],
-)  # fmt: skip
+)
 def test_drawn_tables(columns: list[Column], rows: list[list[str]], expected: str) -> None:
     assert _text(draw(columns, rows)) == textwrap.dedent(expected).lstrip("\n")
 

@@ -198,7 +198,7 @@ def _collective_kernels(events: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [
         _span(e) for e in events
         if e.get("cat") == "kernel" and any(w in e["name"].lower() for w in words)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("name", ["mi300x_resnet_ddp_actckpt_train_rank0", "b200_gptoss_tp8_rank0"])
@@ -209,7 +209,7 @@ def test_collectives_per_module_on_ranked_traces(shared_traces: Path, name: str)
     comm_ops = [
         (node.path, op) for top in (profile.root, *profile.parts) for node in top.walk() for op in node.ops
         if is_communication(op.name)
-    ]  # fmt: skip
+    ]
     assert comm_ops
     in_tree = sum(op.device_time_ns or 0 for _, op in comm_ops)
     by_hand = _collective_kernels(events)
@@ -240,7 +240,7 @@ def test_diff_of_one_model_on_two_vendors_gpus(shared_traces: Path, tmp_path: Pa
          str(shared_traces / "h100_bert_small_inference.json.gz"),
          str(shared_traces / "mi300x_bert_small_inference.json.gz"), "--format", "json"],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc
@@ -264,7 +264,7 @@ def test_rank_traces_merge(shared_traces: Path, tmp_path: Path) -> None:
          str(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"), str(tmp_path / "rank1.json.gz"),
          "-o", str(tmp_path / "m.json")],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     merged = layerscope.load(tmp_path / "m.json")
     assert merged.world_size == 8 and merged.rank_numbers == [0, 1]

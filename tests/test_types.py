@@ -32,7 +32,7 @@ def _mypy(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*_tool("mypy"), "--config-file", str(PYPROJECT), "--cache-dir", str(MYPY_CACHE), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
 
 
 def test_mypy_passes_on_the_pure_layers() -> None:

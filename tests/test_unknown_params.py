@@ -47,7 +47,7 @@ def _stats(total_ns: int, own_ns: int, flops: int, own_flops: int) -> PhaseStats
     return PhaseStats(
         cpu_time_ns=total_ns, self_cpu_time_ns=own_ns, flops=flops, self_flops=own_flops, macs=flops // 2,
         self_macs=own_flops // 2, bytes=0, self_bytes=0,
-    )  # fmt: skip
+    )
 
 
 def hand_built(*, known: bool) -> Profile:
@@ -59,15 +59,15 @@ def hand_built(*, known: bool) -> Profile:
     addmm = OpStats(
         "aten::addmm", calls=1, cpu_time_ns=1500, self_cpu_time_ns=1500, input_shapes=[[2, 3], [3, 4]],
         flops=24, macs=12, bytes=0,
-    )  # fmt: skip
+    )
     encoder = ModuleNode(
         "encoder", "Linear", parent="", depth=1, calls=1, forward=_stats(2000, 2000, 24, 24), ops=[addmm],
         extra_repr="in_features=3, out_features=4, bias=False", **count("encoder", 12),
-    )  # fmt: skip
+    )
     label = ModuleNode(
         "encoder[attn]", "label", parent="encoder", depth=2, calls=1, kind="label", forward=_stats(0, 0, 0, 0),
         **count("encoder[attn]", 0),
-    )  # fmt: skip
+    )
     head = ModuleNode("head", "Linear", parent="", depth=1, calls=1, forward=_stats(1000, 1000, 0, 0), **count("head", 5))
     root = ModuleNode("", "Net", calls=1, forward=_stats(3500, 500, 24, 0), **count("", 17))
     link([root, encoder, label, head])
@@ -75,18 +75,18 @@ def hand_built(*, known: bool) -> Profile:
         "peak_bytes": 96, "baseline_bytes": 0, "peak_categories": {"activations": 96},
         "peak_at": {"path": "encoder", "phase": "forward", "t_ns": 1000},
         "timeline": {"t_ns": [0, 1000, 3500], "bytes": [0, 96, 0], "points_recorded": 3, "spans": []},
-    }  # fmt: skip
+    }
     if known:
         memory["param_bytes_by_dtype"] = {"float32": 68}
     trace = {
         "spans": [[0, 3500, "", "forward", -1], [200, 2000, "encoder", "forward", -1],
                   [300, 1500, "encoder", "forward", 0], [2300, 1000, "head", "forward", -1]],
         "flows": [],
-    }  # fmt: skip
+    }
     profile = Profile(
         root, meta={"model": "Net", "device": "cpu"}, param_bytes=68 if known else None,
         memory=memory, trace=trace,
-    )  # fmt: skip
+    )
     return check_tree(profile)
 
 
@@ -99,7 +99,7 @@ def compiled(profile: Profile) -> Profile:
         "step_time_ns": 3500, "rule": "split by node count",
         "kernels": [{"call": "extern_kernels.addmm", "time_ns": 2000, "modules": {"encoder": 1.0}},
                     {"call": "cpp_fused_relu_0", "time_ns": 1000, "modules": {"head": 0.5, "": 0.5}}],
-    }  # fmt: skip
+    }
     return check_tree(twin)
 
 
@@ -185,7 +185,7 @@ def test_assembly_keeps_known_counts_as_they_were() -> None:
         "": ("module", 0, 16), "a": ("module", 16, 16), "c": ("module", 0, 0),
         # Labels and step parts own no parameters: 0, where counts are known.
         "[attn]": ("label", 0, 0), "<loss>": ("loss", 0, 0), "<other>": ("other", 0, 0),
-    }  # fmt: skip
+    }
     assert profile.param_bytes == 64
 
 
@@ -354,7 +354,7 @@ def test_ranks_without_counts_merge_and_a_rank_without_makes_the_runs_unknown(tm
     assert [shape.params_total for shape in both_known.nodes] == [17, 12, 0, 5]
 
     for ranks in ([_rank(unknown, 0), _rank(unknown, 1)], [_rank(known, 0), _rank(unknown, 1)],
-                  [_rank(unknown, 0), _rank(known, 1)]):  # fmt: skip
+                  [_rank(unknown, 0), _rank(known, 1)]):
         run = merge(ranks)
         # Not a mismatch (the same model), and never a mix: the run's counts are unknown.
         assert all(shape.params is None and shape.params_total is None for shape in run.nodes)
@@ -388,7 +388,7 @@ def test_the_page_shows_unknown_counts_as_unknown(browser: Any, tmp_path: Path) 
     page.wait_for_selector("body[data-ready]", timeout=10_000)
     facts = dict(page.eval_on_selector_all(
         "header dl .fact", "facts => facts.map(f => [f.querySelector('dt').textContent, f.querySelector('dd').textContent])"
-    ))  # fmt: skip
+    ))
     assert facts["params"] == "?"
     headers = page.eval_on_selector_all("#tree-table thead th", "ths => ths.map(th => th.textContent)")
     assert "Params" not in headers and "Calls" in headers

@@ -58,7 +58,7 @@ def test_build_nested_modules() -> None:
     stream = [
         enter(0, ROOT), enter(10, A), enter(20, B), leave(50, B), leave(70, A),
         enter(80, C), leave(90, C), leave(100, ROOT),
-    ]  # fmt: skip
+    ]
     prof = build(stream)
     assert cpu(prof, "a.b") == (30, 30)  # 50 - 20
     assert cpu(prof, "a") == (30, 60)  # 70 - 10 = 60, minus b's 30
@@ -147,7 +147,7 @@ def test_build_unbalanced_stream_exit_skips_an_open_frame() -> None:
         enter(0, ROOT), enter(10, A), enter(20, B), leave(50, A),
         op(60, 61, "aten::relu", [[1]]),  # after a's exit: the root's, not b's
         leave(100, ROOT),
-    ]  # fmt: skip
+    ]
     prof = build(stream, op_pass=stream)
     assert prof["a"].calls == 1
     assert prof["a"].forward.cpu_time_ns == 40  # 50 - 10, however b is accounted
@@ -161,7 +161,7 @@ def test_build_unbalanced_stream_left_open_and_stray_exit() -> None:
     stream = [
         leave(5, C),  # exit with nothing open: ignored
         enter(10, ROOT), enter(20, A), leave(40, A), enter(50, C),  # root and c never exit
-    ]  # fmt: skip
+    ]
     prof = build(stream, op_pass=stream)
     assert prof["a"].calls == 1
     assert cpu(prof, "a") == (20, 20)

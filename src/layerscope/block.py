@@ -170,7 +170,7 @@ class Profiler:
             backend = detailed_steps(
                 self.model, self._recorder, modules, selected, self._device, memory=self._memory,
                 with_stack=self._with_stack,
-            )  # fmt: skip
+            )
         if backend is None:
             backend = RecorderSteps(self._recorder, detailed=self._record_ops)
             if self._record_ops and self._clock is None:  # a given clock times by design
@@ -242,7 +242,7 @@ class Profiler:
         self._cycle.add(
             events, number, warmup=action is Action.WARMUP, keep_empty=number == 0 and self._schedule is None,
             has_device=self._backend.has_device_time,
-        )  # fmt: skip
+        )
 
     def step(self) -> None:
         """Mark the end of a training step (call it once per step, after ``opt.step()``)."""

@@ -52,7 +52,7 @@ def _phase_problems(node: ModuleNode, phase: str) -> list[str]:
 _OP_FIGURES = (
     "cpu_time_ns", "self_cpu_time_ns", "device_time_ns", "self_device_time_ns", "flops", "macs", "bytes",
     "alloc_bytes", "self_alloc_bytes", "freed_bytes",
-)  # fmt: skip
+)
 
 #: What a node's op rows add up to, per phase: (op field, the phase's self field).
 _OP_SUMS = (("flops", "self_flops"), ("macs", "self_macs"), ("bytes", "self_bytes"))

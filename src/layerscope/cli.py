@@ -197,7 +197,7 @@ def _add_run_options(
     parser.add_argument(
         "--autocast", metavar="DTYPE",
         help="run the passes under torch.autocast with this dtype (bfloat16, float16); the header says so",
-    )  # fmt: skip
+    )
     if timed:
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
@@ -211,7 +211,7 @@ def _add_run_options(
             "--compile", action="store_true",
             help="profile torch.compile(model) (Inductor): per-module time from its kernels, FLOPs from the eager "
             "module; compile time and graph breaks reported apart (--format kernels lists the kernels)",
-        )  # fmt: skip
+        )
         parser.add_argument(
             "--peak-tflops", type=float, metavar="TFLOPS",
             help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs",
@@ -221,14 +221,14 @@ def _add_run_options(
     parser.add_argument(
         "--backward", action="store_true",
         help="run backward too (loss: sum of the first float output): forward and backward per module",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--no-memory", action="store_true",
         help="do not track memory (allocations, peaks, activations per module; the step's peak)",
-    )  # fmt: skip
+    )
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
     _add_output_options(parser, ("profile",), defaults=defaults)
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks")  # fmt: skip
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
 
 
 def _add_output_options(
@@ -504,14 +504,14 @@ def _add_merge_parser(sub: Any) -> None:
         epilog=MERGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Merge the profiles a distributed job wrote, one per rank (one cycle: files of one\n"
         "step range), or merged runs of it, into one layerscope-ranks/1 document.",
-    )  # fmt: skip
+    )
     merge.add_argument("files", metavar="FILE", nargs="+", help="rank profiles (JSON) or merged runs")
     _add_output_options(
         merge, ("ranks", "rank-traces"),
         format_help="json: the merged document; text: the report; html: an interactive page (heat map, "
         "stragglers, waiting); chrome: one Chrome trace with a process per rank, from the rank files' traces "
         "(default: from -o's extension: .trace.json chrome, .json json, .html html, else text)",
-    )  # fmt: skip
+    )
     merge.add_argument(
         "--threshold", metavar="RATIO", default="10%",
         help="a straggler's self time exceeds the other ranks' median by more than this (default 10%%)",
@@ -546,11 +546,11 @@ def _add_bench_parser(sub: Any) -> None:
         description="Time a model's forward (or a training step) at several batch sizes after warm-up, "
         "until --min-runs runs and --min-time seconds: p50/p90/p99, mean ± std, throughput, peak "
         "memory, with its size, FLOPs and the machine. Or compare two saved runs (--compare).",
-    )  # fmt: skip
+    )
     bench.add_argument("spec", metavar="SPEC", nargs="?", help="the model to benchmark (see below)")
     bench.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"), help="compare two saved benchmarks instead")
     bench.add_argument("--fail-above", metavar="THRESHOLD", help="with --compare: exit 1 if a batch size got slower "
-                       "by more than this (10%% or 0.1) and by more than the noise")  # fmt: skip
+                       "by more than this (10%% or 0.1) and by more than the noise")
     bench.add_argument("--input", action="append", default=[], metavar="SHAPE", help="a random input of this shape, batch 1 first: 1x3x224x224")
     bench.add_argument("--inputs", metavar="SPEC", help="a callable taking the batch size, returning the batch")
     bench.add_argument(
@@ -573,7 +573,7 @@ def _add_bench_parser(sub: Any) -> None:
         bench, ("bench",), output_help="also write the result to FILE (atomically): JSON, or HTML for .html",
         format_help="-o's format (default: from its extension: .html html, .txt text, .png png, else json); "
         "without -o, stdout's (default text)",
-    )  # fmt: skip
+    )
     bench.add_argument("--plot", metavar="OUT.png", help="draw latency and throughput against batch size (needs matplotlib)")
     bench.add_argument("--debug", action="store_true", help="show full tracebacks")
 
@@ -1017,7 +1017,7 @@ def _bench(args: argparse.Namespace) -> int:
                 min_runs=args.min_runs, min_time_s=args.min_time, device=device, dtype=dtype,
                 autocast=autocast, compile=args.compile, lr=args.lr, memory=not args.no_memory,
                 find_max_batch=args.max_batch, progress=report,
-            )  # fmt: skip
+            )
         except BenchInterrupted as stop:  # Ctrl-C: show (and save) what finished, then exit 130
             result, interrupted = stop.result, True
     result.model = resolved.label

@@ -127,11 +127,11 @@ def draw_bench(fig: Any, result: Any, *, title: str | None = None) -> list[Any]:
         memory = axes[2]
         mem_unit, mem_scale = _byte_unit(max(b.peak_memory_bytes or 0 for b in peaks))
         memory.plot([b.batch_size for b in peaks], [(b.peak_memory_bytes or 0) / mem_scale for b in peaks],
-                    "o-", color=PEAK_COLOUR)  # fmt: skip
+                    "o-", color=PEAK_COLOUR)
         memory.set_ylabel(f"peak memory ({mem_unit})")
         fig.subplots_adjust(wspace=0.4)  # room for the middle panels' axis labels
     latency.fill_between(sizes, [b.p10_ns / scale for b in ok], [b.p90_ns / scale for b in ok],
-                         color=PHASE_COLOURS["forward"], alpha=0.2, label="p10-p90")  # fmt: skip
+                         color=PHASE_COLOURS["forward"], alpha=0.2, label="p10-p90")
     latency.plot(sizes, [b.p50_ns / scale for b in ok], "o-", color=PHASE_COLOURS["forward"], label="p50")
     latency.plot(sizes, [b.min_ns / scale for b in ok], ".:", color=LINE_COLOUR, label="min")
     latency.set_ylabel(f"latency per batch ({unit})")
@@ -156,7 +156,7 @@ def draw_bench(fig: Any, result: Any, *, title: str | None = None) -> list[Any]:
     machine = bench.machine
     heading = title if title is not None else f"{bench.model}: {bench.mode}, {bench.dtype}, {bench.device}"
     fig.suptitle(f"{heading}\n{machine.get('cpu', '')}, threads: {machine.get('threads', '?')}, "
-                 f"torch {machine.get('torch_version', '?')}", fontsize=11)  # fmt: skip
+                 f"torch {machine.get('torch_version', '?')}", fontsize=11)
     return axes
 
 

@@ -55,7 +55,7 @@ def progress_bar(console: Console | None = None) -> Iterator[Report]:
     console = console or Console(stderr=True)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console, transient=True,
-    )  # fmt: skip
+    )
     if not console.is_jupyter:
         with progress:
             yield StageBars(progress)

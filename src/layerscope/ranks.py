@@ -329,7 +329,7 @@ class MergedRun(NotebookDisplay):
                 params=shape.params, params_total=shape.params_total, profiled=figures.profiled,
                 forward=figures.phases.get("forward") or PhaseStats(), backward=figures.phases.get("backward"),
                 recompute=figures.phases.get("recompute"), kind=shape.kind, extra_repr=shape.extra_repr,
-            )  # fmt: skip
+            )
             by_path[shape.path] = node
             if shape.parent is None:
                 tops.append(node)
@@ -602,7 +602,7 @@ def merge(
     step_range = _agreed(
         records, "step_range", "files from different cycles", "merge one cycle at a time, e.g. "
         "layerscope merge run/layerscope_steps0-4_rank*.json", describe=_steps,
-    )  # fmt: skip
+    )
     if world_size is not None:
         outside = [r.rank for r in records if r.rank >= world_size]
         if outside:
@@ -617,7 +617,7 @@ def merge(
         nodes=nodes, ranks=records, world_size=world_size, run_id=run_id, model=model,
         step_range=None if step_range is None else list(step_range), threshold=float(threshold),
         min_time_ns=int(min_time_ns),
-    )  # fmt: skip
+    )
 
 
 def _steps(value: Any) -> str:
@@ -740,12 +740,12 @@ def _rank_spec() -> Any:
         {"path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "kind": STR, "params": Opt(INT),
          "params_total": Opt(INT), "extra_repr": STR},
         frozenset({"path", "type", "parent", "depth", "kind", "params", "params_total", "extra_repr"}),
-    )  # fmt: skip
+    )
     figures = Obj(
         {"calls": INT, "profiled": BOOL, "forward": PHASE_STATS, "backward": Opt(PHASE_STATS),
          "recompute": Opt(PHASE_STATS)},
         frozenset({"calls", "profiled", "forward"}),
-    )  # fmt: skip
+    )
     rank = Obj(
         {"rank": INT, "meta": META, "param_bytes": Opt(INT), "memory": Opt(MEMORY), "nodes": DictOf(figures)},
         frozenset({"rank", "meta", "param_bytes", "nodes"}),
@@ -790,7 +790,7 @@ def ranks_from_dict(doc: Any, source: str = "document") -> MergedRun:
                 entry["rank"], dict(entry["meta"]), entry["param_bytes"],
                 None if entry.get("memory") is None else dict(entry["memory"]), nodes,
                 {path: shapes[path] for path in nodes}, f"rank {entry['rank']} of {source}",
-            ))  # fmt: skip
+            ))
         if not records:
             raise ValueError("it holds no ranks")
         run = doc["run"]

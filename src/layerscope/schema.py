@@ -71,7 +71,7 @@ _PHASE = {name: Opt(INT) for name in (
     "alloc_bytes", "self_alloc_bytes", "freed_bytes", "self_freed_bytes", "peak_bytes", "activation_bytes",
     "self_activation_bytes", "grad_bytes", "self_grad_bytes", "comm_time_ns", "self_comm_time_ns", "comm_bytes",
     "self_comm_bytes",
-)}  # fmt: skip
+)}
 PHASE_STATS = Obj({**_PHASE, "cpu_time_ns": INT, "self_cpu_time_ns": INT}, frozenset({"cpu_time_ns", "self_cpu_time_ns"}))
 
 OP_STATS = Obj(
@@ -82,7 +82,7 @@ OP_STATS = Obj(
         "self_alloc_bytes": Opt(INT), "freed_bytes": Opt(INT), "stack": Opt(ListOf(STR)),
     },
     frozenset({"name"}),
-)  # fmt: skip
+)
 
 NODE = Obj(
     {
@@ -92,7 +92,7 @@ NODE = Obj(
         "extra_repr": Opt(STR), "input_shapes": Opt(SHAPE), "output_shapes": Opt(SHAPE),
     },
     frozenset({"path", "type", "parent", "depth", "calls", "params", "params_total", "forward"}),
-)  # fmt: skip
+)
 
 #: The fields of ``meta`` that renderers read; the rest is kept as it is.
 META = Obj(
@@ -105,7 +105,7 @@ META = Obj(
         "spec": Opt(STR), "autocast": Opt(STR), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
         "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))),
     }
-)  # fmt: skip
+)
 
 MEMORY = Obj(
     {
@@ -124,7 +124,7 @@ MEMORY = Obj(
         )),
     },
     frozenset({"peak_bytes"}),
-)  # fmt: skip
+)
 
 TRACE = Obj(
     {"spans": ListOf(Row((INT, INT, STR, OneOf(PHASES), INT))), "flows": ListOf(Row((INT, INT))), "step_ns": Opt(INT)},
@@ -137,7 +137,7 @@ DOCUMENT = Obj(
         "modules": ListOf(NODE), "parts": Opt(ListOf(NODE)), "memory": Opt(MEMORY), "trace": Opt(TRACE),
     },
     frozenset({"schema", "totals", "modules"}),
-)  # fmt: skip
+)
 
 
 def _describe(value: Any) -> str:

@@ -126,7 +126,7 @@ def profile(
         return _profile_compiled(
             eager, inputs, warmup=warmup, repeat=repeat, memory=memory, no_grad=no_grad,
             progress=progress, peak_tflops=peak_tflops,
-        )  # fmt: skip
+        )
     refuse_compiled(model)
     refuse_meta_timing(model, inputs)
     no_grad, grad = _grad_mode(no_grad, backward)
@@ -154,7 +154,7 @@ def profile(
         detail = detailed_steps(
             model, recorder, modules, selected, device, memory=memory, with_stack=with_stack, steps=backward,
             inputs=recorder.memory_inputs,
-        )  # fmt: skip
+        )
     ops_from = None
     if detail is None:
         detail = RecorderSteps(recorder, detailed=True, steps=backward)
@@ -259,7 +259,7 @@ def _profile_compiled(
             "graphs": len(run.graphs), "graph_breaks": run.graph_breaks, "step_time_ns": times.step_ns,
             "kernel_time_ns": times.kernel_ns, "kernels": [k.to_dict() for k in times.kernels],
         },
-    )  # fmt: skip
+    )
     prof.meta.pop("timed", None)
     return prof
 

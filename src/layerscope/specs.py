@@ -33,7 +33,7 @@ _DTYPES = {
     "float64": torch.float64, "double": torch.float64,
     "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
     "bool": torch.bool,
-}  # fmt: skip
+}
 
 
 @dataclass

@@ -399,7 +399,7 @@ class Profile(NotebookDisplay):
             steps=list(zip(numbers, times)), min_ns=ordered[0], median_ns=median, max_ns=ordered[-1],
             p10_ns=ordered[-(-len(ordered) // 10) - 1], p90_ns=ordered[-(-9 * len(ordered) // 10) - 1],
             outliers=outliers, far=far,
-        )  # fmt: skip
+        )
 
     def node(self, path: str) -> ModuleNode:
         """The node at ``path`` (``""`` is the root); KeyError names close matches."""

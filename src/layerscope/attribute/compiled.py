@@ -139,7 +139,7 @@ class KernelTime:
         return {
             "graph": self.graph, "call": self.call, "time_ns": self.time_ns,
             "modules": {path: round(share, 6) for path, share in self.modules.items()},
-        }  # fmt: skip
+        }
 
 
 @dataclass

@@ -99,7 +99,7 @@ class Frame:
     __slots__ = (
         "child_device_ns", "child_ns", "covered", "device_t_enter_ns", "key", "live_at_enter", "live_top",
         "op_device_ns", "phase", "t_enter_ns",
-    )  # fmt: skip
+    )
 
     def __init__(self, key: Key, phase: str, t_enter_ns: int, device_t_enter_ns: int | None, live_bytes: int) -> None:
         self.key = key
@@ -143,7 +143,7 @@ def walk_pass(
     walker = PassWalker(
         paths, has_device=has_device, collect_ops=collect_ops, parents=parents, memory=scan(events),
         waits=any(type(event) is Collective for event in events),
-    )  # fmt: skip
+    )
     for event in events:
         walker.feed(event)
     return walker.finish()
@@ -227,7 +227,7 @@ class PassWalker:
                 Optim: self.mem.optimizer,
                 DeviceMem: self.mem.device,
                 Saved: _skip,  # read by the scan, before the walk
-            })  # fmt: skip
+            })
         self._handlers = handlers
 
     def feed(self, event: Event) -> None:

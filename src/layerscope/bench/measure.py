@@ -143,7 +143,7 @@ class _Runner:
     def __init__(
         self, model: nn.Module, *, mode: str, device: torch.device, autocast: torch.dtype | None,
         loss_fn: Callable[[Any], Any] | None, optimizer: Callable[[Any], torch.optim.Optimizer] | None, lr: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.model = model
         self.train = mode == "train"
         self.device = device
@@ -338,7 +338,7 @@ def benchmark(
         result = _measure(
             runner, sample, sizes, cast=cast, warmup=warmup, min_runs=min_runs, min_time_s=min_time_s,
             memory=memory, compile_options=(compile_options or {}) if compile else None, report=report,
-        )  # fmt: skip
+        )
         result.settings.update(warmup=warmup, min_runs=min_runs, min_time_s=min_time_s, lr=lr if mode == "train" else None)
         result.model = type(model).__name__
         if find_max_batch:
@@ -351,7 +351,7 @@ def benchmark(
 def _measure(
     runner: _Runner, sample: Any, sizes: list[int], *, cast: torch.dtype | None, warmup: int, min_runs: int,
     min_time_s: float, memory: bool, compile_options: dict[str, Any] | None, report: Progress,
-) -> BenchResult:  # fmt: skip
+) -> BenchResult:
     device = runner.device
     eager = runner.model
     counted: Any = None
@@ -423,7 +423,7 @@ def _measure(
         autocast=None if runner.autocast is None else str(runner.autocast).replace("torch.", ""),
         compiled=compile_options is not None, compile_time_ns=compile_time_ns,
         input_shapes=shapes_of(first), input_dtypes=dtypes_of(first),
-    )  # fmt: skip
+    )
     if interrupted is not None:
         raise BenchInterrupted(result) from interrupted
     return result

@@ -140,7 +140,7 @@ class BatchResult:
                 "runs": self.runs, "mean_ns": self.mean_ns, "std_ns": self.std_ns, "cv": self.cv,
                 "min_ns": self.min_ns, "p50_ns": self.p50_ns, "p90_ns": self.p90_ns,
                 "p99_ns": self.p99_ns, "max_ns": self.max_ns, "throughput_per_s": self.throughput_per_s,
-            }  # fmt: skip
+            }
         return doc
 
 
@@ -325,7 +325,7 @@ def _batch_from_dict(entry: Any, source: str) -> BatchResult:
 _REQUIRED = {
     "model": str, "mode": str, "device": str, "dtype": str, "params": int, "trainable_params": int,
     "model_bytes_by_dtype": dict, "count_batch_size": int, "batches": list,
-}  # fmt: skip
+}
 
 
 def from_dict(doc: Any, source: str = "document") -> BenchResult:
@@ -354,7 +354,7 @@ def from_dict(doc: Any, source: str = "document") -> BenchResult:
         compile_time_ns=_int_or_none(doc.get("compile_time_ns"), "'compile_time_ns'", source),
         max_batch_size=_int_or_none(doc.get("max_batch_size"), "'max_batch_size'", source),
         input_shapes=doc.get("input_shapes"), input_dtypes=doc.get("input_dtypes"),
-    )  # fmt: skip
+    )
 
 
 def load(path: str | os.PathLike[str]) -> BenchResult:

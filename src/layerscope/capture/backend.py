@@ -156,6 +156,6 @@ def detailed_steps(
     window = KinetoWindow(
         index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
         owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
-    )  # fmt: skip
+    )
     window.inputs = list(inputs or [])
     return KinetoSteps(window, steps=steps)

@@ -266,7 +266,7 @@ def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[dict[str, s
             breaks.append({
                 "where": where.group(1) if where else "",
                 "reason": (reason.group(1) if reason else text.splitlines()[0] if text else "").strip(),
-            })  # fmt: skip
+            })
     return breaks
 
 

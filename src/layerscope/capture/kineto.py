@@ -550,7 +550,7 @@ class _Converter:
         op = Op(
             start, event.end_time_ns, name, op_args.input_shapes(inputs), None, flops, macs, nbytes, grad,
             allocs, stack, seq if seq >= 0 and grad is None else None, event.start_tid,
-        )  # fmt: skip
+        )
         if self.has_device:
             op = op._replace(device_time_ns=self.kernel_time(event))
         self.put(start, op)

@@ -37,7 +37,7 @@ from layerscope.flops.meta import TensorMeta, Uncacheable, signature, tensor_byt
 __all__ = [
     "Counts", "Formula", "TensorMeta", "count_meta", "count_op", "declare_free", "formula_for",
     "has_formula", "is_free", "register_flops", "registered", "unregister_flops",
-]  # fmt: skip
+]
 
 #: ``formula(args, kwargs, out) -> (flops, macs)``; every tensor in them is a ``TensorMeta``.
 Formula = Callable[[tuple[Any, ...], dict[str, Any], Any], tuple[int, int]]

@@ -112,7 +112,7 @@ def _run(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], counter: _Par
 _RESHAPES_IN_PLACE = frozenset({
     "resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "transpose_", "t_", "as_strided_",
     "swapdims_", "swapaxes_", "_resize_output_", "resize_as_sparse_", "sparse_resize_", "sparse_resize_and_clear_",
-})  # fmt: skip
+})
 
 
 @functools.cache

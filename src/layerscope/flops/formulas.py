@@ -173,7 +173,7 @@ def _slow_conv2d(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
 _FAST: dict[str, Formula] = {
     "aten::mm": _mm, "aten::bmm": _mm, "aten::addmm": _addmm, "aten::baddbmm": _addmm,
     "aten::_slow_conv2d_forward": _slow_conv2d,
-}  # fmt: skip
+}
 
 for _packet, _fn in torch_flops.flop_registry.items():
     _name = _torch.packet_name(_packet)
@@ -470,7 +470,7 @@ declare_free(
         "aten::normal", "aten::normal_", "aten::normal_functional", "aten::uniform", "aten::uniform_",
         "aten::randperm", "aten::multinomial",
     ]
-)  # fmt: skip
+)
 
 # Random numbers. Drawing is free: bits and integers (random_, randint, randperm), uniform
 # (rand, uniform_) and normal (randn, normal_) values in the op's own range, mean and std,
@@ -605,7 +605,7 @@ for _names, _cost in (
     (("add", "sub", "mul", "div", "sqrt", "neg", "abs", "exp", "log", "reciprocal", "sign", "pow",
       "maximum", "minimum", "clamp_min", "clamp_max", "sigmoid", "tanh", "rsqrt"), 1),
     (("lerp", "addcmul", "addcdiv", "norm"), 2),
-):  # fmt: skip
+):
     register_flops(*[f"aten::_foreach_{n}{tail}" for n in _names for tail in ("", "_")])(_foreach(_cost))
 
 

@@ -20,7 +20,7 @@ SCHEMA = "layerscope-bench-html/1"
 #: The figures of a batch size that ran, by name (``BatchResult``'s properties).
 BATCH_FIGURES: tuple[str, ...] = (
     "runs", "p10_ns", "p50_ns", "p90_ns", "p99_ns", "mean_ns", "std_ns", "cv", "min_ns", "max_ns", "throughput_per_s",
-)  # fmt: skip
+)
 
 
 def _batch(entry: BatchResult) -> dict[str, Any]:
@@ -45,12 +45,12 @@ def bench_data(result: BenchResult) -> dict[str, Any]:
         "inputs": [{"name": name, "shape": shape, "dtype": dtype} for name, shape, dtype in result.inputs],
         "warnings": result.warnings,
         "batches": [_batch(entry) for entry in sorted(result.batches, key=lambda b: b.batch_size)],
-    }  # fmt: skip
+    }
 
 
 @register_renderer(
     "html", document="bench", extensions=(".html", ".htm"),
     description="the benchmark as one self-contained HTML page: latency, throughput and memory charts, the table",
-)  # fmt: skip
+)
 def render_bench_html(result: BenchResult) -> str:
     return html_page("bench.js", f"{result.model} benchmark", bench_data(result))

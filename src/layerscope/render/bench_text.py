@@ -79,7 +79,7 @@ def _batch_row(entry: BatchResult, show_transfer: bool, tokens: int | None) -> l
             f"{100 * entry.cv:.1f}%", str(entry.runs), _per_s(entry.throughput_per_s),
             *([] if tokens is None else [_per_s(entry.throughput_per_s * tokens)]),
             fmt.nbytes(entry.peak_memory_bytes),
-        ]  # fmt: skip
+        ]
     if show_transfer:
         cells += [_ns(entry.h2d_ns), _ns(entry.d2h_ns)]
     return cells
@@ -145,5 +145,5 @@ def render_comparison(comparison: BenchComparison) -> str:
         if sizes:
             lines.append(f"only in {name}: batch size {', '.join(map(str, sizes))}")
     lines.append("ratio: new mean / base mean; differences count only when the intervals "
-                 "mean ± 2·std/sqrt(runs) do not overlap")  # fmt: skip
+                 "mean ± 2·std/sqrt(runs) do not overlap")
     return "\n".join(lines) + "\n"

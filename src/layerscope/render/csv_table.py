@@ -26,7 +26,7 @@ PHASE_FIELDS = tuple(f.name for f in fields(PhaseStats))
 OP_COLUMNS = (
     "path", "type", "phase", "op", "calls", "cpu_time_ns", "self_cpu_time_ns", "device_time_ns",
     "self_device_time_ns", "flops", "macs", "bytes", "alloc_bytes", "freed_bytes", "input_shapes", "stack",
-)  # fmt: skip
+)
 
 
 def _cell(value: Any) -> Any:

@@ -218,7 +218,7 @@ def _depth_or_all(text: str) -> int:
 MODULE_DEPTH = Option(
     "module_depth", "the depths of the aggregated profile (-1: all, the default)", parse=_depth_or_all,
     metavar="N",
-)  # fmt: skip
+)
 TOP_MODULES = Option("top_modules", "modules listed per depth (default 1)", parse=count, metavar="N")
 #: DeepSpeed's other keywords, for the Python API.
 _API = tuple(

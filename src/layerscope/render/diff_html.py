@@ -78,7 +78,7 @@ def diff_data(
     "html", document="diff", extensions=(".html", ".htm"),
     description="the diff as one self-contained HTML page: summary, modules and ops by change, regressions",
     options=(FAIL_ABOVE, IMBALANCE),
-)  # fmt: skip
+)
 def render_diff_html(
     diff: ProfileDiff, *, fail_above: float | None = None, imbalance: Sequence[ImbalanceChange] | None = None
 ) -> str:

@@ -300,7 +300,7 @@ FAIL_ABOVE = Option(
 @register_renderer(
     "text", document="diff", extensions=(".txt",), description="the diff as text tables",
     options=(LIMIT, IMBALANCE, FAIL_ABOVE),
-)  # fmt: skip
+)
 def render_diff_text(
     diff: ProfileDiff, *, limit: int | None = None, imbalance: Sequence[ImbalanceChange] | None = None,
     fail_above: float | None = None,
@@ -317,7 +317,7 @@ def render_diff_text(
 @register_renderer(
     "json", document="diff", extensions=(".json",), description="the layerscope-diff/1 JSON document",
     options=(IMBALANCE, FAIL_ABOVE),
-)  # fmt: skip
+)
 def render_diff_json(
     diff: ProfileDiff, *, imbalance: Sequence[ImbalanceChange] | None = None, fail_above: float | None = None
 ) -> str:

@@ -106,7 +106,7 @@ def _step_spread(profile: Profile) -> dict[str, Any] | None:
         "steps": len(spread.steps), "min_ns": spread.min_ns, "median_ns": spread.median_ns,
         "p90_ns": spread.p90_ns, "max_ns": spread.max_ns, "far": spread.far,
         "outliers": [list(item) for item in spread.outliers[:10]], "more": max(0, len(spread.outliers) - 10),
-    }  # fmt: skip
+    }
 
 
 def _inputs(profile: Profile) -> str | None:

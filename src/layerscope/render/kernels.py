@@ -64,6 +64,6 @@ def _module_table(profile: Profile, kernels: list[dict[str, Any]]) -> list[str]:
         rows.append([
             _label(node.path), str(len(mine)), str(sum(1 for k in mine if len(k["modules"]) > 1)), str(eager),
             f"{fused} ({fmt.percent(fused, eager)})" if eager else "0",
-        ])  # fmt: skip
+        ])
     headers = ["Module", "Kernel calls", "Shared", "Eager op calls", "Fused or folded"]
     return ["Per module (eager op calls from the eager pass):", *draw(from_headers(headers, left=1), rows)]

@@ -175,13 +175,13 @@ SORT_BY = Option(
     "sort_by", "sort rows by this metric, descending ('--sort-by list' lists them; default self_cpu_time, "
     "or flops for an untimed count)", parse=_sort_key, metavar="METRIC",
     listing=lambda: "Sort keys of the operator table (--sort-by), descending:\n" + "".join(f"  {key}\n" for key in SORT_KEYS),
-)  # fmt: skip
+)
 GROUP_BY = Option(
     "group_by", "one row per name (default), shape, module, module_type, phase or stack:N "
     "(N frames of the Python stack); combine with commas: module,shape", parse=_group_key, metavar="KEY",
     listing=lambda: "Group keys of the operator table (--group-by), comma-separated:\n"
     + "".join(f"  {key}\n" for key in GROUP_KEYS if key != "stack") + "  stack:N\n",
-)  # fmt: skip
+)
 MODULE = Option("module", "only the ops of this module's subtree (its named_modules() path)", metavar="PATH")
 PHASE = Option("phase", "only the ops of one phase", choices=PHASES)
 STACK_DEPTH = Option("stack_depth", "frames of the Python stack per row (group_by stack)", flag=False)
@@ -190,7 +190,7 @@ STACK_DEPTH = Option("stack_depth", "frames of the Python stack per row (group_b
 @register_renderer(
     "ops", description="aten ops grouped and sorted in one table, like torch.profiler's key_averages",
     options=(SORT_BY, GROUP_BY, LIMIT, MODULE, PHASE, STACK_DEPTH),
-)  # fmt: skip
+)
 def render_ops(
     profile: Profile, *, sort_by: str | None = None, group_by: GroupBy | None = "name", limit: int | None = None,
     module: str | None = None, phase: str | None = None, stack_depth: int | None = None,
@@ -199,5 +199,5 @@ def render_ops(
     table = op_table(
         profile, sort_by=sort_by, group_by=group_by, limit=limit or None, module=module, phase=phase,
         stack_depth=stack_depth,
-    )  # fmt: skip
+    )
     return format_table(table)

@@ -18,7 +18,7 @@ from layerscope.render.options import TITLE
 @register_renderer(
     "png", extensions=(".png",), binary=True, options=(TITLE,),
     description="the memory timeline of the step as a PNG picture (needs matplotlib)",
-)  # fmt: skip
+)
 def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
     from layerscope.plot import render_memory_png
 
@@ -31,7 +31,7 @@ def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
 @register_renderer(
     "png", document="bench", extensions=(".png",), binary=True, options=(TITLE,),
     description="latency, throughput and peak memory against batch size as a PNG picture (needs matplotlib)",
-)  # fmt: skip
+)
 def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
     from layerscope.plot import render_bench_png as draw
 

@@ -37,7 +37,7 @@ def _processes(traces: RankTraces, measured: dict[str, Any]) -> Iterator[str]:
 @register_renderer(
     "chrome", document="rank-traces", extensions=(".trace.json",), chunks=True,
     description="a Chrome trace / Perfetto JSON with one process per rank",
-)  # fmt: skip
+)
 def render_rank_traces(traces: RankTraces) -> Iterator[str]:
     measured: dict[str, Any] = {}
     events = _processes(traces, measured)

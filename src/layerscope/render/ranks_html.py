@@ -71,6 +71,6 @@ def ranks_data(run: MergedRun) -> dict[str, Any]:
 @register_renderer(
     "html", document="ranks", extensions=(".html", ".htm"),
     description="the merged ranks as one self-contained HTML page: heat map, stragglers, waiting",
-)  # fmt: skip
+)
 def render_ranks_html(run: MergedRun) -> str:
     return html_page("ranks.js", f"{run.model or 'model'} · {len(run.ranks)} ranks", ranks_data(run))

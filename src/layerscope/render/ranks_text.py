@@ -67,7 +67,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
         row for row in run.spreads()
         if row.metric == "time_ns" and (depth is None or shapes[row.path].depth <= depth)
         and (row.max or row.phase == "forward")  # a phase no rank spent time in (a part's backward)
-    ]  # fmt: skip
+    ]
     ranks = run.rank_numbers
     if len(ranks) <= MAX_RANK_COLUMNS:
         title = "Time per rank (each node's total in the phase), median, slowest rank and max / median:"
@@ -79,7 +79,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
                 _indented(shapes[row.path].depth, row.path), row.phase,
                 *(fmt.time_ns(by_rank.get(r)) for r in ranks),
                 fmt.time_ns(row.median), fmt.time_ns(row.max), f"rank {row.argmax_rank}", _imbalance(row),
-            ])  # fmt: skip
+            ])
         return ["", title, *draw(from_headers(header, left=2), cells)]
     floor = run.min_time_ns
     ranked = sorted(
@@ -96,7 +96,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
         cells.append([
             display_path(row.path), row.phase, fmt.time_ns(row.min), fmt.time_ns(row.median), fmt.time_ns(row.max),
             f"rank {row.argmax_rank}", _imbalance(row),
-        ])  # fmt: skip
+        ])
     header = ["Module", "Phase", "Min", "Median", "Max", "Slowest", "Imbalance"]
     return ["", title, *draw(from_headers(header, left=2), cells)]
 
@@ -119,7 +119,7 @@ def _stragglers(run: MergedRun, limit: int | None) -> list[str]:
         cells.append([
             display_path(row.path), row.phase, str(row.rank), fmt.time_ns(row.self_time_ns),
             fmt.time_ns(row.others_median_ns), "+" + fmt.time_ns(row.excess_ns), relative,
-        ])  # fmt: skip
+        ])
     header = ["Module", "Phase", "Rank", "Self time", "Others' median", "Excess", "Excess %"]
     out = ["", f"Stragglers ({test}), largest excess first:", *draw(from_headers(header, left=2), cells)]
     if len(shown) < len(found):
@@ -133,7 +133,7 @@ def _waiting(run: MergedRun) -> list[str]:
         cells.append([
             str(row.rank), fmt.time_ns(row.step_time_ns), fmt.time_ns(row.wait_ns),
             fmt.percent(row.wait_ns, row.step_time_ns),
-        ])  # fmt: skip
+        ])
     title = (
         "Waiting in collectives per rank (the <communication> part); the fast ranks wait for "
         "the slow one, so a straggler shows as its peers' waiting:"
@@ -144,7 +144,7 @@ def _waiting(run: MergedRun) -> list[str]:
 @register_renderer(
     "text", document="ranks", extensions=(".txt",), description="the merged ranks as a text report",
     options=(DEPTH, LIMIT),
-)  # fmt: skip
+)
 def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | None = 20) -> str:
     """The header, the rank table (down to ``depth``), up to ``limit`` stragglers (None:
     all), and the waiting per rank."""
@@ -158,6 +158,6 @@ def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | 
 @register_renderer(
     "json", document="ranks", extensions=(".json",), description="the layerscope-ranks/1 JSON document",
     options=(INDENT,),
-)  # fmt: skip
+)
 def render_ranks_json(run: MergedRun, *, indent: int | None = None) -> str:
     return json.dumps(run.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False) + "\n"

@@ -100,7 +100,7 @@ def measure(columns: Sequence[Column], rows: Sequence[Cells], style: Style = PIP
         column.width if column.width is not None
         else max(len(line) for cells in texts for line in cells[i].split("\n"))
         for i, column in enumerate(columns)
-    ]  # fmt: skip
+    ]
     return Grid(columns, widths, style)
 
 

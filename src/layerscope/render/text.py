@@ -285,7 +285,7 @@ _SHAPES = TreeColumn("Input shapes", "shapes", 0, lambda n, p: fmt.shape(n.input
 _OP_TIME_KEYS = frozenset({
     "self_cpu", "cpu_total", "cpu_pct", "self_device", "device_total", "fwd_self", "fwd_total", "bwd_self",
     "bwd_total", "recompute", "step_pct", "comm", "flop_rate", "mfu",
-})  # fmt: skip
+})
 
 
 def _rows(
@@ -687,18 +687,18 @@ SHOW_OPS = Option("show_ops", "nest each module's aten ops under it, with their 
 WIDTH = Option(
     "width", "fit the table to N characters by hiding its least important columns "
     "(default: the terminal's width on a terminal, else no limit)", parse=count, metavar="N",
-)  # fmt: skip
+)
 COLUMNS_OPTION = Option(
     "columns", "the table's columns, comma-separated, e.g. self_cpu,flops,params; '--columns list' "
     "lists them (default: all, with the least important hidden to fit a terminal's width)",
     parse=parse_columns, metavar="COLS", listing=columns_listing,
-)  # fmt: skip
+)
 
 
 @register_renderer(
     "text", extensions=(".txt",), description="the module tree as a text table",
     options=(DEPTH, SHOW_OPS, WIDTH, COLUMNS_OPTION),
-)  # fmt: skip
+)
 def render_text(
     profile: Profile,
     *,

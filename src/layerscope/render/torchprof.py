@@ -157,7 +157,7 @@ _API = tuple(
 @register_renderer(
     "torchprof", description="torchprof's module tree table: self and total time, memory, calls",
     options=(SHOW_EVENTS, *_API),
-)  # fmt: skip
+)
 def render_torchprof(
     profile: Profile,
     *,

@@ -58,7 +58,7 @@ KINETO_KEYS = frozenset({"schemaVersion", "deviceProperties"})
 KINETO_CATEGORIES = frozenset({
     "cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
     "gpu_memset", "cpu_instant_event", "gpu_user_annotation", "ac2g", "fwdbwd",
-})  # fmt: skip
+})
 _SNIFF_EVENTS = 200
 _GZIP_MAGIC = b"\x1f\x8b"
 _SPACE = " \t\n\r"
