@@ -272,3 +272,19 @@ def test_the_exported_quickstart_shows_working_reports(executed: Any, browser: A
         assert "probe" in heard and any("thrown probe" in text for text in heard), heard
     finally:
         page.close()
+
+
+def test_a_profiler_block_displays_its_profile_and_says_why_before_it_has_one() -> None:
+    import torch
+
+    import layerscope
+
+    model = torch.nn.Linear(4, 2)
+    prof = layerscope.Profiler(model)
+    assert prof._repr_html_() is None  # no page to show yet
+    assert "not started" in prof._repr_mimebundle_()["text/plain"]
+    with prof:
+        model(torch.randn(3, 4))
+        assert "still running" in prof._repr_mimebundle_()["text/plain"]
+    assert prof._repr_html_() == prof.profile._repr_html_()
+    assert prof._repr_mimebundle_() == {"text/plain": str(prof.profile)}

@@ -71,7 +71,7 @@ def _run_python_blocks(doc: str, blocks: list[str], cwd: Path) -> subprocess.Com
     return subprocess.run(
         [sys.executable, "-c", _BLOCKS_DRIVER, f"docs/{doc}"], input=json.dumps(blocks),
         cwd=cwd, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
 
 
 def _cli_lines(text: str | None = None, lang: str = "bash") -> list[list[str]]:

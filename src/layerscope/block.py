@@ -348,6 +348,17 @@ class Profiler:
     def __str__(self) -> str:
         return str(self.profile)
 
+    # A cell ending in ``prof`` after the block shows the profile's report, as ``prof.profile``
+    # does; before there is one, the text says why (still running, not started).
+    def _repr_html_(self) -> str | None:
+        return None if self._profile is None else self._profile._repr_html_()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
+        try:
+            return self.profile._repr_mimebundle_(include, exclude, **kwargs)
+        except ProfilerStateError as exc:
+            return {"text/plain": str(exc)}
+
     # -- torch.profiler's names (layerscope.compat.torch_profiler) ----------------------
     @property
     def step_num(self) -> int:
