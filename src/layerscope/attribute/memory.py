@@ -76,9 +76,21 @@ class MemoryResult:
                 setattr(self, name, getattr(other, name))
 
 
-def scan(events: list[Event]) -> dict[str, Any] | None:
-    """First look at a stream: None when it holds no memory events, else the storages
-    that were saved, became gradients or were freed, and what was live from the start."""
+@dataclass(frozen=True)
+class StreamFacts:
+    """What a first look at a stream tells the memory walk before it starts: the
+    storages (by serial) that autograd saved, that became gradients and that were freed,
+    and the bytes live from the start, by category."""
+
+    saved: set[int]
+    grads: set[int]
+    freed: set[int]
+    initial: dict[str, int]
+
+
+def scan(events: list[Event]) -> StreamFacts | None:
+    """First look at a stream: None when it holds no memory events, else its
+    :class:`StreamFacts`."""
     saved: set[int] = set()
     grads: set[int] = set()
     freed: set[int] = set()
@@ -106,7 +118,7 @@ def scan(events: list[Event]) -> dict[str, Any] | None:
             found = True
     if not found:
         return None
-    return {"saved": saved, "grads": grads, "freed": freed, "initial": initial}
+    return StreamFacts(saved=saved, grads=grads, freed=freed, initial=initial)
 
 
 class MemoryWalk:
@@ -114,7 +126,7 @@ class MemoryWalk:
 
     def __init__(
         self,
-        facts: dict[str, Any],
+        facts: StreamFacts,
         chain: BackwardChain,
         span_worthy: Callable[[Key, bool], bool],
     ) -> None:
@@ -124,7 +136,7 @@ class MemoryWalk:
         chain.openers.append(self._chain_opened)
         chain.closers.append(self._chain_closed)
         self._span_worthy = span_worthy
-        initial = facts["initial"]
+        initial = facts.initial
         self.cat_live = {name: initial.get(name, 0) for name in MEMORY_CATEGORIES}
         self.live = sum(self.cat_live.values())
         self.result.baseline_bytes = self.live
@@ -173,11 +185,11 @@ class MemoryWalk:
         facts = self.facts
         total = 0
         for serial, nbytes in allocs:
-            if serial in facts["saved"]:
+            if serial in facts.saved:
                 category = "activations"
-            elif serial in facts["grads"]:
+            elif serial in facts.grads:
                 category = "gradients"
-            elif site is not None and is_part(site[0]) and site[0].startswith("<optimizer:") and serial not in facts["freed"]:
+            elif site is not None and is_part(site[0]) and site[0].startswith("<optimizer:") and serial not in facts.freed:
                 category = "optimizer_state"
             else:
                 category = "other"
@@ -266,7 +278,7 @@ class MemoryWalk:
     def finish(self, t_base: int, path_of: Callable[[Key], str]) -> MemoryResult:
         result = self.result
         result.peak_t_ns = max(0, result.peak_t_ns - t_base)
-        for serial in self.facts["saved"]:
+        for serial in self.facts.saved:
             site = self._site.get(serial)
             if site is not None:
                 result.activation[site] = result.activation.get(site, 0) + self._all_sizes[serial]

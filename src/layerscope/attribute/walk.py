@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key
-from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, scan
+from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, StreamFacts, scan
 from layerscope.comm import is_communication
 from layerscope.intervals import merged
 from layerscope.raw import (
@@ -163,7 +163,7 @@ class PassWalker:
         has_device: bool = False,
         collect_ops: bool = False,
         parents: list[int | None] | None = None,
-        memory: dict[str, Any] | None = None,
+        memory: StreamFacts | None = None,
         waits: bool = False,
     ) -> None:
         self.paths = paths
