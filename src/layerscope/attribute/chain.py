@@ -10,12 +10,20 @@ anything that needs backward spans (memory peaks, the timeline, the trace) liste
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 Key = int | str
 
-#: An entry: ``[key, t_open, data]``; ``data`` belongs to whoever opened it (memory).
-Entry = list[Any]
+
+@dataclass(slots=True)
+class Entry:
+    """One running module of the chain: its key and when its backward work began. The
+    memory walk keeps the live bytes when it opened and their highest since in it."""
+
+    key: Key
+    t_open: int
+    live_at_open: int = 0
+    live_top: int = 0
 
 
 class BackwardChain:
@@ -31,20 +39,20 @@ class BackwardChain:
 
     @property
     def owner(self) -> Key | None:
-        return self.entries[-1][0] if self.entries else None
+        return self.entries[-1].key if self.entries else None
 
     def move(self, key: Key, t: int) -> None:
         """Backward work of ``key`` starts at ``t``."""
         entries = self.entries
-        if entries and entries[-1][0] == key:
+        if entries and entries[-1].key == key:
             return
         wanted = self._ancestors(key)
         keep = 0
-        while keep < len(entries) and keep < len(wanted) and entries[keep][0] == wanted[keep]:
+        while keep < len(entries) and keep < len(wanted) and entries[keep].key == wanted[keep]:
             keep += 1
         self.close(t, keep=keep)
         for k in wanted[keep:]:
-            entry: Entry = [k, t, None]
+            entry = Entry(k, t)
             for opener in self.openers:
                 opener(entry)
             entries.append(entry)

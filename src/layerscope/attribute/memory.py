@@ -164,10 +164,9 @@ class MemoryWalk:
             if live > top.live_top:
                 top.live_top = live
         elif self.chain.entries:
-            # A chain entry's data: [live bytes when it opened, highest live bytes since].
-            data = self.chain.entries[-1][2]
-            if live > data[1]:
-                data[1] = live
+            running = self.chain.entries[-1]
+            if live > running.live_top:
+                running.live_top = live
         if site is not None:
             # The model's phases by name; the step's parts (``<loss>``, ...) by path.
             key, phase = site
@@ -251,9 +250,9 @@ class MemoryWalk:
             if top > frames[-1].live_top:
                 frames[-1].live_top = top
         elif self.chain.entries:
-            data = self.chain.entries[-1][2]
-            if top > data[1]:
-                data[1] = top
+            running = self.chain.entries[-1]
+            if top > running.live_top:
+                running.live_top = top
         if self._span_worthy(key, not frames):
             self._spans.append((frame.t_enter_ns, t, key, phase))
 
@@ -263,16 +262,15 @@ class MemoryWalk:
             self._spans.append((t0, t1, key, "forward"))
 
     def _chain_opened(self, entry: Entry) -> None:
-        entry[2] = [self.live, self.live]
+        entry.live_at_open = entry.live_top = self.live
 
     def _chain_closed(self, entry: Entry, t: int, still_open: list[Entry]) -> None:
-        key, t_open, (at_open, top) = entry
-        site = (key, "backward")
-        self.result.peak[site] = max(self.result.peak.get(site, 0), top - at_open)
-        if still_open and top > still_open[-1][2][1]:
-            still_open[-1][2][1] = top
-        if self._span_worthy(key, not still_open):
-            self._spans.append((t_open, t, key, "backward"))
+        site = (entry.key, "backward")
+        self.result.peak[site] = max(self.result.peak.get(site, 0), entry.live_top - entry.live_at_open)
+        if still_open and entry.live_top > still_open[-1].live_top:
+            still_open[-1].live_top = entry.live_top
+        if self._span_worthy(entry.key, not still_open):
+            self._spans.append((entry.t_open, t, entry.key, "backward"))
 
     # -- the end ------------------------------------------------------------------------------
     def finish(self, t_base: int, path_of: Callable[[Key], str]) -> MemoryResult:

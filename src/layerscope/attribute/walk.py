@@ -632,7 +632,7 @@ class PassWalker:
 
     def _backward_span_closed(self, entry: Entry, t: int, still_open: list[Entry]) -> None:
         assert self.trace is not None
-        self.trace.append((entry[1], t, entry[0], "backward", None, None))
+        self.trace.append((entry.t_open, t, entry.key, "backward", None, None))
 
     # -- the end ------------------------------------------------------------------------------------
     def finish(self) -> PassResult:
