@@ -194,8 +194,7 @@ class ProfileDiff(NotebookDisplay):
     @property
     def noise(self) -> float | None:
         """The noise band, relative: the larger side's spread (None: neither measured)."""
-        known = [n for n in (self.noise_base, self.noise_new) if n is not None]
-        return max(known) if known else None
+        return _band(self.noise_base, self.noise_new)
 
     def within_noise(self, change: Change) -> bool:
         """Whether a time moved by no more than was measured as noise: by at most the
@@ -374,8 +373,7 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
         warnings.append(f"{side} was counted without timing (layerscope flops): no time is compared")
 
     noise_base, noise_new = (base.pass_spread(), new.pass_spread()) if timed else (None, None)
-    known = [n for n in (noise_base, noise_new) if n is not None]
-    band = max(known) if known else None
+    band = _band(noise_base, noise_new)
     rows = _marked(_node_rows(base, new, phases, timed), band)
     op_rows = _marked(_op_rows(base, new, phases, timed), band)
     summary, total_kind = _summary(base, new, phases, timed, same_kind)
@@ -383,6 +381,12 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
         base=base, new=new, rows=rows, op_rows=op_rows, summary=summary, warnings=warnings,
         phases=phases, total_kind=total_kind, min_time_ns=min_time_ns, noise_base=noise_base, noise_new=noise_new,
     )
+
+
+def _band(noise_base: float | None, noise_new: float | None) -> float | None:
+    """The noise band: the larger side's measured spread; None when neither was measured."""
+    known = [n for n in (noise_base, noise_new) if n is not None]
+    return max(known) if known else None
 
 
 def _marked(rows: list[DiffRow], band: float | None) -> list[DiffRow]:

@@ -61,6 +61,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
     """The document the page embeds: raw numbers, derived from the tree only."""
     nodes = list(profile.nodes())
     index = {node.path: i for i, node in enumerate(nodes)}
+    phases = [phase for phase in PHASES if getattr(profile.root, phase) is not None]
     return {
         "schema": SCHEMA,
         "meta": dict(profile.meta),
@@ -86,9 +87,9 @@ def report_data(profile: Profile) -> dict[str, Any]:
             }
             for node in nodes
         ],
-        "phases": [phase for phase in PHASES if getattr(profile.root, phase) is not None],
+        "phases": phases,
         "unsupported_ops": profile.unsupported_ops(),
-        "ops": _op_tables(profile),
+        "ops": _op_tables(profile, by_phase=len(phases) > 1),
         "memory": profile.memory,
         "step_spread": _step_spread(profile),
         # How much the repeated passes (or steps) spread; None: one pass, noise unknown.
@@ -115,16 +116,15 @@ def _inputs(profile: Profile) -> str | None:
     return None if text is None else text.split(" ", 1)[1]
 
 
-def _op_tables(profile: Profile) -> dict[str, Any]:
+def _op_tables(profile: Profile, *, by_phase: bool) -> dict[str, Any]:
     """The op table per grouping. By module, ops are told apart by phase too when the
     run had more than one (a forward ``addmm`` and its backward ``mm`` are other work),
     and the columns that add nothing to a module's row are left out (``modules``, one
     per row; ``module_type``, the tree's and the module-type grouping's), so that a
     transformer's fits a 1400 px window."""
-    several = sum(1 for phase in PHASES if getattr(profile.root, phase) is not None) > 1
     tables: dict[str, Any] = {}
     for grouping in OP_GROUPINGS:
-        keys = ("module", "phase") if grouping == "module" and several else grouping
+        keys = ("module", "phase") if grouping == "module" and by_phase else grouping
         try:
             table = op_table(profile, group_by=keys)
         except OpTableError:  # nothing to sort by: a profile without ops
