@@ -9,10 +9,30 @@ anything that needs backward spans (memory peaks, the timeline, the trace) liste
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
+#: What the walker knows a node by: a module of the model by its index in the model's
+#: table (an int: the walk hashes and compares one per event), a node the run made (a
+#: label, a step part) by its path (a str). The three functions below tell them apart;
+#: nothing else does.
 Key = int | str
+
+
+def is_module(key: Key) -> TypeGuard[int]:
+    """Whether ``key`` is a module of the model (its index), not a node the run made."""
+    return type(key) is int
+
+
+def is_made(key: Key) -> TypeGuard[str]:
+    """Whether ``key`` is a node the run made (a label, a step part), known by its path."""
+    return type(key) is str
+
+
+def key_path(key: Key, paths: Sequence[str]) -> str:
+    """The node's path: a module's from the model's table, a made node's its key."""
+    return paths[key] if isinstance(key, int) else key
 
 
 @dataclass(slots=True)

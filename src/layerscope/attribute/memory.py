@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from layerscope.attribute.chain import BackwardChain, Entry, Key
+from layerscope.attribute.chain import BackwardChain, Entry, Key, is_made
 from layerscope.raw import MEMORY_CATEGORIES, Adopt, DeviceMem, Event, Free, Grad, Op, Optim, Saved
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ TIMELINE_SPANS = 2000
 def is_part(key: Key) -> TypeGuard[str]:
     """Whether ``key`` is a top-level part of the step (``<loss>``, ``<optimizer:Adam>``);
     a part's key is its path, a string."""
-    return isinstance(key, str) and key.startswith("<")
+    return is_made(key) and key.startswith("<")
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from layerscope.attribute.chain import Key
+from layerscope.attribute.chain import Key, key_path
 from layerscope.attribute.combine import Accumulator, median_result
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
@@ -196,7 +196,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         for dyn in pending:
             parent_path = None
             if dyn.parent is not None:
-                parent_path = paths[dyn.parent] if isinstance(dyn.parent, int) else dyn.parent
+                parent_path = key_path(dyn.parent, paths)
             parent_node = None
             if parent_path is not None:
                 parent_node = model_nodes.get(parent_path) or dynamic_nodes.get(parent_path)
@@ -256,7 +256,7 @@ def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], p
     created: dict[int, int] = {}
     flows = []
     for t0, t1, key, phase, op_key, node_seq in op_result.trace:
-        path = paths[key] if isinstance(key, int) else key
+        path = key_path(key, paths)
         index = -1 if op_key is None else op_index.get(op_key, -1)
         if node_seq is not None and index >= 0:
             if phase == "backward":
@@ -287,7 +287,7 @@ def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[st
         "baseline_bytes": memory.baseline_bytes,
         "peak_bytes": memory.peak_bytes,
         "peak_at": None if at is None else {
-            "path": paths[at[0]] if isinstance(at[0], int) else at[0],
+            "path": key_path(at[0], paths),
             # A step part (<optimizer:Adam>, ...) has no forward: only its backward work
             # (the loss's) names a phase.
             "phase": None if is_part(at[0]) and at[1] == "forward" else at[1],

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from layerscope.attribute.chain import BackwardChain, Entry, Key
+from layerscope.attribute.chain import BackwardChain, Entry, Key, is_made, is_module, key_path
 from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, StreamFacts, scan
 from layerscope.comm import is_communication
 from layerscope.intervals import merged
@@ -261,7 +261,7 @@ class PassWalker:
                 hooked = frames[-1].key
         elif event.grad is not None:
             hooked = self.backward_owner(event.grad)
-            if isinstance(hooked, str):
+            if is_made(hooked):
                 self.ensure_part(hooked)
         if hooked is not None:
             path = self.ensure_dynamic(hooked, event.name, event.kind)
@@ -299,7 +299,7 @@ class PassWalker:
         self._close_through(lambda frame: frame.key == module, event)
 
     def on_label_exit(self, event: LabelExit) -> None:
-        self._close_through(lambda frame: isinstance(frame.key, str), event)
+        self._close_through(lambda frame: is_made(frame.key), event)
 
     def _close_through(self, is_target: Callable[[Frame], bool], event: Exit | LabelExit) -> None:
         """Close the innermost frame ``is_target`` accepts, and any left open inside it."""
@@ -346,7 +346,7 @@ class PassWalker:
             frames[-1].child_device_ns += device_duration or 0
         else:
             self.account(frame.t_enter_ns, t)
-            if isinstance(key, int) and phase == "forward":
+            if is_module(key) and phase == "forward":
                 # A forward of the model after backward work starts a new iteration (a
                 # block of several without step() between them): what follows until its
                 # backward is the loss again.
@@ -379,7 +379,7 @@ class PassWalker:
         key = self.backward_owner(grad)
         if key == OTHER and is_communication(event.name):
             key = COMMUNICATION  # a collective no module's backward started
-        if isinstance(key, str):
+        if is_made(key):
             self.ensure_part(key)
         if not self.frames:
             self.chain.move(key, event.t0_ns)
@@ -590,7 +590,7 @@ class PassWalker:
         return path
 
     def path_of(self, key: Key) -> str:
-        return self.paths[key] if isinstance(key, int) else key
+        return key_path(key, self.paths)
 
     def note_seq(self, seq: int | None, owner: Key) -> None:
         """Autograd nodes numbered from ``seq`` on are created by ``owner`` (until the
@@ -744,7 +744,7 @@ def _ancestry(parents: list[int | None] | None) -> Callable[[Key], list[Key]]:
         found = memo.get(key)
         if found is None:
             found = [key]
-            if isinstance(key, int) and parents is not None:
+            if is_module(key) and parents is not None:
                 up = parents[key]
                 while up is not None:
                     found.append(up)
@@ -761,7 +761,7 @@ def _span_rule(parents: list[int | None] | None, calls: dict[Key, int]) -> Calla
     modules right under it, counting only modules that were called (the blocks of a
     ``ModuleList`` the model loops over are right under it)."""
     def worthy(key: Key, top_level: bool) -> bool:
-        if not isinstance(key, int):
+        if not is_module(key):
             return top_level
         if parents is None:
             return top_level
