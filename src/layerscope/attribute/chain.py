@@ -38,7 +38,7 @@ def key_path(key: Key, paths: Sequence[str]) -> str:
 @dataclass(slots=True)
 class Entry:
     """One running module of the chain: its key and when its backward work began. The
-    memory walk keeps the live bytes when it opened and their highest since in it."""
+    memory ledger keeps the live bytes when it opened and their highest since in it."""
 
     key: Key
     t_open: int

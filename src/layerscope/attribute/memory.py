@@ -1,7 +1,7 @@
 """The memory side of a pass walk: live bytes, who allocated and freed them, peaks, the
 category of every live byte, and a timeline. Pure: no torch.
 
-The pass walker (``walk.py``) drives one :class:`MemoryWalk` alongside its frames. Memory is *live*
+The pass walker (``walk.py``) drives one :class:`MemoryLedger` alongside its frames. Memory is *live*
 bytes: what was live before the pass (``Adopt``) plus what ops allocated, minus what was
 freed. The walk knows where it is at each moment (the innermost frame, or the module
 whose backward is running) and charges allocations and frees there.
@@ -78,7 +78,7 @@ class MemoryResult:
 
 @dataclass(frozen=True)
 class StreamFacts:
-    """What a first look at a stream tells the memory walk before it starts: the
+    """What a first look at a stream tells the memory ledger before it starts: the
     storages (by serial) that autograd saved, that became gradients and that were freed,
     and the bytes live from the start, by category."""
 
@@ -121,7 +121,7 @@ def scan(events: list[Event]) -> StreamFacts | None:
     return StreamFacts(saved=saved, grads=grads, freed=freed, initial=initial)
 
 
-class MemoryWalk:
+class MemoryLedger:
     """Live-memory bookkeeping for one event stream; the pass walker calls it as it goes."""
 
     def __init__(

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key, is_made, is_module, key_path
-from layerscope.attribute.memory import MemoryResult, MemoryWalk, Site, StreamFacts, scan
+from layerscope.attribute.memory import MemoryLedger, MemoryResult, Site, StreamFacts, scan
 from layerscope.comm import is_communication
 from layerscope.intervals import merged
 from layerscope.raw import (
@@ -71,6 +71,12 @@ class Dynamic:
     name: str
 
 
+#: One span of a pass: ``(t0_ns, t1_ns, key, phase, op_key, link)`` (see
+#: ``PassResult.trace``), read only by ``attribute/profile.py``, which makes the
+#: profile's typed trace of them.
+PassSpan = tuple[int, int, Key, str, tuple[Any, ...] | None, int | None]
+
+
 @dataclass
 class PassResult:
     """What one pass (or training step) adds up to, before any tree exists."""
@@ -92,7 +98,7 @@ class PassResult:
     #: part run, and ``link`` the autograd node linking a forward op to its backward work.
     #: Plain tuples, not a NamedTuple: one per op, and a NamedTuple made the walk of a
     #: 180,000-event stream about 40% slower (its instances stay tracked by the collector).
-    trace: list[tuple[Any, ...]] | None = None
+    trace: list[PassSpan] | None = None
     trace_start_ns: int = 0
 
 
@@ -200,10 +206,10 @@ class PassWalker:
         #: A backward op whose slot ends at the next timed record (a backward op's start).
         self.open_slot: tuple[Key, Op] | None = None
         self.part_run: PartRun | None = None
-        self.trace: list[tuple[Any, ...]] | None = [] if collect_ops else None
+        self.trace: list[PassSpan] | None = [] if collect_ops else None
         if self.trace is not None:
             self.chain.closers.append(self._backward_span_closed)
-        self.mem = None if memory is None else MemoryWalk(memory, self.chain, _span_rule(parents, self.result.calls))
+        self.mem = None if memory is None else MemoryLedger(memory, self.chain, _span_rule(parents, self.result.calls))
         #: Frees seen since the last op: ``(t_ns, nbytes)``.
         self.pending_frees: list[tuple[int, int]] = []
         #: The last op charged outside every frame: ``(t0, t1)``.
