@@ -321,6 +321,8 @@ def test_zoo_gpt_compiled_keeps_fused_modules_with_their_share() -> None:
     assert shared and all(len(k.modules) > 1 for k in shared)
     assert prof["blocks.1.ln_1"].forward.self_cpu_time_ns > 0
     assert "*" in prof.render("kernels")
+    # Saved and loaded, the run is the same typed object (shares to 6 places in both).
+    assert profile_from_dict(json.loads(json.dumps(prof.to_dict()))).compiled == prof.compiled
     # Attention is one extern call, the attention module's.
     sdpa = [k for k in kernels if "scaled_dot_product" in k.call]
     assert len(sdpa) == 4 and all(k.modules == {f"blocks.{i}.attn": 1.0} for i, k in enumerate(sdpa))

@@ -181,7 +181,9 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
                 for path, share in shares(graph.nodes.get(call, ())).items():
                     target = path if path in known else ""
                     modules[target] = modules.get(target, 0.0) + share
-                kernels.append(KernelTime(key, call, round(statistics.median(samples)), modules))
+                # Shares as saved (6 places): a loaded profile's kernels equal these.
+                shares_saved = {path: round(share, 6) for path, share in modules.items()}
+                kernels.append(KernelTime(key, call, round(statistics.median(samples)), shares_saved))
     return CompiledTimes(self_ns, step_ns, kernels, int(statistics.median(kernel_totals)) if kernel_totals else 0)
 
 
