@@ -107,14 +107,15 @@ def measure(name: str, rounds: int, calls: int = 20, warm: int = 3) -> dict[str,
         for round_ in range(rounds):  # the order rotates each round: none always runs warmed by another
             for run in variants[round_ % 3 :] + variants[: round_ % 3]:
                 run()
-    info = first.meta["compile"]
+    info = first.compiled
+    assert info is not None
     return {
         "plain_ns": statistics.median(plain),
         "torch_ns": statistics.median(under_torch),
         "profiled_ns": statistics.median(profiled),
         "compile_s": compile_s,
-        "kernels": len(info["kernels"]),
-        "shared": sum(1 for k in info["kernels"] if len(k["modules"]) > 1),
+        "kernels": len(info.kernels),
+        "shared": sum(1 for k in info.kernels if k.shared),
         "flops_equal": same,
     }
 

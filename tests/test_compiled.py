@@ -5,7 +5,7 @@ and a model with a graph break (Inductor on the CPU)."""
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+import json
 from pathlib import Path
 
 import pytest
@@ -14,10 +14,39 @@ from torch import nn
 
 import layerscope
 from layerscope import zoo
-from layerscope.attribute.compiled import attribute, eager_self, event_name, match_calls, shares
+from layerscope.attribute.compiled import (
+    RULE,
+    attribute,
+    build_compiled,
+    eager_self,
+    event_name,
+    match_calls,
+    shares,
+    with_ops,
+)
+from layerscope.attribute.profile import op_walk
 from layerscope.capture import compiled as compiled_module
 from layerscope.check import check_tree
-from layerscope.errors import ModelError, RenderError
+from layerscope.documents import profile_from_dict
+from layerscope.errors import ModelError, RenderError, SchemaError
+from layerscope.ops import OpTableError
+from layerscope.raw import (
+    CompiledCapture,
+    CompiledGraph,
+    CompiledPass,
+    CompiledRegion,
+    EagerRange,
+    Enter,
+    Exit,
+    GraphBreak,
+    GraphCall,
+    GraphNode,
+    KernelRange,
+    ModuleInfo,
+    Op,
+    RawCapture,
+    Step,
+)
 from layerscope.tree import Profile
 from test_cli import run_cli
 from test_no_side_effects import unchanged
@@ -26,12 +55,12 @@ from test_no_side_effects import unchanged
 
 
 def test_shares_count_nodes_per_module_leaving_views_out() -> None:
-    nodes = [("mul", "a"), ("view_1", "b"), ("add", "a"), ("erf", "c"), ("permute_2", "c")]
+    nodes = [GraphNode(*n) for n in (("mul", "a"), ("view_1", "b"), ("add", "a"), ("erf", "c"), ("permute_2", "c"))]
     assert shares(nodes) == {"a": 2 / 3, "c": 1 / 3}
     # A call made of views only (a reshape kernel) is split over them; no module: empty.
-    assert shares([("view", "a"), ("permute", "b")]) == {"a": 0.5, "b": 0.5}
-    assert shares([("mul", None), ("add", None)]) == {}
-    assert shares([("addmm", "fc")]) == {"fc": 1.0}
+    assert shares([GraphNode("view", "a"), GraphNode("permute", "b")]) == {"a": 0.5, "b": 0.5}
+    assert shares([GraphNode("mul", None), GraphNode("add", None)]) == {}
+    assert shares([GraphNode("addmm", "fc")]) == {"fc": 1.0}
 
 
 def test_event_names_of_kernel_calls() -> None:
@@ -62,25 +91,23 @@ def test_triton_kernel_ranges_match_their_calls() -> None:
     assert match_calls(calls[1:2], [("triton_poi_fused_addmm_relu_1", 4)]) == [(None, 4)]
 
 
-@dataclass
-class G:
-    calls: list[str]
-    nodes: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
+def G(calls: list[str], nodes: dict[str, list[tuple[str, str | None]]]) -> CompiledGraph:
+    """A graph by hand: its calls, and each call's nodes as (name, module)."""
+    return CompiledGraph("k", "0/0", calls, {call: [GraphNode(*n) for n in found] for call, found in nodes.items()})
 
 
-@dataclass
-class P:
-    step_ns: int
-    graph_calls: list[tuple[str, list[tuple[str, int]], int]]
-    eager: list[tuple[str, int, int]] = field(default_factory=list)
-    regions: list[tuple[int, int]] = field(default_factory=list)
+def P(step_ns: int, graph_calls: list[tuple[str, list[tuple[str, int]], int]]) -> CompiledPass:
+    """A pass by hand: its length and graph calls as (key, [(range, ns)], ns)."""
+    return CompiledPass(
+        step_ns, [GraphCall(key, [KernelRange(*k) for k in kernels], ns) for key, kernels, ns in graph_calls]
+    )
 
 
 def test_eager_modules_keep_their_range_less_what_is_nested() -> None:
     # seq.0 ran eagerly 100..300 holding a compiled region 150..200; seq.1 ran eagerly
     # 300..400 holding seq.1.inner 320..360, itself holding a region 330..340.
-    ranges = [("seq.0", 100, 300), ("seq.1", 300, 400), ("seq.1.inner", 320, 360)]
-    regions = [(150, 200), (330, 340), (500, 600)]
+    ranges = [EagerRange("seq.0", 100, 300), EagerRange("seq.1", 300, 400), EagerRange("seq.1.inner", 320, 360)]
+    regions = [CompiledRegion(150, 200), CompiledRegion(330, 340), CompiledRegion(500, 600)]
     assert eager_self(ranges, regions) == {"seq.0": 150, "seq.1": 60, "seq.1.inner": 30}
 
 
@@ -98,7 +125,7 @@ def test_attribute_splits_kernels_and_leaves_the_rest_to_the_root() -> None:
         P(1200, [("k", [("aten::addmm", 500), ("graph_0_cpp_fused_add_gelu_0", 40), ("aten::mm", 100)], 700)]),
         P(900, [("k", [("aten::addmm", 200), ("graph_0_cpp_fused_add_gelu_0", 120), ("aten::mm", 100)], 500)]),
     ]
-    passes[0].eager = [("fc", 10, 30)]  # a range of its own besides (a second call, eager)
+    passes[0].eager = [EagerRange("fc", 10, 30)]  # a range of its own besides (a second call, eager)
     times = attribute({"k": graph}, passes, known={"", "fc", "block", "act"})
     # fc: median(300 + 20, 500, 200) = 320. The fused call is 1/4 block, 3/4 act:
     # block median(20, 10, 30) = 20; act median(60, 30, 90) = 60.
@@ -108,6 +135,107 @@ def test_attribute_splits_kernels_and_leaves_the_rest_to_the_root() -> None:
     fused = next(k for k in times.kernels if k.call == "cpp_fused_add_gelu_0:2")
     assert fused.shared and fused.modules == {"block": 0.25, "act": 0.75} and fused.time_ns == 80
     assert next(k for k in times.kernels if k.call == "extern_kernels.mm:3").modules == {"": 1.0}
+
+
+def _hand_run() -> tuple[RawCapture, CompiledCapture]:
+    """An eager pass of Net(fc, act) and a compiled run of it by hand: one graph of an
+    addmm (fc's) and a fused relu (act's), three passes."""
+    modules = [
+        ModuleInfo(path="", type="Net", parent=None, depth=0, params=0),
+        ModuleInfo(path="fc", type="Linear", parent="", depth=1, params=12),
+        ModuleInfo(path="act", type="ReLU", parent="", depth=1, params=0),
+    ]
+    op_pass = [
+        Step(0), Enter(0, 0),
+        Enter(10, 1), Op(12, 20, "aten::addmm", [[2, 3], [3, 4]], flops=48, macs=24, bytes=64), Exit(30, 1),
+        Enter(40, 2), Op(41, 45, "aten::relu", [[2, 4]], flops=None), Exit(50, 2),
+        Exit(60, 0), Step(60),
+    ]
+    raw = RawCapture(modules=modules, op_pass=op_pass, param_bytes=48, meta={"model": "Net", "device": "cpu", "mode": "profile"})
+    graph = G(
+        ["extern_kernels.addmm:1", "cpp_fused_relu_0:2"],
+        {"extern_kernels.addmm:1": [("addmm", "fc")], "cpp_fused_relu_0:2": [("relu", "act")]},
+    )
+    passes = [
+        P(1000, [("k", [("aten::addmm", 300), ("graph_0_cpp_fused_relu_0", 100)], 500)]),
+        P(1200, [("k", [("aten::addmm", 400), ("graph_0_cpp_fused_relu_0", 50)], 600)]),
+        P(900, [("k", [("aten::addmm", 200), ("graph_0_cpp_fused_relu_0", 150)], 400)]),
+    ]
+    breaks = [GraphBreak("net.py:7", "print")]
+    return raw, CompiledCapture({"k": graph}, passes, breaks, compile_time_ns=5_000_000, frames=1)
+
+
+def test_a_compiled_profile_is_built_once_from_both_captures() -> None:
+    raw, run = _hand_run()
+    ops = op_walk(raw)
+    assert ops is not None and with_ops(raw, ops) == {"fc", "act"}
+    prof = check_tree(build_compiled(raw, ops, run))
+    # fc: median(300, 400, 200); act: median(100, 50, 150); the root keeps the rest of
+    # the median call (1000), and its total is the call: summed as any tree's.
+    assert [(n.path, n.forward.self_cpu_time_ns, n.forward.cpu_time_ns) for n in prof.root.walk()] == [
+        ("", 600, 1000), ("fc", 300, 300), ("act", 100, 100),
+    ]
+    assert prof.root.forward.flops == 48 and prof["fc"].forward.macs == 24 and prof.unsupported_ops() == {"aten::relu": 1}
+    assert [(op.name, op.calls, op.cpu_time_ns, op.self_cpu_time_ns) for n in prof.nodes() for op in n.ops] == [
+        ("aten::addmm", 1, None, None), ("aten::relu", 1, None, None),
+    ]
+    assert prof.trace is None and prof.timed
+    info = prof.compiled
+    assert info is not None
+    assert (info.backend, info.graphs, info.frames, info.step_time_ns, info.kernel_time_ns) == ("inductor", 1, 1, 1000, 400)
+    assert [(k.call, k.time_ns, k.modules) for k in info.kernels] == [
+        ("extern_kernels.addmm:1", 300, {"fc": 1.0}), ("cpp_fused_relu_0:2", 100, {"act": 1.0}),
+    ]
+    # Op cells with no time are blank, by the rule for any unknown figure.
+    addmm = next(line for line in prof.render("text", show_ops=True).splitlines() if "aten::addmm" in line)
+    assert [cell.strip() for cell in addmm.split("|")][2:5] == ["", "", ""]
+
+
+def test_a_compiled_profile_saves_its_run_under_meta_compile_and_loads_it_back() -> None:
+    raw, run = _hand_run()
+    ops = op_walk(raw)
+    assert ops is not None
+    prof = build_compiled(raw, ops, run)
+    doc = json.loads(json.dumps(prof.to_dict()))
+    assert "compile" not in prof.meta
+    assert doc["meta"]["compile"] == {
+        "backend": "inductor", "rule": RULE, "compile_time_ns": 5_000_000, "frames": 1, "graphs": 1,
+        "graph_breaks": [{"where": "net.py:7", "reason": "print"}], "step_time_ns": 1000, "kernel_time_ns": 400,
+        "kernels": [
+            {"graph": "k", "call": "extern_kernels.addmm:1", "time_ns": 300, "modules": {"fc": 1.0}},
+            {"graph": "k", "call": "cpp_fused_relu_0:2", "time_ns": 100, "modules": {"act": 1.0}},
+        ],
+    }
+    assert list(doc["meta"])[-1] == "compile"
+    assert doc["modules"][1]["ops"][0]["cpu_time_ns"] is None
+    loaded = profile_from_dict(doc)
+    assert loaded.compiled == prof.compiled
+    assert loaded.to_dict() == doc
+    assert loaded.render("kernels") == prof.render("kernels")
+    # Every field of the run is checked at the door.
+    doc["meta"]["compile"]["kernels"][1]["time_ns"] = "100"
+    del doc["meta"]["compile"]["graph_breaks"][0]["reason"]
+    with pytest.raises(SchemaError) as found:
+        profile_from_dict(doc)
+    assert "meta.compile.kernels[1].time_ns: expected" in str(found.value)
+    assert "meta.compile.graph_breaks[0]: no 'reason'" in str(found.value)
+
+
+def test_an_op_table_sorted_by_a_time_some_ops_lack_puts_them_last() -> None:
+    raw, run = _hand_run()
+    ops = op_walk(raw)
+    assert ops is not None
+    prof = build_compiled(raw, ops, run)
+    # Compiled: no op has a time, so the table has no time column and refuses to sort by one.
+    assert "self_cpu_time_ns" not in prof.ops().columns
+    with pytest.raises(OpTableError, match="its ops have no times"):
+        prof.ops(sort_by="self_cpu_time")
+    # One op timed, one not: the untimed one sorts last.
+    prof["fc"].ops[0].cpu_time_ns = prof["fc"].ops[0].self_cpu_time_ns = 8
+    table = prof.ops(sort_by="self_cpu_time")
+    assert [(row.name, row.self_cpu_time_ns) for row in table.rows] == [("aten::addmm", 8), ("aten::relu", None)]
+    assert table.total.self_cpu_time_ns == 8
+    table.render()
 
 
 # -- real compiles ------------------------------------------------------------------------
@@ -136,12 +264,13 @@ def _same_flops(compiled: Profile, eager: Profile) -> None:
 
 
 def _root_is_the_step(prof: Profile) -> None:
-    info = prof.meta["compile"]
-    assert prof.root.forward.cpu_time_ns == info["step_time_ns"] > 0
-    assert 0 < info["kernel_time_ns"] <= info["step_time_ns"]
-    for kernel in info["kernels"]:
-        assert kernel["time_ns"] >= 0
-        assert sum(kernel["modules"].values()) == pytest.approx(1.0, abs=1e-5)
+    info = prof.compiled
+    assert info is not None
+    assert prof.root.forward.cpu_time_ns == info.step_time_ns > 0
+    assert 0 < info.kernel_time_ns <= info.step_time_ns
+    for kernel in info.kernels:
+        assert kernel.time_ns >= 0
+        assert sum(kernel.modules.values()) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_zoo_mlp_compiled_per_module() -> None:
@@ -149,12 +278,13 @@ def test_zoo_mlp_compiled_per_module() -> None:
     prof, eager = _compiled(model, x)
     _same_flops(prof, eager)
     _root_is_the_step(prof)
-    info = prof.meta["compile"]
-    assert info["graphs"] == 1 and info["graph_breaks"] == []
+    info = prof.compiled
+    assert info is not None
+    assert info.graphs == 1 and info.graph_breaks == []
     # Three Linear layers, each one extern addmm of its own: exact, not shared.
-    by_module = {path: k for k in info["kernels"] for path in k["modules"]}
+    by_module = {path: k for k in info.kernels for path in k.modules}
     for path in ("layers.0", "layers.2", "layers.4"):
-        assert by_module[path]["call"].startswith("extern_kernels.addmm") and by_module[path]["modules"] == {path: 1.0}
+        assert by_module[path].call.startswith("extern_kernels.addmm") and by_module[path].modules == {path: 1.0}
         assert prof[path].forward.self_cpu_time_ns > 0
     text = prof.render("text")
     assert "Compiled (inductor): 1 graph(s), 0 graph break(s)" in text
@@ -162,19 +292,20 @@ def test_zoo_mlp_compiled_per_module() -> None:
     addmm = next(line for line in prof.render("text", show_ops=True).splitlines() if "aten::addmm" in line)
     cells = [cell.strip() for cell in addmm.split("|")]
     assert cells[1:5] == ["", "", "", ""] and cells[5].endswith("K")  # type, times, CPU % blank; FLOPs shown
-    assert all(op.cpu_time_ns == 0 for node in prof.nodes() for op in node.ops)
+    assert all(op.cpu_time_ns is None is op.self_cpu_time_ns for node in prof.nodes() for op in node.ops)
     with pytest.raises(RenderError, match="compiled model's profile keeps no trace"):
         prof.render("chrome")  # the eager pass's spans are not the compiled run's
     assert "layers.0 100.0%" in prof.render("kernels")
     # Profiled again: layerscope's compile of it is reused, not redone (Dynamo would stop
     # compiling the code after 8 backends), and says the same.
-    compiles = compiled_module._BACKEND.compiles
+    compiles = compiled_module._COMPILER.compiles
     compiled = torch.compile(model)
     for _ in range(9):
         again = check_tree(layerscope.profile(compiled, x, warmup=0, repeat=1))
-    assert compiled_module._BACKEND.compiles == compiles
-    assert [k["call"] for k in again.meta["compile"]["kernels"]] == [k["call"] for k in info["kernels"]]
-    assert again.meta["compile"]["compile_time_ns"] == info["compile_time_ns"]
+    assert compiled_module._COMPILER.compiles == compiles
+    assert again.compiled is not None
+    assert [k.call for k in again.compiled.kernels] == [k.call for k in info.kernels]
+    assert again.compiled.compile_time_ns == info.compile_time_ns
 
 
 def test_zoo_gpt_compiled_keeps_fused_modules_with_their_share() -> None:
@@ -182,16 +313,19 @@ def test_zoo_gpt_compiled_keeps_fused_modules_with_their_share() -> None:
     prof, eager = _compiled(model, x)
     _same_flops(prof, eager)
     _root_is_the_step(prof)
-    kernels = prof.meta["compile"]["kernels"]
+    assert prof.compiled is not None
+    kernels = prof.compiled.kernels
     # Each block's first LayerNorm runs inside a kernel it shares (with the residual add
     # before it): it keeps its share of that kernel's time, and the kernel is marked.
-    shared = [k for k in kernels if "blocks.1.ln_1" in k["modules"]]
-    assert shared and all(len(k["modules"]) > 1 for k in shared)
+    shared = [k for k in kernels if "blocks.1.ln_1" in k.modules]
+    assert shared and all(len(k.modules) > 1 for k in shared)
     assert prof["blocks.1.ln_1"].forward.self_cpu_time_ns > 0
     assert "*" in prof.render("kernels")
+    # Saved and loaded, the run is the same typed object (shares to 6 places in both).
+    assert profile_from_dict(json.loads(json.dumps(prof.to_dict()))).compiled == prof.compiled
     # Attention is one extern call, the attention module's.
-    sdpa = [k for k in kernels if "scaled_dot_product" in k["call"]]
-    assert len(sdpa) == 4 and all(k["modules"] == {f"blocks.{i}.attn": 1.0} for i, k in enumerate(sdpa))
+    sdpa = [k for k in kernels if "scaled_dot_product" in k.call]
+    assert len(sdpa) == 4 and all(k.modules == {f"blocks.{i}.attn": 1.0} for i, k in enumerate(sdpa))
 
 
 def test_transformers_bert_compiled_flops_equal_eager() -> None:
@@ -229,15 +363,15 @@ def test_a_graph_break_is_listed_and_both_sides_are_profiled(capsys: pytest.Capt
     model = nn.Sequential(nn.Linear(8, 8), Talker(), nn.Linear(8, 4)).eval()
     prof, eager = _compiled(model, torch.randn(2, 8))
     _same_flops(prof, eager)
-    info = prof.meta["compile"]
-    assert info["graph_breaks"]
-    for found in info["graph_breaks"]:
-        assert found["where"].endswith(f"{Path(__file__).name}:{BREAK_LINE}")
-        assert f"Graph break at {found['where']}" in prof.render("text")
+    info = prof.compiled
+    assert info is not None and info.graph_breaks
+    for found in info.graph_breaks:
+        assert found.where.endswith(f"{Path(__file__).name}:{BREAK_LINE}")
+        assert f"Graph break at {found.where}" in prof.render("text")
     # Dynamo gives up on Sequential's loop at the break: its layers 0 and 2 run eagerly
     # and are timed by ranges of their own; Talker's code after the print is a graph.
-    assert info["graphs"] == 1
-    assert {k["call"].split(":")[0] for k in info["kernels"]} == {"extern_kernels.addmm", "cpp_fused_relu_0"}
+    assert info.graphs == 1
+    assert {k.call.split(":")[0] for k in info.kernels} == {"extern_kernels.addmm", "cpp_fused_relu_0"}
     for path in ("0", "1.linear", "2"):
         assert prof[path].forward.self_cpu_time_ns > 0, path
 
@@ -261,9 +395,9 @@ def test_a_break_in_the_forward_profiles_the_graphs_on_both_sides() -> None:
     torch.manual_seed(0)
     prof, eager = _compiled(Halves().eval(), torch.randn(2, 8))
     _same_flops(prof, eager)
-    info = prof.meta["compile"]
-    assert info["graphs"] == 2 and info["graph_breaks"]
-    modules = {path for k in info["kernels"] for path in k["modules"]}
+    info = prof.compiled
+    assert info is not None and info.graphs == 2 and info.graph_breaks
+    modules = {path for k in info.kernels for path in k.modules}
     assert {"first", "second"} <= modules
     assert prof["first"].forward.self_cpu_time_ns > 0 and prof["second"].forward.self_cpu_time_ns > 0
 
@@ -301,7 +435,8 @@ def test_kernels_reach_modules_whatever_the_compiled_frame_calls_itself() -> Non
 
     for model in (nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)), Named()):
         prof, _ = _compiled(model, torch.randn(4, 16))
-        kernels = prof.meta["compile"]["kernels"]
-        assert kernels and all(k["modules"] for k in kernels), [(k["call"], k["modules"]) for k in kernels]
+        assert prof.compiled is not None
+        kernels = prof.compiled.kernels
+        assert kernels and all(k.modules for k in kernels), [(k.call, k.modules) for k in kernels]
         first = "0" if isinstance(model, nn.Sequential) else "a"
         assert prof[first].forward.self_cpu_time_ns > 0

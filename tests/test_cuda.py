@@ -273,10 +273,11 @@ def test_compiled_model_on_cuda_matches_triton_kernels_to_modules() -> None:
     model = entry.build().cuda()
     prof = layerscope.profile(torch.compile(model), entry.example_inputs(8).cuda(), warmup=1, repeat=3)
     layerscope.check_tree(prof)
-    kernels = prof.meta["compile"]["kernels"]
-    assert kernels and all(k["time_ns"] >= 0 for k in kernels)
-    assert any(k["call"].startswith("triton") for k in kernels), [k["call"] for k in kernels]
-    matched = [k for k in kernels if k["modules"]]
+    assert prof.compiled is not None
+    kernels = prof.compiled.kernels
+    assert kernels and all(k.time_ns >= 0 for k in kernels)
+    assert any(k.call.startswith("triton") for k in kernels), [k.call for k in kernels]
+    matched = [k for k in kernels if k.modules]
     assert len(matched) == len(kernels)
     assert prof.root.forward.device_time_ns is None or prof.root.forward.device_time_ns >= 0
 

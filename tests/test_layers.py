@@ -4,7 +4,7 @@ to the one data model and the files below it.
     app        session, block, cli, compat, handlers, integrations, bench.measure, the package
     capture    capture/*, flops/*, zoo, specs, traces/*
     render     render/*, plot               attribute   attribute/*
-    model      tree, ops, check, schema, transforms, diff, ranks, documents, bench.result
+    model      tree, ops, check, schema, transforms, diff, ranks, documents, bench.result, compile_info
     base       errors, fmt, io, formats (the output registry), comm, raw, schedule, stats, intervals, traces.reader
 
 A module imports its own layer or lower ones; render and attribute never each other, and
@@ -26,7 +26,7 @@ SRC = Path(layerscope.__file__).parent
 
 LAYERS = {
     "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "stats", "intervals", "traces.reader"),
-    "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result"),
+    "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result", "compile_info"),
     "attribute": ("attribute",),
     "render": ("render", "plot"),
     "capture": ("capture", "flops", "zoo", "specs", "traces"),

@@ -24,6 +24,7 @@ import layerscope
 from layerscope import formats
 from layerscope.attribute import build_profile
 from layerscope.check import InvariantError, check_tree, tree_problems
+from layerscope.compile_info import CompileInfo, KernelTime
 from layerscope.diff import diff
 from layerscope.documents import profile_from_dict
 from layerscope.errors import SchemaError
@@ -94,12 +95,12 @@ def compiled(profile: Profile) -> Profile:
     """``profile`` as a compiled model's: the ``kernels`` format draws only those. Its
     figures are the same (a compiled run's tree, op rows and counts are the eager ones)."""
     twin = copy.deepcopy(profile)
-    twin.meta["compile"] = {
-        "backend": "inductor", "graphs": 1, "graph_breaks": [], "compile_time_ns": 1000, "kernel_time_ns": 3000,
-        "step_time_ns": 3500, "rule": "split by node count",
-        "kernels": [{"call": "extern_kernels.addmm", "time_ns": 2000, "modules": {"encoder": 1.0}},
-                    {"call": "cpp_fused_relu_0", "time_ns": 1000, "modules": {"head": 0.5, "": 0.5}}],
-    }
+    twin.compiled = CompileInfo(
+        backend="inductor", rule="split by node count", compile_time_ns=1000, frames=1, graphs=1,
+        step_time_ns=3500, kernel_time_ns=3000,
+        kernels=[KernelTime("k", "extern_kernels.addmm", 2000, {"encoder": 1.0}),
+                 KernelTime("k", "cpp_fused_relu_0", 1000, {"head": 0.5, "": 0.5})],
+    )
     return check_tree(twin)
 
 

@@ -72,7 +72,9 @@ def _op_problems(node: ModuleNode) -> list[str]:
             problems.append(f"{where} has {op.calls} calls")
         if op.alloc_bytes is not None and op.self_alloc_bytes != op.alloc_bytes:
             problems.append(f"{where}: self alloc bytes != alloc bytes (ops do not nest)")
-        if op.self_cpu_time_ns > op.cpu_time_ns:
+        if (op.self_cpu_time_ns is None) != (op.cpu_time_ns is None):
+            problems.append(f"{where}: self time and total are not both known")
+        elif op.self_cpu_time_ns is not None and op.cpu_time_ns is not None and op.self_cpu_time_ns > op.cpu_time_ns:
             problems.append(f"{where}: self time exceeds its total")
         if op.phase not in PHASES or getattr(node, op.phase) is None:
             problems.append(f"{where} is in phase {op.phase!r}, which the node lacks")

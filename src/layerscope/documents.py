@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from layerscope.check import summarize, tree_problems
+from layerscope.compile_info import CompileInfo
 from layerscope.errors import SchemaError
 from layerscope.io import read_json
 from layerscope.ranks import SCHEMA as RANKS_SCHEMA
@@ -45,13 +46,16 @@ def profile_from_dict(doc: Any, source: str = "document") -> Profile:
             else:
                 by_path[node.parent].children.append(node)
             by_path[node.path] = node
+        meta = dict(doc.get("meta") or {})
+        compiled = meta.pop("compile", None)
         profile = Profile(
             root=root,
-            meta=dict(doc.get("meta") or {}),
+            meta=meta,
             param_bytes=doc["totals"]["param_bytes"],
             parts=parts,
             memory=None if doc.get("memory") is None else dict(doc["memory"]),
             trace=None if doc.get("trace") is None else dict(doc["trace"]),
+            compiled=None if compiled is None else CompileInfo.from_dict(compiled),
         )
         problems = tree_problems(profile)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

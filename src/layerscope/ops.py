@@ -97,8 +97,9 @@ class OpRow:
     input_shapes: list[Any] | None = None
     stack: list[str] | None = None
     calls: int = 0
-    self_cpu_time_ns: int = 0
-    cpu_time_ns: int = 0
+    #: None when no op of the row has a time (a compiled model's eager op rows).
+    self_cpu_time_ns: int | None = None
+    cpu_time_ns: int | None = None
     self_device_time_ns: int | None = None
     device_time_ns: int | None = None
     flops: int | None = None
@@ -112,7 +113,7 @@ class OpRow:
 
     @property
     def cpu_time_avg_ns(self) -> int | None:
-        return self.cpu_time_ns // self.calls if self.calls else None
+        return self.cpu_time_ns // self.calls if self.calls and self.cpu_time_ns is not None else None
 
     @property
     def device_time_avg_ns(self) -> int | None:
@@ -121,7 +122,7 @@ class OpRow:
         return self.device_time_ns // self.calls
 
     @property
-    def busy_time_ns(self) -> int:
+    def busy_time_ns(self) -> int | None:
         """The time rates divide by: device time on an accelerator, else CPU time."""
         return self.device_time_ns if self.device_time_ns is not None else self.cpu_time_ns
 
@@ -159,8 +160,8 @@ class _Group:
     def add(self, op: OpStats, node: ModuleNode, flops_counted: bool) -> None:
         row = self.row
         row.calls += op.calls
-        row.self_cpu_time_ns += op.self_cpu_time_ns
-        row.cpu_time_ns += op.cpu_time_ns
+        row.self_cpu_time_ns = _plus(row.self_cpu_time_ns, op.self_cpu_time_ns)
+        row.cpu_time_ns = _plus(row.cpu_time_ns, op.cpu_time_ns)
         row.self_device_time_ns = _plus(row.self_device_time_ns, op.self_device_time_ns)
         row.device_time_ns = _plus(row.device_time_ns, op.device_time_ns)
         row.flops = _plus(row.flops, op.flops)
@@ -241,8 +242,8 @@ def check_options(*, sort_by: str | None = None, group_by: GroupBy | None = "nam
 def _available(profile: Profile, ops: list[OpStats]) -> dict[str, str | None]:
     """Each metric field, mapped to None if this profile has it, else to why not."""
     untimed = None if profile.timed else "the profile was not timed (count_flops)"
-    if profile.compiled is not None:
-        untimed = "the model ran compiled: its eager ops never ran (kernel times: --format kernels)"
+    if untimed is None and ops and all(op.cpu_time_ns is None for op in ops):
+        untimed = "its ops have no times (a compiled model's ops are its eager pass's; kernel times: --format kernels)"
     no_device = "the profile has no device time (it ran on the CPU)"
     if any(op.device_time_ns is not None for op in ops):
         no_device = untimed
@@ -320,7 +321,7 @@ def op_table(
     flops_counted = available["flops"] is None
 
     groups: dict[str, _Group] = {}
-    total = _Group(OpRow("Total"))
+    total = _Group(OpRow("Total", self_cpu_time_ns=0, cpu_time_ns=0))
     for node in nodes:
         for op in node.ops:
             if phase is not None and op.phase != phase:

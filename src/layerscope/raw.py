@@ -232,3 +232,92 @@ class RawCapture:
     #: Whether op records carry FLOP counts where a formula exists: a trace recorded
     #: without shapes has none, so FLOPs, MACs and bytes are unknown, never 0.
     counts_known: bool = True
+
+
+# -- a torch.compile'd model's run (``capture/compiled.py``; ``attribute/compiled.py``) --
+
+
+class KernelRange(NamedTuple):
+    """One range under a graph call in torch's profiler (a kernel call's, mostly)."""
+
+    name: str
+    duration_ns: int
+
+
+class GraphCall(NamedTuple):
+    """One call of an Inductor graph (``graph``: its cache key): the ranges under it in
+    call order, and its own length."""
+
+    graph: str
+    kernels: list[KernelRange]
+    duration_ns: int
+
+
+class EagerRange(NamedTuple):
+    """A call of a module that ran eagerly, between graphs; ns from the pass's start."""
+
+    path: str
+    start_ns: int
+    end_ns: int
+
+
+class CompiledRegion(NamedTuple):
+    """A ``Torch-Compiled Region`` range; ns from the pass's start."""
+
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class CompiledPass:
+    """One timed call of the compiled model: its length, its graph calls in order, and
+    the ranges of the modules that ran eagerly and of the compiled regions."""
+
+    step_ns: int
+    graph_calls: list[GraphCall]
+    eager: list[EagerRange] = field(default_factory=list)
+    regions: list[CompiledRegion] = field(default_factory=list)
+
+
+class GraphNode(NamedTuple):
+    """A post-grad FX node of a kernel call and the module it came from (a
+    ``named_modules()`` path; None when the node names none)."""
+
+    name: str
+    module: str | None
+
+
+@dataclass
+class CompiledGraph:
+    """One Inductor graph: its cache key, the Dynamo frame it belongs to, its kernel
+    calls in order (``name:handle``), each call's nodes, and every module with a node in
+    the graph (whether or not a kernel kept it)."""
+
+    key: str
+    frame: str
+    calls: list[str] = field(default_factory=list)
+    nodes: dict[str, list[GraphNode]] = field(default_factory=dict)
+    modules: set[str] = field(default_factory=set)
+
+
+@dataclass
+class GraphBreak:
+    """Where Dynamo broke the graph (``file:line``, "" when not said) and why."""
+
+    where: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"where": self.where, "reason": self.reason}
+
+
+@dataclass
+class CompiledCapture:
+    """What a compiled model's timed run recorded: the graphs by key, the timed passes,
+    the graph breaks, the compile time and the number of Dynamo frames compiled."""
+
+    graphs: dict[str, CompiledGraph]
+    passes: list[CompiledPass]
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    compile_time_ns: int = 0
+    frames: int = 0

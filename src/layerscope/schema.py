@@ -76,7 +76,7 @@ PHASE_STATS = Obj({**_PHASE, "cpu_time_ns": INT, "self_cpu_time_ns": INT}, froze
 
 OP_STATS = Obj(
     {
-        "name": STR, "phase": OneOf(PHASES), "calls": INT, "cpu_time_ns": INT, "self_cpu_time_ns": INT,
+        "name": STR, "phase": OneOf(PHASES), "calls": INT, "cpu_time_ns": Opt(INT), "self_cpu_time_ns": Opt(INT),
         "device_time_ns": Opt(INT), "self_device_time_ns": Opt(INT), "input_shapes": ListOf(SHAPE),
         "flops": Opt(INT), "macs": Opt(INT), "bytes": Opt(INT), "alloc_bytes": Opt(INT),
         "self_alloc_bytes": Opt(INT), "freed_bytes": Opt(INT), "stack": Opt(ListOf(STR)),
@@ -94,6 +94,23 @@ NODE = Obj(
     frozenset({"path", "type", "parent", "depth", "calls", "params", "params_total", "forward"}),
 )
 
+#: A compiled model's run (``meta["compile"]``: ``Profile.compiled``).
+COMPILE = Obj(
+    {
+        "backend": STR, "rule": STR, "compile_time_ns": INT, "frames": INT, "graphs": INT,
+        "graph_breaks": ListOf(Obj({"where": STR, "reason": STR}, frozenset({"where", "reason"}))),
+        "step_time_ns": INT, "kernel_time_ns": INT,
+        "kernels": ListOf(Obj(
+            {"graph": STR, "call": STR, "time_ns": INT, "modules": DictOf(NUMBER)},
+            frozenset({"graph", "call", "time_ns", "modules"}),
+        )),
+    },
+    frozenset({
+        "backend", "rule", "compile_time_ns", "frames", "graphs", "graph_breaks", "step_time_ns", "kernel_time_ns",
+        "kernels",
+    }),
+)
+
 #: The fields of ``meta`` that renderers read; the rest is kept as it is.
 META = Obj(
     {
@@ -103,7 +120,7 @@ META = Obj(
         "complete": Opt(BOOL), "timed": Opt(BOOL), "rank": Opt(INT), "world_size": Opt(INT),
         "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR), "step_range": Opt(Row((INT, INT))),
         "spec": Opt(STR), "autocast": Opt(STR), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
-        "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))),
+        "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))), "compile": Opt(COMPILE),
     }
 )
 

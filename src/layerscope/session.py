@@ -5,6 +5,7 @@ wraps the user's own code, is ``block.py``'s. All end in a :class:`~layerscope.t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import platform
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,8 +15,8 @@ from torch import nn
 
 from layerscope import __version__
 from layerscope.attribute import build_profile
-from layerscope.attribute.compiled import RULE as COMPILED_RULE
-from layerscope.attribute.compiled import attribute as attribute_compiled
+from layerscope.attribute.compiled import build_compiled, with_ops
+from layerscope.attribute.profile import op_walk
 from layerscope.capture._torch import missing_meta
 from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
 from layerscope.capture.compiled import time_compiled
@@ -102,8 +103,9 @@ def profile(
     A model compiled whole (``torch.compile(model)``) is profiled from its kernels:
     layerscope compiles its module once more with Inductor's provenance tracking, and
     each module's time comes from the kernel calls holding its FX nodes; FLOPs, memory
-    and op rows from one eager pass (``record_ops`` has no effect). Forward only;
-    ``meta["compile"]`` holds the kernels, graph breaks and compile time.
+    and op rows from one eager pass (``record_ops`` has no effect; the op rows have no
+    times). Forward only; ``Profile.compiled`` holds the kernels, graph breaks and
+    compile time.
 
     The model is left as it was: hooks are removed and modes exited even if it raises,
     parameter and buffer values (a train-mode BatchNorm's statistics) and torch's random
@@ -234,34 +236,24 @@ def _profile_compiled(
     of layerscope's own compile of it (``capture/compiled.py``, ``attribute/compiled.py``)."""
     refuse_meta_timing(eager, inputs)
     report = progress or (lambda stage, done, total: None)
-    # The eager pass records ops whatever record_ops says: FLOPs come from them. Its
-    # trace and op times are dropped: they are the eager run's, not the compiled one's.
-    prof = count_flops(eager, inputs, no_grad=no_grad, memory=memory)
-    prof.trace = None
-    for node in prof.nodes():  # the eager ops' times were the counting pass's, not the compiled run's
-        for op in node.ops:
-            op.cpu_time_ns = op.self_cpu_time_ns = 0
+    # The eager pass records ops whatever record_ops says: FLOPs come from them. Its op
+    # times and trace are the eager run's, not the compiled one's: the profile has neither.
+    raw = _count_capture(eager, inputs, None, no_grad, False, None, memory)
+    ops = op_walk(raw)
+    assert ops is not None  # a count always has its op pass
     no_grad, grad = _grad_mode(no_grad, False)
     args, kwargs = split_inputs(inputs)
     with exclusive(eager), grad, state_restored(eager):
-        working = {node.path for node in prof.root.walk() if node.ops}
-        run = time_compiled(eager, args, kwargs, warmup=warmup, repeat=repeat, working=working, progress=report)
-    times = attribute_compiled(run.graphs, run.passes, {node.path for node in prof.root.walk()})
-    for node in reversed(list(prof.root.walk())):
-        node.forward.self_cpu_time_ns = times.self_ns.get(node.path, 0)
-        node.forward.cpu_time_ns = node.forward.self_cpu_time_ns + sum(c.forward.cpu_time_ns for c in node.children)
+        run = time_compiled(
+            eager, args, kwargs, warmup=warmup, repeat=repeat, working=with_ops(raw, ops), progress=report
+        )
     device = model_device(eager)
-    prof.meta.update(
+    meta = {key: value for key, value in raw.meta.items() if key != "timed"}
+    meta.update(
         mode="profile", warmup=warmup, repeat=repeat,
         peak_flops_per_s=peak_flops_per_s(peak_tflops, device, model_dtype(eager)),
-        compile={
-            "backend": "inductor", "rule": COMPILED_RULE, "compile_time_ns": run.compile_ns, "frames": run.frames,
-            "graphs": len(run.graphs), "graph_breaks": run.graph_breaks, "step_time_ns": times.step_ns,
-            "kernel_time_ns": times.kernel_ns, "kernels": [k.to_dict() for k in times.kernels],
-        },
     )
-    prof.meta.pop("timed", None)
-    return prof
+    return build_compiled(dataclasses.replace(raw, meta=meta), ops, run)
 
 
 def _inputs_meta(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -327,6 +319,14 @@ def count_flops(
     pass meta inputs to count a model too large to run (nothing is allocated).
     Parameter and buffer values and torch's random state are left as they were.
     """
+    return build_profile(_count_capture(model, inputs, paths, no_grad, backward, loss_fn, memory))
+
+
+def _count_capture(
+    model: nn.Module, inputs: Any, paths: Sequence[str] | None, no_grad: bool | None, backward: bool,
+    loss_fn: Callable[[Any], Any] | None, memory: bool,
+) -> RawCapture:
+    """The raw capture of :func:`count_flops`'s one untimed pass (its arguments)."""
     require_module(model)
     model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
     refuse_compiled(model)
@@ -358,4 +358,4 @@ def count_flops(
             **_inputs_meta(args, kwargs, device),
         ),
     )
-    return build_profile(raw)
+    return raw

@@ -17,6 +17,7 @@ from html import escape as escape_html
 from typing import TYPE_CHECKING, Any
 
 from layerscope import formats
+from layerscope.compile_info import CompileInfo
 from layerscope.stats import spread
 
 if TYPE_CHECKING:
@@ -120,13 +121,16 @@ _COMM_FIELDS = frozenset({"comm_time_ns", "self_comm_time_ns", "comm_bytes", "se
 
 @dataclass
 class OpStats:
-    """One aten operator, aggregated per (module, phase, name, input shapes[, stack])."""
+    """One aten operator, aggregated per (module, phase, name, input shapes[, stack]).
+
+    ``cpu_time_ns``/``self_cpu_time_ns`` are None when the op's time is not known: a
+    compiled model's op rows come from an eager pass whose ops never ran compiled."""
 
     name: str
     phase: str = "forward"
     calls: int = 0
-    cpu_time_ns: int = 0
-    self_cpu_time_ns: int = 0
+    cpu_time_ns: int | None = 0
+    self_cpu_time_ns: int | None = 0
     device_time_ns: int | None = None
     self_device_time_ns: int | None = None
     input_shapes: list[Any] = field(default_factory=list)
@@ -330,6 +334,10 @@ class Profile(NotebookDisplay):
     #: ``step_ns``, when the run had step marks: the step's length, from its
     #: first mark (time 0) to its last.
     trace: dict[str, Any] | None = None
+    #: A ``torch.compile``d model's run (kernels, graph breaks, compile time), None for
+    #: an eager one: its times come from kernels, its op rows from an eager pass (their
+    #: times None). Saved as ``meta["compile"]``.
+    compiled: CompileInfo | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -340,12 +348,6 @@ class Profile(NotebookDisplay):
     def timed(self) -> bool:
         """False for an untimed count (``count_flops``): its time fields are all zero."""
         return bool(self.meta.get("timed", True))
-
-    @property
-    def compiled(self) -> dict[str, Any] | None:
-        """A ``torch.compile``d model's run (kernels, graph breaks, compile time), None
-        for an eager one: its times come from kernels, its op rows from an eager pass."""
-        return self.meta.get("compile")
 
     def nodes(self) -> Iterator[ModuleNode]:
         """Every node, depth first: the model's tree in ``named_modules()`` order, then
@@ -465,7 +467,7 @@ class Profile(NotebookDisplay):
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "meta": dict(self.meta),
+            "meta": dict(self.meta) if self.compiled is None else {**self.meta, "compile": self.compiled.to_dict()},
             "totals": self.totals,
             "modules": [node.to_dict() for node in self.modules()],
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],

@@ -67,8 +67,8 @@ class Accumulator:
 
 def _merge_op(into: OpStats, other: OpStats) -> None:
     into.calls += other.calls
-    into.cpu_time_ns += other.cpu_time_ns
-    into.self_cpu_time_ns += other.self_cpu_time_ns
+    into.cpu_time_ns = (into.cpu_time_ns or 0) + (other.cpu_time_ns or 0)
+    into.self_cpu_time_ns = (into.self_cpu_time_ns or 0) + (other.self_cpu_time_ns or 0)
     if into.device_time_ns is not None:
         into.device_time_ns += other.device_time_ns or 0
         into.self_device_time_ns = (into.self_device_time_ns or 0) + (other.self_device_time_ns or 0)

@@ -16,6 +16,9 @@ modules and compiled regions inside it.
 
 Each module's self time is the median over the passes; the root's total is the median
 pass, its self what the modules leave of it.
+
+:func:`build_compiled` makes the profile in one go: the eager pass's capture (tree,
+op rows, FLOPs, memory) and these self times, totals summed as for any profile.
 """
 
 from __future__ import annotations
@@ -24,7 +27,20 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+
+from layerscope.attribute.profile import assemble
+from layerscope.attribute.walk import PassResult
+from layerscope.compile_info import CompileInfo, KernelTime
+from layerscope.raw import (
+    CompiledCapture,
+    CompiledGraph,
+    CompiledPass,
+    CompiledRegion,
+    EagerRange,
+    GraphNode,
+    RawCapture,
+)
+from layerscope.tree import Profile
 
 #: How a kernel call's time is split, as profiles and reports state it.
 RULE = (
@@ -40,40 +56,32 @@ _VIEW = re.compile(
 )
 
 
-class GraphLike(Protocol):
-    calls: list[str]
-    nodes: dict[str, list[tuple[str, str | None]]]
-
-
-class PassLike(Protocol):
-    step_ns: int
-    graph_calls: list[tuple[str, list[tuple[str, int]], int]]
-    eager: list[tuple[str, int, int]]
-    regions: list[tuple[int, int]]
-
-
-def eager_self(ranges: Sequence[tuple[str, int, int]], regions: Sequence[tuple[int, int]]) -> dict[str, int]:
+def eager_self(ranges: Sequence[EagerRange], regions: Sequence[CompiledRegion]) -> dict[str, int]:
     """The self time of each module that ran eagerly: its range less the ranges of the
     eager modules and compiled regions directly inside it (their time is theirs)."""
 
     def inside(inner: tuple[int, int], outer: tuple[int, int]) -> bool:
         return outer[0] <= inner[0] and inner[1] <= outer[1] and inner != outer
 
-    spans = [(start, end) for _, start, end in ranges]
+    spans = [(r.start_ns, r.end_ns) for r in ranges]
     own: dict[str, int] = {}
-    for path, start, end in ranges:
-        nested = [s for s in spans if inside(s, (start, end))]
+    for r in ranges:
+        span = (r.start_ns, r.end_ns)
+        nested = [s for s in spans if inside(s, span)]
         direct = [s for s in nested if not any(inside(s, other) for other in nested)]
-        compiled = [r for r in regions if inside(r, (start, end)) and not any(inside(r, s) for s in direct)]
+        compiled = [
+            (c.start_ns, c.end_ns) for c in regions
+            if inside((c.start_ns, c.end_ns), span) and not any(inside((c.start_ns, c.end_ns), s) for s in direct)
+        ]
         taken = sum(e - s for s, e in direct) + sum(e - s for s, e in compiled)
-        own[path] = own.get(path, 0) + max(end - start - taken, 0)
+        own[r.path] = own.get(r.path, 0) + max(r.end_ns - r.start_ns - taken, 0)
     return own
 
 
-def shares(nodes: Sequence[tuple[str, str | None]]) -> dict[str, float]:
+def shares(nodes: Sequence[GraphNode]) -> dict[str, float]:
     """Each module's share of a kernel call: its nodes over all counted nodes (views
     left out, unless the call is nothing else); empty when no node names a module."""
-    counted = [path for name, path in nodes if not _VIEW.fullmatch(name)] or [path for _, path in nodes]
+    counted = [n.module for n in nodes if not _VIEW.fullmatch(n.name)] or [n.module for n in nodes]
     named = [path for path in counted if path is not None]
     if not named:
         return {}
@@ -122,27 +130,6 @@ def match_calls(calls: Sequence[str], events: Sequence[tuple[str, int]]) -> list
 
 
 @dataclass
-class KernelTime:
-    """One kernel call of one graph: its median time over the passes, and how it is
-    split over modules (shares adding up to 1; empty: the model as a whole)."""
-
-    graph: str
-    call: str
-    time_ns: int
-    modules: dict[str, float]
-
-    @property
-    def shared(self) -> bool:
-        return len(self.modules) > 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "graph": self.graph, "call": self.call, "time_ns": self.time_ns,
-            "modules": {path: round(share, 6) for path, share in self.modules.items()},
-        }
-
-
-@dataclass
 class CompiledTimes:
     """Per module (``named_modules()`` path) self time, the step's median time and the
     kernels. ``self_ns[""]`` is the root's: what no module's kernel holds."""
@@ -154,7 +141,7 @@ class CompiledTimes:
     kernel_ns: int = 0
 
 
-def attribute(graphs: dict[str, GraphLike], passes: Sequence[PassLike], known: set[str]) -> CompiledTimes:
+def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], known: set[str]) -> CompiledTimes:
     """Split each pass's kernel time over the modules of ``known`` paths (by
     :func:`shares`; a path not in ``known`` counts for the root) and take medians."""
     per_pass: list[dict[str, float]] = []
@@ -163,11 +150,12 @@ def attribute(graphs: dict[str, GraphLike], passes: Sequence[PassLike], known: s
     for one in passes:
         times: dict[str, float] = {}
         in_kernels = 0
-        for key, events, _own in one.graph_calls:
+        for graph_call in one.graph_calls:
+            key = graph_call.graph
             graph = graphs.get(key)
             if graph is None:
                 continue
-            for call, ns in match_calls(graph.calls, events):
+            for call, ns in match_calls(graph.calls, graph_call.kernels):
                 if call is None:
                     continue
                 in_kernels += ns
@@ -193,5 +181,36 @@ def attribute(graphs: dict[str, GraphLike], passes: Sequence[PassLike], known: s
                 for path, share in shares(graph.nodes.get(call, ())).items():
                     target = path if path in known else ""
                     modules[target] = modules.get(target, 0.0) + share
-                kernels.append(KernelTime(key, call, round(statistics.median(samples)), modules))
+                # Shares as saved (6 places): a loaded profile's kernels equal these.
+                shares_saved = {path: round(share, 6) for path, share in modules.items()}
+                kernels.append(KernelTime(key, call, round(statistics.median(samples)), shares_saved))
     return CompiledTimes(self_ns, step_ns, kernels, int(statistics.median(kernel_totals)) if kernel_totals else 0)
+
+
+def with_ops(raw: RawCapture, ops: PassResult) -> set[str]:
+    """The paths of the modules with ops of their own in the eager pass (``ops``, its
+    walk: :func:`~layerscope.attribute.profile.op_walk`)."""
+    return {raw.modules[key].path for key, *_ in ops.ops if isinstance(key, int)}
+
+
+def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Profile:
+    """A compiled model's profile, built once: the tree, op rows, FLOPs and memory of
+    the eager pass ``raw`` (walked into ``ops``), each node's forward self time from
+    ``run``'s kernels (:func:`attribute`), totals summed as for any profile. The op
+    rows' times are None (the eager ops never ran compiled) and there is no trace."""
+    paths = [info.path for info in raw.modules]
+    index = {path: n for n, path in enumerate(paths)}
+    times = attribute(run.graphs, run.passes, set(paths) | set(ops.dynamic))
+    result = PassResult(
+        self_cpu={(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()},
+        calls=dict(ops.calls), dynamic=dict(ops.dynamic), phases=set(ops.phases),
+    )
+    for op in ops.ops.values():
+        op.cpu_time_ns = op.self_cpu_time_ns = None
+    ops.trace = None
+    info = CompileInfo(
+        backend="inductor", rule=RULE, compile_time_ns=run.compile_time_ns, frames=run.frames,
+        graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
+        kernel_time_ns=times.kernel_ns, kernels=times.kernels,
+    )
+    return assemble(raw, result, ops, dict(raw.meta), compiled=info)

@@ -11,6 +11,7 @@ from layerscope.attribute.combine import Accumulator, median_result
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
 from layerscope.comm import is_communication
+from layerscope.compile_info import CompileInfo
 from layerscope.raw import RawCapture
 from layerscope.tree import (
     ADDITIVE_PHASE_METRICS,
@@ -28,11 +29,7 @@ def build_profile(raw: RawCapture) -> Profile:
     """The :class:`Profile` for ``raw`` (median over its timing passes)."""
     paths = [info.path for info in raw.modules]
     passes = [walk_pass(events, paths, has_device=raw.has_device_time) for events in raw.timing_passes]
-    op_result = None
-    if raw.op_pass is not None:
-        op_result = walk_pass(
-            raw.op_pass, paths, has_device=raw.has_device_time, collect_ops=True, parents=parent_indices(raw.modules)
-        )
+    op_result = op_walk(raw)
     times = median_result(passes) if passes else PassResult()
     # An untimed capture (count_flops) still knows how often each module ran.
     if not passes and op_result is not None:
@@ -46,6 +43,16 @@ def build_profile(raw: RawCapture) -> Profile:
         if walls:
             meta["step_times_ns"] = walls
     return assemble(raw, times, op_result, meta)
+
+
+def op_walk(raw: RawCapture) -> PassResult | None:
+    """``raw``'s op pass walked (its op rows, calls, memory and spans); None without one."""
+    if raw.op_pass is None:
+        return None
+    paths = [info.path for info in raw.modules]
+    return walk_pass(
+        raw.op_pass, paths, has_device=raw.has_device_time, collect_ops=True, parents=parent_indices(raw.modules)
+    )
 
 
 def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = True) -> Profile:
@@ -84,8 +91,12 @@ class _MemoryFigures(TypedDict, total=False):
     grad_bytes: int | None
 
 
-def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any]) -> Profile:
-    """Nodes from per-node self figures, totals derived bottom-up."""
+def assemble(
+    raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any],
+    compiled: CompileInfo | None = None,
+) -> Profile:
+    """Nodes from per-node self figures, totals derived bottom-up; ``compiled``: the
+    run of a compiled model whose times these are."""
     has_device = raw.has_device_time
     counted = op_result is not None
     counts = counted and raw.counts_known
@@ -241,6 +252,7 @@ def assemble(raw: RawCapture, times: PassResult, op_result: PassResult | None, m
         parts=parts,
         memory=_memory_summary(raw, memory, paths),
         trace=_trace(op_result, op_index, paths),
+        compiled=compiled,
     )
 
 

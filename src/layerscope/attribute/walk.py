@@ -506,8 +506,8 @@ class PassWalker:
         op.bytes = (op.bytes or 0) + (event.bytes or 0)
         elapsed = max(0, event.t1_ns - event.t0_ns)
         # Ops are seen at the dispatcher, one level deep: self time is total time.
-        op.cpu_time_ns += elapsed
-        op.self_cpu_time_ns += elapsed
+        op.cpu_time_ns = (op.cpu_time_ns or 0) + elapsed
+        op.self_cpu_time_ns = (op.self_cpu_time_ns or 0) + elapsed
         if has_device and event.device_time_ns is not None:
             op.device_time_ns = (op.device_time_ns or 0) + event.device_time_ns
             op.self_device_time_ns = (op.self_device_time_ns or 0) + event.device_time_ns

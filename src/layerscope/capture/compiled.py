@@ -18,6 +18,8 @@ What is read, all in the process, nothing written to disk:
 - each pass's profiler events: under every ``## Call CompiledFxGraph <key> ##`` range,
   its kernels' ranges in call order.
 
+All of it is handed on as ``layerscope.raw``'s typed records (:class:`CompiledCapture`).
+
 These are torch's private formats and functions, reached through ``capture/_torch.py``:
 a torch that lacks one (before 2.9, or a later release that changed it) refuses the
 compiled profile with ``MissingTorchAPI`` naming it. A kernel whose provenance is
@@ -36,7 +38,6 @@ import weakref
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +46,17 @@ from torch import nn
 from layerscope.capture import _torch
 from layerscope.capture.kineto import quiet_profiler
 from layerscope.errors import ModelError
+from layerscope.raw import (
+    CompiledCapture,
+    CompiledGraph,
+    CompiledPass,
+    CompiledRegion,
+    EagerRange,
+    GraphBreak,
+    GraphCall,
+    GraphNode,
+    KernelRange,
+)
 
 #: The range layerscope wraps each timed call in.
 STEP_RANGE = "layerscope#compiled_step"
@@ -53,45 +65,6 @@ _CALL = re.compile(r"## Call CompiledFxGraph (\S+) ##")
 MODULE_RANGE = "layerscope#eager:"
 _REGION = "Torch-Compiled Region"
 _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
-
-
-@dataclass
-class Graph:
-    """One Inductor graph: its kernel calls in order (``name:handle``), each call's
-    post-grad FX nodes with the module each came from (a ``named_modules()`` path, None
-    when the node has none), and the Dynamo frame it belongs to."""
-
-    key: str
-    frame: str
-    calls: list[str] = field(default_factory=list)
-    nodes: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
-    #: Every module with a node in the graph (whether or not a kernel kept it).
-    modules: set[str] = field(default_factory=set)
-
-
-@dataclass
-class Pass:
-    """One timed call: its wall time in the profiler; each graph call in order (the
-    graph's key, its children's ranges in order as (name, ns), its own length); the
-    ranges of the modules that ran eagerly (path, start, end) and of the compiled
-    regions (start, end), in ns from the call's start."""
-
-    step_ns: int
-    graph_calls: list[tuple[str, list[tuple[str, int]], int]]
-    eager: list[tuple[str, int, int]] = field(default_factory=list)
-    regions: list[tuple[int, int]] = field(default_factory=list)
-
-
-@dataclass
-class CompiledRun:
-    """What ``time_compiled`` read: the graphs, the timed passes, the graph breaks
-    (``where``, ``reason``), the compile time and the number of Dynamo frames compiled."""
-
-    graphs: dict[str, Graph]
-    passes: list[Pass]
-    graph_breaks: list[dict[str, str]]
-    compile_ns: int
-    frames: int
 
 
 def module_path(stack_key: str) -> str:
@@ -136,8 +109,8 @@ def _frame(metadata: dict[str, Any]) -> str:
     return f"{metadata.get('frame_id')}/{metadata.get('frame_compile_id')}"
 
 
-class _Backend:
-    """layerscope's Dynamo backend, one for the process: Dynamo keeps a compiled frame
+class _Compiler:
+    """layerscope's Dynamo backend (the callable ``torch.compile`` is given), one for the process: Dynamo keeps a compiled frame
     per backend callable, so a second profile of a model reuses the first's graphs (a
     new backend per profile would compile again, and after 8 Dynamo gives up on the
     code). It notes each graph node's module, then compiles with Inductor, provenance
@@ -213,10 +186,12 @@ def _joined(prefix: str, path: str) -> str:
     return ".".join(part for part in (prefix, path) if part)
 
 
-def _graphs(records: list[tuple[dict[str, Any], Any]], node_modules: dict[str, dict[str, str]]) -> dict[str, Graph]:
+def _graphs(
+    records: list[tuple[dict[str, Any], Any]], node_modules: dict[str, dict[str, str]]
+) -> dict[str, CompiledGraph]:
     """Each Inductor graph, from its structured-trace records: a graph's code and
     provenance arrive before its cache hit or miss, which names its key."""
-    graphs: dict[str, Graph] = {}
+    graphs: dict[str, CompiledGraph] = {}
     pending: dict[str, dict[str, Any]] = {}
     for metadata, payload in records:
         if not metadata:
@@ -238,7 +213,7 @@ def _graphs(records: list[tuple[dict[str, Any], Any]], node_modules: dict[str, d
     return graphs
 
 
-def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str]) -> Graph:
+def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str]) -> CompiledGraph:
     code = found.get("code", "")
     body = code[code.find("def call(") :]
     calls = [f"{name}:{handle}" for name, handle in _HANDLE.findall(body)]
@@ -248,11 +223,13 @@ def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, 
     nodes = {}
     for call in calls:
         posts = to_post.get(call, ())
-        nodes[call] = [(post, next((node_modules.get(pre) for pre in post_to_pre.get(post, ())), None)) for post in posts]
-    return Graph(key, frame, calls, nodes, set(node_modules.values()))
+        nodes[call] = [
+            GraphNode(post, next((node_modules.get(pre) for pre in post_to_pre.get(post, ())), None)) for post in posts
+        ]
+    return CompiledGraph(key, frame, calls, nodes, set(node_modules.values()))
 
 
-def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[dict[str, str]]:
+def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[GraphBreak]:
     breaks = []
     for metadata, payload in records:
         if not metadata:
@@ -263,10 +240,10 @@ def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[dict[str, s
             text = str(payload or "")
             where = re.search(r"Graph break in user code at (\S+:\d+)", text)
             reason = re.search(r"Graph Break Reason: (.+)", text)
-            breaks.append({
-                "where": where.group(1) if where else "",
-                "reason": (reason.group(1) if reason else text.splitlines()[0] if text else "").strip(),
-            })
+            breaks.append(GraphBreak(
+                where.group(1) if where else "",
+                (reason.group(1) if reason else text.splitlines()[0] if text else "").strip(),
+            ))
     return breaks
 
 
@@ -274,7 +251,7 @@ def _ns(us: float) -> int:
     return round(us * 1000)
 
 
-def _passes(events: Any) -> list[Pass]:
+def _passes(events: Any) -> list[CompiledPass]:
     """The figures of each profiled call (a ``STEP_RANGE`` range each), from torch's
     events: every event belongs to the call whose range it starts in."""
     steps = sorted((e for e in events if e.name == STEP_RANGE), key=lambda e: e.time_range.start)
@@ -287,26 +264,28 @@ def _passes(events: Any) -> list[Pass]:
     return [_pass(step, mine) for step, mine in zip(steps, inside, strict=True)]
 
 
-def _pass(step: Any, events: list[Any]) -> Pass:
+def _pass(step: Any, events: list[Any]) -> CompiledPass:
     """The figures of one profiled call, from its step range and the events in it."""
     origin = step.time_range.start
 
     def span(event: Any) -> tuple[int, int]:
         return _ns(event.time_range.start - origin), _ns(event.time_range.end - origin)
 
-    graph_calls, eager, regions = [], [], []
+    graph_calls: list[GraphCall] = []
+    eager: list[EagerRange] = []
+    regions: list[CompiledRegion] = []
     for event in events:
         if event.name.startswith(MODULE_RANGE):
-            eager.append((event.name[len(MODULE_RANGE) :], *span(event)))
+            eager.append(EagerRange(event.name[len(MODULE_RANGE) :], *span(event)))
         elif event.name.startswith(_REGION):
-            regions.append(span(event))
+            regions.append(CompiledRegion(*span(event)))
         found = _CALL.fullmatch(event.name)
         if found is None:
             continue
         children = sorted(event.cpu_children, key=lambda c: c.time_range.start)
-        kernels = [(child.name, _ns(child.time_range.elapsed_us())) for child in children]
-        graph_calls.append((found.group(1), kernels, _ns(event.time_range.elapsed_us())))
-    return Pass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions)
+        kernels = [KernelRange(child.name, _ns(child.time_range.elapsed_us())) for child in children]
+        graph_calls.append(GraphCall(found.group(1), kernels, _ns(event.time_range.elapsed_us())))
+    return CompiledPass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions)
 
 
 @contextlib.contextmanager
@@ -332,16 +311,18 @@ def _eager_ranges(eager: nn.Module, paths: list[str]) -> Iterator[None]:
         yield
 
 
-_BACKEND = _Backend()
+_COMPILER = _Compiler()
 #: The graphs layerscope compiled, by key (a later profile of the same model meets them
 #: again with no compile, so nothing new is traced): the newest few hundred.
-_GRAPHS: OrderedDict[str, Graph] = OrderedDict()
+_GRAPHS: OrderedDict[str, CompiledGraph] = OrderedDict()
 _MAX_GRAPHS = 512
 #: Per model, what its compile said: graph breaks and compile time.
-_COMPILES: weakref.WeakKeyDictionary[nn.Module, tuple[list[dict[str, str]], int]] = weakref.WeakKeyDictionary()
+_COMPILES: weakref.WeakKeyDictionary[nn.Module, tuple[list[GraphBreak], int]] = weakref.WeakKeyDictionary()
 
 
-def _profiled(call: Callable[[], Any], passes: int = 1, progress: Callable[[int], None] | None = None) -> list[Pass]:
+def _profiled(
+    call: Callable[[], Any], passes: int = 1, progress: Callable[[int], None] | None = None
+) -> list[CompiledPass]:
     """``passes`` calls, each in a ``STEP_RANGE`` range, in one session of torch's
     profiler; the session's first call, which pays for the profiler's start (a few
     hundred µs on a small model), is made first and not measured."""
@@ -368,7 +349,7 @@ def _profiled(call: Callable[[], Any], passes: int = 1, progress: Callable[[int]
 def time_compiled(
     eager: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, warmup: int, repeat: int,
     working: set[str], progress: Callable[[str, int, int], None],
-) -> CompiledRun:
+) -> CompiledCapture:
     """Compile ``eager`` with layerscope's backend, call it ``warmup`` times (the first
     compiles, unless an earlier profile did), then ``repeat`` times under torch's
     profiler.
@@ -378,23 +359,23 @@ def time_compiled(
     eager profile's modules do. If that made Dynamo compile again (a hook on a module it
     traces), the ranges are dropped and those modules' time stays with the root."""
     _torch.require_compiled_profiling()
-    compiled = torch.compile(eager, backend=_BACKEND)
+    compiled = torch.compile(eager, backend=_COMPILER)
 
     def call() -> None:
         compiled(*args, **kwargs)
 
-    with _BACKEND.model(eager):
+    with _COMPILER.model(eager):
         before = len(_torch.compilation_metrics())
-        compiles = _BACKEND.compiles
+        compiles = _COMPILER.compiles
         with _structured_trace() as collector:
             start = time.perf_counter_ns()
             call()
             first_ns = time.perf_counter_ns() - start
-        if _BACKEND.compiles != compiles:
+        if _COMPILER.compiles != compiles:
             metrics = _torch.compilation_metrics()[before:]
             compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             _COMPILES[eager] = (_graph_breaks(collector.records), round(compile_s * 1e9) if compile_s else first_ns)
-            for key, graph in _graphs(collector.records, _BACKEND.node_modules).items():
+            for key, graph in _graphs(collector.records, _COMPILER.node_modules).items():
                 _GRAPHS[key] = graph
                 _GRAPHS.move_to_end(key)
             while len(_GRAPHS) > _MAX_GRAPHS:
@@ -403,7 +384,7 @@ def time_compiled(
         for n in range(warmup):
             call()
             progress("warmup", n + 2, warmup + 1)
-        keys = {key for key, _, _ in _profiled(call)[0].graph_calls}
+        keys = {graph_call.graph for graph_call in _profiled(call)[0].graph_calls}
         graphs = {key: _GRAPHS[key] for key in keys if key in _GRAPHS}
         if not graphs:
             raise ModelError(
@@ -414,12 +395,12 @@ def time_compiled(
         outside = sorted(working - traced)
         with contextlib.ExitStack() as ranges:
             if outside:
-                compiles = _BACKEND.compiles
+                compiles = _COMPILER.compiles
                 ranges.enter_context(_eager_ranges(eager, outside))
                 call()
-                if _BACKEND.compiles != compiles:  # the hooks were traced: drop them
+                if _COMPILER.compiles != compiles:  # the hooks were traced: drop them
                     ranges.close()
                     outside = []
             passes = _profiled(call, repeat, lambda done: progress("measure", done, repeat))
     breaks, compile_ns = _COMPILES.get(eager, ([], 0))
-    return CompiledRun(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))
+    return CompiledCapture(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))

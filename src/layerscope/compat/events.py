@@ -118,8 +118,8 @@ class OpEvent:
         return cls.from_figures(
             row.name,
             row.calls,
-            self_cpu_ns=row.self_cpu_time_ns,
-            cpu_ns=row.cpu_time_ns,
+            self_cpu_ns=row.self_cpu_time_ns or 0,  # None: the op has no time (a compiled model's)
+            cpu_ns=row.cpu_time_ns or 0,
             self_device_ns=row.self_device_time_ns,
             device_ns=row.device_time_ns,
             alloc_bytes=row.alloc_bytes,

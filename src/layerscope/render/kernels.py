@@ -11,9 +11,8 @@ away as a view): eager calls minus extern calls that are wholly the module's.
 
 from __future__ import annotations
 
-from typing import Any
-
 from layerscope import fmt
+from layerscope.compile_info import KernelTime
 from layerscope.errors import RenderError
 from layerscope.formats import register_renderer
 from layerscope.render.table import Column, draw, from_headers
@@ -31,27 +30,26 @@ def _extern(call: str) -> bool:
 @register_renderer("kernels", description="a compiled model's kernel calls and the modules they hold")
 def render_kernels(profile: Profile) -> str:
     info = profile.compiled
-    if not info:
+    if info is None:
         raise RenderError("the kernels format is for a torch.compile'd model's profile; this model ran eagerly")
-    kernels = info.get("kernels") or []
+    kernels = info.kernels
     rows = []
     for kernel in kernels:
-        modules = kernel.get("modules") or {}
-        ranked = sorted(modules.items(), key=lambda m: -m[1])
+        ranked = sorted(kernel.modules.items(), key=lambda m: -m[1])
         split = ", ".join(f"{_label(path)} {fmt.percent(round(share * 1000), 1000)}" for path, share in ranked)
-        mark = "*" if len(modules) > 1 else ""
-        rows.append([kernel["call"] + mark, fmt.time_ns(kernel["time_ns"]), split or "(root: no module)"])
-    out = [f"Kernel calls of {profile.meta.get('model', profile.root.type)}, compiled ({info.get('backend')}), in call order:"]
+        mark = "*" if kernel.shared else ""
+        rows.append([kernel.call + mark, fmt.time_ns(kernel.time_ns), split or "(root: no module)"])
+    out = [f"Kernel calls of {profile.meta.get('model', profile.root.type)}, compiled ({info.backend}), in call order:"]
     out += draw([Column("Kernel call", "<"), Column("Time"), Column("Modules", "<")], rows)
-    out += ["* shared by several modules: its time is split by the rule: " + str(info.get("rule")), ""]
+    out += ["* shared by several modules: its time is split by the rule: " + info.rule, ""]
     out += _module_table(profile, kernels)
     return "\n".join(out) + "\n"
 
 
-def _module_table(profile: Profile, kernels: list[dict[str, Any]]) -> list[str]:
-    calls: dict[str, list[dict[str, Any]]] = {}
+def _module_table(profile: Profile, kernels: list[KernelTime]) -> list[str]:
+    calls: dict[str, list[KernelTime]] = {}
     for kernel in kernels:
-        for path in kernel.get("modules") or {}:
+        for path in kernel.modules:
             calls.setdefault(path, []).append(kernel)
     rows = []
     for node in profile.root.walk():
@@ -59,10 +57,10 @@ def _module_table(profile: Profile, kernels: list[dict[str, Any]]) -> list[str]:
         if not mine:
             continue
         eager = sum(op.calls for op in node.ops if op.phase == "forward")
-        whole_extern = sum(1 for k in mine if _extern(k["call"]) and len(k["modules"]) == 1)
+        whole_extern = sum(1 for k in mine if _extern(k.call) and len(k.modules) == 1)
         fused = max(eager - whole_extern, 0)
         rows.append([
-            _label(node.path), str(len(mine)), str(sum(1 for k in mine if len(k["modules"]) > 1)), str(eager),
+            _label(node.path), str(len(mine)), str(sum(1 for k in mine if k.shared)), str(eager),
             f"{fused} ({fmt.percent(fused, eager)})" if eager else "0",
         ])
     headers = ["Module", "Kernel calls", "Shared", "Eager op calls", "Fused or folded"]

@@ -280,20 +280,11 @@ STEP_COLUMNS: list[TreeColumn] = [
 _SHAPES = TreeColumn("Input shapes", "shapes", 0, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
 
 
-#: Columns whose op cells are times: blank for a compiled model's op rows, which are the
-#: eager pass's (its eager ops never ran in the timed passes).
-_OP_TIME_KEYS = frozenset({
-    "self_cpu", "cpu_total", "cpu_pct", "self_device", "device_total", "fwd_self", "fwd_total", "bwd_self",
-    "bwd_total", "recompute", "step_pct", "comm", "flop_rate", "mfu",
-})
-
-
 def _rows(
     profile: Profile, columns: list[TreeColumn], depth: int | None, show_ops: bool
 ) -> list[list[str]]:
     rows: list[list[str]] = []
-    untimed_ops = profile.compiled is not None
-    op_cells = [None if c.op is None or (untimed_ops and c.key in _OP_TIME_KEYS) else c.op for c in columns]
+    op_cells = [c.op for c in columns]
 
     def visit(node: ModuleNode, prefix: str, is_last: bool, is_root: bool) -> None:
         branch = "" if is_root else ("└── " if is_last else "├── ")
@@ -402,20 +393,20 @@ def compile_lines(profile: Profile) -> list[str]:
     """A compiled model's run: graphs, breaks, compile time, the kernels' share of the
     step and the rule that split them (nothing for an eager profile)."""
     info = profile.compiled
-    if not info:
+    if info is None:
         return []
-    kernels = info.get("kernels") or []
-    shared = sum(1 for k in kernels if len(k.get("modules") or {}) > 1)
-    breaks = info.get("graph_breaks") or []
+    kernels = info.kernels
+    shared = sum(1 for k in kernels if k.shared)
+    breaks = info.graph_breaks
     lines = [
-        f"Compiled ({info.get('backend')}): {info.get('graphs')} graph(s), {len(breaks)} graph break(s); "
-        f"compile {fmt.time_ns(info.get('compile_time_ns'))}, not in the times above. "
+        f"Compiled ({info.backend}): {info.graphs} graph(s), {len(breaks)} graph break(s); "
+        f"compile {fmt.time_ns(info.compile_time_ns)}, not in the times above. "
         f"{len(kernels)} kernel calls ({shared} shared by several modules) took "
-        f"{fmt.time_ns(info.get('kernel_time_ns'))} of the {fmt.time_ns(info.get('step_time_ns'))} call; "
-        f"times: {info.get('rule')}. FLOPs, memory and op rows are the eager module's "
+        f"{fmt.time_ns(info.kernel_time_ns)} of the {fmt.time_ns(info.step_time_ns)} call; "
+        f"times: {info.rule}. FLOPs, memory and op rows are the eager module's "
         "(--format kernels lists the kernels)."
     ]
-    lines += [f"Graph break at {b.get('where') or '?'}: {b.get('reason')}" for b in breaks]
+    lines += [f"Graph break at {b.where or '?'}: {b.reason}" for b in breaks]
     return lines
 
 

@@ -82,8 +82,8 @@ def _op_measures(node: ModuleNode) -> list[tuple[str, Measure]]:
 
 def _add(measure: Measure, op: OpStats) -> Measure:
     return Measure(
-        measure.self_cpu_ns + op.self_cpu_time_ns,
-        measure.cpu_ns + op.cpu_time_ns,
+        measure.self_cpu_ns + (op.self_cpu_time_ns or 0),
+        measure.cpu_ns + (op.cpu_time_ns or 0),
         _plus(measure.self_device_ns, op.self_device_time_ns),
         _plus(measure.device_ns, op.device_time_ns),
         _plus(measure.self_alloc_bytes, op.self_alloc_bytes),

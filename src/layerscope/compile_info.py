@@ -1,0 +1,75 @@
+"""A ``torch.compile``d model's run, as its profile keeps it (``Profile.compiled``):
+the kernel calls with their times and modules, the graph breaks, the compile time.
+
+Pure data, no torch. Saved under ``meta["compile"]`` in a ``layerscope/1`` document;
+:meth:`CompileInfo.to_dict` and :meth:`CompileInfo.from_dict` are the one conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from layerscope.raw import GraphBreak
+
+
+@dataclass
+class KernelTime:
+    """One kernel call of one graph: its median time over the passes, and how it is
+    split over modules (shares adding up to 1; empty: the model as a whole)."""
+
+    graph: str
+    call: str
+    time_ns: int
+    modules: dict[str, float]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.modules) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph, "call": self.call, "time_ns": self.time_ns,
+            "modules": {path: round(share, 6) for path, share in self.modules.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KernelTime:
+        return cls(data["graph"], data["call"], data["time_ns"], dict(data["modules"]))
+
+
+@dataclass
+class CompileInfo:
+    """How the compiled model ran: the compiler (``backend``), the rule that split
+    kernel times over modules, the compile time (not in the profile's times), the
+    Dynamo frames and Inductor graphs, the graph breaks, the median call and the median
+    time in kernel calls (the rest is wrapper, guards and eager modules), and the
+    kernel calls in call order."""
+
+    backend: str
+    rule: str
+    compile_time_ns: int
+    frames: int
+    graphs: int
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    step_time_ns: int = 0
+    kernel_time_ns: int = 0
+    kernels: list[KernelTime] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend, "rule": self.rule, "compile_time_ns": self.compile_time_ns,
+            "frames": self.frames, "graphs": self.graphs,
+            "graph_breaks": [b.to_dict() for b in self.graph_breaks], "step_time_ns": self.step_time_ns,
+            "kernel_time_ns": self.kernel_time_ns, "kernels": [k.to_dict() for k in self.kernels],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompileInfo:
+        return cls(
+            backend=data["backend"], rule=data["rule"], compile_time_ns=data["compile_time_ns"],
+            frames=data["frames"], graphs=data["graphs"],
+            graph_breaks=[GraphBreak(b["where"], b["reason"]) for b in data["graph_breaks"]],
+            step_time_ns=data["step_time_ns"], kernel_time_ns=data["kernel_time_ns"],
+            kernels=[KernelTime.from_dict(k) for k in data["kernels"]],
+        )
