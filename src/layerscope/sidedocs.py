@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 class Span(NamedTuple):
     """A module, label, step part or op running: from ``start_ns`` (after the run's
     start) for ``duration_ns``. ``op_index`` is an index into ``profile[path].ops``
-    for an op, -1 for a module, label or step part."""
+    for an op, -1 for a module, label or step part running (forward frames; in
+    backward, the owner of the running ops and its ancestors)."""
 
     start_ns: int
     duration_ns: int
