@@ -232,7 +232,7 @@ def memory(case: Case, prof: layerscope.Profile) -> Result:
         for handle in handles:
             handle.remove()
     peak = torch.cuda.max_memory_allocated(case.device)
-    device_memory = (prof.memory or {}).get("device") or {}
+    device_memory = prof.memory.device.to_dict() if prof.memory is not None and prof.memory.device else {}
     rows = {
         name: {"memory_allocated_delta": delta, "layerscope_alloc_minus_freed":
                (prof[name].forward.alloc_bytes or 0) - (prof[name].forward.freed_bytes or 0) if name in prof else None}

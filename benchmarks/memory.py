@@ -28,7 +28,7 @@ What is timed, per round and variant: one block of ``--per-round`` steps.
 Each variant runs twice as a whole before the rounds (warm-up); ``gc.collect()`` runs
 before every block, outside the timing (what is alive after the warm-up is frozen
 first). After every block the memory figures are checked, so the benchmark cannot time
-a no-op: layerscope time+memory must report ``profile.memory["peak_bytes"] > 0``,
+a no-op: layerscope time+memory must report ``profile.memory.peak_bytes > 0``,
 time-only must have no memory, and torch.profiler must have recorded allocations.
 
 Usage: python -m benchmarks.memory [--rounds 15] [--per-round 10] [--models mlp,bert,gpt2] [--quick]
@@ -120,7 +120,7 @@ def _layerscope(model: nn.Module, seen: list[int], *, memory: bool) -> Iterator[
     with layerscope.Profiler(model, memory=memory) as prof:
         yield prof.step
     memory_data = prof.profile.memory  # built in __exit__
-    seen.append(-1 if memory_data is None else memory_data["peak_bytes"])
+    seen.append(-1 if memory_data is None else memory_data.peak_bytes)
 
 
 @contextmanager

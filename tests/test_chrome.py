@@ -12,6 +12,7 @@ from torch import nn
 
 import layerscope
 from layerscope import check_tree, zoo
+from layerscope.sidedocs import Trace
 from layerscope.tree import ModuleNode, PhaseStats, Profile, link
 
 
@@ -119,7 +120,7 @@ def test_trace_event_format_fields_and_args() -> None:
     assert addmm["args"]["flops"] == 2 * 4 * 64 * 256 + 4 * 256
     assert addmm["args"]["input_shapes"] == [[256], [4, 64], [64, 256]]
     counters = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "live memory"]
-    assert counters and max(e["args"]["bytes"] for e in counters) == prof.memory["peak_bytes"]
+    assert counters and max(e["args"]["bytes"] for e in counters) == prof.memory.peak_bytes
 
 
 def test_chrome_is_deterministic_and_streams_to_disk(tmp_path: Any) -> None:
@@ -138,9 +139,9 @@ def test_chrome_is_deterministic_and_streams_to_disk(tmp_path: Any) -> None:
 def test_profile_keeps_its_op_pass_as_trace() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     prof = check_tree(layerscope.profile(model, torch.randn(2, 8), warmup=0, repeat=1))
-    spans = prof.trace["spans"]
-    assert [(s[2], s[3]) for s in spans if s[4] < 0] == [("", "forward"), ("0", "forward"), ("1", "forward")]
-    assert [prof[s[2]].ops[s[4]].name for s in spans if s[4] >= 0] == ["aten::t", "aten::addmm", "aten::relu"]
+    spans = prof.trace.spans
+    assert [(s.path, s.phase) for s in spans if s.op_index < 0] == [("", "forward"), ("0", "forward"), ("1", "forward")]
+    assert [prof[s.path].ops[s.op_index].name for s in spans if s.op_index >= 0] == ["aten::t", "aten::addmm", "aten::relu"]
 
 
 def test_no_trace_no_chrome() -> None:
@@ -162,7 +163,7 @@ def test_flows_lead_from_forward_ops_to_their_backward() -> None:
     spans = _spans(doc)
     starts = [e for e in doc["traceEvents"] if e["ph"] == "s"]
     finishes = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "f"}
-    assert starts and len(starts) == len(finishes) == len(prof.trace["flows"])
+    assert starts and len(starts) == len(finishes) == len(prof.trace.flows)
     linear_paths = {node.path for node in prof.modules() if node.type == "Linear"}
     linked = set()
     for start in starts:
@@ -184,7 +185,7 @@ def _two_spans(trace: list[list[Any]]) -> Profile:
     root = ModuleNode("", "Net", calls=1, forward=PhaseStats(cpu_time_ns=end, self_cpu_time_ns=0))
     link([root, lin])
     profile = check_tree(Profile(root, meta={"model": "Net"}))
-    profile.trace = {"spans": trace}
+    profile.trace = Trace.from_dict({"spans": trace})
     return profile
 
 
@@ -263,7 +264,7 @@ def test_real_traces_nest_when_read_as_floats(make: str) -> None:
 def test_hand_built_step_span_has_its_own_track() -> None:
     # Net [100, 900) > lin [200, 700), in a step whose marks are 1000 ns apart.
     profile = _two_spans([[100, 800, "", "forward", -1], [200, 500, "lin", "forward", -1]])
-    profile.trace["step_ns"] = 1000
+    profile.trace.step_ns = 1000
     profile.meta.update(mode="context", step_range=[3, 5], detail_step=4)
     doc = _chrome(profile)
     [step] = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
@@ -273,7 +274,7 @@ def test_hand_built_step_span_has_its_own_track() -> None:
     assert tracks == {0: "step", 1: "forward and backward"}
     assert {e["tid"] for e in _spans(doc)} == {1}
     # Without step marks (an old file, a pass without them) there is no step track.
-    del profile.trace["step_ns"]
+    profile.trace.step_ns = None
     assert not [e for e in _chrome(profile)["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
 
 
@@ -283,7 +284,7 @@ def test_training_step_span_covers_every_span() -> None:
     [step] = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
     # A one-step block takes its times from the step it traced: its length is the step's.
     assert step["name"] == "step 0" and step["ts"] == 0
-    assert _ns(step["dur"]) == prof.trace["step_ns"] == prof.meta["step_time_ns"]
+    assert _ns(step["dur"]) == prof.trace.step_ns == prof.meta["step_time_ns"]
     assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= step["dur"] for e in _spans(doc))
     assert crossing_spans(doc) == []
 
@@ -293,14 +294,14 @@ def test_memory_peak_marks_its_categories() -> None:
     doc = _chrome(prof)
     [peak] = [e for e in doc["traceEvents"] if e["ph"] == "i"]
     memory = prof.memory
-    assert peak["name"] == "memory peak" and _ns(peak["ts"]) == memory["peak_at"]["t_ns"]
+    assert peak["name"] == "memory peak" and _ns(peak["ts"]) == memory.peak_at.t_ns
     categories = {k: v for k, v in peak["args"].items() if k not in ("bytes", "path", "phase")}
-    assert categories == memory["peak_categories"]
-    assert sum(categories.values()) == peak["args"]["bytes"] == memory["peak_bytes"]
+    assert categories == memory.peak_categories
+    assert sum(categories.values()) == peak["args"]["bytes"] == memory.peak_bytes
     # The live-bytes counter reaches the same peak at the same time.
     counters = [e for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "live memory"]
     top = max(counters, key=lambda e: e["args"]["bytes"])
-    assert top["args"]["bytes"] == memory["peak_bytes"] and top["ts"] == peak["ts"]
+    assert top["args"]["bytes"] == memory.peak_bytes and top["ts"] == peak["ts"]
 
 
 def test_other_data_says_how_times_were_measured() -> None:

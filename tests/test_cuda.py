@@ -102,10 +102,10 @@ def test_step_peak_agrees_with_max_memory_allocated() -> None:
     memory = layerscope.check_tree(prof.profile).memory
     allocator_peak = torch.cuda.max_memory_allocated()
     # The allocator, sampled after each op, never exceeds its own high-water mark...
-    assert memory["device"]["allocated_peak_bytes"] <= allocator_peak
-    assert memory["device"]["reserved_at_peak_bytes"] >= memory["device"]["allocated_peak_bytes"]
+    assert memory.device.allocated_peak_bytes <= allocator_peak
+    assert memory.device.reserved_at_peak_bytes >= memory.device.allocated_peak_bytes
     # ...and the logical growth above the step's start is the allocator's growth.
-    assert memory["peak_bytes"] - memory["baseline_bytes"] == allocator_peak - start
+    assert memory.peak_bytes - memory.baseline_bytes == allocator_peak - start
 
 
 def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() -> None:

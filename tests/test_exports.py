@@ -27,6 +27,7 @@ from layerscope import zoo
 from layerscope.check import check_tree
 from layerscope.render import format_for_path, formats, get_renderer
 from layerscope.render.stacks import METRICS, MetricError, build_stacks, sanitize
+from layerscope.sidedocs import Trace
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 from test_cli import FAST, assert_usage_error, run_cli
 
@@ -312,12 +313,12 @@ def test_hand_built_speedscope_samples_come_in_the_order_they_ran() -> None:
     root = ModuleNode("", "Net", calls=1, forward=stats(100, 20), backward=stats(100, 10))
     link([root, a, b])
     profile = check_tree(Profile(root, meta={"model": "Net"}))
-    profile.trace = {
+    profile.trace = Trace.from_dict({
         "spans": [
             [0, 100, "", "forward", -1], [10, 30, "a", "forward", -1], [40, 50, "b", "forward", -1],
             [200, 100, "", "backward", -1], [200, 50, "b", "backward", -1], [250, 50, "a", "backward", -1],
         ]
-    }
+    })
     doc = check_speedscope(profile.render("speedscope", metric="time"))
     assert list(zip(_sample_names(doc), doc["profiles"][0]["weights"])) == [
         ("forward;Net", 20), ("forward;Net;a", 30), ("forward;Net;b", 50),

@@ -321,9 +321,9 @@ def test_the_op_table_and_memory_timeline(open_report: Any, step: Profile) -> No
     assert calls == sorted(calls, reverse=True)
     # The memory timeline, with its peak.
     assert page.eval_on_selector("#memory-chart polyline", "p => p.getAttribute('points').split(' ').length") == len(
-        step.memory["timeline"]["t_ns"]
+        step.memory.timeline.t_ns
     )
-    assert fmt.nbytes(step.memory["peak_bytes"]) in page.inner_text("#memory")
+    assert fmt.nbytes(step.memory.peak_bytes) in page.inner_text("#memory")
 
 
 @pytest.mark.browser

@@ -23,6 +23,20 @@ from conftest import FULL_DEVICE, NULL_DEVICE
 from layerscope import zoo
 from layerscope.check import check_tree
 from layerscope.errors import SchemaError
+from layerscope.schema import MEMORY, TRACE, check_value
+from layerscope.sidedocs import (
+    DeviceMemory,
+    Flow,
+    Flows,
+    MemorySummary,
+    OptimizerState,
+    PeakAt,
+    Span,
+    Spans,
+    Timeline,
+    TimelineSpan,
+    Trace,
+)
 from layerscope.tree import Profile
 
 
@@ -240,6 +254,51 @@ def test_a_tree_that_breaks_invariants(saved: Path, damage: Any) -> None:
     doc = json.loads(saved.read_text(encoding="utf-8"))
     damage(doc)
     assert_schema_error(write_json(saved, doc), "inconsistent")
+
+
+def _full_side_documents() -> tuple[Trace, MemorySummary]:
+    """A trace and a memory summary with every field set (hand-built)."""
+    trace = Trace(
+        Spans.from_rows([(0, 90, "", "forward", -1), (10, 20, "lin", "forward", 0), (50, 30, "lin", "backward", 1)]),
+        Flows.from_rows([(1, 2)]), step_ns=100,
+    )
+    memory = MemorySummary(
+        peak_bytes=300, baseline_bytes=100, peak_at=PeakAt("lin", "forward", 20),
+        peak_categories={"parameters": 100, "activations": 200}, peak_by_phase={"forward": 300, "backward": 250},
+        param_bytes_by_dtype={"float32": 96}, buffer_bytes_by_dtype={"float32": 4},
+        optimizer_state_bytes={"Adam": OptimizerState(8, {"exp_avg": 4, "exp_avg_sq": 4})},
+        timeline=Timeline(
+            t_ns=[0, 20], bytes=[100, 300], categories={"parameters": [100, 100], "activations": [0, 200]},
+            points_recorded=2, spans=[TimelineSpan(0, 90, "", "forward"), TimelineSpan(90, 95, "<loss>", None)],
+        ),
+        device=DeviceMemory(allocated_peak_bytes=512, reserved_at_peak_bytes=2048),
+    )
+    return trace, memory
+
+
+def test_the_schema_checks_every_field_of_the_trace_and_the_memory_summary() -> None:
+    trace, memory = _full_side_documents()
+    trace_doc, memory_doc = trace.to_dict(), memory.to_dict()
+    assert set(trace_doc) == set(TRACE.fields)
+    assert set(memory_doc) == set(MEMORY.fields)
+    for key in ("peak_at", "timeline", "device"):
+        assert set(memory_doc[key]) == set(MEMORY.fields[key].spec.fields), key
+    assert set(memory_doc["optimizer_state_bytes"]["Adam"]) == set(MEMORY.fields["optimizer_state_bytes"].spec.spec.fields)
+    assert check_value(trace_doc, TRACE) == [] and check_value(memory_doc, MEMORY) == []
+    # Each read back is the same object; the document's rows are lists, as JSON has them.
+    assert Trace.from_dict(json.loads(json.dumps(trace_doc))) == trace
+    assert MemorySummary.from_dict(json.loads(json.dumps(memory_doc))) == memory
+    assert trace_doc["spans"][1] == [10, 20, "lin", "forward", 0] and trace_doc["flows"] == [[1, 2]]
+    assert list(trace.spans)[2] == Span(50, 30, "lin", "backward", 1) == trace.spans[2]
+    assert list(trace.flows) == [Flow(forward=1, backward=2)] and len(trace.spans) == 3
+
+
+def test_a_trace_without_flows_or_step_marks_reads_back() -> None:
+    # A file from before flows and step marks: the trace reads, and writes back as it was.
+    doc = {"spans": [[0, 5, "", "forward", -1]]}
+    trace = Trace.from_dict(doc)
+    assert (len(trace.flows), trace.step_ns, trace.spans[0].duration_ns) == (0, None, 5)
+    assert trace.to_dict() == {"spans": [[0, 5, "", "forward", -1]], "flows": []}
 
 
 # -- hostile files ---------------------------------------------------------------------

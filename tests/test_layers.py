@@ -26,7 +26,10 @@ SRC = Path(layerscope.__file__).parent
 
 LAYERS = {
     "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "stats", "intervals", "traces.reader"),
-    "model": ("tree", "ops", "check", "schema", "transforms", "diff", "ranks", "documents", "bench.result", "compile_info"),
+    "model": (
+        "tree", "sidedocs", "compile_info", "ops", "check", "schema", "transforms", "diff", "ranks", "documents",
+        "bench.result",
+    ),
     "attribute": ("attribute",),
     "render": ("render", "plot"),
     "capture": ("capture", "flops", "zoo", "specs", "traces"),

@@ -38,6 +38,7 @@ from layerscope.raw import (
     Saved,
     Step,
 )
+from layerscope.sidedocs import MemorySummary, OptimizerState, PeakAt
 from layerscope.tree import Profile
 
 F32 = 4
@@ -178,12 +179,12 @@ def test_adam_state_is_two_moments_of_the_parameters() -> None:
     param_bytes = sum(p.numel() * F32 for p in params)  # 8*16+16 + 16*32+32 + 32*4+4 = 820 floats
     assert param_bytes == 820 * F32
     prof = _adam_steps(model, X, 1)
-    state = prof.memory["optimizer_state_bytes"]["Adam"]
-    assert state["by_key"]["exp_avg"] == state["by_key"]["exp_avg_sq"] == param_bytes
+    state = prof.memory.optimizer_state_bytes["Adam"]
+    assert state.bytes_by_key["exp_avg"] == state.bytes_by_key["exp_avg_sq"] == param_bytes
     # Adam also keeps one float32 step counter per parameter tensor.
-    assert state["by_key"]["step"] == len(params) * F32
-    assert state["total"] == 2 * param_bytes + len(params) * F32
-    assert prof.memory["param_bytes_by_dtype"] == {"float32": param_bytes}
+    assert state.bytes_by_key["step"] == len(params) * F32
+    assert state.total_bytes == 2 * param_bytes + len(params) * F32
+    assert prof.memory.param_bytes_by_dtype == {"float32": param_bytes}
 
 
 def test_step_peak_and_its_categories() -> None:
@@ -191,20 +192,20 @@ def test_step_peak_and_its_categories() -> None:
     prof = _adam_steps(model, X, 1)
     memory = prof.memory
     param_bytes = 820 * F32
-    state = memory["optimizer_state_bytes"]["Adam"]["total"]
+    state = memory.optimizer_state_bytes["Adam"].total_bytes
     # The first step's peak is in Adam's step: parameters, their gradients and the new
     # state are all live, plus the step's temporaries.
-    assert memory["peak_at"]["path"] == "<optimizer:Adam>"
-    assert memory["peak_at"]["phase"] is None  # a step part has no forward or backward
-    categories = memory["peak_categories"]
+    assert memory.peak_at.path == "<optimizer:Adam>"
+    assert memory.peak_at.phase is None  # a step part has no forward or backward
+    categories = memory.peak_categories
     assert categories["parameters"] == param_bytes
     assert categories["gradients"] == param_bytes
     assert categories["optimizer_state"] == state
     assert categories["activations"] == 0  # backward released them
-    assert sum(categories.values()) == memory["peak_bytes"]
+    assert sum(categories.values()) == memory.peak_bytes
     # The step's peak is at least the forward's.
-    assert memory["peak_bytes"] >= memory["peak_by_phase"]["forward"]
-    assert memory["peak_bytes"] >= memory["baseline_bytes"] + prof.root.forward.peak_bytes
+    assert memory.peak_bytes >= memory.peak_by_phase["forward"]
+    assert memory.peak_bytes >= memory.baseline_bytes + prof.root.forward.peak_bytes
     # Gradients written per module are its parameters' bytes.
     assert prof["0"].backward.grad_bytes == (8 * 16 + 16) * F32
     assert prof.root.backward.grad_bytes == param_bytes
@@ -224,9 +225,9 @@ def test_later_steps_count_existing_state_from_the_start() -> None:
         opt.step()
         opt.zero_grad()
     memory = check_tree(prof.profile).memory
-    state = memory["optimizer_state_bytes"]["Adam"]["total"]
-    assert memory["baseline_bytes"] == 820 * F32 + state
-    assert memory["peak_categories"]["optimizer_state"] == state
+    state = memory.optimizer_state_bytes["Adam"].total_bytes
+    assert memory.baseline_bytes == 820 * F32 + state
+    assert memory.peak_categories["optimizer_state"] == state
 
 
 def test_every_step_is_its_own_sizes_come_from_the_peak_step_and_flows_add_up() -> None:
@@ -236,7 +237,7 @@ def test_every_step_is_its_own_sizes_come_from_the_peak_step_and_flows_add_up() 
     # sizes (peaks, activations) are the peak step's.
     assert one.meta["steps"] == 1 and three.meta["steps"] == 3
     assert "detail_step" not in three.meta and "times_from" not in three.meta
-    assert three.memory["peak_bytes"] >= one.memory["peak_bytes"]
+    assert three.memory.peak_bytes >= one.memory.peak_bytes
     for node in three.modules():
         single = one[node.path]
         assert node.forward.activation_bytes == single.forward.activation_bytes
@@ -280,13 +281,13 @@ def test_training_step_activations_are_freed_in_backward() -> None:
     # result is freed in backward (charged to whichever module's backward is running).
     assert prof.root.forward.activation_bytes == 832
     assert prof.root.backward.freed_bytes >= 832
-    timeline = prof.memory["timeline"]
-    assert max(timeline["bytes"]) == prof.memory["peak_bytes"]
-    assert {span[2] for span in timeline["spans"]} >= {"", "<loss>"}
+    timeline = prof.memory.timeline
+    assert max(timeline.bytes) == prof.memory.peak_bytes
+    assert {span.path for span in timeline.spans} >= {"", "<loss>"}
     # The model's spans have phases; <loss> (a step part) has none in forward.
-    assert {span[3] for span in timeline["spans"] if span[2] != "<loss>"} == {"forward", "backward"}
+    assert {span.phase for span in timeline.spans if span.path != "<loss>"} == {"forward", "backward"}
     # (Two forward spans: the loss itself, and backward's seed gradient made outside it.)
-    assert [span[3] for span in timeline["spans"] if span[2] == "<loss>"] == [None, None, "backward"]
+    assert [span.phase for span in timeline.spans if span.path == "<loss>"] == [None, None, "backward"]
 
 
 def test_checkpointed_block_keeps_nothing_and_recomputes() -> None:
@@ -326,7 +327,7 @@ def test_meta_device_gives_the_same_figures() -> None:
     meta = layerscope.count_flops(meta_model, {"input_ids": torch.zeros(2, 16, dtype=torch.long, device="meta")}, backward=True)
     check_tree(cpu)
     check_tree(meta)
-    assert meta.memory["peak_bytes"] == cpu.memory["peak_bytes"]
+    assert meta.memory.peak_bytes == cpu.memory.peak_bytes
     for node in cpu.modules():
         other = meta[node.path]
         assert other.forward.activation_bytes == node.forward.activation_bytes
@@ -362,7 +363,7 @@ def test_memory_round_trips_through_json(tmp_path: Any) -> None:
     prof.save(str(path))
     loaded = layerscope.load(str(path))
     assert loaded.to_dict() == prof.to_dict()
-    assert loaded.memory["peak_bytes"] == prof.memory["peak_bytes"]
+    assert loaded.memory.peak_bytes == prof.memory.peak_bytes
 
 
 def test_text_shows_memory() -> None:
@@ -413,15 +414,15 @@ def test_walk_forward_by_hand() -> None:
     assert (b.alloc_bytes, b.freed_bytes, b.peak_bytes, b.activation_bytes) == (50, 100, 50, 50)
     assert (root.alloc_bytes, root.self_alloc_bytes, root.freed_bytes, root.peak_bytes) == (150, 0, 100, 150)
     memory = prof.memory
-    assert memory["baseline_bytes"] == 1000
-    assert memory["peak_bytes"] == 1150
-    assert memory["peak_at"] == {"path": "b", "phase": "forward", "t_ns": 80}
-    assert memory["peak_categories"] == {
+    assert memory.baseline_bytes == 1000
+    assert memory.peak_bytes == 1150
+    assert memory.peak_at == PeakAt(path="b", phase="forward", t_ns=80)
+    assert memory.peak_categories == {
         "parameters": 1000, "gradients": 0, "optimizer_state": 0, "activations": 50, "other": 100,
     }
-    assert memory["timeline"]["t_ns"] == [0, 40, 80, 85]
-    assert memory["timeline"]["bytes"] == [1000, 1100, 1150, 1050]
-    assert memory["timeline"]["spans"] == [[10, 100, "", "forward"], [20, 50, "a", "forward"], [60, 90, "b", "forward"]]
+    assert memory.timeline.t_ns == [0, 40, 80, 85]
+    assert memory.timeline.bytes == [1000, 1100, 1150, 1050]
+    assert memory.timeline.spans == [(10, 100, "", "forward"), (20, 50, "a", "forward"), (60, 90, "b", "forward")]
 
 
 def test_walk_backward_chain_by_hand() -> None:
@@ -451,15 +452,15 @@ def test_walk_backward_chain_by_hand() -> None:
     # The root's backward spans both: live 0 -> 300 -> 0 -> 200.
     assert (root.alloc_bytes, root.peak_bytes, root.grad_bytes) == (500, 300, 200)
     memory = prof.memory
-    assert memory["peak_at"]["path"] == "b" and memory["peak_at"]["phase"] == "backward"
-    assert memory["peak_categories"]["other"] == 300
+    assert memory.peak_at.path == "b" and memory.peak_at.phase == "backward"
+    assert memory.peak_categories["other"] == 300
     # a's backward op and its gradient's accumulation share a row (same name, shapes).
     [op] = [o for o in prof["a"].ops if o.phase == "backward"]
     assert (op.calls, op.alloc_bytes) == (2, 200)
-    spans = memory["timeline"]["spans"]
+    spans = memory.timeline.spans
     # Backward spans end where the last backward op does (60), not at the step's end.
-    assert [10, 30, "b", "backward"] in spans and [30, 60, "a", "backward"] in spans
-    assert [10, 60, "", "backward"] in spans
+    assert (10, 30, "b", "backward") in spans and (30, 60, "a", "backward") in spans
+    assert (10, 60, "", "backward") in spans
 
 
 # A step whose forward ran module a, which created autograd nodes 0..4.
@@ -481,8 +482,8 @@ def test_walk_categorises_gradients_from_their_allocation() -> None:
         Step(t_ns=40),
     ]
     memory = _build(events).memory
-    assert memory["peak_categories"]["gradients"] == 64
-    assert memory["peak_categories"]["other"] == 0
+    assert memory.peak_categories["gradients"] == 64
+    assert memory.peak_categories["other"] == 0
 
 
 def test_walk_counts_frees_during_an_op_on_the_op() -> None:
@@ -511,11 +512,11 @@ def test_walk_timeline_is_bounded_and_keeps_the_peak() -> None:
         t += 3
     events += [Exit(t_ns=t, module=ROOT, seq=0), Step(t_ns=t + 1)]
     memory = _build(events).memory
-    timeline = memory["timeline"]
-    assert timeline["points_recorded"] == 1 + 2 * 5000
-    assert len(timeline["bytes"]) <= TIMELINE_POINTS
-    assert memory["peak_bytes"] == max(timeline["bytes"]) == 1000
-    assert timeline["t_ns"] == sorted(timeline["t_ns"])
+    timeline = memory.timeline
+    assert timeline.points_recorded == 1 + 2 * 5000
+    assert len(timeline.bytes) <= TIMELINE_POINTS
+    assert memory.peak_bytes == max(timeline.bytes) == 1000
+    assert timeline.t_ns == sorted(timeline.t_ns)
 
 
 def test_walk_adds_up_two_optimizers_of_one_class() -> None:
@@ -530,8 +531,8 @@ def test_walk_adds_up_two_optimizers_of_one_class() -> None:
         Optim(t_ns=4, name="Adam", state_bytes_by_key={"exp_avg": 24}, ident=2),
         Step(t_ns=5),
     ]
-    state = _build(events).memory["optimizer_state_bytes"]["Adam"]
-    assert state == {"total": 8 + 24, "by_key": {"exp_avg": 8 + 24}}
+    state = _build(events).memory.optimizer_state_bytes["Adam"]
+    assert state == OptimizerState(total_bytes=8 + 24, bytes_by_key={"exp_avg": 8 + 24})
 
 
 def test_walk_without_memory_events_has_no_memory() -> None:
@@ -600,19 +601,19 @@ def test_the_timeline_splits_live_bytes_by_category_at_every_point() -> None:
     layerscope.check_tree(profile)
     memory = profile.memory
     assert memory is not None
-    timeline = memory["timeline"]
-    split = timeline["categories"]
+    timeline = memory.timeline
+    split = timeline.categories
     assert list(split) == ["parameters", "gradients", "optimizer_state", "activations", "other"]
-    for i, total in enumerate(timeline["bytes"]):
+    for i, total in enumerate(timeline.bytes):
         assert sum(series[i] for series in split.values()) == total
-    at_peak = timeline["bytes"].index(memory["peak_bytes"])
-    assert {name: series[at_peak] for name, series in split.items()} == memory["peak_categories"]
+    at_peak = timeline.bytes.index(memory.peak_bytes)
+    assert {name: series[at_peak] for name, series in split.items()} == memory.peak_categories
     assert set(split["parameters"]) == {profile.param_bytes}
     assert max(split["activations"]) > 0 and max(split["gradients"]) > 0
     events = json.loads(profile.render("chrome"))["traceEvents"]
     counters = [e for e in events if e.get("name") == "memory by category"]
-    assert len(counters) == len(timeline["t_ns"])
-    assert counters[at_peak]["args"] == memory["peak_categories"]
+    assert len(counters) == len(timeline.t_ns)
+    assert counters[at_peak]["args"] == memory.peak_categories
 
 
 # -- the events against the dispatch mode ------------------------------------------------
@@ -644,12 +645,12 @@ def test_memory_from_torchs_events_equals_the_dispatch_modes() -> None:
             assert [getattr(mine, f) for f in fields] == [getattr(theirs, f) for f in fields], (node.path, phase)
     assert events["<loss>"].forward.alloc_bytes == dispatch["<loss>"].forward.alloc_bytes
     for key in ("baseline_bytes", "optimizer_state_bytes"):
-        assert events.memory[key] == dispatch.memory[key], key
+        assert getattr(events.memory, key) == getattr(dispatch.memory, key), key
     # Adam's arithmetic with Python scalars: torch's profiler sees each scalar's 0-d
     # tensor (8 bytes) allocated, a dispatch mode does not. Nothing else differs.
     extra = events["<optimizer:Adam>"].forward.alloc_bytes - dispatch["<optimizer:Adam>"].forward.alloc_bytes
     assert extra >= 0 and extra % 8 == 0 and extra < 1024
-    assert 0 <= events.memory["peak_bytes"] - dispatch.memory["peak_bytes"] <= 64
+    assert 0 <= events.memory.peak_bytes - dispatch.memory.peak_bytes <= 64
 
 
 def test_a_released_input_is_freed_while_the_profiler_runs() -> None:
@@ -672,7 +673,7 @@ def test_a_released_input_is_freed_while_the_profiler_runs() -> None:
     assert freed >= 4 * mib
     # Had x and y been kept alive, the live bytes would have reached 4 MiB above the start.
     memory = profile.memory
-    assert 2 * mib <= memory["peak_bytes"] - memory["baseline_bytes"] < 3 * mib
+    assert 2 * mib <= memory.peak_bytes - memory.baseline_bytes < 3 * mib
 
 
 def test_activations_are_read_when_only_some_modules_are_profiled() -> None:
@@ -700,10 +701,10 @@ def test_the_peak_names_buffers_where_it_counts_them_with_the_parameters() -> No
         "peak_at": {"path": "", "phase": "forward", "t_ns": 10}, "peak_categories": {"parameters": 4160, "other": 1024},
     }
     root = ModuleNode("", "Net", calls=1, params=1024, params_total=1024, forward=PhaseStats(cpu_time_ns=10, self_cpu_time_ns=10))
-    text = Profile(root=root, param_bytes=4096, memory=memory).render("text")
+    text = Profile(root=root, param_bytes=4096, memory=MemorySummary.from_dict(memory)).render("text")
     # The footer counts parameters (4.00 KiB) and buffers (64 B) apart; the peak's live
     # bytes hold both, and say so instead of a second, different "parameters" figure.
     assert "Memory: parameters 4.00 KiB float32; buffers 64 B float32" in text
     assert "= parameters and buffers 4.06 KiB + other 1.00 KiB" in text
-    without = dict(memory, buffer_bytes_by_dtype={})
+    without = MemorySummary.from_dict(dict(memory, buffer_bytes_by_dtype={}))
     assert "= parameters 4.06 KiB + other" in Profile(root=root, param_bytes=4096, memory=without).render("text")

@@ -30,6 +30,7 @@ from layerscope.plot import (
     plot_memory,
     render_memory_png,
 )
+from layerscope.sidedocs import Timeline
 from test_cli import assert_usage_error, run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -93,10 +94,10 @@ def no_memory(folder: Path) -> Path:
 
 def test_the_profiles_have_a_timeline(mlp_step: Path, bert_profile: layerscope.Profile) -> None:
     for profile in (layerscope.load(mlp_step), bert_profile):
-        timeline = profile.memory["timeline"]
-        assert len(timeline["t_ns"]) == len(timeline["bytes"]) > 1
-        assert max(timeline["bytes"]) == profile.memory["peak_bytes"]
-        assert any(span[2] == "" for span in timeline["spans"])
+        timeline = profile.memory.timeline
+        assert len(timeline.t_ns) == len(timeline.bytes) > 1
+        assert max(timeline.bytes) == profile.memory.peak_bytes
+        assert any(span.path == "" for span in timeline.spans)
 
 
 # -- the CLI ----------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def test_no_memory_is_a_helpful_value_error(no_memory: Path, tmp_path: Path) -> 
 def test_empty_timeline_is_a_value_error(mlp_step: Path, tmp_path: Path) -> None:
     profile = layerscope.load(mlp_step)
     profile.memory = copy.deepcopy(profile.memory)
-    profile.memory["timeline"] = {"t_ns": [], "bytes": [], "points_recorded": 0, "spans": []}
+    profile.memory.timeline = Timeline()
     with pytest.raises(ValueError, match="no memory timeline"):
         plot_memory(profile, tmp_path / "x.png")
     assert list(tmp_path.iterdir()) == []
@@ -198,8 +199,9 @@ def test_empty_timeline_is_a_value_error(mlp_step: Path, tmp_path: Path) -> None
 def test_a_one_point_timeline_without_spans_still_draws(mlp_step: Path, tmp_path: Path) -> None:
     profile = layerscope.load(mlp_step)
     profile.memory = copy.deepcopy(profile.memory)
-    profile.memory["timeline"] = {"t_ns": [0], "bytes": [0], "points_recorded": 1, "spans": []}
-    profile.memory.update(peak_bytes=0, baseline_bytes=0, peak_at=None, peak_categories={})
+    profile.memory.timeline = Timeline(t_ns=[0], bytes=[0], points_recorded=1)
+    profile.memory.peak_bytes, profile.memory.baseline_bytes, profile.memory.peak_at = 0, 0, None
+    profile.memory.peak_categories = {}
     out = tmp_path / "x.png"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no singular-limits warnings from matplotlib
@@ -286,12 +288,12 @@ def test_overlapping_spans_get_their_own_lanes() -> None:
 
 def test_breakdown_names_every_category(mlp_step: Path) -> None:
     memory = layerscope.load(mlp_step).memory
-    text = _breakdown(memory, memory["peak_bytes"], memory["baseline_bytes"])
+    text = _breakdown(memory, memory.peak_bytes, memory.baseline_bytes)
     for name in ("parameters", "gradients", "optimizer state", "activations", "other"):
         assert name in text
-    assert text.startswith(f"At the peak, {layerscope.fmt.nbytes(memory['peak_bytes'])}")
+    assert text.startswith(f"At the peak, {layerscope.fmt.nbytes(memory.peak_bytes)}")
     # The Adam step holds the peak: its state is counted.
-    assert memory["peak_categories"]["optimizer_state"] > 0
+    assert memory.peak_categories["optimizer_state"] > 0
 
 
 def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

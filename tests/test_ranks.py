@@ -21,6 +21,7 @@ import layerscope
 from layerscope.check import check_tree
 from layerscope.errors import MergeError, SchemaError
 from layerscope.ranks import MergedRun, merge, ranks_from_dict
+from layerscope.sidedocs import Span, Spans, Trace
 from layerscope.tree import ModuleNode, PhaseStats, Profile
 from test_cli import Run
 
@@ -409,8 +410,8 @@ def test_cli_chrome_has_one_process_per_rank(tmp_path: Path, capsys: pytest.Capt
     for profile in profiles:
         # A trace of one span per node: the root, then head inside it.
         head = profile["head"].forward.cpu_time_ns
-        profile.trace = {"spans": [[0, profile.root.forward.cpu_time_ns, "", "forward", -1], [100, head, "head", "forward", -1]]}
-        profile.trace["step_ns"] = profile.root.forward.cpu_time_ns
+        spans = [Span(0, profile.root.forward.cpu_time_ns, "", "forward", -1), Span(100, head, "head", "forward", -1)]
+        profile.trace = Trace(Spans.from_rows(spans), step_ns=profile.root.forward.cpu_time_ns)
     paths = []
     for profile in reversed(profiles):  # any order of files
         path = tmp_path / f"r{profile.meta['rank']}.json"

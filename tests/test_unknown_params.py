@@ -33,6 +33,7 @@ from layerscope.raw import Enter, Exit, LabelEnter, LabelExit, ModuleInfo, Op, R
 from layerscope.render.html import report_data
 from layerscope.render.text import STEP_COLUMNS
 from layerscope.schema import document_problems
+from layerscope.sidedocs import MemorySummary, Trace
 from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 
 # -- a profile by hand: Net > encoder (Linear, one op) > a label; Net > head (Linear) ------
@@ -86,7 +87,7 @@ def hand_built(*, known: bool) -> Profile:
     }
     profile = Profile(
         root, meta={"model": "Net", "device": "cpu"}, param_bytes=68 if known else None,
-        memory=memory, trace=trace,
+        memory=MemorySummary.from_dict(memory), trace=Trace.from_dict(trace),
     )
     return check_tree(profile)
 

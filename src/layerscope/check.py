@@ -8,6 +8,7 @@ corrupted file), never something to render.
 from __future__ import annotations
 
 from layerscope.comm import is_communication
+from layerscope.sidedocs import Timeline
 from layerscope.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile, params_sum
 
 
@@ -180,26 +181,27 @@ def _trace_problems(profile: Profile) -> list[str]:
         return []
     problems: list[str] = []
     previous = None
-    for span in trace["spans"]:
-        start, duration, path, phase, index = span
+    spans = trace.spans
+    starts, phases = spans.start_ns, spans.phase
+    for i, (start, duration, path, phase, index) in enumerate(
+        zip(starts, spans.duration_ns, spans.path, phases, spans.op_index)
+    ):
         if duration < 0 or start < 0:
-            problems.append(f"trace: span {span} has a negative start or duration")
+            problems.append(f"trace: span {list(spans[i])} has a negative start or duration")
         if previous is not None and start < previous:
             problems.append("trace: spans are not sorted by start")
         previous = start
         if path not in profile or phase not in PHASES:
-            problems.append(f"trace: span {span} names no node or phase of this profile")
+            problems.append(f"trace: span {list(spans[i])} names no node or phase of this profile")
         elif index >= len(profile[path].ops):
-            problems.append(f"trace: span {span} names op {index} of {path!r}, which has {len(profile[path].ops)}")
+            problems.append(f"trace: span {list(spans[i])} names op {index} of {path!r}, which has {len(profile[path].ops)}")
         if len(problems) > 20:
             break
-    spans = trace["spans"]
-    for flow in trace.get("flows") or ():
-        forward, backward = flow
+    for forward, backward in zip(trace.flows.forward, trace.flows.backward):
         if not (0 <= forward < len(spans) and 0 <= backward < len(spans)):
-            problems.append(f"trace: flow {flow} names a span this trace does not have")
-        elif spans[forward][3] != "forward" or spans[backward][3] != "backward" or spans[forward][0] > spans[backward][0]:
-            problems.append(f"trace: flow {flow} does not lead from a forward op to a later backward op")
+            problems.append(f"trace: flow {[forward, backward]} names a span this trace does not have")
+        elif phases[forward] != "forward" or phases[backward] != "backward" or starts[forward] > starts[backward]:
+            problems.append(f"trace: flow {[forward, backward]} does not lead from a forward op to a later backward op")
     return problems
 
 
@@ -210,26 +212,26 @@ def _memory_problems(profile: Profile) -> list[str]:
     if memory is None:
         return []
     problems: list[str] = []
-    peak = memory["peak_bytes"]
-    categories = memory.get("peak_categories") or {}
+    peak = memory.peak_bytes
+    categories = memory.peak_categories
     if any(v < 0 for v in categories.values()) or sum(categories.values()) != peak:
         problems.append(f"memory: peak_bytes={peak} != sum of peak_categories {categories}")
-    for where, value in (memory.get("peak_by_phase") or {}).items():
+    for where, value in memory.peak_by_phase.items():
         if value > peak:
             problems.append(f"memory: peak of {where} ({value}) exceeds the step's peak ({peak})")
-    if memory.get("baseline_bytes", 0) > peak:
+    if memory.baseline_bytes > peak:
         problems.append("memory: the live memory at the start exceeds the peak")
-    timeline = memory.get("timeline") or {}
-    if timeline.get("bytes") and max(timeline["bytes"]) != peak:
-        problems.append(f"memory: the timeline's highest point ({max(timeline['bytes'])}) is not the peak ({peak})")
-    if len(timeline.get("bytes") or []) != len(timeline.get("t_ns") or []):
+    timeline = memory.timeline or Timeline()
+    if timeline.bytes and max(timeline.bytes) != peak:
+        problems.append(f"memory: the timeline's highest point ({max(timeline.bytes)}) is not the peak ({peak})")
+    if len(timeline.bytes) != len(timeline.t_ns):
         problems.append("memory: timeline t_ns and bytes differ in length")
-    split = timeline.get("categories")
+    split = timeline.categories
     if split:
         series = list(split.values())
-        if any(len(s) != len(timeline.get("bytes") or []) for s in series):
+        if any(len(s) != len(timeline.bytes) for s in series):
             problems.append("memory: a timeline category has another number of points than bytes")
-        elif any(sum(values) != total or min(values) < 0 for total, values in zip(timeline["bytes"], zip(*series))):
+        elif any(sum(values) != total or min(values) < 0 for total, values in zip(timeline.bytes, zip(*series))):
             problems.append("memory: the timeline's categories do not add up to its bytes at every point")
     root = profile.root.forward
     if root.peak_bytes is not None and root.peak_bytes > peak:

@@ -578,7 +578,7 @@ def _summary(
             # None when the counts are not known (a profile from a trace without the
             # model): then no change is computed, never one from or to 0.
             "params": profile.root.params_total,
-            "peak_bytes": None if profile.memory is None else profile.memory.get("peak_bytes"),
+            "peak_bytes": None if profile.memory is None else profile.memory.peak_bytes,
         }
 
     use_step = same_kind and base.step_time_ns is not None and new.step_time_ns is not None

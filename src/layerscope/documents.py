@@ -18,6 +18,7 @@ from layerscope.io import read_json
 from layerscope.ranks import SCHEMA as RANKS_SCHEMA
 from layerscope.ranks import MergedRun, ranks_from_dict
 from layerscope.schema import document_problems
+from layerscope.sidedocs import MemorySummary, Trace
 from layerscope.tree import SCHEMA, ModuleNode, OpStats, PhaseStats, Profile, link
 
 
@@ -53,8 +54,8 @@ def profile_from_dict(doc: Any, source: str = "document") -> Profile:
             meta=meta,
             param_bytes=doc["totals"]["param_bytes"],
             parts=parts,
-            memory=None if doc.get("memory") is None else dict(doc["memory"]),
-            trace=None if doc.get("trace") is None else dict(doc["trace"]),
+            memory=None if doc.get("memory") is None else MemorySummary.from_dict(doc["memory"]),
+            trace=None if doc.get("trace") is None else Trace.from_dict(doc["trace"]),
             compiled=None if compiled is None else CompileInfo.from_dict(compiled),
         )
         problems = tree_problems(profile)

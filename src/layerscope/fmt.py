@@ -58,12 +58,12 @@ def node_name(name: str) -> str:
     return name
 
 
-def memory_category(key: str, memory: dict[str, Any] | None = None) -> str:
+def memory_category(key: str, has_buffers: bool = False) -> str:
     """A memory category as it is shown: ``optimizer_state`` -> ``optimizer state``. The
     live bytes of ``parameters`` hold the module's buffers too: where it has buffers
-    (``memory["buffer_bytes_by_dtype"]``), the category says so, as the footer's
-    "parameters ...; buffers ..." line counts them apart."""
-    if key == "parameters" and memory and memory.get("buffer_bytes_by_dtype"):
+    (``has_buffers``: ``Profile.memory.buffer_bytes_by_dtype``), the category says so,
+    as the footer's "parameters ...; buffers ..." line counts them apart."""
+    if key == "parameters" and has_buffers:
         return "parameters and buffers"
     return key.replace("_", " ")
 

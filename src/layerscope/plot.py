@@ -17,6 +17,7 @@ from typing import Any
 from layerscope import fmt
 from layerscope.io import write_atomic
 from layerscope.raw import MEMORY_CATEGORIES
+from layerscope.sidedocs import MemorySummary, PeakAt, Timeline
 
 #: The PNG's size: FIGSIZE inches at DPI dots per inch (1200 x 720 pixels).
 FIGSIZE = (12.0, 7.2)
@@ -50,11 +51,11 @@ def plot_memory(profile: Any, path: str | os.PathLike[str], *, title: str | None
     write_atomic(path, png)
 
 
-def memory_timeline(profile: Any) -> dict[str, Any]:
-    """``profile.memory["timeline"]``, or a ``ValueError`` saying how to get one."""
+def memory_timeline(profile: Any) -> Timeline:
+    """``profile.memory.timeline``, or a ``ValueError`` saying how to get one."""
     memory = getattr(profile, "memory", None)
-    timeline = memory.get("timeline") if isinstance(memory, dict) else None
-    if not isinstance(timeline, dict) or not timeline.get("t_ns") or not timeline.get("bytes"):
+    timeline = memory.timeline if isinstance(memory, MemorySummary) else None
+    if timeline is None or not timeline.t_ns or not timeline.bytes:
         raise ValueError(NO_TIMELINE)
     return timeline
 
@@ -203,19 +204,19 @@ def _lanes(spans: list[tuple[int, int, str, str]]) -> list[int]:
     return lanes
 
 
-def _draw(fig: Any, memory: dict[str, Any], timeline: dict[str, Any], model: str, title: str) -> None:
+def _draw(fig: Any, memory: MemorySummary, timeline: Timeline, model: str, title: str) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    t_ns = [int(t) for t in timeline["t_ns"]]
-    live = [int(b) for b in timeline["bytes"]]
-    raw_spans = [(int(s[0]), int(s[1]), str(s[2]), str(s[3])) for s in timeline.get("spans") or []]
-    baseline = memory.get("baseline_bytes")
-    peak = memory.get("peak_bytes")
+    t_ns = [int(t) for t in timeline.t_ns]
+    live = [int(b) for b in timeline.bytes]
+    raw_spans = [(int(s.start_ns), int(s.end_ns), str(s.path), str(s.phase)) for s in timeline.spans]
+    baseline = memory.baseline_bytes
+    peak = memory.peak_bytes
     if not isinstance(peak, int):
         peak = max(live)
-    peak_at = memory.get("peak_at") or {}
-    peak_t = peak_at.get("t_ns")
+    peak_at = memory.peak_at or PeakAt("", None)
+    peak_t = peak_at.t_ns
     if not isinstance(peak_t, int):
         peak_t = t_ns[live.index(max(live))]
 
@@ -251,12 +252,12 @@ def _draw(fig: Any, memory: dict[str, Any], timeline: dict[str, Any], model: str
 
     px, py = peak_t / 1e6, peak / scale
     ax.plot([px], [py], "o", color=PEAK_COLOUR, ms=8, zorder=5)
-    where = peak_at.get("path")
+    where = None if memory.peak_at is None else peak_at.path
     if where is None:
         culprit = "(culprit unknown)"
     else:
         culprit = _span_label(str(where), model) if where == "" else str(where)
-        phase = peak_at.get("phase")
+        phase = peak_at.phase
         # Step parts run outside any forward or backward: their "phase" says nothing.
         if phase and not (str(where).startswith("<") and phase == "forward"):
             culprit += f" ({phase})"
@@ -372,14 +373,14 @@ def _label_candidates(label: str) -> list[tuple[str, float]]:
     return candidates
 
 
-def _breakdown(memory: dict[str, Any], peak: int, baseline: Any) -> str:
-    categories = memory.get("peak_categories") or {}
+def _breakdown(memory: MemorySummary, peak: int, baseline: Any) -> str:
+    categories = memory.peak_categories
     parts = []
     for key in MEMORY_CATEGORIES:
         value = categories.get(key)
         if isinstance(value, int):
             share = f" ({100 * value / peak:.0f}%)" if peak else ""
-            parts.append(f"{fmt.memory_category(key, memory)} {fmt.nbytes(value)}{share}")
+            parts.append(f"{fmt.memory_category(key, bool(memory.buffer_bytes_by_dtype))} {fmt.nbytes(value)}{share}")
     head = f"At the peak, {fmt.nbytes(peak)}"
     if isinstance(baseline, int):
         head += f" ({fmt.nbytes(peak - baseline)} above the baseline {fmt.nbytes(baseline)})"

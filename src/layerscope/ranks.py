@@ -33,6 +33,7 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
+from layerscope.sidedocs import MemorySummary
 from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, PhaseStats, Profile
 
 __all__ = [
@@ -173,7 +174,7 @@ def _record_from_profile(profile: Profile, source: str) -> RankRecord:
         )
     memory = None
     if profile.memory is not None:
-        memory = _plain({k: v for k, v in profile.memory.items() if k != "timeline"})
+        memory = _plain({k: v for k, v in profile.memory.to_dict().items() if k != "timeline"})
     param_bytes = None if profile.param_bytes is None else int(profile.param_bytes)
     return RankRecord(rank, meta, param_bytes, memory, nodes, shapes, source)
 
@@ -338,7 +339,7 @@ class MergedRun(NotebookDisplay):
         if not tops or tops[0].path != "":
             raise SchemaError(f"rank {rank} of this merged run has no root module")
         root, parts = tops[0], tops[1:]
-        memory = None if record.memory is None else dict(record.memory)
+        memory = None if record.memory is None else MemorySummary.from_dict(record.memory)
         # The run's counts are known on every node or on none (merge): so is the rank's tree.
         param_bytes = None if root.params is None else record.param_bytes
         meta = dict(record.meta)

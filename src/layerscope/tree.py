@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope import formats
 from layerscope.compile_info import CompileInfo
+from layerscope.sidedocs import MemorySummary, Trace
 from layerscope.stats import spread
 
 if TYPE_CHECKING:
@@ -324,16 +325,11 @@ class Profile(NotebookDisplay):
     parts: list[ModuleNode] = field(default_factory=list)
     #: Model-level memory (None when not tracked): parameter, buffer and optimizer-state
     #: bytes, the step's peak with its culprit and categories, and a timeline.
-    memory: dict[str, Any] | None = None
-    #: One run as spans on a timeline (None when no op pass ran): ``{"spans": [[start_ns,
-    #: duration_ns, path, phase, op_index], ...]}``, sorted by start, enclosing spans
-    #: first. ``op_index`` is an index into ``node(path).ops`` for an op, -1 for a module,
-    #: label or step part running (forward frames; in backward, the owner of the running
-    #: ops and its ancestors). ``profile()`` keeps its op pass (apart from its timed
-    #: passes); a ``Profiler`` its last step (its detail step in older files).
-    #: ``step_ns``, when the run had step marks: the step's length, from its
-    #: first mark (time 0) to its last.
-    trace: dict[str, Any] | None = None
+    memory: MemorySummary | None = None
+    #: One run as spans on a timeline (None when no op pass ran): a
+    #: :class:`~layerscope.sidedocs.Trace`, its spans sorted by start, enclosing spans
+    #: first; ``profile()`` keeps its op pass, a ``Profiler`` its last step.
+    trace: Trace | None = None
     #: A ``torch.compile``d model's run (kernels, graph breaks, compile time), None for
     #: an eager one: its times come from kernels, its op rows from an eager pass (their
     #: times None). Saved as ``meta["compile"]``.
@@ -471,8 +467,8 @@ class Profile(NotebookDisplay):
             "totals": self.totals,
             "modules": [node.to_dict() for node in self.modules()],
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],
-            "memory": self.memory,
-            "trace": self.trace,
+            "memory": None if self.memory is None else self.memory.to_dict(),
+            "trace": None if self.trace is None else self.trace.to_dict(),
         }
 
     DOCUMENT = "profile"  # its table in the output registry

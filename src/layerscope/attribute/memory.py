@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key, is_made
 from layerscope.raw import MEMORY_CATEGORIES, Adopt, DeviceMem, Event, Free, Grad, Op, Optim, Saved
+from layerscope.sidedocs import DeviceMemory, Timeline, TimelineSpan
 
 if TYPE_CHECKING:
     from layerscope.attribute.walk import Frame
@@ -60,8 +61,8 @@ class MemoryResult:
     #: Highest live bytes in each phase of the model, and in each part of the step.
     peak_by_phase: dict[str, int] = field(default_factory=dict)
     optimizers: dict[str, dict[str, int]] = field(default_factory=dict)
-    timeline: dict[str, Any] = field(default_factory=dict)
-    device: dict[str, int] | None = None
+    timeline: Timeline | None = None
+    device: DeviceMemory | None = None
 
     def merge(self, other: MemoryResult) -> None:
         """Fold in another step: flows add up, sizes come from the step with the highest peak."""
@@ -235,10 +236,7 @@ class MemoryLedger:
         self._optim.setdefault(event.name, {})[event.ident] = dict(event.state_bytes_by_key)
 
     def device(self, event: DeviceMem) -> None:
-        self.result.device = {
-            "allocated_peak_bytes": event.allocated_peak_bytes,
-            "reserved_at_peak_bytes": event.reserved_at_peak_bytes,
-        }
+        self.result.device = DeviceMemory(event.allocated_peak_bytes, event.reserved_at_peak_bytes)
 
     # -- frames and the backward chain ------------------------------------------------------
     def frame_closed(self, frame: Frame, t: int, frames: list[Frame]) -> None:
@@ -295,7 +293,7 @@ def _timeline(
     spans: list[tuple[int, int, Key, str]],
     t_base: int,
     path_of: Callable[[Key], str],
-) -> dict[str, Any]:
+) -> Timeline:
     """Live bytes over the pass, at most ``TIMELINE_POINTS`` points (min and max of
     each bucket, so the peak survives), split by category at each point (the
     categories add up to the bytes), and the spans of the top-level modules."""
@@ -314,15 +312,16 @@ def _timeline(
     spans = sorted(spans)
     if len(spans) > TIMELINE_SPANS:
         spans = spans[:TIMELINE_SPANS]
-    return {
-        "t_ns": [max(0, point[0] - t_base) for point in kept],
-        "bytes": [point[1] for point in kept],
-        "categories": {name: [point[2][i] for point in kept] for i, name in enumerate(MEMORY_CATEGORIES)},
-        "points_recorded": len(points),
+    return Timeline(
+        t_ns=[max(0, point[0] - t_base) for point in kept],
+        bytes=[point[1] for point in kept],
+        categories={name: [point[2][i] for point in kept] for i, name in enumerate(MEMORY_CATEGORIES)},
+        points_recorded=len(points),
         # A step part has no forward: only its backward work (the loss's) names a phase.
-        "spans": [
-            [max(0, s - t_base), max(0, e - t_base), path_of(k), None if is_part(k) and phase == "forward" else phase]
+        spans=[
+            TimelineSpan(
+                max(0, s - t_base), max(0, e - t_base), path_of(k), None if is_part(k) and phase == "forward" else phase
+            )
             for s, e, k, phase in spans
         ],
-    }
-
+    )

@@ -13,6 +13,7 @@ from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
 from layerscope.comm import is_communication
 from layerscope.compile_info import CompileInfo
 from layerscope.raw import RawCapture
+from layerscope.sidedocs import Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
 from layerscope.tree import (
     ADDITIVE_PHASE_METRICS,
     PHASES,
@@ -256,17 +257,21 @@ def assemble(
     )
 
 
-def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> dict[str, Any] | None:
+def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], paths: list[str]) -> Trace | None:
     """``Profile.trace``: the op pass (a ``Profiler``'s last step) as spans, and flows:
-    ``[forward op span, backward op span]`` for each autograd node a forward op created,
+    ``(forward op span, backward op span)`` for each autograd node a forward op created,
     to the first op that ran for it in backward; ``step_ns``, the run's step, from its
     first step mark (time 0) to its last, when it had step marks."""
     if op_result is None or op_result.trace is None:
         return None
     base = op_result.trace_start_ns
-    spans: list[list[Any]] = []
+    # Straight into the columns: no object per span (one per op call; measured: as fast
+    # as the lists of old, where a NamedTuple per span was 20-30% slower).
+    spans, flows = Spans(), Flows()
+    starts = spans.start_ns
+    add_start, add_duration, add_path = starts.append, spans.duration_ns.append, spans.path.append
+    add_phase, add_index = spans.phase.append, spans.op_index.append
     created: dict[int, int] = {}
-    flows = []
     for t0, t1, key, phase, op_key, node_seq in op_result.trace:
         path = key_path(key, paths)
         index = -1 if op_key is None else op_index.get(op_key, -1)
@@ -274,42 +279,46 @@ def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], p
             if phase == "backward":
                 start = created.pop(node_seq, None)
                 if start is not None:
-                    flows.append([start, len(spans)])
+                    flows.forward.append(start)
+                    flows.backward.append(len(starts))
             elif phase == "forward":
-                created[node_seq] = len(spans)
-        spans.append([t0 - base, max(0, t1 - t0), path, phase, index])
-    trace: dict[str, Any] = {"spans": spans, "flows": flows}
-    if op_result.wall_ns is not None:
-        # A run with step marks starts at its first (time 0) and ends at its last.
-        trace["step_ns"] = op_result.wall_ns
-    return trace
+                created[node_seq] = len(starts)
+        add_start(t0 - base)
+        add_duration(max(0, t1 - t0))
+        add_path(path)
+        add_phase(phase)
+        add_index(index)
+    # A run with step marks starts at its first (time 0) and ends at its last.
+    return Trace(spans, flows, op_result.wall_ns)
 
 
-def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> dict[str, Any] | None:
+def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> MemorySummary | None:
     """The model-level memory of a profile (``Profile.memory``)."""
     if memory is None:
         return None
     at = memory.peak_at
-    return {
-        **raw.memory_static,
-        "optimizer_state_bytes": {
-            name: {"total": sum(by_key.values()), "by_key": dict(sorted(by_key.items()))}
+    static = raw.memory_static
+    return MemorySummary(
+        param_bytes_by_dtype=static.get("param_bytes_by_dtype"),
+        buffer_bytes_by_dtype=static.get("buffer_bytes_by_dtype"),
+        optimizer_state_bytes={
+            name: OptimizerState(sum(by_key.values()), dict(sorted(by_key.items())))
             for name, by_key in sorted(memory.optimizers.items())
         },
-        "baseline_bytes": memory.baseline_bytes,
-        "peak_bytes": memory.peak_bytes,
-        "peak_at": None if at is None else {
-            "path": key_path(at[0], paths),
+        baseline_bytes=memory.baseline_bytes,
+        peak_bytes=memory.peak_bytes,
+        peak_at=None if at is None else PeakAt(
+            path=key_path(at[0], paths),
             # A step part (<optimizer:Adam>, ...) has no forward: only its backward work
             # (the loss's) names a phase.
-            "phase": None if is_part(at[0]) and at[1] == "forward" else at[1],
-            "t_ns": memory.peak_t_ns,
-        },
-        "peak_categories": dict(memory.peak_categories),
-        "peak_by_phase": dict(sorted(memory.peak_by_phase.items())),
-        "timeline": memory.timeline,
-        "device": memory.device,
-    }
+            phase=None if is_part(at[0]) and at[1] == "forward" else at[1],
+            t_ns=memory.peak_t_ns,
+        ),
+        peak_categories=dict(memory.peak_categories),
+        peak_by_phase=dict(sorted(memory.peak_by_phase.items())),
+        timeline=memory.timeline,
+        device=memory.device,
+    )
 
 
 _PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "communication": 4, "other": 5}

@@ -246,7 +246,7 @@ def _peak_bytes_tracked(runner: _Runner, batch: Any) -> tuple[int | None, Any]:
         eager = runner.model
     with runner.amp():
         prof = count_flops(eager, batch, memory=True, backward=runner.train, loss_fn=runner.loss_fn)
-    peak = prof.memory.get("peak_bytes") if isinstance(prof.memory, dict) else None
+    peak = None if prof.memory is None else prof.memory.peak_bytes
     return peak, prof
 
 

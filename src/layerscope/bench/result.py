@@ -38,7 +38,7 @@ class BatchResult:
 
     ``peak_memory_bytes``: on CUDA the allocator's peak over the timed runs (weights
     included); on CPU the peak of live tensor bytes tracked by layerscope in one extra,
-    untimed pass (logical storage bytes, as ``Profile.memory["peak_bytes"]``).
+    untimed pass (logical storage bytes, as ``Profile.memory.peak_bytes``).
     ``first_run_ns`` is the first warm-up call (with ``compile=True``: compilation).
     ``h2d_ns`` / ``d2h_ns`` (CUDA only): copying the batch to the device and the
     output back, timed apart from compute.

@@ -30,6 +30,7 @@ from layerscope.block import Profiler
 from layerscope.capture.modules import require_module
 from layerscope.capture.recorder import Clock
 from layerscope.compat.events import EventList, OpEvent
+from layerscope.sidedocs import Spans
 from layerscope.tree import OpStats
 from layerscope.tree import Profile as LayerscopeProfile
 
@@ -169,11 +170,11 @@ class Profile:
 def _calls(profile: LayerscopeProfile, measured: set[str]) -> Iterator[tuple[str, EventList]]:
     """Each forward call of a measured module, with the ops run inside it, from the
     profile's trace (the spans nest: a call's ops start before the call ends)."""
-    spans = (profile.trace or {}).get("spans", [])
+    spans = Spans() if profile.trace is None else profile.trace.spans
     on_device = str(profile.meta.get("device", "cpu")).startswith("cuda")
     open_calls: list[tuple[int, EventList | None]] = []  # (end_ns, the call's ops or None)
     done: list[tuple[str, EventList]] = []
-    for start, duration, path, phase, index in spans:
+    for start, duration, path, phase, index in zip(spans.start_ns, spans.duration_ns, spans.path, spans.phase, spans.op_index):
         if phase != "forward":
             continue
         while open_calls and open_calls[-1][0] <= start:

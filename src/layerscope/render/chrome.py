@@ -33,6 +33,7 @@ from typing import Any
 from layerscope import __version__
 from layerscope.errors import RenderError
 from layerscope.formats import register_renderer
+from layerscope.sidedocs import Timeline
 from layerscope.tree import Profile
 
 _TID = 1
@@ -90,7 +91,8 @@ def _span_events(profile: Profile, pid: int) -> Iterator[str]:
     assert profile.trace is not None
     model = str(profile.meta.get("model") or profile.root.type)
     nodes: dict[str, Any] = {}
-    for start, duration, path, phase, index in profile.trace["spans"]:
+    spans = profile.trace.spans
+    for start, duration, path, phase, index in zip(spans.start_ns, spans.duration_ns, spans.path, spans.phase, spans.op_index):
         node = nodes.get(path)
         if node is None:
             node = nodes[path] = profile.node(path)
@@ -112,9 +114,9 @@ def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
     """A flow per autograd node: from the forward op that created it (the arrow starts
     inside that op's span) to the first op run for it in backward (bound to its start)."""
     assert profile.trace is not None
-    spans = profile.trace["spans"]
-    for n, (forward, backward) in enumerate(profile.trace.get("flows") or ()):
-        start, end = spans[forward][0], spans[backward][0]
+    starts, flows = profile.trace.spans.start_ns, profile.trace.flows
+    for n, (forward, backward) in enumerate(zip(flows.forward, flows.backward)):
+        start, end = starts[forward], starts[backward]
         common = f'"name":"autograd","cat":"flow","id":{n},"pid":{pid},"tid":{_TID}'
         yield f'{{{common},"ph":"s","ts":{_ts(start)}}}'
         yield f'{{{common},"ph":"f","bp":"e","ts":{_ts(end)}}}'
@@ -125,20 +127,20 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
     memory = profile.memory
     if not memory or int(profile.meta.get("steps") or 1) != 1:
         return
-    timeline = memory.get("timeline") or {}
-    for t, live in zip(timeline.get("t_ns") or [], timeline.get("bytes") or []):
+    timeline = memory.timeline or Timeline()
+    for t, live in zip(timeline.t_ns, timeline.bytes):
         yield f'{{"name":"live memory","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
-    split = timeline.get("categories") or {}
+    split = timeline.categories or {}
     names = list(split)
-    for i, t in enumerate(timeline.get("t_ns") or [] if names else []):
+    for i, t in enumerate(timeline.t_ns if names else []):
         args = ",".join(f"{json.dumps(name)}:{split[name][i]}" for name in names)
         yield f'{{"name":"memory by category","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{{args}}}}}'
-    at = memory.get("peak_at") or {}
-    if at.get("t_ns") is not None:
-        peak = {"bytes": memory["peak_bytes"], **(memory.get("peak_categories") or {})}
-        peak.update({"path": at["path"] or profile.meta.get("model"), "phase": at.get("phase")})
+    at = memory.peak_at
+    if at is not None and at.t_ns is not None:
+        peak: dict[str, Any] = {"bytes": memory.peak_bytes, **memory.peak_categories}
+        peak.update({"path": at.path or profile.meta.get("model"), "phase": at.phase})
         yield (
-            f'{{"name":"memory peak","ph":"i","s":"t","ts":{_ts(at["t_ns"])},"pid":{pid},"tid":{_TID},'
+            f'{{"name":"memory peak","ph":"i","s":"t","ts":{_ts(at.t_ns)},"pid":{pid},"tid":{_TID},'
             f'"args":{json.dumps(peak, separators=(",", ":"))}}}'
         )
 
@@ -157,7 +159,7 @@ def traced_step(meta: dict[str, Any]) -> int | None:
 
 def _step_events(profile: Profile, pid: int) -> Iterator[str]:
     assert profile.trace is not None
-    step_ns = profile.trace.get("step_ns")
+    step_ns = profile.trace.step_ns
     if step_ns is None:
         return
     number = traced_step(profile.meta)

@@ -90,7 +90,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "phases": phases,
         "unsupported_ops": profile.unsupported_ops(),
         "ops": _op_tables(profile, by_phase=len(phases) > 1),
-        "memory": profile.memory,
+        "memory": None if profile.memory is None else profile.memory.to_dict(),
         "step_spread": _step_spread(profile),
         # How much the repeated passes (or steps) spread; None: one pass, noise unknown.
         "pass_spread": profile.pass_spread(),

@@ -208,7 +208,8 @@ def build_stacks(profile: Profile, metric: Metric, *, run_order: bool = False) -
     if not run_order or profile.trace is None:
         return stacks
     first: dict[Origin, int] = {}
-    for start, _, path, phase, index in profile.trace["spans"]:
+    spans = profile.trace.spans
+    for start, path, phase, index in zip(spans.start_ns, spans.path, spans.phase, spans.op_index):
         first.setdefault((path, phase, index), start)
     keys: list[int] = []
     for stack, _ in stacks:

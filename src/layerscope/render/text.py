@@ -594,28 +594,28 @@ def _memory_lines(profile: Profile) -> list[str]:
     def by_dtype(table: dict[str, int]) -> str:
         return ", ".join(f"{fmt.nbytes(n)} {dtype}" for dtype, n in table.items())
 
-    param_table = memory.get("param_bytes_by_dtype")
+    param_table = memory.param_bytes_by_dtype
     if param_table is None and not _has_params(profile):
         held = [f"parameters {fmt.params(None)}"]  # recorded without the model: unknown, not 0 B
     else:
         held = [f"parameters {by_dtype(param_table or {}) or '0 B'}"]
-    if memory.get("buffer_bytes_by_dtype"):
-        held.append(f"buffers {by_dtype(memory['buffer_bytes_by_dtype'])}")
-    for name, state in (memory.get("optimizer_state_bytes") or {}).items():
-        held.append(f"{name} state {fmt.nbytes(state['total'])}")
+    if memory.buffer_bytes_by_dtype:
+        held.append(f"buffers {by_dtype(memory.buffer_bytes_by_dtype)}")
+    for name, state in memory.optimizer_state_bytes.items():
+        held.append(f"{name} state {fmt.nbytes(state.total_bytes)}")
     lines = ["Memory: " + "; ".join(held)]
-    at = memory.get("peak_at")
+    at = memory.peak_at
     where = ""
     if at:
-        where = f" in {at['path'] or profile.root.type}" + (f" ({at['phase']})" if at["phase"] else "")
-    categories = memory.get("peak_categories") or {}
-    split = " + ".join(f"{fmt.memory_category(name, memory)} {fmt.nbytes(n)}" for name, n in categories.items() if n)
-    lines.append(f"Peak memory: {fmt.nbytes(memory['peak_bytes'])}{where}" + (f" = {split}" if split else ""))
-    device = memory.get("device")
+        where = f" in {at.path or profile.root.type}" + (f" ({at.phase})" if at.phase else "")
+    categories = memory.peak_categories
+    split = " + ".join(f"{fmt.memory_category(name, bool(memory.buffer_bytes_by_dtype))} {fmt.nbytes(n)}" for name, n in categories.items() if n)
+    lines.append(f"Peak memory: {fmt.nbytes(memory.peak_bytes)}{where}" + (f" = {split}" if split else ""))
+    device = memory.device
     if device:
         lines.append(
-            f"Caching allocator at its peak: {fmt.nbytes(device['allocated_peak_bytes'])} allocated, "
-            f"{fmt.nbytes(device['reserved_at_peak_bytes'])} reserved"
+            f"Caching allocator at its peak: {fmt.nbytes(device.allocated_peak_bytes)} allocated, "
+            f"{fmt.nbytes(device.reserved_at_peak_bytes)} reserved"
         )
     return lines
 
