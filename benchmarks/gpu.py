@@ -191,12 +191,12 @@ def attribution(case: Case, out: Path, keep_trace: bool) -> Result:
     finally:
         if not keep_trace:
             path.unlink()
-    device = traced.meta.get("device_events") or {}
+    device = traced.meta.device_events or {}
     in_nodes = sum(
         stats.self_device_time_ns or 0 for node in traced.nodes() for _, stats in node.phases()
     )
     kernels = device.get("time_ns", 0) - device.get("orphans_time_ns", 0) - device.get("outside_steps_time_ns", 0)
-    unmatched = traced.meta["modules_from"]["unmatched"]
+    unmatched = (traced.meta.modules_from or {}).get("unmatched", [])
     ratio = in_nodes / kernels if kernels else None
     return {
         "kernels_union_ms": kernels / 1e6,
@@ -242,7 +242,7 @@ def memory(case: Case, prof: layerscope.Profile) -> Result:
 
 
 def mfu(prof: layerscope.Profile) -> Result:
-    peak = prof.meta.get("peak_flops_per_s")
+    peak = prof.meta.peak_flops_per_s
     rows = []
     for node in prof.modules():
         flops, busy = node.forward.flops, node.forward.busy_time_ns
@@ -271,7 +271,7 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
             case.step()
             prof.step()
     block = prof.profile
-    result["block_5_steps"] = {"steps": block.meta.get("steps"), "problems": _problems(block)}
+    result["block_5_steps"] = {"steps": block.meta.steps, "problems": _problems(block)}
     _progress(case.name, "5-step block", started)
     with layerscope.Profiler(model) as one:
         case.step()

@@ -265,7 +265,7 @@ def test_hand_built_step_span_has_its_own_track() -> None:
     # Net [100, 900) > lin [200, 700), in a step whose marks are 1000 ns apart.
     profile = _two_spans([[100, 800, "", "forward", -1], [200, 500, "lin", "forward", -1]])
     profile.trace.step_ns = 1000
-    profile.meta.update(mode="context", step_range=[3, 5], detail_step=4)
+    profile.meta.mode, profile.meta.step_range, profile.meta.detail_step = "context", [3, 5], 4
     doc = _chrome(profile)
     [step] = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert (step["name"], step["ts"], step["dur"], step["tid"]) == ("step 4", 0, 1, 0)

@@ -4,8 +4,9 @@ to the one data model and the files below it.
     app        session, block, cli, compat, handlers, integrations, bench.measure, the package
     capture    capture/*, flops/*, zoo, specs, traces/*
     render     render/*, plot               attribute   attribute/*
-    model      tree, ops, check, schema, transforms, diff, ranks, documents, bench.result, compile_info
-    base       errors, fmt, io, formats (the output registry), comm, raw, schedule, stats, intervals, traces.reader
+    model      tree, sidedocs, compile_info, ops, check, schema, transforms, diff, ranks, documents, bench.result
+    base       errors, fmt, io, formats (the output registry), comm, raw, runfacts, schedule, stats, intervals,
+               traces.reader
 
 A module imports its own layer or lower ones; render and attribute never each other, and
 capture never render. The four lower layers are pure: none imports torch, so a tree can
@@ -25,7 +26,9 @@ import layerscope
 SRC = Path(layerscope.__file__).parent
 
 LAYERS = {
-    "base": ("errors", "fmt", "io", "formats", "comm", "raw", "schedule", "stats", "intervals", "traces.reader"),
+    "base": (
+        "errors", "fmt", "io", "formats", "comm", "raw", "runfacts", "schedule", "stats", "intervals", "traces.reader",
+    ),
     "model": (
         "tree", "sidedocs", "compile_info", "ops", "check", "schema", "transforms", "diff", "ranks", "documents",
         "bench.result",

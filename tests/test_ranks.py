@@ -215,7 +215,7 @@ def test_a_rank_outside_the_world_and_a_profile_without_rank_are_refused() -> No
     with pytest.raises(MergeError, match=r"rank 4 .* is outside the world size 4"):
         merge([rank_profile(0), rank_profile(4)])
     no_rank = rank_profile(0)
-    del no_rank.meta["rank"]
+    no_rank.meta.rank = None
     with pytest.raises(MergeError, match=r"x\.json has no rank in its meta"):
         merge([no_rank], sources=["x.json"])
     with pytest.raises(MergeError, match="nothing to merge"):

@@ -121,7 +121,7 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     assert all(t > 0 for t in meta["step_times_ns"])
     assert meta["step_range"] == [0, steps - 1]
     assert meta["complete"] is True
-    assert meta["schedule"] is None
+    assert meta.schedule is None
     # The step's parts and the model's phases add up to the steps' wall time exactly
     # (check_tree checks the first equality).
     total_self = sum(stats.self_cpu_time_ns for node in profile.nodes() for _, stats in node.phases())
@@ -582,7 +582,7 @@ def test_step_spread_names_the_steps_far_from_the_median() -> None:
             model(torch.ones(1, 2)).sum().backward()
             prof.step()
     profile = check_tree(prof.profile)
-    profile.meta.update(step_times_ns=[100, 110, 90, 400, 105], step_numbers=[3, 4, 5, 6, 7])
+    profile.meta.step_times_ns, profile.meta.step_numbers = [100, 110, 90, 400, 105], [3, 4, 5, 6, 7]
     spread = profile.step_spread()
     assert spread is not None
     assert (spread.min_ns, spread.median_ns, spread.p10_ns, spread.p90_ns, spread.max_ns) == (90, 105, 90, 400, 400)
@@ -591,5 +591,5 @@ def test_step_spread_names_the_steps_far_from_the_median() -> None:
     text = profile.render("text")
     assert "Step wall time over 5 steps: min 90ns, median 105ns, p90 400ns, max 400ns" in text
     assert "Steps far from the median (x1.5 or more away, in the sums above): step 6 400ns (x3.8)" in text
-    profile.meta["step_times_ns"] = [100]
+    profile.meta.step_times_ns = [100]
     assert profile.step_spread() is None

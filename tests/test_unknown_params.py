@@ -345,7 +345,7 @@ def test_a_diff_computes_no_change_in_counts_it_does_not_have() -> None:
 
 def _rank(profile: Profile, rank: int) -> Profile:
     twin = copy.deepcopy(profile)
-    twin.meta.update(rank=rank, world_size=2, run_id="run")
+    twin.meta.rank, twin.meta.world_size, twin.meta.run_id = rank, 2, "run"
     twin.trace = None
     return twin
 

@@ -58,11 +58,11 @@ class Profiler:
     torch's own profiler, with shapes and memory, one range per module call and nothing
     Python per op: the same run gives its times and its detail (ops, shapes, FLOPs,
     memory, activations), so module times are not inflated by the measuring, and each
-    step's figures are its own. Figures are the steps' sums (``meta["steps"]``); the
-    profile keeps each step's number and wall time (``meta["step_numbers"]``,
-    ``meta["step_times_ns"]``), and ``step_spread()`` names the steps far from the
+    step's figures are its own. Figures are the steps' sums (``meta.steps``); the
+    profile keeps each step's number and wall time (``meta.step_numbers``,
+    ``meta.step_times_ns``), and ``step_spread()`` names the steps far from the
     median. Inside a user's own torch.profiler (only one can run) steps are recorded
-    under a dispatch mode instead (``meta["times_from"]``). With
+    under a dispatch mode instead (``meta.times_from``). With
     ``schedule=layerscope.schedule(...)`` only the
     active steps of each cycle are recorded and ``on_ready(profile)`` receives each
     cycle's profile; idle steps install nothing. Events are folded into running totals
@@ -77,7 +77,7 @@ class Profiler:
     ``peak_tflops`` is the hardware's peak for MFU (% of peak per module); on common GPUs
     it is known from the datasheet. If the
     block raises, what was captured up to then is kept, marked
-    ``meta["complete"] = False``.
+    ``meta.complete = False``.
 
     torch.profiler's arguments (``activities``, ``record_shapes``, ``profile_memory``,
     ``on_trace_ready``, ``schedule=torch.profiler.schedule(...)``) and reading calls
@@ -163,7 +163,7 @@ class Profiler:
         # Every step goes through one backend. With ops: torch's profiler, recording
         # shapes and memory, times and detail from the same run; where it cannot run (a
         # user's torch.profiler already does, or a fake clock in tests) a dispatch mode,
-        # whose times are not faithful (meta["times_from"] says so). record_ops=False
+        # whose times are not faithful (meta.times_from says so). record_ops=False
         # is the leanest timing: module hooks on a clock, forward only.
         backend: Backend | None = None
         if self._record_ops and self._clock is None:
@@ -294,7 +294,7 @@ class Profiler:
                 schedule=None if self._schedule is None else str(self._schedule),
                 peak_flops_per_s=peak_flops_per_s(self._peak_tflops, self._device, model_dtype(self.model)),
                 **self._identity,
-                **({"times_from": self._times_from} if self._times_from else {}),
+                times_from=self._times_from,
             ),
         )
         return self._cycle.build(raw)

@@ -693,7 +693,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
                     paths=args.paths, record_ops=not args.no_ops, memory=not args.no_memory, progress=report,
                     peak_tflops=args.peak_tflops, backward=args.backward, with_stack=args.with_stack,
                 )
-    prof.meta["spec"] = resolved.label
+    prof.meta.spec = resolved.label
     return _emit(prof, args, fmt, format_options)
 
 
@@ -866,7 +866,7 @@ def _merge(args: argparse.Namespace) -> int:
                         f"{path} is a merged run, which keeps no traces; --format chrome needs the rank files"
                     )
             else:
-                files_of_rank.setdefault(item.meta.get("rank"), path)
+                files_of_rank.setdefault(item.meta.rank, path)
             yield item
 
     run = merge(loaded(), sources=args.files, threshold=threshold, min_time_ns=floor)

@@ -308,9 +308,9 @@ def _within(change: Change, band: float | None) -> bool:
 def _describe(profile: Profile) -> dict[str, Any]:
     meta = profile.meta
     return {
-        "model": meta.get("model", profile.root.type),
-        "device": meta.get("device"),
-        "mode": meta.get("mode"),
+        "model": meta.model or profile.root.type,
+        "device": meta.device,
+        "mode": meta.mode,
         "kind": profile_kind(profile),
         "timed": profile.timed,
     }
@@ -343,8 +343,8 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
     if min_time_ns < 0:
         raise ValueError(f"min_time_ns must be >= 0, got {min_time_ns}")
     warnings: list[str] = []
-    base_model = base.meta.get("model", base.root.type)
-    new_model = new.meta.get("model", new.root.type)
+    base_model = base.meta.model or base.root.type
+    new_model = new.meta.model or new.root.type
     base_kind, new_kind = profile_kind(base), profile_kind(new)
     same_kind = base_kind == new_kind
     present = {phase for profile in (base, new) for phase, _ in profile.root.phases()}
@@ -362,10 +362,10 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
             f"different modes: base is {_phrase(base_kind)}, new is {_phrase(new_kind)}; "
             "comparing the forward phase only, and the forward time as the model's total"
         )
-    if base.meta.get("device") != new.meta.get("device"):
+    if base.meta.device != new.meta.device:
         warnings.append(
-            f"different devices: base ran on {base.meta.get('device')}, new on "
-            f"{new.meta.get('device')}; times are compared as they are"
+            f"different devices: base ran on {base.meta.device}, new on "
+            f"{new.meta.device}; times are compared as they are"
         )
     if base.timed != new.timed:
         # Two untimed counts are a FLOP comparison, asked for; one of each is a surprise.

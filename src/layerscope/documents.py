@@ -17,6 +17,7 @@ from layerscope.errors import SchemaError
 from layerscope.io import read_json
 from layerscope.ranks import SCHEMA as RANKS_SCHEMA
 from layerscope.ranks import MergedRun, ranks_from_dict
+from layerscope.runfacts import RunFacts
 from layerscope.schema import document_problems
 from layerscope.sidedocs import MemorySummary, Trace
 from layerscope.tree import SCHEMA, ModuleNode, OpStats, PhaseStats, Profile, link
@@ -51,7 +52,7 @@ def profile_from_dict(doc: Any, source: str = "document") -> Profile:
         compiled = meta.pop("compile", None)
         profile = Profile(
             root=root,
-            meta=meta,
+            meta=RunFacts.from_dict(meta),
             param_bytes=doc["totals"]["param_bytes"],
             parts=parts,
             memory=None if doc.get("memory") is None else MemorySummary.from_dict(doc["memory"]),

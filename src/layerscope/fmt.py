@@ -122,7 +122,7 @@ def rate(flops: int | None, time_ns: int | None) -> str:
     return f"{per_second:.0f} FLOP/s"
 
 
-def mfu(flops: int | None, time_ns: int | None, peak_flops_per_s: int | None) -> str:
+def mfu(flops: int | None, time_ns: int | None, peak_flops_per_s: float | None) -> str:
     """Achieved FLOP/s as a percentage of the hardware peak: ``41.3%``."""
     if not flops or not time_ns or not peak_flops_per_s:
         return ""

@@ -23,9 +23,9 @@ def cycle_file_name(profile: Profile, prefix: str = "layerscope", suffix: str = 
     files of one run, or of many ranks writing to one folder, never overwrite each other.
     A cycle cut short (the run stopped or raised mid-cycle) ends in ``_incomplete``."""
     meta = profile.meta
-    first, last = (meta.get("step_range") or [0, 0])[:2]
-    rank = meta.get("rank", 0)
-    tail = "" if meta.get("complete", True) else "_incomplete"
+    first, last = (meta.step_range or [0, 0])[:2]
+    rank = meta.rank or 0
+    tail = "" if meta.complete is not False else "_incomplete"
     return f"{prefix}_steps{first}-{last}_rank{rank}{tail}{suffix}"
 
 
@@ -70,10 +70,10 @@ def gather(
         from layerscope.capture.distributed import default_store
 
         meta = profile.meta
-        first, last = (meta.get("step_range") or [0, 0])[:2]
-        rank, world = int(meta.get("rank", 0) or 0), int(meta.get("world_size", 1) or 1)
+        first, last = (meta.step_range or [0, 0])[:2]
+        rank, world = meta.rank or 0, meta.world_size or 1
         store = default_store() if world > 1 else None
-        key = f"layerscope/{meta.get('run_id', '')}/steps{first}-{last}"
+        key = f"layerscope/{meta.run_id or ''}/steps{first}-{last}"
         if store is not None and rank != 0:
             store.set(f"{key}/rank{rank}", json.dumps(profile.to_dict(), separators=(",", ":")))
             return None

@@ -65,7 +65,7 @@ def render_memory_png(profile: Any, *, title: str | None = None) -> bytes:
     timeline = memory_timeline(profile)
     memory = profile.memory
     fig = _figure(NO_MATPLOTLIB)
-    model = str(profile.meta.get("model") or "model")
+    model = str(profile.meta.model or "model")
     _draw(fig, memory, timeline, model, title if title is not None else f"{model} memory over one step")
     return _png(fig)
 

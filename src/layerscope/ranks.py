@@ -33,6 +33,7 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
+from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import MemorySummary
 from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, PhaseStats, Profile
 
@@ -154,7 +155,7 @@ def _plain(value: Any) -> Any:
 
 
 def _record_from_profile(profile: Profile, source: str) -> RankRecord:
-    meta = _plain(profile.meta)
+    meta = _plain(profile.meta.to_dict())
     rank = meta.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise MergeError(
@@ -342,9 +343,9 @@ class MergedRun(NotebookDisplay):
         memory = None if record.memory is None else MemorySummary.from_dict(record.memory)
         # The run's counts are known on every node or on none (merge): so is the rank's tree.
         param_bytes = None if root.params is None else record.param_bytes
-        meta = dict(record.meta)
+        meta = RunFacts.from_dict(record.meta)
         # What a merged run drops, said where the rank's tree is shown: never read as 0.
-        meta["from_merged_run"] = {"rank": rank, "not_kept": _NOT_KEPT}
+        meta.from_merged_run = {"rank": rank, "not_kept": _NOT_KEPT}
         profile = Profile(root=root, meta=meta, param_bytes=param_bytes, parts=parts, memory=memory)
         problems = tree_problems(profile)
         if problems:
@@ -573,7 +574,7 @@ def merge(
     every rank's op rows and trace. ``sources`` names the items in messages (file names).
 
     Refused with a :class:`~layerscope.errors.MergeError` naming what differs: ranks of
-    other runs (``meta["run_id"]``), models, world sizes or cycles (``step_range``), a
+    other runs (``meta.run_id``), models, world sizes or cycles (``step_range``), a
     rank given twice, a rank outside the world size. Ranks absent from a known world size
     are merged without and named (:attr:`MergedRun.missing_ranks`). A meta field no rank
     states is unknown, never a mismatch.

@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from layerscope.runfacts import RunFacts
+
 
 class Enter(NamedTuple):
     """A call of module ``module`` (an index into the module table) began."""
@@ -225,7 +227,12 @@ class RawCapture:
     param_bytes: int | None = 0
     #: Model-level memory known without running it: bytes by dtype of parameters and buffers.
     memory_static: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: RunFacts = field(default_factory=RunFacts)
+
+    def __post_init__(self) -> None:
+        given: object = self.meta
+        if type(given) is dict:  # facts given as a document's meta object
+            self.meta = RunFacts.from_dict(given)
     #: Whether what Python knew was noted (activations saved for backward, gradients by
     #: owner): a trace file's allocations come without it, so those figures are unknown.
     memory_notes: bool = True

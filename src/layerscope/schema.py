@@ -94,7 +94,7 @@ NODE = Obj(
     frozenset({"path", "type", "parent", "depth", "calls", "params", "params_total", "forward"}),
 )
 
-#: A compiled model's run (``meta["compile"]``: ``Profile.compiled``).
+#: A compiled model's run (``meta.compile``: ``Profile.compiled``).
 COMPILE = Obj(
     {
         "backend": STR, "rule": STR, "compile_time_ns": INT, "frames": INT, "graphs": INT,
@@ -111,16 +111,29 @@ COMPILE = Obj(
     }),
 )
 
-#: The fields of ``meta`` that renderers read; the rest is kept as it is.
+#: Every field of ``meta`` (``layerscope.runfacts.RunFacts``, and ``compile``); keys a
+#: newer version wrote are kept as they are.
 META = Obj(
     {
-        "model": STR, "device": STR, "dtype": Opt(STR), "mode": STR, "repeat": Opt(INT), "warmup": Opt(INT),
-        "steps": Opt(INT), "step_time_ns": Opt(INT), "step_times_ns": Opt(ListOf(INT)), "step_numbers": Opt(ListOf(INT)),
-        "pass_cpu_time_ns": Opt(ListOf(INT)), "unattributed_ops": Opt(INT), "peak_flops_per_s": Opt(NUMBER),
-        "complete": Opt(BOOL), "timed": Opt(BOOL), "rank": Opt(INT), "world_size": Opt(INT),
-        "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR), "step_range": Opt(Row((INT, INT))),
-        "spec": Opt(STR), "autocast": Opt(STR), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
-        "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))), "compile": Opt(COMPILE),
+        "model": STR, "layerscope_version": Opt(STR), "torch_version": Opt(STR), "python_version": Opt(STR),
+        "device": STR, "dtype": Opt(STR), "training": Opt(BOOL), "torch_api_missing": Opt(DictOf(STR)),
+        "mode": STR, "warmup": Opt(INT), "repeat": Opt(INT), "no_grad": Opt(BOOL), "backward": Opt(BOOL),
+        "paths": Opt(ListOf(STR)), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
+        "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))), "autocast": Opt(STR),
+        "peak_flops_per_s": Opt(NUMBER), "ops_from": Opt(STR), "times_from": Opt(STR), "timed": Opt(BOOL),
+        "step_range": Opt(Row((INT, INT))), "complete": Opt(BOOL), "schedule": Opt(STR), "detail_step": Opt(INT),
+        "rank": Opt(INT), "world_size": Opt(INT), "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR),
+        "backend": Opt(STR), "steps": Opt(INT), "step_numbers": Opt(ListOf(INT)), "step_times_ns": Opt(ListOf(INT)),
+        "pass_cpu_time_ns": Opt(ListOf(INT)), "unattributed_ops": Opt(INT), "step_time_ns": Opt(INT),
+        "spec": Opt(STR),
+        "source": Opt(Obj({
+            "kind": STR, "file": STR, "device_names": ListOf(STR), "record_shapes": BOOL, "profile_memory": BOOL,
+            "with_stack": BOOL,
+        })),
+        "modules_from": Opt(Obj({"method": STR, "instances": INT, "matched": INT, "unmatched": ListOf(STR)})),
+        "flops_unknown": Opt(STR), "device_events": Opt(DictOf(INT)),
+        "from_merged_run": Opt(Obj({"rank": INT, "not_kept": STR})),
+        "compile": Opt(COMPILE),
     }
 )
 

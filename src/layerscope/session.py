@@ -38,26 +38,28 @@ from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.errors import ModelError
 from layerscope.raw import RawCapture
+from layerscope.runfacts import RunFacts
 from layerscope.tree import Profile
 
 #: ``progress(stage, done, total)``: stage is "warmup", "measure" or "ops".
 Progress = Callable[[str, int, int], None]
 
 
-def meta_of(model: nn.Module, device: torch.device, **extra: Any) -> dict[str, Any]:
-    """What was run: the model, versions, device, dtype and mode, and ``extra``."""
-    return {
-        "model": type(model).__name__,
-        "layerscope_version": __version__,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "device": str(device),
-        "dtype": model_dtype(model),
-        "training": model.training,
+def meta_of(model: nn.Module, device: torch.device, **facts: Any) -> RunFacts:
+    """What was run: the model, versions, device, dtype, and ``facts`` (by field: a
+    name :class:`~layerscope.runfacts.RunFacts` lacks raises)."""
+    return RunFacts(
+        model=type(model).__name__,
+        layerscope_version=__version__,
+        torch_version=torch.__version__,
+        python_version=platform.python_version(),
+        device=str(device),
+        dtype=model_dtype(model),
+        training=model.training,
         # What this torch lacks that layerscope tolerates (nothing on a supported torch).
-        **missing_meta(),
-        **extra,
-    }
+        torch_api_missing=missing_meta().get("torch_api_missing"),
+        **facts,
+    )
 
 
 def profile(
@@ -248,9 +250,8 @@ def _profile_compiled(
             eager, args, kwargs, warmup=warmup, repeat=repeat, working=with_ops(raw, ops), progress=report
         )
     device = model_device(eager)
-    meta = {key: value for key, value in raw.meta.items() if key != "timed"}
-    meta.update(
-        mode="profile", warmup=warmup, repeat=repeat,
+    meta = dataclasses.replace(
+        raw.meta, timed=None, mode="profile", warmup=warmup, repeat=repeat,
         peak_flops_per_s=peak_flops_per_s(peak_tflops, device, model_dtype(eager)),
     )
     return build_compiled(dataclasses.replace(raw, meta=meta), ops, run)

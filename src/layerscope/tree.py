@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope import formats
 from layerscope.compile_info import CompileInfo
+from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import MemorySummary, Trace
 from layerscope.stats import spread
 
@@ -317,7 +318,7 @@ class Profile(NotebookDisplay):
     """A profiled model: ``meta`` (what was run, how) and the module tree."""
 
     root: ModuleNode
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: RunFacts = field(default_factory=RunFacts)
     #: Bytes of the model's parameters; None when not known (its params are unknown).
     param_bytes: int | None = 0
     #: Top-level parts of a training step outside the model (loss, optimizer, labels,
@@ -332,18 +333,21 @@ class Profile(NotebookDisplay):
     trace: Trace | None = None
     #: A ``torch.compile``d model's run (kernels, graph breaks, compile time), None for
     #: an eager one: its times come from kernels, its op rows from an eager pass (their
-    #: times None). Saved as ``meta["compile"]``.
+    #: times None). Saved as ``meta.compile``.
     compiled: CompileInfo | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        given: object = self.meta
+        if type(given) is dict:  # facts given as a document's meta object
+            self.meta = RunFacts.from_dict(given)
         self._index = {node.path: node for node in self.nodes()}
 
     # -- reading -------------------------------------------------------------------
     @property
     def timed(self) -> bool:
         """False for an untimed count (``count_flops``): its time fields are all zero."""
-        return bool(self.meta.get("timed", True))
+        return self.meta.timed is not False
 
     def nodes(self) -> Iterator[ModuleNode]:
         """Every node, depth first: the model's tree in ``named_modules()`` order, then
@@ -364,8 +368,7 @@ class Profile(NotebookDisplay):
     def step_time_ns(self) -> int | None:
         """The step's wall time, which the model's phases and the parts add up to
         exactly; None for a forward-only profile."""
-        value = self.meta.get("step_time_ns")
-        return None if value is None else int(value)
+        return self.meta.step_time_ns
 
     def pass_spread(self) -> float | None:
         """How much the run's repeated measurements of the same work spread, relative:
@@ -373,18 +376,17 @@ class Profile(NotebookDisplay):
         (``profile()``'s repeats) or else of its steps' wall times (a ``Profiler``
         block); None with fewer than two (one pass measures no noise). A diff calls a
         change within it noise."""
-        for key in ("pass_cpu_time_ns", "step_times_ns"):
-            values = [int(v) for v in self.meta.get(key) or []]
+        for values in (self.meta.pass_cpu_time_ns or [], self.meta.step_times_ns or []):
             if len(values) >= 2:
                 return spread(values)
         return None
 
     def step_spread(self, far: float = STEP_FAR) -> StepSpread | None:
         """How the recorded steps' wall times vary: None with fewer than two steps."""
-        times = [int(t) for t in self.meta.get("step_times_ns") or []]
+        times = list(self.meta.step_times_ns or [])
         if len(times) < 2:
             return None
-        numbers = [int(n) for n in self.meta.get("step_numbers") or []]
+        numbers = list(self.meta.step_numbers or [])
         if len(numbers) != len(times):
             numbers = list(range(len(times)))
         ordered = sorted(times)
@@ -463,7 +465,7 @@ class Profile(NotebookDisplay):
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "meta": dict(self.meta) if self.compiled is None else {**self.meta, "compile": self.compiled.to_dict()},
+            "meta": self.meta.to_dict() if self.compiled is None else {**self.meta.to_dict(), "compile": self.compiled.to_dict()},
             "totals": self.totals,
             "modules": [node.to_dict() for node in self.modules()],
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],

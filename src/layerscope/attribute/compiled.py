@@ -213,4 +213,4 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
         graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels,
     )
-    return assemble(raw, result, ops, dict(raw.meta), compiled=info)
+    return assemble(raw, result, ops, raw.meta.copy(), compiled=info)

@@ -13,6 +13,7 @@ from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
 from layerscope.comm import is_communication
 from layerscope.compile_info import CompileInfo
 from layerscope.raw import RawCapture
+from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
 from layerscope.tree import (
     ADDITIVE_PHASE_METRICS,
@@ -37,12 +38,12 @@ def build_profile(raw: RawCapture) -> Profile:
         times.calls = dict(op_result.calls)
         times.dynamic = dict(op_result.dynamic)
         times.phases = set(op_result.phases)
-    meta = dict(raw.meta)
+    meta = raw.meta.copy()
     if passes:
-        meta["pass_cpu_time_ns"] = [p.top_level_ns for p in passes]
+        meta.pass_cpu_time_ns = [p.top_level_ns for p in passes]
         walls = [p.wall_ns for p in passes if p.wall_ns is not None]
         if walls:
-            meta["step_times_ns"] = walls
+            meta.step_times_ns = walls
     return assemble(raw, times, op_result, meta)
 
 
@@ -60,13 +61,13 @@ def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = Tru
     """The :class:`Profile` of training steps summed by an :class:`Accumulator`: every
     step carried its own times and whatever it recorded (``counted``: ops and FLOPs),
     so every figure is the steps' own sum."""
-    meta = dict(raw.meta)
-    meta["steps"] = steps.steps
-    meta["pass_cpu_time_ns"] = [steps.total.top_level_ns]
+    meta = raw.meta.copy()
+    meta.steps = steps.steps
+    meta.pass_cpu_time_ns = [steps.total.top_level_ns]
     if steps.step_times_ns:
-        meta["step_times_ns"] = list(steps.step_times_ns)
+        meta.step_times_ns = list(steps.step_times_ns)
         if len(steps.step_numbers) == len(steps.step_times_ns):
-            meta["step_numbers"] = list(steps.step_numbers)
+            meta.step_numbers = list(steps.step_numbers)
     return assemble(raw, steps.total, steps.total if counted else None, meta)
 
 
@@ -93,7 +94,7 @@ class _MemoryFigures(TypedDict, total=False):
 
 
 def assemble(
-    raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: dict[str, Any],
+    raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: RunFacts,
     compiled: CompileInfo | None = None,
 ) -> Profile:
     """Nodes from per-node self figures, totals derived bottom-up; ``compiled``: the
@@ -241,9 +242,9 @@ def assemble(
     for tree in [root, *parts]:
         _sum_up(tree)
 
-    meta["unattributed_ops"] = times.outside_ops if op_result is None else op_result.outside_ops
-    if parts and meta.get("timed", True):
-        meta["step_time_ns"] = sum(
+    meta.unattributed_ops = times.outside_ops if op_result is None else op_result.outside_ops
+    if parts and meta.timed is not False:
+        meta.step_time_ns = sum(
             stats.self_cpu_time_ns for tree in [root, *parts] for node in tree.walk() for _, stats in node.phases()
         )
     return Profile(

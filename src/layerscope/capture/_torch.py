@@ -11,7 +11,7 @@ anything from it, raises :class:`MissingTorchAPI` with one line naming the torch
 the first torch release that has it and the layerscope feature that needs it. Only that
 feature fails, and only when it is used: nothing degrades silently. The few names whose
 absence layerscope tolerates by design say what is lost instead (``Entry.tolerated``,
-:func:`missing_meta`, which a profile's ``meta["torch_api_missing"]`` carries).
+:func:`missing_meta`, which a profile's ``meta.torch_api_missing`` carries).
 
 Each entry records the first torch release that has the name (``since``) and how that
 was established (``evidence``: the pull request that added it, dated against the

@@ -53,7 +53,7 @@ STACK_METRICS = {
 
 def as_schedule(value: Callable[[int], Any] | None) -> Callable[[int], Any] | None:
     """A ``torch.profiler.schedule(...)`` as the same :class:`~layerscope.schedule.Schedule`
-    (same steps, and a readable ``meta["schedule"]``); any other callable as it is (its
+    (same steps, and a readable ``meta.schedule``); any other callable as it is (its
     actions are read by name)."""
     if value is None or isinstance(value, Schedule) or not str(getattr(value, "__module__", "")).startswith("torch."):
         return value
@@ -118,7 +118,7 @@ def options(
 
 
 def _on_device(profile: Profile) -> bool:
-    return str(profile.meta.get("device", "cpu")).startswith("cuda")
+    return str(profile.meta.device or "cpu").startswith("cuda")
 
 
 class KeyAverages(EventList):

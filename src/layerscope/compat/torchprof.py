@@ -171,7 +171,7 @@ def _calls(profile: LayerscopeProfile, measured: set[str]) -> Iterator[tuple[str
     """Each forward call of a measured module, with the ops run inside it, from the
     profile's trace (the spans nest: a call's ops start before the call ends)."""
     spans = Spans() if profile.trace is None else profile.trace.spans
-    on_device = str(profile.meta.get("device", "cpu")).startswith("cuda")
+    on_device = str(profile.meta.device or "cpu").startswith("cuda")
     open_calls: list[tuple[int, EventList | None]] = []  # (end_ns, the call's ops or None)
     done: list[tuple[str, EventList]] = []
     for start, duration, path, phase, index in zip(spans.start_ns, spans.duration_ns, spans.path, spans.phase, spans.op_index):

@@ -48,7 +48,7 @@ class TrainingRun:
                 # The trainer knows its global rank even where torch.distributed is not
                 # initialised (the library's own guess): the file name must carry it, or
                 # ranks writing to one folder overwrite each other.
-                profile.meta["rank"] = int(rank)
+                profile.meta.rank = int(rank)
             delivered.append(str(save(profile)))
 
         self._schedule = schedule

@@ -17,7 +17,7 @@ event at the peak whose args are the peak's bytes by category.
 
 ``otherData`` says how the times were measured: the spans are the traced run's own
 times, recorded by torch's profiler (or, where it could not run, under a dispatch mode,
-``meta["times_from"]`` / ``meta["ops_from"]``); a ``Profiler``'s module times are the sum
+``meta.times_from`` / ``meta.ops_from``); a ``Profiler``'s module times are the sum
 of its steps, the trace its last step; ``profile()``'s are medians of timed passes apart
 from the traced op pass. The document is yielded event by event, so saving a big trace
 streams it to disk.
@@ -33,6 +33,7 @@ from typing import Any
 from layerscope import __version__
 from layerscope.errors import RenderError
 from layerscope.formats import register_renderer
+from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import Timeline
 from layerscope.tree import Profile
 
@@ -89,7 +90,7 @@ def _event(name: str, cat: str, start_ns: int, dur_ns: int, pid: int, args: dict
 
 def _span_events(profile: Profile, pid: int) -> Iterator[str]:
     assert profile.trace is not None
-    model = str(profile.meta.get("model") or profile.root.type)
+    model = str(profile.meta.model or profile.root.type)
     nodes: dict[str, Any] = {}
     spans = profile.trace.spans
     for start, duration, path, phase, index in zip(spans.start_ns, spans.duration_ns, spans.path, spans.phase, spans.op_index):
@@ -125,7 +126,7 @@ def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
 def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
     # The memory timeline and the trace come from the same run only for a single step.
     memory = profile.memory
-    if not memory or int(profile.meta.get("steps") or 1) != 1:
+    if not memory or int(profile.meta.steps or 1) != 1:
         return
     timeline = memory.timeline or Timeline()
     for t, live in zip(timeline.t_ns, timeline.bytes):
@@ -138,23 +139,22 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
     at = memory.peak_at
     if at is not None and at.t_ns is not None:
         peak: dict[str, Any] = {"bytes": memory.peak_bytes, **memory.peak_categories}
-        peak.update({"path": at.path or profile.meta.get("model"), "phase": at.phase})
+        peak.update({"path": at.path or profile.meta.model, "phase": at.phase})
         yield (
             f'{{"name":"memory peak","ph":"i","s":"t","ts":{_ts(at.t_ns)},"pid":{pid},"tid":{_TID},'
             f'"args":{json.dumps(peak, separators=(",", ":"))}}}'
         )
 
 
-def traced_step(meta: dict[str, Any]) -> int | None:
+def traced_step(meta: RunFacts) -> int | None:
     """The number of the step the trace holds: a ``Profiler``'s last step (its detail
     step in a file written when one step was recorded apart); None for ``profile()``'s
     op pass."""
-    if meta.get("mode") != "context":
+    if meta.mode != "context":
         return None
-    if meta.get("detail_step") is not None:
-        return int(meta["detail_step"])
-    last = (meta.get("step_range") or [None, None])[1]
-    return None if last is None else int(last)
+    if meta.detail_step is not None:
+        return int(meta.detail_step)
+    return meta.step_range[1] if meta.step_range else None
 
 
 def _step_events(profile: Profile, pid: int) -> Iterator[str]:
@@ -176,25 +176,28 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
     """How the trace's times and the profile's times were measured, for ``otherData``."""
     meta = profile.meta
     number = traced_step(meta)
-    if meta.get("mode") == "profile":
+    if meta.mode == "profile":
         times = (
-            f"module times: median of {_count(meta.get('repeat'), 'timed pass')} after "
-            f"{meta.get('warmup')} warm-up, apart from the traced op pass"
+            f"module times: median of {_count(meta.repeat, 'timed pass')} after "
+            f"{meta.warmup} warm-up, apart from the traced op pass"
         )
     else:
         times = (
-            f"module times: the sum of {_count(meta.get('steps'), 'step')}, each timed with its ops, shapes, "
+            f"module times: the sum of {_count(meta.steps, 'step')}, each timed with its ops, shapes, "
             "FLOPs and memory in one run; the trace is the last step"
         )
-    keys = ("mode", "times_from", "ops_from", "steps", "step_range", "repeat", "warmup")
-    dispatch = "dispatch mode" in (meta.get("times_from"), meta.get("ops_from"))
+    facts = {
+        "mode": meta.mode, "times_from": meta.times_from, "ops_from": meta.ops_from, "steps": meta.steps,
+        "step_range": meta.step_range, "repeat": meta.repeat, "warmup": meta.warmup,
+    }
+    dispatch = "dispatch mode" in (meta.times_from, meta.ops_from)
     return {
         "trace_run": "op pass" if number is None else f"step {number}",
         "trace_times": "the traced run's own, recorded under a dispatch mode (slower than an unrecorded run)"
         if dispatch
         else "the traced run's own, recorded by torch's profiler with shapes and memory",
         "times": times,
-        **{key: meta[key] for key in keys if meta.get(key) is not None},
+        **{key: value for key, value in facts.items() if value is not None},
         "time_unit": "ts and dur in µs on a 2^-12 µs grid: round(x * 1000) is the exact ns",
     }
 
@@ -238,10 +241,10 @@ def document(processes: Iterator[str], other: dict[str, Any]) -> Iterator[str]:
 )
 def render_chrome(profile: Profile) -> Iterator[str]:
     """The trace, in pieces (see the module docstring)."""
-    pid = int(profile.meta.get("rank") or 0)
-    model = str(profile.meta.get("model") or profile.root.type)
+    pid = int(profile.meta.rank or 0)
+    model = str(profile.meta.model or profile.root.type)
     events = process_events(profile, pid, f"{model} (layerscope)")
     first = next(events)  # a profile without a trace is refused before anything is written
-    other = {"layerscope_version": __version__, "model": model, "device": profile.meta.get("device")}
+    other = {"layerscope_version": __version__, "model": model, "device": profile.meta.device}
     other.update(timing_metadata(profile))
     yield from document(itertools.chain([first], events), other)

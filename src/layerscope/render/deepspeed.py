@@ -125,7 +125,7 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
             samples *= int(engine.get("world_size", 1) or 1)
             rows.append(("samples/second: ", round(samples / _seconds(step_ns), 2)))
     lines += [line for label, value in rows for line in _SUMMARY.lines([label, str(value)])]
-    if profile.meta.get("times_from") in ("detail step", "dispatch mode"):
+    if profile.meta.times_from in ("detail step", "dispatch mode"):
         lines.append(
             "(latency from a step recorded under a dispatch mode, which inflates small modules: "
             "torch's profiler was already running)"

@@ -211,7 +211,7 @@ def _side(diff: ProfileDiff, side: str) -> str:
     from layerscope.diff import profile_kind
 
     profile = diff.base if side == "base" else diff.new
-    parts = [str(profile.meta.get("model", profile.root.type)), str(profile.meta.get("device", "cpu"))]
+    parts = [str(profile.meta.model or profile.root.type), str(profile.meta.device or "cpu")]
     parts.append(profile_kind(profile) if profile.timed else "not timed")
     return f"{side}: " + ", ".join(parts)
 

@@ -64,7 +64,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
     phases = [phase for phase in PHASES if getattr(profile.root, phase) is not None]
     return {
         "schema": SCHEMA,
-        "meta": dict(profile.meta),
+        "meta": profile.meta.to_dict(),
         # The inputs as the text header names them (shapes with dtypes, keywords by name).
         "inputs_text": _inputs(profile),
         "param_bytes": profile.param_bytes,
@@ -94,7 +94,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "step_spread": _step_spread(profile),
         # How much the repeated passes (or steps) spread; None: one pass, noise unknown.
         "pass_spread": profile.pass_spread(),
-        "passes": len(profile.meta.get("pass_cpu_time_ns") or []),
+        "passes": len(profile.meta.pass_cpu_time_ns or []),
     }
 
 
@@ -112,7 +112,7 @@ def _step_spread(profile: Profile) -> dict[str, Any] | None:
 
 def _inputs(profile: Profile) -> str | None:
     """``[8, 16] float32, ...``: the text header's words, without its "input(s) " lead."""
-    text = inputs_text(profile.meta.get("inputs"), profile.meta.get("input_dtypes"))
+    text = inputs_text(profile.meta.inputs, profile.meta.input_dtypes)
     return None if text is None else text.split(" ", 1)[1]
 
 
@@ -177,4 +177,4 @@ def html_page(script: str, title: str, data: Any) -> str:
     description="an interactive report in one self-contained HTML file (tree, icicle, ops, memory)",
 )
 def render_html(profile: Profile) -> str:
-    return html_page("report.js", str(profile.meta.get("model", profile.root.type)), report_data(profile))
+    return html_page("report.js", str(profile.meta.model or profile.root.type), report_data(profile))

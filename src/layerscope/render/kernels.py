@@ -39,7 +39,7 @@ def render_kernels(profile: Profile) -> str:
         split = ", ".join(f"{_label(path)} {fmt.percent(round(share * 1000), 1000)}" for path, share in ranked)
         mark = "*" if kernel.shared else ""
         rows.append([kernel.call + mark, fmt.time_ns(kernel.time_ns), split or "(root: no module)"])
-    out = [f"Kernel calls of {profile.meta.get('model', profile.root.type)}, compiled ({info.backend}), in call order:"]
+    out = [f"Kernel calls of {profile.meta.model or profile.root.type}, compiled ({info.backend}), in call order:"]
     out += draw([Column("Kernel call", "<"), Column("Time"), Column("Modules", "<")], rows)
     out += ["* shared by several modules: its time is split by the rule: " + info.rule, ""]
     out += _module_table(profile, kernels)

@@ -20,7 +20,7 @@ def _params(node: ModuleNode, root: ModuleNode) -> str:
     return f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"
 
 
-def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: int | None) -> str:
+def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: float | None) -> str:
     parts = [_params(node, root)]
     fwd = node.forward
     if fwd.macs is not None:
@@ -40,7 +40,7 @@ def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: int | None) 
     return ", ".join(parts)
 
 
-def _lines(node: ModuleNode, root: ModuleNode, depth: int | None, timed: bool, peak: int | None) -> list[str]:
+def _lines(node: ModuleNode, root: ModuleNode, depth: int | None, timed: bool, peak: float | None) -> list[str]:
     indent = "  " * node.depth
     label = node.type if node.path == "" else f"({node.name}): {node.type}"
     body = _figures(node, root, timed, peak) + (f", {node.extra_repr}" if node.extra_repr else "")
@@ -58,7 +58,7 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
     root = profile.root
     fwd = root.forward
     lines = [
-        f"Model: {profile.meta.get('model', root.type)}   device: {profile.meta.get('device', 'cpu')}",
+        f"Model: {profile.meta.model or root.type}   device: {profile.meta.device or 'cpu'}",
         f"Params: {fmt.params(root.params_total, profile.param_bytes)}",
     ]
     if fwd.macs is not None:
@@ -93,7 +93,7 @@ def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3) 
     out = _summary(profile, top_k)
     out.append("")
     timed = profile.timed
-    out.extend(_lines(profile.root, profile.root, depth, timed, profile.meta.get("peak_flops_per_s")))
+    out.extend(_lines(profile.root, profile.root, depth, timed, profile.meta.peak_flops_per_s))
     unsupported = profile.unsupported_ops()
     if unsupported:
         out.append("")

@@ -22,12 +22,12 @@ from layerscope.render.chrome import document, process_events, timing_metadata
 
 def _processes(traces: RankTraces, measured: dict[str, Any]) -> Iterator[str]:
     for profile in traces.profiles:
-        rank = profile.meta.get("rank")
+        rank = profile.meta.rank
         if not isinstance(rank, int):
             raise RenderError("a rank file has no rank in its meta: one process per rank needs it")
         if not measured:
             # The ranks ran the same steps: the first rank's says how all were measured.
-            measured.update(model=str(profile.meta.get("model") or profile.root.type), **timing_metadata(profile))
+            measured.update(model=str(profile.meta.model or profile.root.type), **timing_metadata(profile))
         try:
             yield from process_events(profile, rank, f"rank {rank}")
         except RenderError as exc:

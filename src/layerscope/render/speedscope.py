@@ -91,7 +91,7 @@ def speedscope_file(profile: Profile, metrics: list[Metric]) -> SpeedscopeFile:
             frames.append(SpeedscopeFrame(frame.name, frame.path or None))
         return index[frame]
 
-    model = str(profile.meta.get("model") or profile.root.type)
+    model = str(profile.meta.model or profile.root.type)
     profiles = []
     for metric in metrics:
         stacks = build_stacks(profile, metric, run_order=True)

@@ -19,6 +19,7 @@ from layerscope.errors import RenderError
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import DEPTH, count
 from layerscope.render.table import Column, draw, fit
+from layerscope.runfacts import RunFacts
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
@@ -198,9 +199,9 @@ COLUMNS: list[TreeColumn] = [
     ),
     TreeColumn(
         "MFU", "mfu", 6,
-        lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.get("peak_flops_per_s")) if n.profiled else "",
-        lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.get("peak_flops_per_s")),
-        shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.get("peak_flops_per_s")),
+        lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.peak_flops_per_s) if n.profiled else "",
+        lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.peak_flops_per_s),
+        shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.peak_flops_per_s),
     ),
     TreeColumn("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
     TreeColumn("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
@@ -334,21 +335,21 @@ def _header_parts(profile: Profile) -> list[str]:
     """Model, device, the model's dtype, autocast's when it was on (ops ran in it), the
     inputs' shapes and dtypes, and how the figures were taken."""
     meta = profile.meta
-    parts = [str(meta.get("model", profile.root.type)), str(meta.get("device", "cpu"))]
-    if meta.get("dtype"):
-        parts.append(str(meta["dtype"]))
-    if meta.get("autocast"):
-        parts.append(f"autocast {meta['autocast']}")
-    inputs = _inputs_text(meta.get("inputs"), meta.get("input_dtypes"))
+    parts = [str(meta.model or profile.root.type), str(meta.device or "cpu")]
+    if meta.dtype:
+        parts.append(str(meta.dtype))
+    if meta.autocast:
+        parts.append(f"autocast {meta.autocast}")
+    inputs = _inputs_text(meta.inputs, meta.input_dtypes)
     if inputs:
         parts.append(inputs)
-    if meta.get("mode") == "profile":
-        repeat = meta.get("repeat")
+    if meta.mode == "profile":
+        repeat = meta.repeat
         passes = "1 measured pass" if repeat == 1 else f"median of {repeat} passes"
-        parts.append(f"{passes} after {meta.get('warmup')} warm-up")
-    elif meta.get("mode") == "context":
+        parts.append(f"{passes} after {meta.warmup} warm-up")
+    elif meta.mode == "context":
         parts.append("one profiled run")
-    elif meta.get("mode") == "count":
+    elif meta.mode == "count":
         parts.append("counted in one pass, not timed")
     return parts
 
@@ -430,7 +431,7 @@ def _footer(profile: Profile) -> list[str]:
     lines.extend(_detail_lines(profile))
     lines.extend(_memory_lines(profile))
     lines.extend(compile_lines(profile))
-    passes = sorted(profile.meta.get("pass_cpu_time_ns") or [])
+    passes = sorted(profile.meta.pass_cpu_time_ns or [])
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
             f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
@@ -441,7 +442,7 @@ def _footer(profile: Profile) -> list[str]:
     if unsupported:
         listed = ", ".join(f"{name} x{calls}" for name, calls in unsupported.items())
         lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
-    outside = profile.meta.get("unattributed_ops") or 0
+    outside = profile.meta.unattributed_ops or 0
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")
     return lines
@@ -465,14 +466,14 @@ def _step_lines(profile: Profile) -> list[str]:
         shares.append(("recompute", root.recompute.cpu_time_ns))
     shares.extend((fmt.node_name(part.name), part_total(part)) for part in profile.parts)
     parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
-    steps = profile.meta.get("steps")
+    steps = profile.meta.steps
     if steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
         head = f"Step (per-part medians): {fmt.time_ns(step)} = {parts}"
     lines = [head, *flops]
     lines.extend(step_spread_lines(profile))
-    if profile.meta.get("complete") is False:
+    if profile.meta.complete is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
     return lines
 
@@ -489,8 +490,8 @@ def _comm_lines(profile: Profile) -> list[str]:
     spent = sum(stats.comm_time_ns or 0 for node in trees for _, stats in node.phases())
     wait = sum(part.forward.cpu_time_ns for part in profile.parts if part.kind == "communication")
     who = ""
-    if meta.get("world_size") is not None:
-        who = f"rank {meta.get('rank', 0)} of {meta['world_size']}" + (f" on {meta['host']}" if meta.get("host") else "") + ": "
+    if meta.world_size is not None:
+        who = f"rank {meta.rank or 0} of {meta.world_size}" + (f" on {meta.host}" if meta.host else "") + ": "
     moved_text = "bytes not known" if moved is None else fmt.nbytes(moved)
     calls_text = "collective calls not known" if calls is None else f"{calls} collective call{'s' * (calls != 1)}"
     line = f"Communication: {who}{moved_text} in {calls_text}, {fmt.time_ns(spent)} in them"
@@ -511,7 +512,7 @@ def step_spread_lines(profile: Profile) -> list[str]:
         return []
     n = len(spread.steps)
     # profile()'s timed passes are medians' inputs; a Profiler's steps are summed.
-    unit, units, role = ("pass", "passes", "the medians") if profile.meta.get("mode") == "profile" else ("step", "steps", "the sums above")
+    unit, units, role = ("pass", "passes", "the medians") if profile.meta.mode == "profile" else ("step", "steps", "the sums above")
     lines = [
         f"Step wall time over {n} {units}: min {fmt.time_ns(spread.min_ns)}, median {fmt.time_ns(spread.median_ns)}, "
         f"p90 {fmt.time_ns(spread.p90_ns)}, max {fmt.time_ns(spread.max_ns)}"
@@ -537,29 +538,29 @@ def _known_sum(values: list[int | None]) -> int | None:
 
 def _detail_lines(profile: Profile) -> list[str]:
     """Where a profile's times come from, when not from torch's profiler."""
-    merged = profile.meta.get("from_merged_run")
+    merged = profile.meta.from_merged_run
     if merged:
         return [
             f"Rank {merged.get('rank')} of a merged run: {merged.get('not_kept')} are not kept there "
             "(the rank's own file has them)"
         ]
-    if profile.meta.get("times_from") == "dispatch mode":
+    if profile.meta.times_from == "dispatch mode":
         return [
             "Times from steps recorded under a dispatch mode (torch's profiler was already running, "
             "and only one can): op recording inflates small modules"
         ]
-    if profile.meta.get("mode") == "trace":
+    if profile.meta.mode == "trace":
         return trace_lines(profile.meta)
     return []
 
 
-def trace_lines(meta: dict[str, Any]) -> list[str]:
+def trace_lines(meta: RunFacts) -> list[str]:
     """Where a profile read from a torch.profiler trace came from, and what it lacks."""
-    source = meta.get("source") or {}
+    source = meta.source or {}
     where = ", ".join(source.get("device_names") or []) or "no accelerator"
-    rank = f", rank {meta.get('rank')} of {meta['world_size']}" if meta.get("world_size") is not None else ""
+    rank = f", rank {meta.rank} of {meta.world_size}" if meta.world_size is not None else ""
     lines = [f"From the torch.profiler trace {source.get('file', '?')} ({where}{rank})"]
-    how = meta.get("modules_from") or {}
+    how = meta.modules_from or {}
     if how.get("instances"):
         line = f"Modules: {how.get('method', '?')}: {how.get('matched')} of {how.get('instances')} instances"
         unmatched = how.get("unmatched") or []
@@ -569,9 +570,9 @@ def trace_lines(meta: dict[str, Any]) -> list[str]:
         lines.append(line)
     else:
         lines.append("Modules: none recorded (the trace has no nn.Module events: record it with with_stack=True)")
-    if meta.get("flops_unknown"):
-        lines.append(f"FLOPs unknown: {meta['flops_unknown']}")
-    device = meta.get("device_events")
+    if meta.flops_unknown:
+        lines.append(f"FLOPs unknown: {meta.flops_unknown}")
+    device = meta.device_events
     if device:
         line = f"Device events: {device['events']}, busy {fmt.time_ns(device['time_ns'])}"
         outside = device.get("outside_steps", 0)

@@ -174,7 +174,7 @@ def render_torchprof(
         use_cuda = root.forward.device_time_ns is not None
     if profile_memory is None:
         profile_memory = root.forward.alloc_bytes is not None
-    on_device = str(profile.meta.get("device", "cpu")).startswith("cuda")
+    on_device = str(profile.meta.device or "cpu").startswith("cuda")
     rows = _rows(profile, None if paths is None else set(paths), show_events, on_device)
     keep = [0, 1, 2, 9]
     if profile_memory:

@@ -26,6 +26,7 @@ from layerscope.capture.modules import module_table
 from layerscope.errors import SchemaError
 from layerscope.intervals import union_ns
 from layerscope.raw import RawCapture
+from layerscope.runfacts import RunFacts
 from layerscope.traces.events import _NO_FIELDS, TraceEvents, read_events
 from layerscope.traces.modules import instances, map_to_model, table_without_model
 from layerscope.traces.reader import open_trace
@@ -39,7 +40,7 @@ def load_trace(path: str | os.PathLike[str], *, model: nn.Module | None = None) 
 
     Without ``model`` the modules are the trace's instances (``BertModel_0``), their
     parameters unknown; with it, each instance is matched to its path in the model
-    (``meta["modules_from"]`` says how). The model is only read, never run or changed.
+    (``meta.modules_from`` says how). The model is only read, never run or changed.
     """
     name = os.fspath(path)
     try:
@@ -94,7 +95,7 @@ def profile_of_events(
     windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
     meta = _meta(file_meta, events, source, how, model, windows, infos[0].type)
     if numbers:
-        meta["step_range"] = [min(numbers), max(numbers)]
+        meta.step_range = [min(numbers), max(numbers)]
     raw = RawCapture(
         modules=infos, has_device_time=has_device, param_bytes=param_bytes, meta=meta, memory_notes=False,
         counts_known=events.has_shapes,
@@ -174,7 +175,7 @@ def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
 def _meta(
     file_meta: dict[str, Any], events: TraceEvents, source: str, how: dict[str, Any], model: nn.Module | None,
     windows: list[tuple[int, int]], model_type: str,
-) -> dict[str, Any]:
+) -> RunFacts:
     devices = file_meta.get("deviceProperties") or []
     names = sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")})
     distributed = _distributed(file_meta.get("distributedInfo"))
@@ -186,13 +187,12 @@ def _meta(
         return bool(events.launched_in[correlation]) and any(s <= at <= e for s, e in windows)
 
     outside = [e for e in events.device_events if e.correlation in events.launched_in and not in_a_step(e.correlation)]
-    meta: dict[str, Any] = {
-        "model": type(model).__name__ if model is not None else model_type,
-        "layerscope_version": __version__,
-        "torch_version": None,
-        "device": "cuda" if events.device_events else "cpu",
-        "mode": "trace",
-        "source": {
+    meta = RunFacts(
+        model=type(model).__name__ if model is not None else model_type,
+        layerscope_version=__version__,
+        device="cuda" if events.device_events else "cpu",
+        mode="trace",
+        source={
             "kind": "torch.profiler trace",
             "file": source,
             "device_names": names,
@@ -201,14 +201,14 @@ def _meta(
             "profile_memory": _flag(file_meta.get("profile_memory"), events.has_memory),
             "with_stack": _flag(file_meta.get("with_stack"), bool(events.python_parent)),
         },
-        "modules_from": how,
-        "times_from": "trace",
-        "ops_from": "trace",
-    }
+        modules_from=how,
+        times_from="trace",
+        ops_from="trace",
+    )
     if not events.has_shapes:
-        meta["flops_unknown"] = "the trace recorded no input shapes (record_shapes=False)"
+        meta.flops_unknown = "the trace recorded no input shapes (record_shapes=False)"
     if events.device_events:
-        meta["device_events"] = {
+        meta.device_events = {
             "events": len(events.device_events),
             "time_ns": all_device,
             "outside_steps": len(outside),
@@ -217,9 +217,9 @@ def _meta(
             "orphans_time_ns": union_ns([(e.start_ns, e.end_ns) for e in orphans]),
         }
     if distributed:
-        for key in ("rank", "world_size", "backend"):
-            if key in distributed:
-                meta[key] = distributed[key]
+        meta.rank = distributed.get("rank")
+        meta.world_size = distributed.get("world_size")
+        meta.backend = distributed.get("backend")
     return meta
 
 

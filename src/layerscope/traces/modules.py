@@ -15,7 +15,7 @@ first called to that module's unmatched submodules of the class, direct children
 in registration order, then deeper ones in ``named_modules()`` order, preferring one whose
 parameters' shapes are among the shapes its ops were given; an instance left
 (a module called from outside its owner) takes the first unmatched module of its class
-anywhere. What was matched, and how, is said in the profile's ``meta["modules_from"]``.
+anywhere. What was matched, and how, is said in the profile's ``meta.modules_from``.
 """
 
 from __future__ import annotations
