@@ -36,9 +36,9 @@ def test_a_document_reads_back_as_written_and_keeps_what_it_does_not_know() -> N
 def test_an_unknown_fact_is_left_out_never_zero() -> None:
     facts = RunFacts(model="Net", device="cpu", mode="count", timed=False)
     assert facts.to_dict() == {"model": "Net", "device": "cpu", "mode": "count", "timed": False}
-    assert facts.steps is None and "steps" not in facts and facts.get("steps") is None
+    assert facts.steps is None and "steps" not in facts and facts.get("steps") is None and facts["steps"] is None
     with pytest.raises(KeyError):
-        facts["steps"]
+        facts["no_such_fact"]
 
 
 def test_the_mapping_reads_what_the_fields_hold() -> None:

@@ -6,7 +6,8 @@ one conversion to and from the ``meta`` object of a ``layerscope/1`` document; a
 this version does not know (written by a newer one, or by hand) is kept in ``extra``
 and written back. Capture writes the facts by field (a misspelt one raises at once);
 renderers read fields. ``facts["steps"]`` and ``facts.get("steps")`` still read, as a
-read-only mapping of the facts that are known. Pure: no torch.
+read-only mapping (None for a fact not known; iterating gives the known ones). Pure: no
+torch.
 """
 
 from __future__ import annotations
@@ -126,13 +127,19 @@ class RunFacts(Mapping[str, Any]):
 
     # -- read as a mapping -------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
+        """A fact by name: None for one this version knows but the run did not (as a
+        document once held it, null); KeyError for a name it does not know."""
         if key in _FIELDS:
-            value = getattr(self, key)
-            if value is not None:
-                return value
-        elif key in self.extra:
+            return getattr(self, key)
+        if key in self.extra:
             return self.extra[key]
         raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether the fact is known (iterating gives these)."""
+        if isinstance(key, str) and key in _FIELDS:
+            return getattr(self, key) is not None
+        return key in self.extra
 
     def __iter__(self) -> Iterator[str]:
         for name in _ORDER:
