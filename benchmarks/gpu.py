@@ -325,14 +325,15 @@ def compiled(args: argparse.Namespace) -> Result:
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.LayerNorm(256)).to(device)
     x = torch.randn(16, 256, device=device)
     prof = layerscope.profile(torch.compile(model), x)
-    kernels = (prof.compiled or {}).get("kernels") or []
-    total = sum(k.get("time_ns") or 0 for k in kernels)
-    matched = [k for k in kernels if k.get("modules")]
-    shared = [k for k in matched if len(k["modules"]) > 1]
+    run = prof.compiled
+    assert run is not None
+    total = sum(k.time_ns for k in run.kernels)
+    matched = [k for k in run.kernels if k.modules]
     return {
-        "kernels": len(kernels), "matched_to_modules": len(matched), "apportioned_over_several": len(shared),
-        "matched_time_share": sum(k.get("time_ns") or 0 for k in matched) / total if total else None,
-        "graph_breaks": len((prof.compiled or {}).get("graph_breaks") or []), "problems": _problems(prof),
+        "kernels": len(run.kernels), "matched_to_modules": len(matched),
+        "apportioned_over_several": sum(k.shared for k in matched),
+        "matched_time_share": sum(k.time_ns for k in matched) / total if total else None,
+        "graph_breaks": len(run.graph_breaks), "problems": _problems(prof),
     }
 
 

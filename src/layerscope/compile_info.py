@@ -1,7 +1,7 @@
 """A ``torch.compile``d model's run, as its profile keeps it (``Profile.compiled``):
 the kernel calls with their times and modules, the graph breaks, the compile time.
 
-Pure data, no torch. Saved under ``meta.compile`` in a ``layerscope/1`` document;
+Pure data, no torch. Saved under ``meta["compile"]`` in a ``layerscope/1`` document;
 :meth:`CompileInfo.to_dict` and :meth:`CompileInfo.from_dict` are the one conversion.
 """
 

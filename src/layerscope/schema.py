@@ -94,7 +94,7 @@ NODE = Obj(
     frozenset({"path", "type", "parent", "depth", "calls", "params", "params_total", "forward"}),
 )
 
-#: A compiled model's run (``meta.compile``: ``Profile.compiled``).
+#: A compiled model's run (``meta["compile"]``: ``Profile.compiled``).
 COMPILE = Obj(
     {
         "backend": STR, "rule": STR, "compile_time_ns": INT, "frames": INT, "graphs": INT,

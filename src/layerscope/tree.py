@@ -333,7 +333,7 @@ class Profile(NotebookDisplay):
     trace: Trace | None = None
     #: A ``torch.compile``d model's run (kernels, graph breaks, compile time), None for
     #: an eager one: its times come from kernels, its op rows from an eager pass (their
-    #: times None). Saved as ``meta.compile``.
+    #: times None). Saved as the document's ``meta["compile"]``.
     compiled: CompileInfo | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 

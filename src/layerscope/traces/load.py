@@ -217,10 +217,22 @@ def _meta(
             "orphans_time_ns": union_ns([(e.start_ns, e.end_ns) for e in orphans]),
         }
     if distributed:
-        meta.rank = distributed.get("rank")
-        meta.world_size = distributed.get("world_size")
-        meta.backend = distributed.get("backend")
+        meta.rank = _whole(distributed.get("rank"))
+        meta.world_size = _whole(distributed.get("world_size"))
+        backend = distributed.get("backend")
+        meta.backend = None if backend is None else str(backend)
     return meta
+
+
+def _whole(value: Any) -> int | None:
+    """A whole number from a trace's ``distributedInfo`` (an int, or its text); None else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
 
 
 def _flag(value: Any, seen: bool) -> bool:
