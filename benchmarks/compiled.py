@@ -9,7 +9,8 @@ order swapped every round, each measured as a user's loop sees it (warm, many ca
 - *torch.profiler*: the same as *plain* inside one ``torch.profiler.profile()`` session
   (CPU activity): what a call costs while torch's own profiler records it;
 - *layerscope*: ``layerscope.profile(compiled, x, warmup=--warm, repeat=--calls)``, whose
-  root time is the median profiled call (kernel ranges and torch's profiler on).
+  root time is the sum of its nodes' median self times over the profiled calls
+  (kernel ranges and torch's profiler on), as for any profile.
 
 The report gives each variant's median over the rounds and the ratios of layerscope's
 root to the plain call and to the call under torch.profiler (the bar: no heavier than

@@ -137,6 +137,22 @@ def test_attribute_splits_kernels_and_leaves_the_rest_to_the_root() -> None:
     assert next(k for k in times.kernels if k.call == "extern_kernels.mm:3").modules == {"": 1.0}
 
 
+def test_the_step_is_the_sum_of_the_medians_so_the_tree_adds_up_on_a_busy_machine() -> None:
+    # Each pass slow in a different module: fc and act's medians (500 each) add up to
+    # more than the median pass (600). Per pass, the root keeps what its modules leave
+    # (90, 90, 100: median 90), and the step is the sum of the medians: 500 + 500 + 90.
+    graph = G(["extern_kernels.addmm:1", "cpp_fused_relu_0:2"],
+              {"extern_kernels.addmm:1": [("addmm", "fc")], "cpp_fused_relu_0:2": [("relu", "act")]})
+    passes = [
+        P(600, [("k", [("aten::addmm", 500), ("graph_0_cpp_fused_relu_0", 10)], 550)]),
+        P(600, [("k", [("aten::addmm", 10), ("graph_0_cpp_fused_relu_0", 500)], 550)]),
+        P(1100, [("k", [("aten::addmm", 500), ("graph_0_cpp_fused_relu_0", 500)], 1050)]),
+    ]
+    times = attribute({"k": graph}, passes, known={"", "fc", "act"})
+    assert times.self_ns == {"": 90, "act": 500, "fc": 500}
+    assert times.step_ns == 1090 == sum(times.self_ns.values())
+
+
 def _hand_run() -> tuple[RawCapture, CompiledCapture]:
     """An eager pass of Net(fc, act) and a compiled run of it by hand: one graph of an
     addmm (fc's) and a fused relu (act's), three passes."""

@@ -42,9 +42,9 @@ class KernelTime:
 class CompileInfo:
     """How the compiled model ran: the compiler (``backend``), the rule that split
     kernel times over modules, the compile time (not in the profile's times), the
-    Dynamo frames and Inductor graphs, the graph breaks, the median call and the median
-    time in kernel calls (the rest is wrapper, guards and eager modules), and the
-    kernel calls in call order."""
+    Dynamo frames and Inductor graphs, the graph breaks, the step (the sum of the
+    nodes' median self times: the root's total), the median time in kernel calls (the
+    rest is wrapper, guards and eager modules), and the kernel calls in call order."""
 
     backend: str
     rule: str

@@ -14,8 +14,9 @@ whole: the root's self time. A module that ran eagerly, between graphs (a graph
 break), has a profiler range of its own: its self time is that range less the eager
 modules and compiled regions inside it.
 
-Each module's self time is the median over the passes; the root's total is the median
-pass, its self what the modules leave of it.
+Each node's self time is the median over the passes, the root's own included (in each
+pass, what the modules leave of the pass), and the step is the sum of those medians, as
+for any profile: a median of per-module figures does not add up to the median pass.
 
 :func:`build_compiled` makes the profile in one go: the eager pass's capture (tree,
 op rows, FLOPs, memory) and these self times, totals summed as for any profile.
@@ -131,8 +132,8 @@ def match_calls(calls: Sequence[str], events: Sequence[tuple[str, int]]) -> list
 
 @dataclass
 class CompiledTimes:
-    """Per module (``named_modules()`` path) self time, the step's median time and the
-    kernels. ``self_ns[""]`` is the root's: what no module's kernel holds."""
+    """Per module (``named_modules()`` path) median self time, the step (their sum) and
+    the kernels. ``self_ns[""]`` is the root's: what no module's kernel holds."""
 
     self_ns: dict[str, int]
     step_ns: int
@@ -166,12 +167,12 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
         for path, ns in eager_self(one.eager, one.regions).items():
             target = path if path in known else ""
             times[target] = times.get(target, 0.0) + ns
+        times[""] = times.get("", 0.0) + max(one.step_ns - sum(times.values()), 0)
         per_pass.append(times)
         kernel_totals.append(in_kernels)
-    step_ns = int(statistics.median(p.step_ns for p in passes))
-    paths = {path for times in per_pass for path in times} - {""}
+    paths = {path for times in per_pass for path in times}
     self_ns = {path: round(statistics.median(times.get(path, 0.0) for times in per_pass)) for path in sorted(paths)}
-    self_ns[""] = max(step_ns - sum(self_ns.values()), 0)
+    step_ns = sum(self_ns.values())
     kernels = []
     for key, graph in graphs.items():
         for call in graph.calls:
