@@ -1,4 +1,5 @@
-"""The ``layerscope`` command line, run as a real subprocess (``python -m layerscope``).
+"""The ``layerscope`` command line, each run a process of its own (``python -m layerscope``,
+forked from a warm interpreter: ``processes.py``).
 
 Each run imports torch (a few seconds on a small machine), so runs are shared between
 tests where they can be, and timing-irrelevant runs use ``--repeat 1 --warmup 0``.
@@ -6,7 +7,6 @@ tests where they can be, and timing-irrelevant runs use ``--repeat 1 --warmup 0`
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import json
@@ -23,6 +23,7 @@ import pytest
 import layerscope
 import layerscope.io
 from conftest import FULL_DEVICE, NULL_DEVICE
+from processes import run_layerscope
 
 FAST = ("--repeat", "1", "--warmup", "0")
 ZOO_NAMES = ["alexnet", "gpt", "lenet5", "mlp", "resnet18", "resnet50", "vit_b_16"]
@@ -84,26 +85,16 @@ class Run:
 
 
 def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None, stdout: Path | None = None) -> Run:
-    """Run ``python -m layerscope ARGS``; its stdout is captured, or goes to the file
+    """Run ``python -m layerscope ARGS`` as a process of its own (forked from a warm
+    interpreter: ``processes.py``); its stdout is captured, or goes to the file
     ``stdout`` (then ``Run.stdout`` is empty)."""
     env = dict(os.environ)
     # transformers: SPECs build from default configs; nothing may be downloaded.
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    with contextlib.ExitStack() as stack:
-        out = subprocess.PIPE if stdout is None else stack.enter_context(open(stdout, "wb"))
-        done = subprocess.run(
-            [sys.executable, "-m", "layerscope", *args],
-            cwd=cwd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    return Run(done.returncode, done.stdout or "", done.stderr)
+    done = run_layerscope(list(args), cwd, env=env, stdout=stdout)
+    return Run(done.returncode, done.stdout, done.stderr)
 
 
 def assert_usage_error(run: Run) -> str:
@@ -134,6 +125,29 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("cli")
     (folder / "nets.py").write_text(NETS_PY, encoding="utf-8")
     return folder
+
+
+# -- the process each command runs in ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["flops", "zoo:mlp", "--depth", "1"],  # torch, its fake tensors and a model: stdout
+        ["profile", "nets.py:build_boom", "--input", "2x8", *FAST],  # the model raises: exit 1, stderr
+        ["profile", "zoo:nope"],  # a usage error: exit 2
+        ["--help"],
+    ],
+    ids=["flops", "model-raises", "usage-error", "help"],
+)
+def test_a_command_forked_warm_reads_as_a_cold_python_m_layerscope(args: list[str], workdir: Path) -> None:
+    """The suite forks its commands from a warm interpreter (``processes.py``); the same
+    command started cold, as a user's shell starts it, gives the same exit code, stdout
+    and stderr."""
+    warm = run_layerscope(args, workdir, warm=True)
+    cold = run_layerscope(args, workdir, warm=False)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert warm.returncode == {"flops": 0, "profile": 1 if "nets.py:build_boom" in args else 2, "--help": 0}[args[0]]
 
 
 # -- demo, zoo, help ------------------------------------------------------------------

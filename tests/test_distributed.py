@@ -17,6 +17,7 @@ import pytest
 
 import layerscope
 from layerscope.check import check_tree
+from processes import run_layerscope
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 pytestmark = pytest.mark.skipif(
@@ -123,18 +124,9 @@ def test_gather_writes_one_merged_file_per_cycle(ddp_run: Path) -> None:
 def test_merge_cli_on_the_rank_files(ddp_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "merged.json"
     files = [str(p) for p in sorted(ddp_run.glob("layerscope_steps7-9_rank*.json"))]
-    done = subprocess.run(
-        [sys.executable, "-m", "layerscope", "merge", *files, "-o", str(out)],
-        env=_env(), capture_output=True, text=True, timeout=120,
-    )
+    done = run_layerscope(["merge", *files, "-o", str(out)], tmp_path, env=_env(), timeout=120)
     assert done.returncode == 0, done.stderr
-    shown = subprocess.run(
-        [sys.executable, "-m", "layerscope", "show", str(out)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    shown = run_layerscope(["show", str(out)], tmp_path, env=_env(), timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert "module.2" in shown.stdout
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -13,6 +11,7 @@ import torch
 import layerscope
 from layerscope import zoo
 from layerscope.transforms import top_by_depth
+from processes import Done, run_layerscope
 
 
 def _lenet_profile(fake_clock):
@@ -63,10 +62,8 @@ def test_count_flops_on_meta_device_allocates_nothing() -> None:
     assert all(p.is_meta for p in model.parameters())
 
 
-def _cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "layerscope", *argv], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+def _cli(*argv: str, cwd: Path) -> Done:
+    return run_layerscope(list(argv), cwd)
 
 
 def test_cli_flops_meta_7b_llama(tmp_path: Path) -> None:

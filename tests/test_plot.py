@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import struct
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +30,7 @@ from layerscope.plot import (
     render_memory_png,
 )
 from layerscope.sidedocs import Timeline
+from processes import run_layerscope
 from test_cli import assert_usage_error, run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -320,7 +320,5 @@ def test_png_is_a_registered_binary_format(tmp_path: Path) -> None:
     assert picture == render_memory_png(prof)  # the drawing plot-memory writes
     json_path = tmp_path / "step.json"
     prof.save(str(json_path))
-    done = subprocess.run(
-        [sys.executable, "-m", "layerscope", "show", str(json_path), "--format", "png"], capture_output=True, text=True
-    )
+    done = run_layerscope(["show", str(json_path), "--format", "png"], tmp_path)
     assert done.returncode == 2 and "-o NAME.png" in done.stderr and done.stdout == ""

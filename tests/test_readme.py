@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -16,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from processes import Done, run_layerscope
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ROOT = README.parent
@@ -85,22 +86,26 @@ def _cli_lines(text: str | None = None, lang: str = "bash") -> list[list[str]]:
 
 
 def _command(argv: list[str], cwd: Path) -> list[str]:
-    """The line as the shell would run it: globs expanded in ``cwd``, and ``torchrun``
-    as this Python's ``torch.distributed.run``."""
+    """The line's words as the shell would pass them: globs expanded in ``cwd``."""
     words = []
     for word in argv[1:]:
         found = sorted(glob.glob(word, root_dir=cwd)) if any(c in word for c in "*?[") else []
         words.extend(found or [word])
-    if argv[0] == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", *words]
-    return [sys.executable, "-m", "layerscope", *words]
+    return words
 
 
-def _run_line(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_command(argv, cwd), cwd=cwd, capture_output=True, text=True, timeout=300)
+def _run_line(argv: list[str], cwd: Path) -> Done:
+    """The line run in ``cwd``: ``layerscope`` as its own process (``processes.py``),
+    ``torchrun`` as this Python's ``torch.distributed.run``."""
+    words = _command(argv, cwd)
+    if argv[0] != "torchrun":
+        return run_layerscope(words, cwd)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *words], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+    return Done(done.returncode, done.stdout, done.stderr)
 
 
-def _assert_ran(result: subprocess.CompletedProcess[str], what: object) -> None:
+def _assert_ran(result: Done | subprocess.CompletedProcess[str], what: object) -> None:
     assert result.returncode == 0, (what, result.stderr[-2000:])
     assert "Traceback" not in result.stderr, (what, result.stderr[-2000:])
 
@@ -114,11 +119,7 @@ def shell_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("argv", _cli_lines(), ids=lambda argv: " ".join(argv))
 def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
-    env = dict(os.environ)
-    result = subprocess.run(
-        _command(argv, shell_dir),
-        cwd=shell_dir, capture_output=True, text=True, env=env, timeout=300,
-    )
+    result = _run_line(argv, shell_dir)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
 
@@ -197,9 +198,7 @@ def test_distributed_doc_lines_run(tmp_path: Path) -> None:
     lines = _cli_lines(text)
     assert lines[0][0] == "torchrun" and len(lines) > 8
     for argv in lines:
-        result = subprocess.run(
-            _command(argv, tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
+        result = _run_line(argv, tmp_path)
         assert result.returncode == 0, (argv, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
 
@@ -260,7 +259,7 @@ def test_traces_doc_lines_run(tmp_path: Path) -> None:
     lines = _cli_lines(text)
     assert len(lines) >= 5
     for argv in lines:
-        result = subprocess.run(_command(argv, tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        result = _run_line(argv, tmp_path)
         assert result.returncode == 0, (argv, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from layerscope.comm import is_communication
 from layerscope.intervals import union_ns
 from layerscope.traces.load import load_trace
 from layerscope.traces.reader import us_to_ns
+from processes import run_layerscope
 
 _LOADED: dict[str, Any] = {}
 
@@ -235,11 +234,9 @@ def test_a_trace_without_module_events_is_its_labels_and_ops(shared_traces: Path
 
 
 def test_diff_of_one_model_on_two_vendors_gpus(shared_traces: Path, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "layerscope", "diff",
-         str(shared_traces / "h100_bert_small_inference.json.gz"),
-         str(shared_traces / "mi300x_bert_small_inference.json.gz"), "--format", "json"],
-        capture_output=True, text=True, timeout=300,
+    done = run_layerscope(
+        ["diff", str(shared_traces / "h100_bert_small_inference.json.gz"),
+         str(shared_traces / "mi300x_bert_small_inference.json.gz"), "--format", "json"], tmp_path,
     )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -259,11 +256,9 @@ def test_rank_traces_merge(shared_traces: Path, tmp_path: Path) -> None:
     doc["distributedInfo"]["rank"] = 1
     with gzip.open(tmp_path / "rank1.json.gz", "wt") as handle:
         json.dump(doc, handle)
-    done = subprocess.run(
-        [sys.executable, "-m", "layerscope", "merge",
-         str(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"), str(tmp_path / "rank1.json.gz"),
-         "-o", str(tmp_path / "m.json")],
-        capture_output=True, text=True, timeout=300,
+    done = run_layerscope(
+        ["merge", str(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"), str(tmp_path / "rank1.json.gz"),
+         "-o", str(tmp_path / "m.json")], tmp_path,
     )
     assert done.returncode == 0, done.stderr
     merged = layerscope.load(tmp_path / "m.json")
