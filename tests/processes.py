@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +35,10 @@ from pathlib import Path
 #: ({"pid"}, then {"status"}) per line on stdout. The child leaves ``serve`` and becomes
 #: the command; everything after it runs in the child only.
 _WARM = r"""
-import json, os, sys
+import gc, json, os, sys
 import torch, torch._dynamo  # what a command spends its start on
 import layerscope.cli
+gc.freeze()  # the imports' objects: left out of every collection, here and in each child
 
 def serve():
     for line in sys.stdin:
@@ -88,6 +90,8 @@ class _Warm:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="layerscope-warm-")
+        self._pending = b""  # read from the interpreter, not yet a whole reply
+        atexit.register(self.stop)
 
     def _start(self) -> subprocess.Popen[str]:
         if self._process is None or self._process.poll() is not None:
@@ -97,15 +101,21 @@ class _Warm:
                 text=True, bufsize=1,
             )
             log.close()
-            atexit.register(self.stop)
+            self._pending = b""
         return self._process
 
     def _reply(self, process: subprocess.Popen[str], timeout: float) -> dict[str, int]:
+        """The next reply line, read from the pipe's descriptor itself (a buffered
+        reader could take both replies at once and leave ``select`` waiting)."""
         assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], timeout)
-        line = process.stdout.readline() if ready else ""
-        if not line:
-            raise TimeoutError
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([process.stdout], [], [], max(deadline - time.monotonic(), 0))
+            chunk = os.read(process.stdout.fileno(), 4096) if ready else b""
+            if not chunk:
+                raise TimeoutError
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         reply: dict[str, int] = json.loads(line)
         return reply
 

@@ -14,7 +14,6 @@ import os
 import stat
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 import layerscope
 import layerscope.io
 from conftest import FULL_DEVICE, NULL_DEVICE
-from processes import run_layerscope
+from processes import Done, run_layerscope
 
 FAST = ("--repeat", "1", "--warmup", "0")
 ZOO_NAMES = ["alexnet", "gpt", "lenet5", "mlp", "resnet18", "resnet50", "vit_b_16"]
@@ -77,11 +76,8 @@ def make_inputs():
 """
 
 
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
+#: A finished command: its exit code, stdout and stderr.
+Run = Done
 
 
 def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None, stdout: Path | None = None) -> Run:
@@ -93,8 +89,7 @@ def run_cli(*args: str, cwd: Path, pythonpath: Path | None = None, stdout: Path 
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    done = run_layerscope(list(args), cwd, env=env, stdout=stdout)
-    return Run(done.returncode, done.stdout, done.stderr)
+    return run_layerscope(list(args), cwd, env=env, stdout=stdout)
 
 
 def assert_usage_error(run: Run) -> str:
