@@ -167,11 +167,17 @@ def available() -> bool:
 
 
 class KernelSpan(NamedTuple):
-    """A device kernel (or memcpy/memset) and the op that launched it."""
+    """A kernel, memcpy or memset on the device, and the op that launched it
+    (``linked_correlation_id``: the launching op range's ``correlation_id``; 0 when no
+    op range is known to have launched it). Allocations and user annotations on the
+    device are never device work, and are never a ``KernelSpan``."""
 
     linked_correlation_id: int
     start_ns: int
     end_ns: int
+    name: str = ""
+    #: The device's stream (its track in a trace), or 0 when not known.
+    stream: int = 0
 
 
 @dataclass(slots=True)
@@ -340,7 +346,10 @@ class _Converter:
         self.frame_first: list[int] = []
         self.kernels_by_op: dict[int, list[tuple[int, int]]] = {}
         for k in kernels:
-            self.kernels_by_op.setdefault(k.linked_correlation_id, []).append((k.start_ns, k.end_ns))
+            if k.linked_correlation_id > 0:  # 0: launched from no op range known
+                self.kernels_by_op.setdefault(k.linked_correlation_id, []).append((k.start_ns, k.end_ns))
+        #: All of the window's device work (linked or not), for each step's busy time.
+        self.kernels = kernels
         self.roots = roots
         self.records: list[tuple[int, int, Event]] = []  # (time, order, record)
         # Autograd's counter over time: (start, sequence_nr) of the owner's ops that

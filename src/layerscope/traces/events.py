@@ -336,8 +336,8 @@ class _Builder:
         self.by_thread = {}
         for event in out.device_events:
             link = out.launched_in.get(event.correlation, 0)
-            if link:
-                out.kernels.append(KernelSpan(link, event.start_ns, event.end_ns))
+            stream = event.stream if type(event.stream) is int else 0
+            out.kernels.append(KernelSpan(link, event.start_ns, event.end_ns, event.name, stream))
         return out
 
 
