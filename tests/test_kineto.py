@@ -6,18 +6,8 @@ by correlation id, as torch's profiler reports them.
 
 from __future__ import annotations
 
-from torch._C._profiler import RecordScope
-
-from layerscope.capture.kineto import (
-    MODULE_PREFIX,
-    PART_PREFIX,
-    STEP_NAME,
-    KernelSpan,
-    Range,
-    RangeFields,
-    convert,
-    union_ns,
-)
+from layerscope.capture.kineto import MODULE_PREFIX, PART_PREFIX, STEP_NAME, convert, union_ns
+from layerscope.capture.window import USER_SCOPE, KernelSpan, Range, RangeFields
 from layerscope.raw import NO_SEQ, Collective, Enter, Exit, LabelEnter, LabelExit, Op, Step
 
 EVAL = "autograd::engine::evaluate_function: "
@@ -32,7 +22,7 @@ def op(name: str, start: int, end: int, *children: Range, seq: int = -1, corr: i
 
 
 def label(name: str, start: int, end: int, *children: Range, tid: int = 1) -> Range:
-    return Range(name, start, end, tid, 0, list(children), RangeFields(scope=RecordScope.USER_SCOPE))
+    return Range(name, start, end, tid, 0, list(children), RangeFields(scope=USER_SCOPE))
 
 
 def step(start: int, end: int, *children: Range, tid: int = 1) -> Range:

@@ -390,6 +390,17 @@ _declare(
     ),
 )
 _declare(
+    "torch._C._autograd._KinetoEvent.is_user_annotation", "device time: a record_function range shown on the device "
+    "(an optimizer's step) told from device work", None, "not established: present in 2.11 and 2.13, the releases "
+    "layerscope has run on", "device time cannot be read",
+    find=_has(lambda: torch._C._autograd._KinetoEvent, "is_user_annotation"),
+)
+_declare(
+    "torch._C._autograd._KinetoEvent.device_resource_id", "device time: each kernel's stream", None,
+    "not established: present in 2.11 and 2.13", "device time cannot be read",
+    find=_has(lambda: torch._C._autograd._KinetoEvent, "device_resource_id"),
+)
+_declare(
     "torch._C._autograd._KinetoEvent.concrete_inputs", "FLOPs of ops with int-list arguments (a convolution's stride)",
     None, "not established: int lists are recorded since pytorch#100593 (May 2023, 2.1); the binding's first release "
     "is not", "int-list arguments are unknown: formulas that read them count the op as unsupported", tolerated=True,
@@ -695,6 +706,7 @@ def _member(name: str, member: str) -> Any:
 USER_SCOPE: Any = _member("torch._C._profiler.RecordScope", "USER_SCOPE")
 EVENT_TORCH_OP: Any = _member("torch._C._profiler._EventType", "TorchOp")
 EVENT_PY_CALL: Any = _member("torch._C._profiler._EventType", "PyCall")
+EVENT_ALLOCATION: Any = _member("torch._C._profiler._EventType", "Allocation")
 PYTHON_EVENTS: tuple[Any, ...] = (EVENT_PY_CALL, _member("torch._C._profiler._EventType", "PyCCall")) if EVENT_PY_CALL else ()
 CPU_DEVICE: Any = _member("torch._C._autograd.DeviceType", "CPU")
 

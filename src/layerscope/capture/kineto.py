@@ -55,7 +55,6 @@ import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -75,6 +74,16 @@ from layerscope.capture.memory import (
     tensors_in,
 )
 from layerscope.capture.recorder import label_kind
+from layerscope.capture.torch_events import read_window
+from layerscope.capture.window import (
+    MEMORY,
+    USER_SCOPE,
+    Detail,
+    KernelSpan,
+    Range,
+    WindowCapture,
+    op_like,
+)
 from layerscope.comm import is_communication
 from layerscope.intervals import union_ns
 from layerscope.raw import (
@@ -104,7 +113,7 @@ NOTE_PREFIX = "layerscope.note#"
 #: A zero-length range marking that a checkpoint stopped recomputing in a module's
 #: forward (in a detailed window).
 RAISED_NAME = "layerscope.raised"
-_MEMORY = "[memory]"
+_MEMORY = MEMORY
 _EVALUATE = "autograd::engine::evaluate_function: "
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
 
@@ -166,100 +175,11 @@ def available() -> bool:
     return _torch.profiler_free()
 
 
-class KernelSpan(NamedTuple):
-    """A kernel, memcpy or memset on the device, and the op that launched it
-    (``linked_correlation_id``: the launching op range's ``correlation_id``; 0 when no
-    op range is known to have launched it). Allocations and user annotations on the
-    device are never device work, and are never a ``KernelSpan``."""
-
-    linked_correlation_id: int
-    start_ns: int
-    end_ns: int
-    name: str = ""
-    #: The device's stream (its track in a trace), or 0 when not known.
-    stream: int = 0
-
-
-@dataclass(slots=True)
-class RangeFields:
-    """The op fields of a :class:`Range` (torch's ``_ExtraFields_TorchOp``), and an
-    allocation's (``_ExtraFields_Allocation``: ``alloc_size`` < 0 is a free)."""
-
-    sequence_number: int = -1
-    scope: Any = None
-    inputs: list[Any] = field(default_factory=list)
-    ptr: int = 0
-    alloc_size: int = 0
-    allocation_id: int = 0
-    total_allocated: int = 0
-    total_reserved: int = 0
-    device: Any = None
-
-
-@dataclass(slots=True)
-class Range:
-    """A host range (an op, a module range, a label) with the ranges nested in it, by
-    the attribute names of the profiler's own tree events, so :func:`convert` reads
-    either and tests build these by hand."""
-
-    name: str
-    start_time_ns: int
-    end_time_ns: int
-    start_tid: int = 0
-    correlation_id: int = 0
-    children: list[Range] = field(default_factory=list)
-    extra_fields: RangeFields = field(default_factory=RangeFields)
-    overload_name: str = ""
-
-
-_USER_SCOPE: Any = _torch.USER_SCOPE
-_TORCH_OP: Any = _torch.EVENT_TORCH_OP
-_PY_CALL: Any = _torch.EVENT_PY_CALL
-_PYTHON: Any = _torch.PYTHON_EVENTS
-
-
-def _see_through(events: list[Any]) -> list[Any]:
-    """``events`` with each Python frame (``with_stack``) replaced by what it holds."""
-    out: list[Any] = []
-    pending = list(reversed(events))
-    while pending:
-        event = pending.pop()
-        if event.tag in _PYTHON:
-            pending.extend(reversed(event.children))
-        else:
-            out.append(event)
-    return out
-
-
-#: "file(line): function", as torch's Python tracer names a frame.
-_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
-_LIBRARIES = ("torch/", "layerscope/", "<")
-
-
-def _user_frame(name: str) -> str | None:
-    """A recorded Python frame as ``"file:line function"``; None for torch's and
-    layerscope's own frames, modules' names and built-ins."""
-    found = _FRAME.match(name)
-    if found is None:
-        return None
-    path, line, function = found.groups()
-    if path.startswith(_LIBRARIES) or "/torch/" in path or "/layerscope/" in path:
-        return None
-    return f"{path}:{line} {function}"
+_USER_SCOPE = USER_SCOPE
 
 
 def _sequence_nr(event: Any) -> int:
     return getattr(event.extra_fields, "sequence_number", -1)
-
-
-def read_kernels(result: Any) -> list[KernelSpan]:
-    """The device kernels of a profiler result, with the op each was launched from."""
-    cpu = _torch.CPU_DEVICE
-    return [
-        KernelSpan(e.linked_correlation_id(), e.start_ns(), e.end_ns())
-        for e in result.events()
-        if e.device_type() != cpu
-    ]
 
 
 def _kind(event: Any, name: str | None = None) -> str:
@@ -267,7 +187,7 @@ def _kind(event: Any, name: str | None = None) -> str:
     namespaced name (``aten::mm``) is an op without looking further."""
     if name is None:
         name = event.name
-    if "::" in name and not name.startswith(_EVALUATE) and _op_like(name):
+    if "::" in name and not name.startswith(_EVALUATE) and op_like(name):
         return "op"
     if name.startswith(MODULE_PREFIX):
         return "module"
@@ -290,26 +210,6 @@ def _kind(event: Any, name: str | None = None) -> str:
     return "op"
 
 
-def _op_like(name: str) -> bool:
-    """Whether a namespaced name reads as an op's (``aten::mm``, ``c10d::allreduce_``):
-    a lower-case namespace and no spaces. ``record_function`` ranges named like
-    ``FSDP::pre_forward (0)`` are told apart by their scope instead."""
-    namespace = name.split("::", 1)[0]
-    return " " not in name and namespace == namespace.lower()
-
-
-@dataclass
-class Detail:
-    """What a detailed window hands the conversion besides its ranges: the notes its
-    ``layerscope.note#K`` ranges point to, each op's concrete inputs (int lists) by
-    correlation id, and whether Python frames were recorded (``stacks``: each op's call
-    site is read from the frames around it)."""
-
-    notes: list[list[tuple[Any, ...]]] = field(default_factory=list)
-    concrete: dict[int, list[Any]] = field(default_factory=dict)
-    stacks: bool | None = None
-
-
 def convert(
     roots: list[Any], kernels: list[KernelSpan] = (), *, has_device: bool = False, detail: Detail | None = None  # type: ignore[assignment]
 ) -> list[list[Event]]:
@@ -319,6 +219,11 @@ def convert(
     dispatch mode sees (composites opened into their parts), each with its input shapes,
     FLOPs, MACs and bytes (``op_args``), the storages it allocated and those freed."""
     return _Converter(roots, kernels, has_device, detail).streams()
+
+
+def convert_window(window: WindowCapture) -> list[list[Event]]:
+    """:func:`convert` of one recorded window (live, or read back from a file)."""
+    return convert(window.roots, window.kernels, has_device=window.has_device, detail=window.detail)
 
 
 class _Converter:
@@ -340,6 +245,7 @@ class _Converter:
         #: Each allocation's address, by its id; the accelerator's allocator totals.
         self.ptr_of: dict[int, int] = {}
         self.device_totals: list[tuple[int, int, int]] = []
+        self._totals_sorted = False
         #: Whether a composite of a signature is read as its parts (see ``opens``).
         self.opened: dict[Any, bool] = {}
         #: Where the records of each module frame open now begin.
@@ -362,26 +268,15 @@ class _Converter:
         self.last_backward_seq: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
-    def kids(self, event: Any) -> list[Any]:
-        """The ranges nested in ``event``; with Python frames recorded (``with_stack``)
-        those frames are see-through: their ranges count as nested directly."""
-        if self.detail is None or self.detail.stacks is None:
-            return event.children  # type: ignore[no-any-return]
-        return _see_through(event.children)
+    def kids(self, event: Range) -> list[Range]:
+        """The ranges nested in ``event`` (Python frames were seen through by the adapter)."""
+        return event.children
 
-    def stack_of(self, event: Any) -> tuple[str, ...] | None:
+    def stack_of(self, event: Range) -> tuple[str, ...] | None:
         """The user's Python frames around an op, innermost first (``with_stack``)."""
         if self.detail is None or self.detail.stacks is None:
             return None
-        frames = []
-        parent = event.parent
-        while parent is not None:
-            if parent.tag == _PY_CALL:
-                frame = _user_frame(parent.name)
-                if frame is not None:
-                    frames.append(frame)
-            parent = parent.parent
-        return tuple(frames)
+        return event.stack
 
     def put(self, t_ns: int, record: Event) -> int:
         self.records.append((t_ns, len(self.records), record))
@@ -391,13 +286,18 @@ class _Converter:
         t_ns, order, record = self.records[at]
         self.records[at] = (t_ns, order, record._replace(**fields))  # type: ignore[union-attr]
 
-    def kernel_time(self, event: Any) -> int:
-        """Device time of the kernels launched from ``event`` or any op under it."""
+    def kernel_time(self, event: Range) -> int:
+        """Device time of the kernels launched from ``event`` or any op under it: looked
+        up by the id torch links them with, which op ranges alone carry (0 elsewhere:
+        an allocation, a module or step range)."""
         spans: list[tuple[int, int]] = []
+        by_op = self.kernels_by_op
         pending = [event]
         while pending:
             item = pending.pop()
-            spans.extend(self.kernels_by_op.get(item.correlation_id, ()))
+            found = by_op.get(item.correlation_id) if item.correlation_id > 0 else None
+            if found:
+                spans.extend(found)
             pending.extend(item.children)
         return union_ns(spans)
 
@@ -684,8 +584,8 @@ class _Converter:
 
     def note_device_total(self, event: Any) -> None:
         fields = event.extra_fields
-        device = getattr(fields, "device", None)
-        if device is not None and getattr(device, "type", "cpu") != "cpu":
+        device = fields.device
+        if device is not None and device != "cpu":
             self.device_totals.append((event.start_time_ns, fields.total_allocated, fields.total_reserved))
 
     # -- the walk ---------------------------------------------------------------------
@@ -752,11 +652,17 @@ class _Converter:
         return streams
 
     def _device_peak(self, t0: int, t1: int) -> list[Event]:
-        """The accelerator allocator's highest total during the step (and reserved then)."""
-        inside = [(alloc, reserved) for t, alloc, reserved in self.device_totals if t0 <= t <= t1]
-        if not inside:
+        """The accelerator allocator's highest total during the step (and reserved then):
+        the totals in time order, found by bisection, so each step reads its own only."""
+        totals = self.device_totals
+        if not self._totals_sorted:
+            totals.sort()
+            self._totals_sorted = True
+        lo = bisect_left(totals, (t0, -1, -1))
+        hi = bisect_left(totals, (t1 + 1, -1, -1))
+        if lo >= hi:
             return []
-        allocated, reserved = max(inside)
+        allocated, reserved = max((alloc, reserved) for _, alloc, reserved in totals[lo:hi])
         return [DeviceMem(allocated_peak_bytes=allocated, reserved_at_peak_bytes=reserved)]
 
 
@@ -843,7 +749,7 @@ def _nested_frames(event: Any) -> list[tuple[Any, str]]:
             found.append((item, kind))
         elif is_communication(name):
             found.append((item, "comm"))
-        elif "::" not in name or not _op_like(name):
+        elif "::" not in name or not op_like(name):
             pending.extend(reversed(item.children))
     return found
 
@@ -1094,35 +1000,22 @@ class KinetoWindow:
         gc_was_on = gc.isenabled()
         gc.disable()  # many small objects, none cyclic: collections would only cost time
         try:
-            kernels = read_kernels(result) if self.has_device else []
-            tree = _torch.event_tree(result)
-            if self.with_stack:
-                tree = _see_through(tree)
-            roots = [e for e in tree if e.tag == _TORCH_OP]
-            detail = None
-            if self.detail:
-                detail = Detail(notes=self._notes, concrete=_concrete_inputs(result), stacks=self.with_stack or None)
-            return convert(roots, kernels, has_device=self.has_device, detail=detail)
+            window = read_window(
+                result, has_device=self.has_device, detail=self.detail, notes=self._notes, with_stack=self.with_stack
+            )
+            for observer in WINDOW_OBSERVERS:
+                observer(window, result)
+            return convert_window(window)
         finally:
             self._notes = []
             if gc_was_on:
                 gc.enable()
 
 
-def _concrete_inputs(result: Any) -> dict[int, list[Any]]:
-    """Each op's concrete inputs (the int lists the event tree does not hold), by
-    correlation id; only for ops that have one."""
-    found: dict[int, list[Any]] = {}
-    for event in result.events():
-        try:
-            values = _torch.concrete_inputs(event)
-        except RuntimeError:
-            return found
-        if values is None:  # a torch that records none (said in the profile's meta)
-            return found
-        if values and any(isinstance(v, list) for v in values):
-            found[event.correlation_id()] = list(values)
-    return found
+#: Callables given each window as it stops, ``(window, torch's profiler result)``:
+#: ``benchmarks/gpu.py`` records windows on a GPU (and torch's own trace of the same
+#: session, ``result.save(path)``) for the tests to replay. Empty unless a caller adds one.
+WINDOW_OBSERVERS: list[Callable[[WindowCapture, Any], None]] = []
 
 
 def _storage_at(tensor: torch.Tensor) -> tuple[int, int] | None:

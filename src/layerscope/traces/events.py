@@ -26,13 +26,8 @@ from typing import Any
 import torch
 
 from layerscope.capture import op_args
-from layerscope.capture.kineto import (
-    _USER_SCOPE,
-    STEP_NAME,
-    KernelSpan,
-    Range,
-    RangeFields,
-)
+from layerscope.capture.kineto import STEP_NAME
+from layerscope.capture.window import USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
 from layerscope.traces.reader import us_to_ns
 
 #: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.
@@ -61,35 +56,13 @@ for _name in ("Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnu
     _found = getattr(torch, _name.lower(), None)
     if isinstance(_found, torch.dtype):
         _DTYPES[f"c10::{_name}"] = _found
-_CPU = torch.device("cpu")
 _KINDS = {"TensorList": op_args.TENSORS, "Scalar": op_args.SCALAR, "ScalarList": op_args.SCALARS}
-
-
-@dataclass(frozen=True)
-class TensorInput:
-    """A tensor input as the trace recorded it (its shape and dtype), read by the
-    conversion as it reads torch's tensor metadata: ``sizes``, ``dtype``, ``device``."""
-
-    sizes: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device = _CPU
-
-
-class _Device:
-    """An allocation's device, as the conversion reads it (``.type``)."""
-
-    __slots__ = ("type",)
-
-    def __init__(self, kind: str) -> None:
-        self.type = kind
 
 
 #: The fields of ranges that carry none of their own (labels, modules, steps): shared,
 #: as the conversion only reads them.
 _NO_FIELDS = RangeFields()
-_LABEL_FIELDS = RangeFields(scope=_USER_SCOPE)
-_CPU_DEVICE = _Device("cpu")
-_ACCELERATOR = _Device("cuda")
+_LABEL_FIELDS = RangeFields(scope=USER_SCOPE)
 
 
 @dataclass
@@ -249,7 +222,7 @@ class _Builder:
             allocation_id=ident,
             total_allocated=_int(args.get("Total Allocated"), 0),
             total_reserved=_int(args.get("Total Reserved"), 0),
-            device=_CPU_DEVICE if _int(args.get("Device Type"), 0) == 0 else _ACCELERATOR,
+            device="cpu" if _int(args.get("Device Type"), 0) == 0 else "cuda",
         )
         self._push(tid, t, t, 4, Range("[memory]", t, t, tid, 0, extra_fields=fields))
 
