@@ -95,6 +95,32 @@ def gpt2(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Modu
     return model, {"input_ids": ids, "labels": ids}
 
 
+def gpt2_ckpt(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """GPT-2 (6 layers, 768 wide) with non-reentrant activation checkpointing, batch 4 x 256."""
+    tf = _transformers()
+    size = dict(n_layer=2, n_embd=128, n_head=2) if quick else dict(n_layer=6)
+    config = tf.GPT2Config(**size)
+    batch, seq = (2, 32) if quick else (4, 256)
+    model = tf.GPT2LMHeadModel(config).to(device=device, dtype=dtype).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def llama(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """Llama (4 layers, 1024 wide, 16 heads / 4 KV heads, MLP 2816, SDPA), batch 4 x 512."""
+    tf = _transformers()
+    size = (dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=256, vocab_size=1000) if quick else
+            dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
+                 intermediate_size=2816, vocab_size=32000))
+    config = tf.LlamaConfig(**size, attn_implementation="sdpa")
+    batch, seq = (2, 32) if quick else (4, 512)
+    model = tf.LlamaForCausalLM(config).to(device=device, dtype=dtype).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
+    return model, {"input_ids": ids, "labels": ids}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -278,7 +304,7 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
     result["block_1_step"] = {"problems": _problems(one.profile)}
     _progress(case.name, "1-step block", started)
     result["attribution"] = _part(lambda: attribution(case, out, args.keep_traces))
-    result["overhead"] = _part(lambda: overhead(case, rounds=3 if args.quick else 5, steps=3 if args.quick else 10))
+    result["overhead"] = _part(lambda: overhead(case, rounds=3 if args.quick else 7, steps=3 if args.quick else 10))
     _progress(case.name, "attribution and overhead", started)
     result["memory"] = _part(lambda: memory(case, block))
     result["mfu"] = _part(lambda: mfu(block))
@@ -367,6 +393,190 @@ def ddp(args: argparse.Namespace, out: Path) -> Result:
         os.unlink(store.name)
 
 
+def _kernels_per_step(window: dict[str, Any]) -> list[int]:
+    """The union of the device work (kernels, memcpys, memsets) inside each recorded
+    ``layerscope.step`` range of the owner thread: the step's device busy time, read
+    straight from the recorded events (not through layerscope's conversion)."""
+    from layerscope.capture.kineto import STEP_NAME
+    from layerscope.intervals import union_ns
+
+    result = window["result"]
+    steps = sorted((n[2], n[3]) for n in result["tree"] if n[1] == STEP_NAME)
+    work = [(e[4], e[5]) for e in result["events"] if e[0] != "CPU" and not e[1] and e[2] != "[memory]" and e[3] > 0]
+    return [union_ns((a, b) for a, b in work if t0 <= a < t1) for t0, t1 in steps]
+
+
+def record(args: argparse.Namespace, out: Path) -> Result:
+    """Recorded captures for the suite to replay (``layerscope.capture.replay``): each
+    workload's block windows as torch's profiler handed them over, with torch's own
+    trace of the same session read back by ``layerscope.load`` as the oracle."""
+    from layerscope.capture import replay
+
+    target = args.record or out / "captures"
+    target.mkdir(parents=True, exist_ok=True)
+    results: Result = {}
+    workloads = (
+        ("bert_base_fwd", bert, False, torch.float32, 2),
+        ("gpt2_adamw_train", gpt2, True, torch.float32, 2),
+        ("gpt2_ckpt_train", gpt2_ckpt, True, torch.float32, 1),
+        ("llama_bf16_train", llama, True, torch.bfloat16, 1),
+    )
+    for name, build, train, dtype, steps in workloads:
+        results[name] = _part(
+            lambda name=name, build=build, train=train, dtype=dtype, steps=steps: _record_one(  # type: ignore[misc]
+                name, build, train, dtype, steps, args, out, target, replay
+            )
+        )
+        print(f"  record {name}: {results[name].get('status')} {results[name].get('error', '')}", flush=True)
+    results["ddp_nccl_train"] = _part(lambda: _record_ddp(args, out, target, replay))
+    failed = [name for name, part in results.items() if part.get("status") == "failed"]
+    if failed:
+        results["status"] = "failed"
+        results["error"] = f"recording failed for {', '.join(failed)}"
+    return results
+
+
+def _record_one(name: str, build: Callable[..., Any], train: bool, dtype: torch.dtype, steps: int,
+                args: argparse.Namespace, out: Path, target: Path, replay: Any) -> Result:
+    device = torch.device(args.device)
+    model, inputs = build(args.quick, device, dtype)
+    case = Case(name, model, inputs, train, device)
+    for _ in range(3):
+        case.step()  # kernels chosen, AdamW's state made
+    _sync(device)
+    return _record_block(name, model, case.step, steps, out, target, replay, device)
+
+
+def _record_block(name: str, model: nn.Module, step: Callable[[], None], steps: int, out: Path, target: Path,
+                  replay: Any, device: torch.device) -> Result:
+    trace_dir = out / f"trace_{name}"
+    trace_dir.mkdir(exist_ok=True)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    with replay.WindowRecorder(trace_dir) as recorder:
+        with layerscope.Profiler(model) as prof:
+            for _ in range(steps):
+                step()
+                prof.step()
+            _sync(device)
+            leaving = time.perf_counter()
+        exit_s = time.perf_counter() - leaving
+    peak = torch.cuda.max_memory_allocated(device) if on_gpu else None
+    live = prof.profile
+    traced = [layerscope.load(path, model=model) for path in recorder.traces]
+    truth = {
+        "trace_nodes": [replay.node_figures(t) for t in traced],
+        "kernels_per_step_ns": [ns for w in recorder.windows for ns in _kernels_per_step(w)],
+        "max_memory_allocated": peak,
+        "device_peak": live.memory.device.to_dict() if live.memory is not None and live.memory.device else None,
+        "device_name": torch.cuda.get_device_name(device) if on_gpu else "CPU",
+    }
+    data = replay.recording(recorder, model, live, truth=truth, about=f"{name}: {steps} step(s) on {truth['device_name']}")
+    path = target / f"{name}.json.gz"
+    replay.save(data, path)
+    # The figures the tests check, seen here first.
+    figures = replay.node_figures(live)
+    traced_figures = truth["trace_nodes"][0] if truth["trace_nodes"] else {}
+    worst = _worst_disagreement(figures, traced_figures, steps)
+    again = replay.node_figures(replay.replay(replay.load(path)))
+    return {
+        "file_bytes": path.stat().st_size, "exit_s": exit_s, "problems": _problems(live),
+        "root_fwd_device_ms_per_step": (live.root.forward.device_time_ns or 0) / 1e6 / steps,
+        "root_bwd_device_ms_per_step": ((live.root.backward.device_time_ns or 0) / 1e6 / steps) if live.root.backward else None,
+        "kernels_per_step_ms": [ns / 1e6 for ns in truth["kernels_per_step_ns"]],
+        "worst_node_vs_trace": worst, "replay_equals_live": again == figures,
+        "max_memory_allocated": peak, "device_peak": truth["device_peak"],
+    }
+
+
+def _worst_disagreement(live: dict[str, Any], traced: dict[str, Any], steps: int) -> Any:
+    """The node whose device total differs most between the live profile and torch's own
+    trace of the same session (relative, among nodes over 1% of the root's)."""
+    root = max((v[1] or 0) + (v[3] or 0) for v in live.values()) if live else 0
+    worst: Any = None
+    for key, values in live.items():
+        other = traced.get(key)
+        if other is None:
+            continue
+        for i in (1, 3):
+            a, b = values[i], other[i]
+            if a is None or b is None or max(a, b) < 0.01 * root:
+                continue
+            rel = abs(a - b) / max(a, b)
+            if worst is None or rel > worst[1]:
+                worst = [f"{key}[{i}]", rel, a, b]
+    return worst
+
+
+def _record_ddp(args: argparse.Namespace, out: Path, target: Path, replay: Any) -> Result:
+    import torch.distributed as dist
+
+    store = tempfile.NamedTemporaryFile(dir=out, delete=False)
+    store.close()
+    device = torch.device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store.name}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        width = 64 if args.quick else 2048
+        model = nn.Sequential(
+            nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+            nn.Linear(width, 10),
+        ).to(device)
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+        x = torch.randn(64, width, device=device)
+
+        def step() -> None:
+            opt.zero_grad()
+            wrapped(x).sum().backward()
+            opt.step()
+
+        for _ in range(3):
+            step()
+        _sync(device)
+        return _record_block("ddp_nccl_train", wrapped, step, 2, out, target, replay, device)
+    finally:
+        dist.destroy_process_group()
+        os.unlink(store.name)
+
+
+def exit_scaling(args: argparse.Namespace) -> Result:
+    """A GPT-2 AdamW block's exit for 2, 5 and 11 steps, beside torch.profiler's own
+    stop (shapes and memory) for the same steps: both should grow linearly."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(args.device)
+    model, inputs = gpt2(args.quick, device, torch.float32)
+    case = Case("gpt2", model, inputs, True, device)
+    for _ in range(2):
+        case.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    rows = []
+    for steps in (2, 5, 11):
+        row: Result = {"steps": steps}
+        with layerscope.Profiler(model) as prof:
+            for _ in range(steps):
+                case.step()
+                prof.step()
+            _sync(device)
+            leaving = time.perf_counter()
+        row["layerscope_exit_s"] = time.perf_counter() - leaving
+        with profile(activities=activities, record_shapes=True, profile_memory=True) as tprof:
+            for _ in range(steps):
+                case.step()
+                tprof.step()
+            _sync(device)
+            leaving = time.perf_counter()
+        row["torch_profiler_stop_s"] = time.perf_counter() - leaving
+        row["ratio"] = row["layerscope_exit_s"] / row["torch_profiler_stop_s"]
+        print(f"  exit, {steps} steps: layerscope {row['layerscope_exit_s']:.2f} s, torch.profiler "
+              f"{row['torch_profiler_stop_s']:.2f} s", flush=True)
+        rows.append(row)
+    return {"rows": rows}
+
+
 def _part(run: Callable[[], Result]) -> Result:
     started = time.perf_counter()
     try:
@@ -414,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests-timeout-s", type=float, default=300, help="limit for the CUDA tests (default 300)")
     parser.add_argument("--only", action="append", default=None, metavar="PART", help="run only this part (repeatable)")
     parser.add_argument("--keep-traces", action="store_true", help="keep the torch.profiler traces in OUT")
+    parser.add_argument("--record", type=Path, default=None, metavar="DIR",
+                        help="where the record part writes its captures for the suite to replay "
+                        "(default OUT/captures; the suite reads tests/data/captures)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu for the smoke mode")
@@ -453,9 +666,11 @@ def _plan(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[], Result]]
             return lambda: {"status": "skipped", "reason": "transformers is not installed here"}
         return lambda: check_model(name, build, train, dtype, args, args.out)
 
+    yield "record", lambda: record(args, args.out)
     models = (("bert_base_forward", bert, False), ("gpt2_adamw_step", gpt2, True))
     for name, build, train in models:
         yield f"{name}_float32", model_part(name, build, train, torch.float32)
+    yield "exit_scaling", lambda: exit_scaling(args)
     yield "compiled", lambda: compiled(args)
     yield "ddp_one_device", lambda: ddp(args, args.out)
     if args.device == "cuda":

@@ -335,7 +335,9 @@ class _Converter:
         elif kind == "raised":
             self.on_raised()
         elif kind == "note":
-            if self.detail is not None:
+            # A note's items are kept by the window that took it; a trace file of the
+            # same session has the mark without them.
+            if self.detail is not None and int(event.name[len(NOTE_PREFIX) :]) < len(self.detail.notes):
                 self.put(event.start_time_ns, _Note(event.start_time_ns, int(event.name[len(NOTE_PREFIX) :])))  # type: ignore[arg-type]
         elif kind == "memory":
             if self.detail is not None:

@@ -173,3 +173,163 @@ def read_window(
     if detail:
         found.detail = Detail(notes=list(notes or []), concrete=concrete_inputs(result), stacks=reader.stacks or None)
     return found
+
+
+# -- recording torch's events as the adapter reads them, and replaying them --------------
+#
+# A recorded result holds exactly the fields :func:`read_window` reads, of every event it
+# looks at: the event tree (each node's kind, name, times, thread, correlation id,
+# overload and kind's fields; Python frames and Kineto's launches included, so the
+# adapter's own choices are replayed too), and the flat events that are not the CPU's
+# (kernels, copies, memsets, the device's allocations and annotations) or that carry
+# concrete inputs. A replayed result answers the same calls with the same values.
+
+RECORD_FORMAT = "layerscope-torch-events/1"
+
+
+def dump_result(result: Any) -> dict[str, Any]:
+    """What :func:`read_window` reads of a profiler result, as JSON-ready lists."""
+    cpu = _torch.CPU_DEVICE
+    flat: list[list[Any]] = []
+    for e in result.events():
+        if e.device_type() != cpu:
+            flat.append([
+                e.device_type().name, bool(e.is_user_annotation()), e.name(), e.linked_correlation_id(),
+                e.start_ns(), e.end_ns(), e.device_resource_id(), e.correlation_id(), None,
+            ])
+            continue
+        values = _torch.concrete_inputs(e)
+        if values and any(isinstance(v, list) for v in values):
+            flat.append(["CPU", False, e.name(), 0, e.start_ns(), e.end_ns(), 0, e.correlation_id(), list(values)])
+    return {"format": RECORD_FORMAT, "tree": [_node_out(n) for n in _torch.event_tree(result)], "events": flat}
+
+
+def _node_out(event: Any) -> list[Any]:
+    tag = event.tag
+    ef = event.extra_fields
+    fields: Any = None
+    if tag == _TORCH_OP:
+        scope = getattr(ef, "scope", None)
+        fields = [getattr(ef, "sequence_number", -1), None if scope is None else scope.name,
+                  [_value_out(v) for v in getattr(ef, "inputs", ())]]
+    elif tag == _ALLOCATION:
+        device = getattr(ef, "device", None)
+        fields = [ef.ptr, ef.alloc_size, ef.allocation_id, ef.total_allocated, ef.total_reserved,
+                  None if device is None else str(device)]
+    return [
+        tag.name, event.name, event.start_time_ns, event.end_time_ns, event.start_tid, event.correlation_id,
+        getattr(event, "overload_name", "") or "", fields, [_node_out(c) for c in event.children],
+    ]
+
+
+def _value_out(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_value_out(v) for v in value]
+    sizes = getattr(value, "sizes", None)
+    if sizes is not None:
+        return {"t": list(sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return None
+
+
+def _value_in(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, dict):
+        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]))
+    if isinstance(value, list):
+        return [_value_in(v) for v in value]
+    return value
+
+
+class _Fields:
+    """A node's kind's fields, by the names torch gives them."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+
+class _Node:
+    """A replayed node of the event tree: the attributes :func:`read_window` reads."""
+
+    __slots__ = ("children", "correlation_id", "end_time_ns", "extra_fields", "name", "overload_name",
+                 "start_tid", "start_time_ns", "tag")
+
+    def __init__(self, item: list[Any], tags: dict[str, Any], scopes: dict[str, Any]) -> None:
+        import torch
+
+        tag, self.name, self.start_time_ns, self.end_time_ns, self.start_tid, self.correlation_id, \
+            self.overload_name, fields, children = item
+        self.tag = tags.get(tag, tag)
+        if fields is None:
+            self.extra_fields = _Fields()
+        elif tag == "Allocation":
+            ptr, size, ident, allocated, reserved, device = fields
+            self.extra_fields = _Fields(
+                ptr=ptr, alloc_size=size, allocation_id=ident, total_allocated=allocated, total_reserved=reserved,
+                device=None if device is None else torch.device(device),
+            )
+        else:
+            seq, scope, inputs = fields
+            self.extra_fields = _Fields(
+                sequence_number=seq, scope=None if scope is None else scopes[scope], inputs=[_value_in(v) for v in inputs]
+            )
+        self.children = [_Node(c, tags, scopes) for c in children]
+
+
+class _Flat:
+    """A replayed flat event: the methods :func:`read_window` calls."""
+
+    __slots__ = ("_item", "_kind")
+
+    def __init__(self, item: list[Any], kinds: dict[str, Any]) -> None:
+        self._item = item
+        self._kind = kinds[item[0]]
+
+    def device_type(self) -> Any:
+        return self._kind
+
+    def is_user_annotation(self) -> bool:
+        return bool(self._item[1])
+
+    def name(self) -> str:
+        return str(self._item[2])
+
+    def linked_correlation_id(self) -> int:
+        return int(self._item[3])
+
+    def start_ns(self) -> int:
+        return int(self._item[4])
+
+    def end_ns(self) -> int:
+        return int(self._item[5])
+
+    def device_resource_id(self) -> int:
+        return int(self._item[6])
+
+    def correlation_id(self) -> int:
+        return int(self._item[7])
+
+    def concrete_inputs(self) -> list[Any]:
+        return list(self._item[8] or [])
+
+
+class ReplayedResult:
+    """A profiler result read back from :func:`dump_result`'s output: it answers
+    ``events()`` and ``experimental_event_tree()`` as torch's result did."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        if data.get("format") != RECORD_FORMAT:
+            raise ValueError(f"not recorded torch events: format {data.get('format')!r}, expected {RECORD_FORMAT!r}")
+        tags = dict(type(_TORCH_OP).__members__)
+        scopes = dict(type(_USER).__members__)
+        kinds = dict(type(_torch.CPU_DEVICE).__members__)
+        self._tree = [_Node(n, tags, scopes) for n in data["tree"]]
+        self._events = [_Flat(e, kinds) for e in data["events"]]
+
+    def events(self) -> list[_Flat]:
+        return self._events
+
+    def experimental_event_tree(self) -> list[_Node]:
+        return self._tree

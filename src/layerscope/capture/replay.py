@@ -1,0 +1,149 @@
+"""Recorded captures: a ``Profiler`` block's windows as torch's profiler gave them to the
+adapter, saved with the model's module table, and replayed through the same adapter,
+conversion and walker on any machine. A GPU run records them (``benchmarks/gpu.py
+--record``); the suite replays them without a GPU, so the CUDA path is checked on every
+commit.
+
+A recording (``layerscope-capture/1``, gzipped JSON) holds:
+
+- ``modules``: the model's module table (:class:`~layerscope.raw.ModuleInfo`), and
+  ``meta``, the live profile's facts (device, dtype, model);
+- ``windows``: each window's recorded torch events (``torch_events.dump_result``), its
+  notes and how it was recorded (device, detail, stacks);
+- ``live``: what the live profile said of the same windows, node by node (forward and
+  backward self and total device time), to check that a replay is the same profile;
+- ``truth``: figures taken in the same session from elsewhere (torch's own trace of it,
+  read by ``layerscope.load``; the allocator's peak), to check both against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from layerscope.attribute import parent_indices
+from layerscope.attribute.cycle import Cycle
+from layerscope.capture.kineto import WINDOW_OBSERVERS, convert_window
+from layerscope.capture.memory import model_memory
+from layerscope.capture.modules import module_table
+from layerscope.capture.torch_events import ReplayedResult, dump_result, read_window
+from layerscope.capture.window import WindowCapture, load_json, save_json
+from layerscope.raw import ModuleInfo, RawCapture
+from layerscope.runfacts import RunFacts
+from layerscope.tree import Profile
+
+FORMAT = "layerscope-capture/1"
+
+
+class WindowRecorder:
+    """While it is open (a ``with`` block), every window torch's profiler hands
+    layerscope is recorded as the adapter read it (``windows``), and with ``trace_dir``
+    torch's own trace of the same session is saved there too (``trace-K.json``)."""
+
+    def __init__(self, trace_dir: str | Path | None = None) -> None:
+        self.windows: list[dict[str, Any]] = []
+        self.traces: list[Path] = []
+        self._trace_dir = None if trace_dir is None else Path(trace_dir)
+
+    def _observe(self, window: WindowCapture, result: Any) -> None:
+        detail = window.detail
+        self.windows.append({
+            "has_device": window.has_device,
+            "detail": detail is not None,
+            "with_stack": bool(detail is not None and detail.stacks),
+            "notes": [] if detail is None else [[list(item) for item in note] for note in detail.notes],
+            "result": dump_result(result),
+        })
+        if self._trace_dir is not None:
+            path = self._trace_dir / f"trace-{len(self.traces)}.json"
+            result.save(str(path))
+            self.traces.append(path)
+
+    def __enter__(self) -> WindowRecorder:
+        WINDOW_OBSERVERS.append(self._observe)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        WINDOW_OBSERVERS.remove(self._observe)
+
+
+def node_figures(profile: Profile) -> dict[str, list[int | None]]:
+    """Each node's (and part's: ``<loss>``) device figures by path: forward self and
+    total, backward self and total, in ns (None where unknown)."""
+    out: dict[str, list[int | None]] = {}
+    for node in [*profile.root.walk(), *profile.parts]:
+        back = node.backward
+        out[node.path] = [
+            node.forward.self_device_time_ns, node.forward.device_time_ns,
+            None if back is None else back.self_device_time_ns, None if back is None else back.device_time_ns,
+        ]
+    return out
+
+
+def recording(
+    recorder: WindowRecorder, model: Any, profile: Profile, *, truth: dict[str, Any] | None = None, about: str = "",
+) -> dict[str, Any]:
+    """A recording of a block's windows over ``model`` (see the module's docstring);
+    ``profile`` is the block's, each module's shapes taken from it."""
+    _, infos, param_bytes = module_table(model, profile.meta.paths)
+    index = {info.path: i for i, info in enumerate(infos)}
+    shapes = {
+        index[node.path]: [node.input_shapes, node.output_shapes]
+        for node in profile.root.walk() if node.path in index and node.input_shapes is not None
+    }
+    return {
+        "format": FORMAT,
+        "about": about,
+        "modules": [asdict(m) for m in infos],
+        "param_bytes": param_bytes,
+        "memory_static": model_memory(model),
+        "module_shapes": [[i, s] for i, s in shapes.items()],
+        "meta": profile.meta.to_dict(),
+        "windows": recorder.windows,
+        "live": node_figures(profile),
+        "truth": truth or {},
+    }
+
+
+def save(data: dict[str, Any], path: str | Path) -> None:
+    save_json(data, path)
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    data = load_json(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: not a recorded capture (format {found!r}, expected {FORMAT!r})")
+    return data
+
+
+def windows(data: dict[str, Any]) -> list[WindowCapture]:
+    """The recording's windows as the adapter reads them from the replayed events."""
+    found = []
+    for item in data["windows"]:
+        found.append(read_window(
+            ReplayedResult(item["result"]), has_device=item["has_device"], detail=item["detail"],
+            notes=[[tuple(entry) for entry in note] for note in item["notes"]], with_stack=item["with_stack"],
+        ))
+    return found
+
+
+def replay(data: dict[str, Any]) -> Profile:
+    """The profile of a recording: its windows through the adapter, the conversion and
+    the walker, as the live block built it."""
+    infos = [ModuleInfo(**m) for m in data["modules"]]
+    cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
+    number = 0
+    has_device = False
+    for window in windows(data):
+        has_device = has_device or window.has_device
+        for events in convert_window(window):
+            cycle.add(events, number, warmup=False, keep_empty=False, has_device=window.has_device)
+            number += 1
+    raw = RawCapture(
+        modules=infos, has_device_time=has_device, param_bytes=data["param_bytes"],
+        module_shapes={i: (shapes[0], shapes[1]) for i, shapes in data["module_shapes"]},
+        memory_static=data["memory_static"], meta=RunFacts.from_dict(data["meta"]),
+    )
+    return cycle.build(raw)
