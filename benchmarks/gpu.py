@@ -58,6 +58,8 @@ from torch import nn  # noqa: E402
 import layerscope  # noqa: E402
 from layerscope.io import write_atomic  # noqa: E402
 
+#: Whether torch's own traces of recorded sessions are kept in OUT (--keep-traces).
+KEEP_TRACES = False
 #: A part's verdict: "ok", "failed" or "skipped", with its figures or the reason.
 Result = dict[str, Any]
 
@@ -449,7 +451,8 @@ def _record_one(name: str, build: Callable[..., Any], train: bool, dtype: torch.
 
 def _record_block(name: str, model: nn.Module, step: Callable[[], None], steps: int, out: Path, target: Path,
                   replay: Any, device: torch.device) -> Result:
-    trace_dir = out / f"trace_{name}"
+    # torch's own traces of the session are large: read here, kept only with --keep-traces.
+    trace_dir = out / f"trace_{name}" if KEEP_TRACES else Path(tempfile.mkdtemp(prefix=f"layerscope-{name}-"))
     trace_dir.mkdir(exist_ok=True)
     on_gpu = device.type == "cuda"
     if on_gpu:
@@ -628,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the record part writes its captures for the suite to replay "
                         "(default OUT/captures; the suite reads tests/data/captures)")
     args = parser.parse_args(argv)
+    global KEEP_TRACES
+    KEEP_TRACES = args.keep_traces
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu for the smoke mode")
     args.out.mkdir(parents=True, exist_ok=True)
