@@ -52,7 +52,7 @@ import re
 import sys
 import tempfile
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -75,12 +75,13 @@ from layerscope.capture.memory import (
     tensors_in,
 )
 from layerscope.capture.recorder import label_kind
-from layerscope.comm import is_communication
+from layerscope.comm import is_communication, is_communication_kernel
 from layerscope.intervals import union_ns
 from layerscope.raw import (
     NO_SEQ,
     Adopt,
     Collective,
+    DeviceBusy,
     DeviceMem,
     Enter,
     Event,
@@ -695,6 +696,9 @@ class _Converter:
             return []
         self.owner_tid = owner
         steps = [(r.start_time_ns, r.end_time_ns) for r in self.roots if r.name == STEP_NAME and r.start_tid == owner]
+        self.device_busy: dict[int, DeviceBusy] = {}
+        if self.has_device:
+            self._share_device_time(sorted(steps))
         for root in self.roots:
             tid = root.start_tid
             self.on_owner = tid == owner
@@ -713,6 +717,12 @@ class _Converter:
         self.records.sort(key=lambda r: (r[0], r[1]))
         self.seq_marks.sort()
         return self._split()
+
+    def _share_device_time(self, steps: list[tuple[int, int]]) -> None:
+        """Each step's device work as a :class:`DeviceBusy`, by the step's start, and each
+        op's kernels as the pieces of time they hold alone (``kernels_by_op``), so the ops'
+        device times add up to no more than the step's busy time: see :func:`share_device_time`."""
+        self.device_busy, self.kernels_by_op = share_device_time(self.kernels, steps, _launch_times(self.roots))
 
     def _split(self) -> list[list[Event]]:
         """Per step, with autograd's counter filled in at frame boundaries."""
@@ -735,6 +745,9 @@ class _Converter:
                     step_start = t_ns
                 else:
                     current.extend(self._device_peak(step_start, t_ns))
+                    busy = self.device_busy.get(step_start)
+                    if busy is not None:
+                        current.append(busy)
                     current.append(record)
                     streams.append(current)
                     current = None
@@ -758,6 +771,93 @@ class _Converter:
             return []
         allocated, reserved = max(inside)
         return [DeviceMem(allocated_peak_bytes=allocated, reserved_at_peak_bytes=reserved)]
+
+
+def _launch_times(roots: list[Any]) -> dict[int, int]:
+    """When each range of the window began, by its correlation id: the launch of the
+    kernels linked to it."""
+    out: dict[int, int] = {}
+    pending = list(roots)
+    while pending:
+        item = pending.pop()
+        if item.correlation_id:
+            out[item.correlation_id] = item.start_time_ns
+        pending.extend(item.children)
+    return out
+
+
+def kernel_steps(kernels: list[KernelSpan], steps: list[tuple[int, int]], launched: dict[int, int]) -> list[int | None]:
+    """The step (an index into ``steps``, sorted host windows) each kernel belongs to, or
+    None. A kernel is its launch's: the step whose window holds the start of the op range
+    that launched it, whole, however long after the step it ran (a kernel never straddles
+    two steps). Work launched from no op range known (link 0) belongs to the step whose
+    window holds its own start on the device, or, in a gap, to the step before the gap."""
+    starts = [s for s, _ in steps]
+    out: list[int | None] = []
+    for k in kernels:
+        link = k.linked_correlation_id
+        at: int | None
+        if link > 0:
+            t = launched.get(link)
+            at = None if t is None else bisect_right(starts, t) - 1
+            if at is not None and (at < 0 or t is None or t > steps[at][1]):
+                at = None
+        else:
+            at = bisect_right(starts, k.start_ns) - 1
+            if at < 0 or (at == len(steps) - 1 and k.start_ns > steps[at][1]):
+                at = None
+        out.append(at)
+    return out
+
+
+def device_busy(kernels: list[KernelSpan]) -> tuple[DeviceBusy, dict[int, list[tuple[int, int]]]]:
+    """One step's device work as a :class:`DeviceBusy`, and the pieces of time each op
+    (by correlation id) holds alone.
+
+    Every instant a kernel ran is given to one kernel, so nothing is counted twice when
+    streams overlap: compute work before a collective's kernel (communication that
+    overlaps compute is shown as overlap, never as a module's time), then the kernel
+    that started first. A collective's kernels are never an op's (their time is the
+    step's communication); compute work launched from no op range is ``unlinked_ns``."""
+    compute = sorted(
+        ((k.start_ns, k.end_ns, k.linked_correlation_id) for k in kernels if not is_communication_kernel(k.name)),
+    )
+    comm = [(k.start_ns, k.end_ns) for k in kernels if is_communication_kernel(k.name)]
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    unlinked = 0
+    reach: int | None = None
+    for start, end, link in compute:
+        begin = start if reach is None else max(start, reach)
+        if end > begin:
+            if link > 0:
+                pieces.setdefault(link, []).append((begin, end))
+            else:
+                unlinked += end - begin
+        reach = end if reach is None else max(reach, end)
+    compute_ns = union_ns((s, e) for s, e, _ in compute)
+    comm_ns = union_ns(comm)
+    busy_ns = union_ns([*((s, e) for s, e, _ in compute), *comm])
+    return DeviceBusy(busy_ns, compute_ns, comm_ns, compute_ns + comm_ns - busy_ns, unlinked), pieces
+
+
+def share_device_time(
+    kernels: list[KernelSpan], steps: list[tuple[int, int]], launched: dict[int, int]
+) -> tuple[dict[int, DeviceBusy], dict[int, list[tuple[int, int]]]]:
+    """Each step's :class:`DeviceBusy` by the step's start, and the pieces of time the
+    kernels of each op (by correlation id) hold alone, over all steps (:func:`device_busy`);
+    work in no step (:func:`kernel_steps`) is in neither."""
+    by_step: dict[int, list[KernelSpan]] = {}
+    for kernel, at in zip(kernels, kernel_steps(kernels, steps, launched)):
+        if at is not None:
+            by_step.setdefault(at, []).append(kernel)
+    busy: dict[int, DeviceBusy] = {}
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    for at, (start, _) in enumerate(steps):
+        figures, held = device_busy(by_step.get(at, []))
+        busy[start] = figures
+        for link, spans in held.items():
+            pieces.setdefault(link, []).extend(spans)
+    return busy, pieces
 
 
 class _Note(NamedTuple):
