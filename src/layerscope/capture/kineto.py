@@ -552,6 +552,8 @@ class _Converter:
                     self.replace(at, t1_ns=min(frames))
                 elif self.has_device:
                     self.replace(at, device_time_ns=self.kernel_time(event))
+            elif grad is None and self.has_device:
+                self._own_kernels(event)
             return
         flops, macs, nbytes = self.counts(event, name, overload)[2]
         inputs = list(getattr(event.extra_fields, "inputs", ()))
@@ -564,6 +566,16 @@ class _Converter:
         if self.has_device:
             op = op._replace(device_time_ns=self.kernel_time(event))
         self.put(start, op)
+
+    def _own_kernels(self, event: Any) -> None:
+        """The kernels an opened range launched itself, not from an op nested in it (a
+        custom op's, ``vllm::moe_forward`` launching Triton kernels from Python): a
+        nameless instant record carries them, so the frame it ran in holds their time
+        (in backward the node's own record does)."""
+        own = self.kernels_by_op.get(event.correlation_id)
+        if own:
+            start = event.start_time_ns
+            self.put(start, Op(start, start, None, device_time_ns=union_ns(own), tid=event.start_tid))  # type: ignore[arg-type]
 
     def on_raised(self) -> None:
         """A non-reentrant checkpoint stopped recomputing in this module's forward: it
