@@ -180,11 +180,12 @@ class Collective(NamedTuple):
 
 class DeviceBusy(NamedTuple):
     """The step's device work (kernels, copies, memsets) on every stream, each instant
-    counted once: ``busy_ns`` its union; ``compute_ns`` the union of the work that is not
-    a collective's, ``comm_ns`` that of collectives' kernels, ``overlap_ns`` the time both
-    ran (``compute_ns + comm_ns - busy_ns``); ``unlinked_ns`` the share of ``busy_ns``
-    of compute work launched from no op range (``capture/kineto.py`` gives each instant
-    to one kernel: compute before communication, then the earliest started)."""
+    counted once (``capture/kineto.py`` gives each instant to one kernel: compute before
+    a collective's, then the earliest started; a kernel is its launch's step, whole):
+    ``busy_ns`` what the step's work holds; ``compute_ns`` what its work that is not a
+    collective's holds, ``comm_ns`` the time its collectives' kernels ran, ``overlap_ns``
+    the part of that with compute running (``busy = compute + comm - overlap``);
+    ``unlinked_ns`` the share of compute work launched from no op range."""
 
     busy_ns: int
     compute_ns: int

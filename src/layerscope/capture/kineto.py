@@ -76,7 +76,7 @@ from layerscope.capture.memory import (
 )
 from layerscope.capture.recorder import label_kind
 from layerscope.comm import is_communication, is_communication_kernel
-from layerscope.intervals import union_ns
+from layerscope.intervals import merged, union_ns
 from layerscope.raw import (
     NO_SEQ,
     Adopt,
@@ -822,54 +822,65 @@ def kernel_steps(kernels: list[KernelSpan], steps: list[tuple[int, int]], launch
     return out
 
 
-def device_busy(kernels: list[KernelSpan]) -> tuple[DeviceBusy, dict[int, list[tuple[int, int]]]]:
-    """One step's device work as a :class:`DeviceBusy`, and the pieces of time each op
-    (by correlation id) holds alone.
-
-    Every instant a kernel ran is given to one kernel, so nothing is counted twice when
-    streams overlap: compute work before a collective's kernel (communication that
-    overlaps compute is shown as overlap, never as a module's time), then the kernel
-    that started first. A collective's kernels are never an op's (their time is the
-    step's communication); compute work launched from no op range is ``unlinked_ns``."""
-    compute = sorted(
-        ((k.start_ns, k.end_ns, k.linked_correlation_id) for k in kernels if not is_communication_kernel(k.name)),
-    )
-    comm = [(k.start_ns, k.end_ns) for k in kernels if is_communication_kernel(k.name)]
-    pieces: dict[int, list[tuple[int, int]]] = {}
-    unlinked = 0
-    reach: int | None = None
-    for start, end, link in compute:
-        begin = start if reach is None else max(start, reach)
-        if end > begin:
-            if link > 0:
-                pieces.setdefault(link, []).append((begin, end))
-            else:
-                unlinked += end - begin
-        reach = end if reach is None else max(reach, end)
-    compute_ns = union_ns((s, e) for s, e, _ in compute)
-    comm_ns = union_ns(comm)
-    busy_ns = union_ns([*((s, e) for s, e, _ in compute), *comm])
-    return DeviceBusy(busy_ns, compute_ns, comm_ns, compute_ns + comm_ns - busy_ns, unlinked), pieces
-
-
 def share_device_time(
     kernels: list[KernelSpan], steps: list[tuple[int, int]], launched: dict[int, int]
 ) -> tuple[dict[int, DeviceBusy], dict[int, list[tuple[int, int]]]]:
     """Each step's :class:`DeviceBusy` by the step's start, and the pieces of time the
-    kernels of each op (by correlation id) hold alone, over all steps (:func:`device_busy`);
-    work in no step (:func:`kernel_steps`) is in neither."""
-    by_step: dict[int, list[KernelSpan]] = {}
-    for kernel, at in zip(kernels, kernel_steps(kernels, steps, launched)):
-        if at is not None:
-            by_step.setdefault(at, []).append(kernel)
-    busy: dict[int, DeviceBusy] = {}
+    kernels of each op (by correlation id) hold alone.
+
+    Every instant the steps' device work ran is given to one kernel, so nothing is
+    counted twice when streams overlap, within a step or across two: compute work before
+    a collective's kernel (communication that overlaps compute is shown as overlap,
+    never as a module's time), then the kernel that started first. A step's busy time is
+    what its own kernels (:func:`kernel_steps`) hold, so the steps add up to the union of
+    their work. A collective's kernels are never an op's (their time is the step's
+    communication); compute work launched from no op range is ``unlinked_ns``. Work in
+    no step is in neither."""
+    at_step = kernel_steps(kernels, steps, launched)
+    compute = sorted(
+        (k.start_ns, k.end_ns, k.linked_correlation_id, at)
+        for k, at in zip(kernels, at_step)
+        if at is not None and not is_communication_kernel(k.name)
+    )
+    comm = sorted(
+        (k.start_ns, k.end_ns, at) for k, at in zip(kernels, at_step) if at is not None and is_communication_kernel(k.name)
+    )
+    figures = {at: [0, 0, 0, 0] for at in range(len(steps))}  # compute, comm, comm alone, unlinked
     pieces: dict[int, list[tuple[int, int]]] = {}
+    reach: int | None = None
+    for start, end, link, at in compute:
+        begin = start if reach is None else max(start, reach)
+        if end > begin:
+            figures[at][0] += end - begin
+            if link > 0:
+                pieces.setdefault(link, []).append((begin, end))
+            else:
+                figures[at][3] += end - begin
+        reach = end if reach is None else max(reach, end)
+    busy_compute = merged((s, e) for s, e, _, _ in compute)
+    ends = [e for _, e in busy_compute]
+    reach = None
+    for start, end, at in comm:
+        begin = start if reach is None else max(start, reach)
+        if end > begin:
+            figures[at][1] += end - begin
+            figures[at][2] += (end - begin) - _covered(busy_compute, ends, begin, end)
+        reach = end if reach is None else max(reach, end)
+    busy: dict[int, DeviceBusy] = {}
     for at, (start, _) in enumerate(steps):
-        figures, held = device_busy(by_step.get(at, []))
-        busy[start] = figures
-        for link, spans in held.items():
-            pieces.setdefault(link, []).extend(spans)
+        compute_ns, comm_ns, alone, unlinked = figures[at]
+        busy[start] = DeviceBusy(compute_ns + alone, compute_ns, comm_ns, comm_ns - alone, unlinked)
     return busy, pieces
+
+
+def _covered(spans: list[tuple[int, int]], ends: list[int], start: int, end: int) -> int:
+    """How much of ``[start, end)`` the merged ``spans`` (``ends``: their ends) cover."""
+    total = 0
+    at = bisect_right(ends, start)
+    while at < len(spans) and spans[at][0] < end:
+        total += max(0, min(end, spans[at][1]) - max(start, spans[at][0]))
+        at += 1
+    return total
 
 
 class _Note(NamedTuple):
