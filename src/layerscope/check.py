@@ -153,6 +153,34 @@ def tree_problems(profile: Profile) -> list[str]:
         problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
     problems.extend(_memory_problems(profile))
     problems.extend(_trace_problems(profile))
+    problems.extend(_device_problems(profile))
+    return problems
+
+
+def _device_problems(profile: Profile) -> list[str]:
+    """Every device nanosecond of the steps is in exactly one place: the busy time is the
+    nodes' self device time plus what no node holds, by reason, none of them negative
+    (a negative one is time counted twice); communication overlaps compute by no more
+    than either ran."""
+    ledger = profile.device
+    if ledger is None:
+        return []
+    problems: list[str] = []
+    attributed = sum(
+        stats.self_device_time_ns or 0 for node in profile.nodes() for _, stats in node.phases()
+    )
+    if attributed != ledger.attributed_ns:
+        problems.append(f"device: attributed_ns={ledger.attributed_ns} != the nodes' self device time ({attributed})")
+    negative = {k: v for k, v in ledger.unattributed_ns_by_reason.items() if v < 0}
+    if negative or min(ledger.busy_ns, ledger.attributed_ns, ledger.compute_ns, ledger.comm_ns, ledger.overlap_ns) < 0:
+        problems.append(f"device: a negative figure (time counted twice?): {ledger.to_dict()}")
+    if ledger.busy_ns != ledger.attributed_ns + ledger.unattributed_ns:
+        problems.append(
+            f"device: busy_ns={ledger.busy_ns} != attributed {ledger.attributed_ns} "
+            f"+ unattributed {ledger.unattributed_ns_by_reason}"
+        )
+    if ledger.overlap_ns > min(ledger.compute_ns, ledger.comm_ns) or ledger.compute_ns + ledger.comm_ns - ledger.overlap_ns != ledger.busy_ns:
+        problems.append(f"device: compute {ledger.compute_ns} + communication {ledger.comm_ns} - overlap {ledger.overlap_ns} != busy {ledger.busy_ns}")
     return problems
 
 

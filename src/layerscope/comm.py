@@ -8,7 +8,11 @@ A collective is recognised by name:
   (``_c10d_functional::all_reduce``, ``_c10d_functional::wait_tensor``, ...), which is
   what DDP's reducer and FSDP run, and of symmetric memory (``symm_mem::``);
 - the ranges process groups record around the work of a collective (``gloo:all_reduce``,
-  ``nccl:all_reduce``) and ``record_param_comms``.
+  ``nccl:all_reduce``) and ``record_param_comms``;
+- the device kernels of collectives: NCCL's and RCCL's (``ncclDevKernel_AllReduce_...``,
+  ``ncclKernel_...``, ``rcclKernel...``) and symmetric memory's
+  (``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``): their device time is
+  communication, never a module's compute.
 
 **Bytes** follow the convention of bus-bandwidth figures: the size of the buffer the
 collective is about. For an all-reduce, broadcast, reduce, send or receive it is the
@@ -29,6 +33,15 @@ NAMESPACES = ("c10d::", "_c10d_functional::", "c10d_functional::", "symm_mem::")
 #: Prefixes of the ranges process groups record around a collective's work.
 RANGE_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
 RANGE_NAMES = ("record_param_comms",)
+#: How the device kernels of NCCL and RCCL begin (after C++'s ``void ``).
+KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel", "rcclKernel", "rcclDevKernel")
+#: Words in the names of the device kernels of symmetric memory's collectives (torch's
+#: ``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``, ...) and of custom
+#: all-reduces (``cross_device_reduce_1stage``).
+KERNEL_WORDS = (
+    "all_reduce_kernel", "allreduce_kernel", "all_gather_kernel", "reduce_scatter_kernel", "all_to_all_kernel",
+    "cross_device_reduce", "symm_mem",
+)
 
 #: The kind of each collective, from the words in its name (checked in this order).
 _KINDS = (
@@ -67,10 +80,27 @@ _BUFFER = {
 
 
 def is_communication(name: str | None) -> bool:
-    """Whether an op or range named ``name`` is a collective (or a wait on one)."""
+    """Whether an op, range or device kernel named ``name`` is a collective (or a wait
+    on one)."""
     if not name:
         return False
-    return name.startswith(NAMESPACES) or name.startswith(RANGE_PREFIXES) or name in RANGE_NAMES
+    return (
+        name.startswith(NAMESPACES) or name.startswith(RANGE_PREFIXES) or name in RANGE_NAMES
+        or is_communication_kernel(name)
+    )
+
+
+def is_communication_kernel(name: str | None) -> bool:
+    """Whether a device kernel named ``name`` is a collective's (NCCL, RCCL, symmetric
+    memory): ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)``,
+    ``void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(...)``."""
+    if not name:
+        return False
+    bare = name[5:] if name.startswith("void ") else name
+    if bare.startswith(KERNEL_PREFIXES):
+        return True
+    lower = name.lower()
+    return any(word in lower for word in KERNEL_WORDS)
 
 
 def kind(name: str) -> str | None:

@@ -19,7 +19,7 @@ from layerscope.ranks import SCHEMA as RANKS_SCHEMA
 from layerscope.ranks import MergedRun, ranks_from_dict
 from layerscope.runfacts import RunFacts
 from layerscope.schema import document_problems
-from layerscope.sidedocs import MemorySummary, Trace
+from layerscope.sidedocs import DeviceLedger, MemorySummary, Trace
 from layerscope.tree import SCHEMA, ModuleNode, OpStats, PhaseStats, Profile, link
 
 
@@ -58,6 +58,7 @@ def profile_from_dict(doc: Any, source: str = "document") -> Profile:
             memory=None if doc.get("memory") is None else MemorySummary.from_dict(doc["memory"]),
             trace=None if doc.get("trace") is None else Trace.from_dict(doc["trace"]),
             compiled=None if compiled is None else CompileInfo.from_dict(compiled),
+            device=None if doc.get("device") is None else DeviceLedger.from_dict(doc["device"]),
         )
         problems = tree_problems(profile)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

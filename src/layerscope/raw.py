@@ -11,7 +11,9 @@ An event stream is a list of typed records, in the order they happened:
   optimizer step, ``zero_grad``) or a step part run by layerscope (the loss)
 - :class:`Step`: the first and last events of a pass or training step
 
-A :class:`Collective` notes a collective running on a process group's own thread.
+A :class:`Collective` notes a collective running on a process group's own thread, and a
+:class:`DeviceBusy` the step's device work as a whole (its busy time, communication and
+what no op launched).
 With memory tracking, also :class:`Free`, :class:`Saved`, :class:`Grad`, :class:`Adopt`,
 :class:`Optim` and :class:`DeviceMem` (memory notes: they take no time of their own).
 
@@ -176,13 +178,32 @@ class Collective(NamedTuple):
     name: str
 
 
-Event = Enter | Exit | Op | LabelEnter | LabelExit | Step | Free | Saved | Grad | Adopt | Optim | DeviceMem | Collective
+class DeviceBusy(NamedTuple):
+    """The step's device work (kernels, copies, memsets) on every stream, each instant
+    counted once (``capture/kineto.py`` gives each instant to one kernel: compute before
+    a collective's, then the earliest started; a kernel is its launch's step, whole):
+    ``busy_ns`` what the step's work holds; ``compute_ns`` what its work that is not a
+    collective's holds, ``comm_ns`` the time its collectives' kernels ran, ``overlap_ns``
+    the part of that with compute running (``busy = compute + comm - overlap``);
+    ``unlinked_ns`` the share of compute work launched from no op range."""
+
+    busy_ns: int
+    compute_ns: int
+    comm_ns: int
+    overlap_ns: int
+    unlinked_ns: int
+
+
+Event = (
+    Enter | Exit | Op | LabelEnter | LabelExit | Step | Free | Saved | Grad | Adopt | Optim | DeviceMem | Collective
+    | DeviceBusy
+)
 
 #: Events that note memory and take no time of their own.
 MEMORY_NOTES = (Free, Saved, Grad, Adopt, Optim, DeviceMem)
 #: Every event that takes no time of its own thread: it neither ends a backward slot nor
 #: starts a pass.
-NOTES = (*MEMORY_NOTES, Collective)
+NOTES = (*MEMORY_NOTES, Collective, DeviceBusy)
 
 #: Memory categories of the live bytes at the step's peak.
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")

@@ -161,10 +161,20 @@ TRACE = Obj(
     frozenset({"spans"}),
 )
 
+#: Where the steps' device time went (``Profile.device``: ``sidedocs.DeviceLedger``).
+DEVICE = Obj(
+    {
+        "busy_ns": INT, "attributed_ns": INT, "unattributed_ns_by_reason": DictOf(INT), "compute_ns": INT,
+        "comm_ns": INT, "overlap_ns": INT,
+    },
+    frozenset({"busy_ns", "attributed_ns", "unattributed_ns_by_reason"}),
+)
+
 DOCUMENT = Obj(
     {
         "schema": STR, "meta": META, "totals": Obj({"param_bytes": Opt(INT)}, frozenset({"param_bytes"})),
         "modules": ListOf(NODE), "parts": Opt(ListOf(NODE)), "memory": Opt(MEMORY), "trace": Opt(TRACE),
+        "device": Opt(DEVICE),
     },
     frozenset({"schema", "totals", "modules"}),
 )

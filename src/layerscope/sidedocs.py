@@ -1,6 +1,7 @@
-"""The two side documents of a :class:`~layerscope.tree.Profile`, typed: its trace
-(``Profile.trace``, one run's spans on a timeline) and its memory summary
-(``Profile.memory``, the step's peak, its culprit and the timeline of live bytes).
+"""The side documents of a :class:`~layerscope.tree.Profile`, typed: its trace
+(``Profile.trace``, one run's spans on a timeline), its memory summary
+(``Profile.memory``, the step's peak, its culprit and the timeline of live bytes) and its
+device ledger (``Profile.device``, where every device nanosecond of the steps went).
 
 Every number carries its unit in its name. Each type turns itself into its part of the
 ``layerscope/1`` document (``to_dict``) and back (``from_dict``), here and nowhere else;
@@ -261,3 +262,52 @@ class MemorySummary:
 
 def _table(value: dict[str, int] | None) -> dict[str, int] | None:
     return None if value is None else dict(value)
+
+
+#: Why device time is in no node, by key of :attr:`DeviceLedger.unattributed_ns_by_reason`.
+UNATTRIBUTED_REASONS: dict[str, str] = {
+    "communication": "collectives' kernels, not overlapped with compute",
+    "no_op_range": "launched outside any op range",
+    "no_node": "launched from op ranges no node holds",
+}
+
+
+@dataclass
+class DeviceLedger:
+    """Every device nanosecond of the profile's steps in exactly one place
+    (``Profile.device``): ``busy_ns``, the steps' device work on every stream with
+    overlap counted once, is ``attributed_ns`` (the self device time of every node and
+    part, all phases) plus what no node holds, by reason
+    (:data:`UNATTRIBUTED_REASONS`). ``compute_ns`` and ``comm_ns`` are the busy time of
+    the work that is not a collective's and of collectives' kernels, ``overlap_ns`` the
+    time both ran (``compute_ns + comm_ns - busy_ns``): a collective's device time is
+    communication, never a module's compute. Steps are summed."""
+
+    busy_ns: int
+    attributed_ns: int
+    unattributed_ns_by_reason: dict[str, int] = field(default_factory=dict)
+    compute_ns: int = 0
+    comm_ns: int = 0
+    overlap_ns: int = 0
+
+    @property
+    def unattributed_ns(self) -> int:
+        return sum(self.unattributed_ns_by_reason.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "busy_ns": self.busy_ns,
+            "attributed_ns": self.attributed_ns,
+            "unattributed_ns_by_reason": dict(self.unattributed_ns_by_reason),
+            "compute_ns": self.compute_ns,
+            "comm_ns": self.comm_ns,
+            "overlap_ns": self.overlap_ns,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> DeviceLedger:
+        return cls(
+            busy_ns=doc["busy_ns"], attributed_ns=doc["attributed_ns"],
+            unattributed_ns_by_reason=dict(doc.get("unattributed_ns_by_reason") or {}),
+            compute_ns=doc.get("compute_ns", 0), comm_ns=doc.get("comm_ns", 0), overlap_ns=doc.get("overlap_ns", 0),
+        )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from layerscope import formats
 from layerscope.compile_info import CompileInfo
 from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import MemorySummary, Trace
+from layerscope.sidedocs import DeviceLedger, MemorySummary, Trace
 from layerscope.stats import spread
 
 if TYPE_CHECKING:
@@ -335,6 +335,10 @@ class Profile(NotebookDisplay):
     #: an eager one: its times come from kernels, its op rows from an eager pass (their
     #: times None). Saved as the document's ``meta["compile"]``.
     compiled: CompileInfo | None = None
+    #: Where every device nanosecond of the steps went (None without device work, or for
+    #: ``profile()``'s per-node medians, which are no one step's): the busy time is the
+    #: nodes' self device time plus what no node holds, by reason. Saved as ``device``.
+    device: DeviceLedger | None = None
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -471,6 +475,7 @@ class Profile(NotebookDisplay):
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],
             "memory": None if self.memory is None else self.memory.to_dict(),
             "trace": None if self.trace is None else self.trace.to_dict(),
+            **({} if self.device is None else {"device": self.device.to_dict()}),
         }
 
     DOCUMENT = "profile"  # its table in the output registry

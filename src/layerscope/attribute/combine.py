@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from layerscope.attribute.memory import MemoryResult
-from layerscope.attribute.walk import PassResult
+from layerscope.attribute.walk import PassResult, add_busy
 from layerscope.tree import OpStats
 
 
@@ -55,6 +55,7 @@ class Accumulator:
             if total.memory is None:
                 total.memory = MemoryResult()
             total.memory.merge(result.memory)
+        total.device_busy = add_busy(total.device_busy, result.device_busy)
         total.outside_ops += result.outside_ops
         total.top_level_ns += result.top_level_ns
         if result.wall_ns is not None:

@@ -12,9 +12,9 @@ from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
 from layerscope.comm import is_communication
 from layerscope.compile_info import CompileInfo
-from layerscope.raw import RawCapture
+from layerscope.raw import DeviceBusy, RawCapture
 from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
+from layerscope.sidedocs import DeviceLedger, Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
 from layerscope.tree import (
     ADDITIVE_PHASE_METRICS,
     PHASES,
@@ -255,6 +255,26 @@ def assemble(
         memory=_memory_summary(raw, memory, paths),
         trace=_trace(op_result, op_index, paths),
         compiled=compiled,
+        device=device_ledger(times.device_busy, [root, *parts]) if has_device else None,
+    )
+
+
+def device_ledger(busy: DeviceBusy | None, trees: list[ModuleNode]) -> DeviceLedger | None:
+    """Where the steps' device work went: the nodes' self device time (every phase), and
+    the rest by reason. What no node holds and is neither communication nor launched
+    outside every op range was launched from an op range that is in no node (another
+    thread's, or a custom op's own kernels no record carries); a negative rest would be
+    time counted twice, which ``check_tree`` reports."""
+    if busy is None:
+        return None
+    attributed = sum(stats.self_device_time_ns or 0 for tree in trees for node in tree.walk() for _, stats in node.phases())
+    comm_alone = busy.busy_ns - busy.compute_ns
+    reasons = {"communication": comm_alone, "no_op_range": busy.unlinked_ns}
+    reasons["no_node"] = busy.busy_ns - attributed - comm_alone - busy.unlinked_ns
+    return DeviceLedger(
+        busy_ns=busy.busy_ns, attributed_ns=attributed,
+        unattributed_ns_by_reason={k: v for k, v in reasons.items() if v},
+        compute_ns=busy.compute_ns, comm_ns=busy.comm_ns, overlap_ns=busy.overlap_ns,
     )
 
 

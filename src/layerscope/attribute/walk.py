@@ -42,6 +42,7 @@ from layerscope.raw import (
     NOTES,
     Adopt,
     Collective,
+    DeviceBusy,
     DeviceMem,
     Enter,
     Event,
@@ -100,6 +101,16 @@ class PassResult:
     #: 180,000-event stream about 40% slower (its instances stay tracked by the collector).
     trace: list[PassSpan] | None = None
     trace_start_ns: int = 0
+    #: The step's device work as a whole (``DeviceBusy``'s figures summed over the
+    #: steps), None when the stream had none: what the nodes' device times are a share of.
+    device_busy: DeviceBusy | None = None
+
+
+def add_busy(total: DeviceBusy | None, more: DeviceBusy | None) -> DeviceBusy | None:
+    """Two steps' device work, summed field by field (None: none known)."""
+    if total is None or more is None:
+        return more if total is None else total
+    return DeviceBusy(*(a + b for a, b in zip(total, more)))
 
 
 class Frame:
@@ -225,6 +236,7 @@ class PassWalker:
             LabelExit: self.on_label_exit,
             Step: self.on_step,
             Collective: self.on_collective,
+            DeviceBusy: self.on_device_busy,
         }
         for kind in MEMORY_NOTES:
             handlers[kind] = _skip
@@ -456,6 +468,9 @@ class PassWalker:
         if is_communication(event.name):
             comm = self.result.self_comm
             comm[site] = comm.get(site, 0) + max(0, event.t1_ns - event.t0_ns)
+
+    def on_device_busy(self, event: DeviceBusy) -> None:
+        self.result.device_busy = add_busy(self.result.device_busy, event)
 
     def on_collective(self, event: Collective) -> None:
         self.collectives.append((event.t0_ns, event.t1_ns))

@@ -20,6 +20,7 @@ from layerscope.formats import Option, register_renderer
 from layerscope.render.options import DEPTH, count
 from layerscope.render.table import Column, draw, fit
 from layerscope.runfacts import RunFacts
+from layerscope.sidedocs import UNATTRIBUTED_REASONS
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
@@ -421,12 +422,13 @@ def _footer(profile: Profile) -> list[str]:
         f"{flops}"
         + (f"   Forward CPU total: {fmt.time_ns(root.forward.cpu_time_ns)}" if _is_timed(profile) else "")
         + (
-            f"   Device total: {fmt.time_ns(root.forward.device_time_ns)}"
+            f"   Device total: {fmt.time_ns(sum(s.device_time_ns or 0 for _, s in root.phases()))}"
             if root.forward.device_time_ns is not None
             else ""
         )
     ]
     lines.extend(_step_lines(profile))
+    lines.extend(device_lines(profile))
     lines.extend(_comm_lines(profile))
     lines.extend(_detail_lines(profile))
     lines.extend(_memory_lines(profile))
@@ -475,6 +477,30 @@ def _step_lines(profile: Profile) -> list[str]:
     lines.extend(step_spread_lines(profile))
     if profile.meta.complete is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
+    return lines
+
+
+def device_lines(profile: Profile) -> list[str]:
+    """Where the steps' device time went (``Profile.device``): busy = the nodes' time +
+    what no node holds, by reason; and communication's overlap with compute."""
+    ledger = profile.device
+    if ledger is None:
+        return []
+    line = (
+        f"Device busy {fmt.time_ns(ledger.busy_ns)} = attributed {fmt.time_ns(ledger.attributed_ns)} "
+        f"+ unattributed {fmt.time_ns(ledger.unattributed_ns)}"
+    )
+    reasons = [
+        f"{UNATTRIBUTED_REASONS.get(key, key)} {fmt.time_ns(ns)}" for key, ns in ledger.unattributed_ns_by_reason.items()
+    ]
+    if reasons:
+        line += f" ({'; '.join(reasons)})"
+    lines = [line]
+    if ledger.comm_ns:
+        lines.append(
+            f"Device communication {fmt.time_ns(ledger.comm_ns)}, of which {fmt.time_ns(ledger.overlap_ns)} "
+            "overlapped with compute"
+        )
     return lines
 
 
