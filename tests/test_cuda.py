@@ -135,8 +135,8 @@ def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() ->
     assert profile.meta["steps"] == steps and "counts_from" not in profile.meta
     ours = sum(stats.self_device_time_ns or 0 for node in profile.nodes() for _, stats in node.phases())
     # The model's own kernels are most of it (the loss, pow and mean, is a few small ones).
-    model = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns
-    assert 0.5 * ours < model <= ours
+    in_model = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns
+    assert 0.5 * ours < in_model <= ours
     for path in ("0", "2"):
         assert profile[path].forward.self_device_time_ns > 0
         assert profile[path].backward.self_device_time_ns > 0
