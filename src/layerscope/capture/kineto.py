@@ -638,6 +638,10 @@ class _Converter:
         (its formula's, and the engine's around it) follow, tagged with the node."""
         grad = (seq, None)
         at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, None, grad=grad, tid=event.start_tid))  # type: ignore[arg-type]
+        if self.detail is not None and self.detail.notes:  # memory recorded: notes mark each step's start
+            reads = _node_reads(event, event.name[len(_EVALUATE) :], self.kids)
+            if reads:
+                self.put(event.start_time_ns, _Reads(event.start_time_ns, seq, reads))  # type: ignore[arg-type]
         first = len(self.records)
         self.emit_children(event, True, grad)
         if len(self.records) > first:
@@ -767,20 +771,42 @@ class _Note(NamedTuple):
     index: int
 
 
+class _Reads(NamedTuple):
+    """The allocations (ids) that the ops of autograd node ``seq``'s work read, less the
+    gradients the node was given."""
+
+    t_ns: int
+    seq: int
+    ids: tuple[int, ...]
+
+
 class _StepMemory:
     """Storages by address while the records are read in time order: allocations'
     ids become the serials of this step's storages, memory that was live before the
     step (adopted by address in a note) gets serial ``-address``, and notes become
-    ``Adopt``, ``Saved``, ``Grad`` and ``Optim`` records."""
+    ``Adopt``, ``Saved``, ``Grad`` and ``Optim`` records.
+
+    What the model's forward saved is read from the autograd graph at its exit (a
+    note). Nodes made outside it (a loss written inline) are read by no Python moment
+    before their backward releases what they saved, so for them the events stand in:
+    a storage allocated by a forward op of the step and read by such a node's ops
+    (``_Reads``) was saved by it, as autograd's formulas read only what they saved and
+    the gradients they are given."""
 
     def __init__(self, ptr_of: dict[int, int], notes: list[list[tuple[Any, ...]]]) -> None:
         self.ptr_of = ptr_of
         self.notes = notes
         self.live: dict[int, int] = {}  # address -> allocation id
         self.step: set[int] = set()
+        #: This step's storages allocated by forward ops (not by backward's).
+        self.forward_made: set[int] = set()
+        #: The autograd numbers each forward of the model took this step: ``[since, until)``.
+        self.forwards: list[tuple[int, int]] = []
 
     def new_step(self) -> None:
         self.step = set()
+        self.forward_made = set()
+        self.forwards = []
 
     def serial(self, ptr: int) -> int | None:
         """This step's storage at ``ptr``; None if it was live before the step."""
@@ -794,6 +820,8 @@ class _StepMemory:
             for serial, _ in record.allocs:
                 self.live[self.ptr_of[serial]] = serial
                 self.step.add(serial)
+                if record.grad is None:
+                    self.forward_made.add(serial)
         elif kind is Free:
             ptr = self.ptr_of.get(record.serial, 0)
             if self.live.get(ptr) == record.serial:
@@ -802,7 +830,20 @@ class _StepMemory:
                 return [record._replace(serial=-ptr)]  # memory adopted by address, if it was
         elif kind is _Note:
             return self.resolve(record)
+        elif kind is _Reads:
+            return self.saved_outside(record)
         return None
+
+    def saved_outside(self, reads: _Reads) -> list[Event]:
+        """``Saved`` for what a node made outside the model's forwards read: storages of
+        the step's forward still live (the model's own nodes were read at its exit)."""
+        if reads.seq == NO_SEQ or any(since <= reads.seq < until for since, until in self.forwards):
+            return []
+        out: list[Event] = []
+        for serial in reads.ids:
+            if serial in self.forward_made and self.live.get(self.ptr_of.get(serial, 0)) == serial:
+                out.append(Saved(serial))
+        return out
 
     def resolve(self, note: _Note) -> list[Event]:
         out: list[Event] = []
@@ -820,6 +861,8 @@ class _StepMemory:
                     serial = self.serial(ptr)
                     if serial is not None:
                         out.append(Saved(serial))
+            elif what == "forward":  # ("forward", since, until): the numbers its nodes took
+                self.forwards.append((item[1], item[2]))
             elif what == "grad":  # ("grad", ptr, owner, nbytes)
                 _, ptr, owner, nbytes = item
                 serial = self.serial(ptr)
@@ -827,6 +870,37 @@ class _StepMemory:
             elif what == "optim":  # ("optim", name, bytes by key, ident)
                 out.append(Optim(t, item[1], item[2], item[3]))
         return out
+
+
+def _node_reads(event: Any, node: str, kids: Callable[[Any], list[Any]]) -> tuple[int, ...]:
+    """Allocation ids of the tensors the ops under an autograd node's range read, less
+    the gradients the node was given (the inputs of its own range, ``node``). Module
+    frames (a checkpoint recomputing) and nested nodes are not read."""
+    given: set[int] = set()
+    read: dict[int, None] = {}
+    pending = list(kids(event))
+    for child in pending:
+        if child.name == node:
+            given.update(_allocation_ids(child))
+    while pending:
+        item = pending.pop()
+        name = item.name
+        if name == _MEMORY or _kind(item, name) != "op":
+            continue
+        read.update(dict.fromkeys(_allocation_ids(item)))
+        pending.extend(kids(item))
+    return tuple(ident for ident in read if ident not in given)
+
+
+def _allocation_ids(event: Any) -> list[int]:
+    """The allocation ids of an op's recorded tensor inputs (lists of tensors too)."""
+    found: list[int] = []
+    for value in getattr(event.extra_fields, "inputs", ()):
+        for item in value if isinstance(value, list) else (value,):
+            ident = getattr(item, "allocation_id", None)
+            if type(ident) is int:
+                found.append(ident)
+    return found
 
 
 def _nested_frames(event: Any) -> list[tuple[Any, str]]:
@@ -990,7 +1064,7 @@ class KinetoWindow:
             if key == root_id and root_seqs and tid == owner and task() == -1:
                 since = root_seqs.pop()
                 if torch.is_grad_enabled():
-                    note([("saved", saved_storages(_grad_fns(output), since))])
+                    note([("saved", saved_storages(_grad_fns(output), since)), ("forward", since, _next_seq())])
 
         return pre, post
 
