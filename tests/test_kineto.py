@@ -18,7 +18,7 @@ from layerscope.capture.kineto import (
     convert,
     union_ns,
 )
-from layerscope.raw import NO_SEQ, Collective, Enter, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 EVAL = "autograd::engine::evaluate_function: "
 
@@ -358,3 +358,58 @@ def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counte
     assert len(recomputed) == 1 and recomputed[0].flops == 8
     exits = [e for e in stream if isinstance(e, Exit) and not e.in_backward]
     assert [(e.module, e.seq) for e in exits] == [(1, None), (0, None)]
+
+
+def _memory(t: int, ident: int, size: int, ptr: int, device: str) -> Range:
+    import torch
+
+    fields = RangeFields(ptr=ptr, alloc_size=size, allocation_id=ident, device=torch.device(device))
+    return Range("[memory]", t, t, 1, 0, [], fields)
+
+
+def _gradient_allocated_again(device: str) -> tuple[list[Event], int]:
+    """A step on ``device`` that frees a 256-byte gradient live before it (id 3 at 0x500,
+    as ``zero_grad(set_to_none=True)`` does) and allocates it again (id 4 at 0x600), its
+    allocation events sized as the device's allocator sizes them; its stream, and its
+    growth (peak - baseline)."""
+    from layerscope.attribute import walk_pass
+    from layerscope.capture.kineto import NOTE_PREFIX, Detail
+
+    block = 512 if device == "cuda" else 256
+    # Live before the step: two parameters (1,024 B and a 256-byte bias) and the gradient.
+    notes = [[
+        ("constant", [(1024, device), (256, device)], "parameters"),
+        ("adopt", 0x500, 256, "gradients", True, device),
+    ]]
+    tree = [step(0, 100, Range(f"{NOTE_PREFIX}0", 1, 1), _memory(10, 3, -block, 0x500, device), _memory(20, 4, block, 0x600, device))]
+    (stream,) = convert(tree, detail=Detail(notes=notes))
+    memory = walk_pass(stream, [""]).memory
+    assert memory is not None
+    return stream, memory.peak_bytes - memory.baseline_bytes
+
+
+def test_memory_live_before_a_step_is_sized_by_the_rule_of_the_steps_allocations() -> None:
+    from layerscope.raw import Adopt
+
+    # On CUDA torch's allocation events carry the caching allocator's blocks (a multiple
+    # of 512 B, at least 512): what was live before the step is sized the same way, so
+    # the gradient freed and allocated again (512 B each way) leaves the live bytes where
+    # they were, as the allocator's own total does: growth 0. (Logical sizes before the
+    # step with blocks in it: -256 + 512 = +256 B.)
+    stream, growth = _gradient_allocated_again("cuda")
+    adopted = [e for e in stream if isinstance(e, Adopt)]
+    assert adopted == [Adopt(1, None, 1024 + 512, "parameters", True), Adopt(1, -0x500, 512, "gradients", True)]
+    assert growth == 0
+    # The CPU's events report exact sizes: logical bytes throughout, growth 0 as well.
+    stream, growth = _gradient_allocated_again("cpu")
+    adopted = [e for e in stream if isinstance(e, Adopt)]
+    assert adopted == [Adopt(1, None, 1024 + 256, "parameters", True), Adopt(1, -0x500, 256, "gradients", True)]
+    assert growth == 0
+
+
+def test_the_cuda_allocators_block_rule() -> None:
+    from layerscope.capture.kineto import held_bytes
+
+    # round_size: below 512 B one block; above, up to the next multiple of 512.
+    assert [held_bytes(n, "cuda") for n in (1, 256, 512, 513, 1024, 5000)] == [512, 512, 512, 1024, 1024, 5120]
+    assert [held_bytes(n, "cpu") for n in (1, 256, 513)] == [1, 256, 513]

@@ -71,7 +71,6 @@ from layerscope.capture.memory import (
     optimizer_state_bytes,
     optimizer_state_tensors,
     saved_storages,
-    storage_bytes,
     tensors_in,
 )
 from layerscope.capture.recorder import label_kind
@@ -850,12 +849,12 @@ class _StepMemory:
         t = note.t_ns
         for item in self.notes[note.index]:
             what = item[0]
-            if what == "adopt":  # ("adopt", ptr, nbytes, category, since_start)
-                _, ptr, nbytes, category, since_start = item
+            if what == "adopt":  # ("adopt", ptr, nbytes, category, since_start, device type)
+                _, ptr, nbytes, category, since_start, device = item
                 if self.serial(ptr) is None:
-                    out.append(Adopt(t, -ptr, nbytes, category, since_start))
-            elif what == "constant":  # ("constant", nbytes, category)
-                out.append(Adopt(t, None, item[1], item[2], True))
+                    out.append(Adopt(t, -ptr, held_bytes(nbytes, device), category, since_start))
+            elif what == "constant":  # ("constant", [(nbytes, device type), ...], category)
+                out.append(Adopt(t, None, sum(held_bytes(n, device) for n, device in item[1]), item[2], True))
             elif what == "saved":  # ("saved", ptrs)
                 for ptr in item[1]:
                     serial = self.serial(ptr)
@@ -992,7 +991,7 @@ class KinetoWindow:
 
     def _note_step_start(self) -> None:
         """Memory live when the step begins: the model's state, gradients, inputs."""
-        items: list[tuple[Any, ...]] = [("constant", storage_bytes(self._state_tensors), "parameters")]
+        items: list[tuple[Any, ...]] = [("constant", _storage_sizes(self._state_tensors), "parameters")]
         grads = [p.grad for p, _ in self._owners if p.grad is not None]
         items += _adopt(grads, "gradients", since_start=True)
         items += _adopt(self.inputs, "other", since_start=True)
@@ -1199,18 +1198,19 @@ def _concrete_inputs(result: Any) -> dict[int, list[Any]]:
     return found
 
 
-def _storage_at(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """``(address, bytes)`` of a tensor's storage; None for one without a plain storage
-    (sparse, a subclass, FSDP's freed shards)."""
+def _storage_at(tensor: torch.Tensor) -> tuple[int, int, str] | None:
+    """``(address, bytes, device type)`` of a tensor's storage; None for one without a
+    plain storage (sparse, a subclass, FSDP's freed shards)."""
     try:
         storage = tensor.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
+        return storage.data_ptr(), storage.nbytes(), storage.device.type
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 
 
 def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> list[tuple[Any, ...]]:
-    """Notes adopting the distinct storages of ``tensors`` by address."""
+    """Notes adopting the distinct storages of ``tensors`` by address (with their
+    logical bytes and device: :func:`held_bytes` sizes them as the step's allocations)."""
     items: list[tuple[Any, ...]] = []
     seen: set[int] = set()
     for tensor in tensors:
@@ -1218,8 +1218,38 @@ def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> 
         if at is None or not at[1] or at[0] in seen:
             continue
         seen.add(at[0])
-        items.append(("adopt", at[0], at[1], category, since_start))
+        items.append(("adopt", at[0], at[1], category, since_start, at[2]))
     return items
+
+
+def _storage_sizes(tensors: list[torch.Tensor]) -> list[tuple[int, str]]:
+    """``(bytes, device type)`` of the distinct storages behind ``tensors``."""
+    sizes: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    for tensor in tensors:
+        at = _storage_at(tensor)
+        if at is None or not at[1] or at[0] in seen:
+            continue
+        seen.add(at[0])
+        sizes.append((at[1], at[2]))
+    return sizes
+
+
+#: The CUDA caching allocator's smallest block, and the unit it rounds every request up
+#: to (``kMinBlockSize`` and ``round_size`` in torch's c10/cuda/CUDACachingAllocator.cpp).
+CUDA_BLOCK_BYTES = 512
+
+
+def held_bytes(nbytes: int, device_type: str) -> int:
+    """A storage of ``nbytes`` logical bytes as the allocation events of its device size
+    it, so that memory live before a step and the step's own allocations follow one rule:
+    on CUDA the caching allocator's block (its events report ``round_size``: up to a
+    multiple of 512 bytes), elsewhere the logical size (the CPU's events report exact
+    sizes). NB: ``roundup_power2_divisions`` in ``PYTORCH_CUDA_ALLOC_CONF`` rounds larger
+    requests further; that setting is not read, its default rule is assumed."""
+    if device_type != "cuda" or nbytes <= 0:
+        return nbytes
+    return (nbytes + CUDA_BLOCK_BYTES - 1) // CUDA_BLOCK_BYTES * CUDA_BLOCK_BYTES
 
 
 def _stopped_recompute() -> bool:
