@@ -653,6 +653,41 @@ def test_memory_from_torchs_events_equals_the_dispatch_modes() -> None:
     assert 0 <= events.memory.peak_bytes - dispatch.memory.peak_bytes <= 64
 
 
+def test_a_tensor_the_loss_saves_is_an_activation_from_torchs_events_too() -> None:
+    # The shapes of test_cuda's comparison: Linear(128, 256), ReLU, Linear(256, 128) on a
+    # batch of 64, and a loss outside the model, pow(2).mean(). pow saves its input, the
+    # model's output (64 * 128 * 4 = 32,768 B, allocated by "2"): an activation of "2"
+    # although only the loss saved it. ReLU's output (64 * 256 * 4 = 65,536 B) is saved
+    # by the ReLU and by "2"'s addmm. Per step: 65,536 + 32,768 = 98,304 B.
+    def run(inside_torch_profiler: bool) -> Profile:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128))
+        x = torch.randn(64, 128)
+        with contextlib.ExitStack() as stack:
+            if inside_torch_profiler:
+                stack.enter_context(torch.profiler.profile())
+            prof = stack.enter_context(layerscope.Profiler(model))
+            for _ in range(2):
+                model(x).pow(2).mean().backward()
+                model.zero_grad(set_to_none=True)
+                prof.step()
+        return check_tree(prof.profile)
+
+    events, dispatch = run(False), run(True)
+    assert "times_from" not in events.meta and dispatch.meta["times_from"] == "dispatch mode"
+    for prof in (events, dispatch):
+        assert prof["1"].forward.activation_bytes == 65_536
+        assert prof["2"].forward.activation_bytes == 32_768
+        assert prof.root.forward.activation_bytes == 98_304
+        assert prof["<loss>"].forward.activation_bytes == 0
+    for node in events.modules():
+        for phase in ("forward", "backward"):
+            mine, theirs = getattr(node, phase), getattr(dispatch[node.path], phase)
+            assert (mine.alloc_bytes, mine.activation_bytes, mine.flops) == (
+                theirs.alloc_bytes, theirs.activation_bytes, theirs.flops
+            ), (node.path, phase)
+
+
 def test_a_released_input_is_freed_while_the_profiler_runs() -> None:
     # Recording shapes must not keep an op's inputs alive until the profiler stops: x
     # and y, 1 MiB each and inputs of recorded ops, are freed when deleted, before two

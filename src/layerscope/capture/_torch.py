@@ -401,6 +401,13 @@ _declare(
     find=_has(lambda: torch._C._autograd._KinetoEvent, "device_resource_id"),
 )
 _declare(
+    "torch._C._profiler._TensorMetadata.allocation_id",
+    "activations saved by ops outside the model (a loss): the allocations a backward node's ops read", None,
+    "not established: read by torch's own memory profiler (torch/profiler/_memory_profiler.py)",
+    "a tensor saved for backward only by ops outside the model is not an activation in torch's events",
+    tolerated=True, find=_fields("torch._C._profiler._TensorMetadata", ("allocation_id",)),
+)
+_declare(
     "torch._C._autograd._KinetoEvent.concrete_inputs", "FLOPs of ops with int-list arguments (a convolution's stride)",
     None, "not established: int lists are recorded since pytorch#100593 (May 2023, 2.1); the binding's first release "
     "is not", "int-list arguments are unknown: formulas that read them count the op as unsupported", tolerated=True,

@@ -70,7 +70,6 @@ from layerscope.capture.memory import (
     optimizer_state_bytes,
     optimizer_state_tensors,
     saved_storages,
-    storage_bytes,
     tensors_in,
 )
 from layerscope.capture.recorder import label_kind
@@ -553,6 +552,10 @@ class _Converter:
         (its formula's, and the engine's around it) follow, tagged with the node."""
         grad = (seq, None)
         at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, None, grad=grad, tid=event.start_tid))  # type: ignore[arg-type]
+        if self.detail is not None and self.detail.notes:  # memory recorded: notes mark each step's start
+            reads = _node_reads(event, event.name[len(_EVALUATE) :], self.kids)
+            if reads:
+                self.put(event.start_time_ns, _Reads(event.start_time_ns, seq, reads))  # type: ignore[arg-type]
         first = len(self.records)
         self.emit_children(event, True, grad)
         if len(self.records) > first:
@@ -798,20 +801,42 @@ class _Note(NamedTuple):
     index: int
 
 
+class _Reads(NamedTuple):
+    """The allocations (ids) that the ops of autograd node ``seq``'s work read, less the
+    gradients the node was given."""
+
+    t_ns: int
+    seq: int
+    ids: tuple[int, ...]
+
+
 class _StepMemory:
     """Storages by address while the records are read in time order: allocations'
     ids become the serials of this step's storages, memory that was live before the
     step (adopted by address in a note) gets serial ``-address``, and notes become
-    ``Adopt``, ``Saved``, ``Grad`` and ``Optim`` records."""
+    ``Adopt``, ``Saved``, ``Grad`` and ``Optim`` records.
+
+    What the model's forward saved is read from the autograd graph at its exit (a
+    note). Nodes made outside it (a loss written inline) are read by no Python moment
+    before their backward releases what they saved, so for them the events stand in:
+    a storage allocated by a forward op of the step and read by such a node's ops
+    (``_Reads``) was saved by it, as autograd's formulas read only what they saved and
+    the gradients they are given."""
 
     def __init__(self, ptr_of: dict[int, int], notes: list[list[tuple[Any, ...]]]) -> None:
         self.ptr_of = ptr_of
         self.notes = notes
         self.live: dict[int, int] = {}  # address -> allocation id
         self.step: set[int] = set()
+        #: This step's storages allocated by forward ops (not by backward's).
+        self.forward_made: set[int] = set()
+        #: The autograd numbers each forward of the model took this step: ``[since, until)``.
+        self.forwards: list[tuple[int, int]] = []
 
     def new_step(self) -> None:
         self.step = set()
+        self.forward_made = set()
+        self.forwards = []
 
     def serial(self, ptr: int) -> int | None:
         """This step's storage at ``ptr``; None if it was live before the step."""
@@ -825,6 +850,8 @@ class _StepMemory:
             for serial, _ in record.allocs:
                 self.live[self.ptr_of[serial]] = serial
                 self.step.add(serial)
+                if record.grad is None:
+                    self.forward_made.add(serial)
         elif kind is Free:
             ptr = self.ptr_of.get(record.serial, 0)
             if self.live.get(ptr) == record.serial:
@@ -833,24 +860,39 @@ class _StepMemory:
                 return [record._replace(serial=-ptr)]  # memory adopted by address, if it was
         elif kind is _Note:
             return self.resolve(record)
+        elif kind is _Reads:
+            return self.saved_outside(record)
         return None
+
+    def saved_outside(self, reads: _Reads) -> list[Event]:
+        """``Saved`` for what a node made outside the model's forwards read: storages of
+        the step's forward still live (the model's own nodes were read at its exit)."""
+        if reads.seq == NO_SEQ or any(since <= reads.seq < until for since, until in self.forwards):
+            return []
+        out: list[Event] = []
+        for serial in reads.ids:
+            if serial in self.forward_made and self.live.get(self.ptr_of.get(serial, 0)) == serial:
+                out.append(Saved(serial))
+        return out
 
     def resolve(self, note: _Note) -> list[Event]:
         out: list[Event] = []
         t = note.t_ns
         for item in self.notes[note.index]:
             what = item[0]
-            if what == "adopt":  # ("adopt", ptr, nbytes, category, since_start)
-                _, ptr, nbytes, category, since_start = item
+            if what == "adopt":  # ("adopt", ptr, nbytes, category, since_start, device type)
+                _, ptr, nbytes, category, since_start, device = item
                 if self.serial(ptr) is None:
-                    out.append(Adopt(t, -ptr, nbytes, category, since_start))
-            elif what == "constant":  # ("constant", nbytes, category)
-                out.append(Adopt(t, None, item[1], item[2], True))
+                    out.append(Adopt(t, -ptr, held_bytes(nbytes, device), category, since_start))
+            elif what == "constant":  # ("constant", [(nbytes, device type), ...], category)
+                out.append(Adopt(t, None, sum(held_bytes(n, device) for n, device in item[1]), item[2], True))
             elif what == "saved":  # ("saved", ptrs)
                 for ptr in item[1]:
                     serial = self.serial(ptr)
                     if serial is not None:
                         out.append(Saved(serial))
+            elif what == "forward":  # ("forward", since, until): the numbers its nodes took
+                self.forwards.append((item[1], item[2]))
             elif what == "grad":  # ("grad", ptr, owner, nbytes)
                 _, ptr, owner, nbytes = item
                 serial = self.serial(ptr)
@@ -858,6 +900,37 @@ class _StepMemory:
             elif what == "optim":  # ("optim", name, bytes by key, ident)
                 out.append(Optim(t, item[1], item[2], item[3]))
         return out
+
+
+def _node_reads(event: Any, node: str, kids: Callable[[Any], list[Any]]) -> tuple[int, ...]:
+    """Allocation ids of the tensors the ops under an autograd node's range read, less
+    the gradients the node was given (the inputs of its own range, ``node``). Module
+    frames (a checkpoint recomputing) and nested nodes are not read."""
+    given: set[int] = set()
+    read: dict[int, None] = {}
+    pending = list(kids(event))
+    for child in pending:
+        if child.name == node:
+            given.update(_allocation_ids(child))
+    while pending:
+        item = pending.pop()
+        name = item.name
+        if name == _MEMORY or _kind(item, name) != "op":
+            continue
+        read.update(dict.fromkeys(_allocation_ids(item)))
+        pending.extend(kids(item))
+    return tuple(ident for ident in read if ident not in given)
+
+
+def _allocation_ids(event: Any) -> list[int]:
+    """The allocation ids of an op's recorded tensor inputs (lists of tensors too)."""
+    found: list[int] = []
+    for value in getattr(event.extra_fields, "inputs", ()):
+        for item in value if isinstance(value, list) else (value,):
+            ident = getattr(item, "allocation_id", None)
+            if type(ident) is int:
+                found.append(ident)
+    return found
 
 
 def _nested_frames(event: Any) -> list[tuple[Any, str]]:
@@ -949,7 +1022,7 @@ class KinetoWindow:
 
     def _note_step_start(self) -> None:
         """Memory live when the step begins: the model's state, gradients, inputs."""
-        items: list[tuple[Any, ...]] = [("constant", storage_bytes(self._state_tensors), "parameters")]
+        items: list[tuple[Any, ...]] = [("constant", _storage_sizes(self._state_tensors), "parameters")]
         grads = [p.grad for p, _ in self._owners if p.grad is not None]
         items += _adopt(grads, "gradients", since_start=True)
         items += _adopt(self.inputs, "other", since_start=True)
@@ -1021,7 +1094,7 @@ class KinetoWindow:
             if key == root_id and root_seqs and tid == owner and task() == -1:
                 since = root_seqs.pop()
                 if torch.is_grad_enabled():
-                    note([("saved", saved_storages(_grad_fns(output), since))])
+                    note([("saved", saved_storages(_grad_fns(output), since)), ("forward", since, _next_seq())])
 
         return pre, post
 
@@ -1143,18 +1216,19 @@ class KinetoWindow:
 WINDOW_OBSERVERS: list[Callable[[WindowCapture, Any], None]] = []
 
 
-def _storage_at(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """``(address, bytes)`` of a tensor's storage; None for one without a plain storage
-    (sparse, a subclass, FSDP's freed shards)."""
+def _storage_at(tensor: torch.Tensor) -> tuple[int, int, str] | None:
+    """``(address, bytes, device type)`` of a tensor's storage; None for one without a
+    plain storage (sparse, a subclass, FSDP's freed shards)."""
     try:
         storage = tensor.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
+        return storage.data_ptr(), storage.nbytes(), storage.device.type
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 
 
 def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> list[tuple[Any, ...]]:
-    """Notes adopting the distinct storages of ``tensors`` by address."""
+    """Notes adopting the distinct storages of ``tensors`` by address (with their
+    logical bytes and device: :func:`held_bytes` sizes them as the step's allocations)."""
     items: list[tuple[Any, ...]] = []
     seen: set[int] = set()
     for tensor in tensors:
@@ -1162,8 +1236,38 @@ def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> 
         if at is None or not at[1] or at[0] in seen:
             continue
         seen.add(at[0])
-        items.append(("adopt", at[0], at[1], category, since_start))
+        items.append(("adopt", at[0], at[1], category, since_start, at[2]))
     return items
+
+
+def _storage_sizes(tensors: list[torch.Tensor]) -> list[tuple[int, str]]:
+    """``(bytes, device type)`` of the distinct storages behind ``tensors``."""
+    sizes: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    for tensor in tensors:
+        at = _storage_at(tensor)
+        if at is None or not at[1] or at[0] in seen:
+            continue
+        seen.add(at[0])
+        sizes.append((at[1], at[2]))
+    return sizes
+
+
+#: The CUDA caching allocator's smallest block, and the unit it rounds every request up
+#: to (``kMinBlockSize`` and ``round_size`` in torch's c10/cuda/CUDACachingAllocator.cpp).
+CUDA_BLOCK_BYTES = 512
+
+
+def held_bytes(nbytes: int, device_type: str) -> int:
+    """A storage of ``nbytes`` logical bytes as the allocation events of its device size
+    it, so that memory live before a step and the step's own allocations follow one rule:
+    on CUDA the caching allocator's block (its events report ``round_size``: up to a
+    multiple of 512 bytes), elsewhere the logical size (the CPU's events report exact
+    sizes). NB: ``roundup_power2_divisions`` in ``PYTORCH_CUDA_ALLOC_CONF`` rounds larger
+    requests further; that setting is not read, its default rule is assumed."""
+    if device_type != "cuda" or nbytes <= 0:
+        return nbytes
+    return (nbytes + CUDA_BLOCK_BYTES - 1) // CUDA_BLOCK_BYTES * CUDA_BLOCK_BYTES
 
 
 def _stopped_recompute() -> bool:

@@ -97,7 +97,7 @@ def _input(value: Any) -> Any:
         return [_input(v) for v in value]
     sizes = getattr(value, "sizes", None)
     if sizes is not None:
-        return TensorInput(tuple(sizes), value.dtype, value.device)
+        return TensorInput(tuple(sizes), value.dtype, value.device, getattr(value, "allocation_id", None))
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return None
@@ -108,7 +108,6 @@ class _Reader:
         self.deep = deep
         self.detail = detail
         self.stacks = stacks
-        self.inputs: dict[int, Any] = {}  # recorded tensor metadata read once per object
 
     def ranges(self, events: list[Any], frames: tuple[str, ...]) -> list[Range]:
         out: list[Range] = []
@@ -227,7 +226,8 @@ def _value_out(value: Any) -> Any:
         return [_value_out(v) for v in value]
     sizes = getattr(value, "sizes", None)
     if sizes is not None:
-        return {"t": list(sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device)}
+        return {"t": list(sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device),
+                "a": getattr(value, "allocation_id", None)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return None
@@ -237,7 +237,7 @@ def _value_in(value: Any) -> Any:
     import torch
 
     if isinstance(value, dict):
-        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]))
+        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]), value.get("a"))
     if isinstance(value, list):
         return [_value_in(v) for v in value]
     return value

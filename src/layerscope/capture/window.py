@@ -61,6 +61,8 @@ class TensorInput:
     sizes: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device = _CPU
+    #: The allocation the tensor lives in (torch's ``allocation_id``), when recorded.
+    allocation_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -193,7 +195,10 @@ def _range_in(item: list[Any]) -> Range:
 def _value_out(value: Any) -> Any:
     """A recorded input as JSON: a tensor as ``{"t": sizes, "d": dtype, "v": device}``."""
     if isinstance(value, TensorInput):
-        return {"t": list(value.sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device)}
+        found = {"t": list(value.sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device)}
+        if value.allocation_id is not None:
+            found["a"] = value.allocation_id
+        return found
     if isinstance(value, (list, tuple)):
         return [_value_out(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -203,7 +208,7 @@ def _value_out(value: Any) -> Any:
 
 def _value_in(value: Any) -> Any:
     if isinstance(value, dict):
-        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]))
+        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]), value.get("a"))
     if isinstance(value, list):
         return [_value_in(v) for v in value]
     return value
