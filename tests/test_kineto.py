@@ -350,6 +350,137 @@ def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counte
     assert [(e.module, e.seq) for e in exits] == [(1, None), (0, None)]
 
 
-from layerscope.capture.kineto import MODULE_PREFIX, PART_PREFIX, STEP_NAME, convert, union_ns
-from layerscope.capture.window import USER_SCOPE, KernelSpan, Range, RangeFields
-from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
+def _ledger_window() -> tuple[list[Range], list[KernelSpan]]:
+    """Two steps. Step A (host 0-500): the model runs an addmm (corr 2) and an mm (corr
+    3), then an all-reduce (corr 4) outside it; a memset launched from no op range runs
+    at 400. Step B (host 500-1000): the model's gemm (corr 6)."""
+    tree = [
+        step(0, 500, module(0, 10, 99, op("aten::addmm", 30, 80, corr=2), op("aten::mm", 85, 95, corr=3)),
+             op("c10d::allreduce_", 100, 110, corr=4)),
+        step(500, 1000, module(0, 510, 700, op("aten::mm", 600, 650, corr=6))),
+    ]
+    kernels = [
+        KernelSpan(2, 1000, 1100, "gemm", 7),
+        KernelSpan(3, 1050, 1120, "gemm2", 8),  # overlaps gemm for 50 on another stream
+        KernelSpan(4, 1090, 1200, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 9),
+        KernelSpan(0, 400, 410, "Memset (Device)", 7),  # launched from no op range
+        KernelSpan(6, 1190, 1300, "gemm3", 7),  # step B's, launched in B, overlaps A's all-reduce
+    ]
+    return tree, kernels
+
+
+def test_each_step_device_busy_counts_overlap_once_and_keeps_collectives_out_of_ops():
+    from layerscope.raw import DeviceBusy
+
+    tree, kernels = _ledger_window()
+    first, second = convert(tree, kernels, has_device=True)
+    ops = [(e.name, e.device_time_ns) for e in first + second if isinstance(e, Op)]
+    # gemm holds 1000-1100 (100); gemm2 started later, so holds only 1100-1120 (20); the
+    # all-reduce's kernel is communication, never an op's time; step B's gemm3 is
+    # compute, so holds 1190-1300 (110) although A's all-reduce still ran then.
+    assert ops == [("aten::addmm", 100), ("aten::mm", 20), ("c10d::allreduce_", 0), ("aten::mm", 110)]
+    # Step A: compute 100 + 20 + memset 10 = 130; the all-reduce ran 1090-1200 (110), of
+    # which 1090-1120 and 1190-1200 (40) with compute: alone 70; busy 130 + 70 = 200.
+    assert [e for e in first if isinstance(e, DeviceBusy)] == [DeviceBusy(200, 130, 110, 40, 10)]
+    assert [e for e in second if isinstance(e, DeviceBusy)] == [DeviceBusy(110, 110, 0, 0, 0)]
+    # Both steps add up to the union of all the work: 400-410 and 1000-1300.
+    assert 200 + 110 == union_ns([(k.start_ns, k.end_ns) for k in kernels])
+
+
+def test_the_profile_ledger_puts_every_device_nanosecond_in_one_place():
+    from layerscope.attribute.cycle import Cycle
+    from layerscope.check import check_tree
+    from layerscope.raw import ModuleInfo, RawCapture
+    from layerscope.render.text import device_lines
+
+    tree, kernels = _ledger_window()
+    infos = [ModuleInfo("", "Net", None, 0, 0)]
+    cycle = Cycle(infos, [None], collect_ops=True)
+    for number, stream in enumerate(convert(tree, kernels, has_device=True)):
+        cycle.add(stream, number, warmup=False, keep_empty=True, has_device=True)
+    profile = check_tree(cycle.build(RawCapture(modules=infos, has_device_time=True)))
+    ledger = profile.device
+    assert ledger is not None
+    # Nodes: the model 100 + 20 + 110 = 230; the all-reduce's 70 alone and the memset's
+    # 10 are in no node, each with its reason: 230 + 70 + 10 = 310 = 200 + 110.
+    assert (ledger.busy_ns, ledger.attributed_ns) == (310, 230)
+    assert ledger.unattributed_ns_by_reason == {"communication": 70, "no_op_range": 10}
+    assert (ledger.compute_ns, ledger.comm_ns, ledger.overlap_ns) == (240, 110, 40)
+    assert device_lines(profile) == [
+        "Device busy 310ns = attributed 230ns + unattributed 80ns (collectives' kernels, not overlapped with "
+        "compute 70ns; launched outside any op range 10ns)",
+        "Device communication 110ns, of which 40ns overlapped with compute",
+    ]
+    # Saved and read back, it is the same ledger.
+    from layerscope.sidedocs import DeviceLedger
+
+    assert profile.to_dict()["device"] == ledger.to_dict()
+    assert DeviceLedger.from_dict(ledger.to_dict()) == ledger
+
+
+def test_a_custom_ops_own_kernels_are_its_frames():
+    # vllm::moe_forward (an op layerscope does not open as a dispatcher op) launches a
+    # kernel itself (corr 5) beside its nested aten::mm (corr 6).
+    tree = [step(0, 500, module(0, 10, 200, op("vllm::moe_forward", 20, 150, op("aten::mm", 30, 40, corr=6), corr=5)))]
+    kernels = [KernelSpan(5, 1000, 1040, "fused_moe_kernel", 7), KernelSpan(6, 1100, 1110, "gemm", 7)]
+    from layerscope.attribute import walk_pass
+    from layerscope.capture.kineto import Detail
+
+    (stream,) = convert(tree, kernels, has_device=True, detail=Detail())
+    result = walk_pass(stream, [""], has_device=True, collect_ops=True)
+    assert result.self_dev[(0, "forward")] == 40 + 10
+
+
+def _memory(t: int, ident: int, size: int, ptr: int, device: str) -> Range:
+    import torch
+
+    fields = RangeFields(ptr=ptr, alloc_size=size, allocation_id=ident, device=torch.device(device))
+    return Range("[memory]", t, t, 1, 0, [], fields)
+
+
+def _gradient_allocated_again(device: str) -> tuple[list[Event], int]:
+    """A step on ``device`` that frees a 256-byte gradient live before it (id 3 at 0x500,
+    as ``zero_grad(set_to_none=True)`` does) and allocates it again (id 4 at 0x600), its
+    allocation events sized as the device's allocator sizes them; its stream, and its
+    growth (peak - baseline)."""
+    from layerscope.attribute import walk_pass
+    from layerscope.capture.kineto import NOTE_PREFIX, Detail
+
+    block = 512 if device == "cuda" else 256
+    # Live before the step: two parameters (1,024 B and a 256-byte bias) and the gradient.
+    notes = [[
+        ("constant", [(1024, device), (256, device)], "parameters"),
+        ("adopt", 0x500, 256, "gradients", True, device),
+    ]]
+    tree = [step(0, 100, Range(f"{NOTE_PREFIX}0", 1, 1), _memory(10, 3, -block, 0x500, device), _memory(20, 4, block, 0x600, device))]
+    (stream,) = convert(tree, detail=Detail(notes=notes))
+    memory = walk_pass(stream, [""]).memory
+    assert memory is not None
+    return stream, memory.peak_bytes - memory.baseline_bytes
+
+
+def test_memory_live_before_a_step_is_sized_by_the_rule_of_the_steps_allocations() -> None:
+    from layerscope.raw import Adopt
+
+    # On CUDA torch's allocation events carry the caching allocator's blocks (a multiple
+    # of 512 B, at least 512): what was live before the step is sized the same way, so
+    # the gradient freed and allocated again (512 B each way) leaves the live bytes where
+    # they were, as the allocator's own total does: growth 0. (Logical sizes before the
+    # step with blocks in it: -256 + 512 = +256 B.)
+    stream, growth = _gradient_allocated_again("cuda")
+    adopted = [e for e in stream if isinstance(e, Adopt)]
+    assert adopted == [Adopt(1, None, 1024 + 512, "parameters", True), Adopt(1, -0x500, 512, "gradients", True)]
+    assert growth == 0
+    # The CPU's events report exact sizes: logical bytes throughout, growth 0 as well.
+    stream, growth = _gradient_allocated_again("cpu")
+    adopted = [e for e in stream if isinstance(e, Adopt)]
+    assert adopted == [Adopt(1, None, 1024 + 256, "parameters", True), Adopt(1, -0x500, 256, "gradients", True)]
+    assert growth == 0
+
+
+def test_the_cuda_allocators_block_rule() -> None:
+    from layerscope.capture.kineto import held_bytes
+
+    # round_size: below 512 B one block; above, up to the next multiple of 512.
+    assert [held_bytes(n, "cuda") for n in (1, 256, 512, 513, 1024, 5000)] == [512, 512, 512, 1024, 1024, 5120]
+    assert [held_bytes(n, "cpu") for n in (1, 256, 513)] == [1, 256, 513]
