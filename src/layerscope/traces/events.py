@@ -118,6 +118,7 @@ class _Builder:
         self.next_id = 1
         self.live_alloc: dict[int, int] = {}  # address -> allocation id
         self.tensors: dict[tuple[Any, ...], TensorInput] = {}
+        self.own_steps = 0  # layerscope's step ranges seen so far
 
     def add(self, event: dict[str, Any]) -> None:
         ph = event.get("ph")
@@ -151,11 +152,21 @@ class _Builder:
         self.order += 1
         self.by_thread.setdefault(tid, []).append((start, -end, rank, self.order, item))
 
+    def step_mark(self, tid: int, start: int, end: int, number: int) -> None:
+        rng = Range(STEP_NAME, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
+        self.out.steps.append((rng, number))
+
     def op(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
         if tid is None:
             return
         start, end = self._span(event)
+        if event.get("name") == STEP_NAME:
+            # torch's own trace of a layerscope block: its steps are layerscope's
+            # ranges (recorded as ops), numbered in order.
+            self.step_mark(tid, start, end, self.own_steps)
+            self.own_steps += 1
+            return
         args = event.get("args") or {}
         fields = RangeFields(sequence_number=_int(args.get("Sequence number"), -1))
         name = str(event.get("name", ""))
@@ -178,8 +189,7 @@ class _Builder:
         if step is not None:
             # Steps are marks on the timeline, not ranges the others nest in: a
             # framework may step the profiler in the middle of a range of its own.
-            rng = Range(STEP_NAME, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
-            self.out.steps.append((rng, int(step.group(1))))
+            self.step_mark(tid, start, end, int(step.group(1)))
             return
         rng = Range(name, start, end, tid, self._id(), extra_fields=_LABEL_FIELDS)
         self._push(tid, start, end, 2, rng)

@@ -91,7 +91,9 @@ def profile_of_events(
 
     cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
     for number, stream in zip(numbers, streams):
-        cycle.add(stream, number, warmup=False, keep_empty=True, has_device=has_device)
+        # A step that ran nothing is kept when it is the trace's only one (a block's last
+        # step mark, opened after its last step() and closed at its exit, is not).
+        cycle.add(stream, number, warmup=False, keep_empty=len(streams) == 1, has_device=has_device)
     windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
     meta = _meta(file_meta, events, source, how, model, windows, infos[0].type)
     if numbers:
