@@ -482,13 +482,15 @@ def _record_block(name: str, model: nn.Module, step: Callable[[], None], steps: 
     figures = replay.node_figures(live)
     traced_figures = truth["trace_nodes"][0] if truth["trace_nodes"] else {}
     worst = _worst_disagreement(figures, traced_figures, steps)
-    again = replay.node_figures(replay.replay(replay.load(path)))
+    replayed = replay.replay(replay.load(path))
+    again = replay.node_figures(replayed)
+    same = replayed.to_dict() == live.to_dict()
     return {
         "file_bytes": path.stat().st_size, "exit_s": exit_s, "problems": _problems(live),
         "root_fwd_device_ms_per_step": (live.root.forward.device_time_ns or 0) / 1e6 / steps,
         "root_bwd_device_ms_per_step": ((live.root.backward.device_time_ns or 0) / 1e6 / steps) if live.root.backward else None,
         "kernels_per_step_ms": [ns / 1e6 for ns in truth["kernels_per_step_ns"]],
-        "worst_node_vs_trace": worst, "replay_equals_live": again == figures,
+        "worst_node_vs_trace": worst, "replay_equals_live": again == figures, "replay_same_document": same,
         "max_memory_allocated": peak, "device_peak": truth["device_peak"],
     }
 
