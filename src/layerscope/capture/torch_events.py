@@ -12,7 +12,9 @@ What is read, and what is left (each rule is where a wrong device time once came
 - **Op ranges** keep torch's ``correlation_id``, the id device work is linked to.
   Kineto's own host events in the tree (``cudaLaunchKernel``, ``cudaMemsetAsync``)
   carry CUPTI's correlation id, another counter that collides with op ids: they are
-  left out of the tree (their time is inside the op that called them).
+  left out of the tree (their time is inside the op that called them), and what torch
+  nested in them (by time: a module range that began inside a runtime call's span)
+  counts as nested in their parent.
 - **Python frames** (``with_stack``) are see-through: their ranges count as nested
   directly, and each op keeps the user's frames around it (``Range.stack``).
 - **Pruning.** Without a device and without detail, the conversion never reads below a
@@ -124,7 +126,11 @@ class _Reader:
                     if frame is not None:
                         inner = (frame, *frames)
                 out.extend(self.ranges(event.children, inner))
-            # Kineto's own host events (launches) and any other kind: left out.
+            elif event.children:
+                # Kineto's own host events (a launch, a runtime call) are left out, but
+                # not what torch's tree nests in them: it nests by time, and a module's
+                # range can begin inside a runtime call's span on the host.
+                out.extend(self.ranges(event.children, frames))
         return out
 
     def op(self, event: Any, frames: tuple[str, ...]) -> Range:
