@@ -33,7 +33,7 @@ def recorded(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any], layer
 
 
 def test_a_replay_is_the_profile_the_gpu_made(recorded: tuple[str, dict[str, Any], layerscope.Profile]) -> None:
-    name, data, prof = recorded
+    _, data, prof = recorded
     layerscope.check_tree(prof)
     assert "H100" in data["truth"]["device_name"] and prof.meta.device.startswith("cuda")
     # Node by node, forward and backward, self and total device time: what the H100 showed.
@@ -72,7 +72,7 @@ def test_every_module_agrees_with_torchs_own_trace_of_the_same_session(
     or, for the smallest nodes, 0.5% of the step's device time (in the DDP step one
     1.2 µs gradient scaling by the reducer is the ReLU's backward live and not in the
     trace's nesting, which is rebuilt from microsecond timestamps)."""
-    name, data, prof = recorded
+    _, data, prof = recorded
     (traced,) = data["truth"]["trace_nodes"]
     live = replay.node_figures(prof)
     assert prof.device is not None
