@@ -1195,19 +1195,29 @@ class KinetoWindow:
         finally:
             with quiet_profiler():
                 result = _torch.disable_profiler()
-        gc_was_on = gc.isenabled()
-        gc.disable()  # many small objects, none cyclic: collections would only cost time
         try:
-            window = read_window(
+            return streams_of(
                 result, has_device=self.has_device, detail=self.detail, notes=self._notes, with_stack=self.with_stack
             )
-            for observer in WINDOW_OBSERVERS:
-                observer(window, result)
-            return convert_window(window)
         finally:
             self._notes = []
-            if gc_was_on:
-                gc.enable()
+
+
+def streams_of(
+    result: Any, *, has_device: bool, detail: bool, notes: list[list[tuple[Any, ...]]], with_stack: bool
+) -> list[list[Event]]:
+    """A stopped window's result (torch's, or a replayed one) as typed streams, one per
+    step: the adapter, then the conversion, with the window's observers told."""
+    gc_was_on = gc.isenabled()
+    gc.disable()  # many small objects, none cyclic: collections would only cost time
+    try:
+        window = read_window(result, has_device=has_device, detail=detail, notes=notes, with_stack=with_stack)
+        for observer in WINDOW_OBSERVERS:
+            observer(window, result)
+        return convert_window(window)
+    finally:
+        if gc_was_on:
+            gc.enable()
 
 
 #: Callables given each window as it stops, ``(window, torch's profiler result)``:

@@ -19,6 +19,9 @@ What is read, and what is left (each rule is where a wrong device time once came
   directly, and each op keeps the user's frames around it (``Range.stack``).
 - **Pruning.** Without a device and without detail, the conversion never reads below a
   namespaced op (``aten::mm``: it runs no module), so those subtrees are not copied.
+  With detail, the ops nested in a leaf op (a dispatcher op that is not a composite:
+  one row) keep their kernels and allocations but not their inputs, and concrete inputs
+  are read only for ops that have an int list among their inputs.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from layerscope.capture import _torch
+from layerscope.capture import _torch, op_args
 from layerscope.capture.window import (
     MEMORY,
     USER_SCOPE,
@@ -62,35 +65,38 @@ def user_frame(name: str) -> str | None:
     return f"{path}:{line} {function}"
 
 
-def read_kernels(result: Any) -> list[KernelSpan]:
-    """The device work of a profiler result (kernels, memcpys, memsets), each with the
-    op that launched it (0 when none is known)."""
+def read_flat(result: Any, *, kernels: bool, wanted: set[int]) -> tuple[list[KernelSpan], dict[int, list[Any]]]:
+    """One pass over torch's flat events: with ``kernels`` the device work (kernels,
+    memcpys, memsets), each with the op that launched it (0 when none is known), and
+    the concrete inputs (int lists, which the event tree does not hold) of the ops in
+    ``wanted`` (by correlation id) that have any."""
     cpu = _torch.CPU_DEVICE
-    found = []
+    found: list[KernelSpan] = []
+    concrete: dict[int, list[Any]] = {}
+    asking = bool(wanted)
     for e in result.events():
-        if e.device_type() == cpu or e.is_user_annotation():
+        if e.device_type() != cpu:
+            if kernels and not e.is_user_annotation():
+                name = e.name()
+                if name != MEMORY:
+                    found.append(KernelSpan(
+                        max(0, e.linked_correlation_id()), e.start_ns(), e.end_ns(), name, e.device_resource_id()
+                    ))
             continue
-        name = e.name()
-        if name == MEMORY:
+        if not asking:
             continue
-        found.append(KernelSpan(max(0, e.linked_correlation_id()), e.start_ns(), e.end_ns(), name, e.device_resource_id()))
-    return found
-
-
-def concrete_inputs(result: Any) -> dict[int, list[Any]]:
-    """Each op's concrete inputs (the int lists the event tree does not hold), by
-    correlation id; only for ops that have one."""
-    found: dict[int, list[Any]] = {}
-    for event in result.events():
+        correlation = e.correlation_id()
+        if correlation not in wanted:
+            continue
         try:
-            values = _torch.concrete_inputs(event)
+            values = _torch.concrete_inputs(e)
         except RuntimeError:
-            return found
+            values = None
         if values is None:  # a torch that records none (said in the profile's meta)
-            return found
-        if values and any(isinstance(v, list) for v in values):
-            found[event.correlation_id()] = list(values)
-    return found
+            asking = False
+        elif any(isinstance(v, list) for v in values):
+            concrete[correlation] = list(values)
+    return found, concrete
 
 
 def _input(value: Any) -> Any:
@@ -110,13 +116,15 @@ class _Reader:
         self.deep = deep
         self.detail = detail
         self.stacks = stacks
+        #: Ops whose concrete inputs are to be read (an int list among their inputs).
+        self.wanted: set[int] = set()
 
-    def ranges(self, events: list[Any], frames: tuple[str, ...]) -> list[Range]:
+    def ranges(self, events: list[Any], frames: tuple[str, ...], in_leaf: bool = False) -> list[Range]:
         out: list[Range] = []
         for event in events:
             tag = event.tag
             if tag == _TORCH_OP:
-                out.append(self.op(event, frames))
+                out.append(self.op(event, frames, in_leaf))
             elif tag == _ALLOCATION:
                 out.append(self.allocation(event))
             elif tag in _PYTHON:
@@ -125,30 +133,34 @@ class _Reader:
                     frame = user_frame(event.name)
                     if frame is not None:
                         inner = (frame, *frames)
-                out.extend(self.ranges(event.children, inner))
+                out.extend(self.ranges(event.children, inner, in_leaf))
             elif event.children:
                 # Kineto's own host events (a launch, a runtime call) are left out, but
                 # not what torch's tree nests in them: it nests by time, and a module's
                 # range can begin inside a runtime call's span on the host.
-                out.extend(self.ranges(event.children, frames))
+                out.extend(self.ranges(event.children, frames, in_leaf))
         return out
 
-    def op(self, event: Any, frames: tuple[str, ...]) -> Range:
+    def op(self, event: Any, frames: tuple[str, ...], in_leaf: bool) -> Range:
         name = event.name
         ef = event.extra_fields
         fields = RangeFields(
             sequence_number=getattr(ef, "sequence_number", -1),
             scope=USER_SCOPE if getattr(ef, "scope", None) == _USER else None,
         )
-        if self.detail:
-            fields.inputs = [_input(v) for v in getattr(ef, "inputs", ())]
+        overload = getattr(event, "overload_name", "") or ""
+        correlation = event.correlation_id
+        if self.detail and not in_leaf:
+            inputs = fields.inputs = [_input(v) for v in getattr(ef, "inputs", ())]
+            if None in inputs:  # an int list, recorded only among the concrete inputs
+                self.wanted.add(correlation)
         rng = Range(
-            name, event.start_time_ns, event.end_time_ns, event.start_tid, event.correlation_id,
-            extra_fields=fields, overload_name=getattr(event, "overload_name", "") or "",
-            stack=frames if self.stacks else None,
+            name, event.start_time_ns, event.end_time_ns, event.start_tid, correlation,
+            extra_fields=fields, overload_name=overload, stack=frames if self.stacks else None,
         )
         if self.deep or "::" not in name or not op_like(name):
-            rng.children = self.ranges(event.children, frames)
+            leaf = in_leaf or (self.detail and _leaf(name, overload))
+            rng.children = self.ranges(event.children, frames, leaf)
         return rng
 
     def allocation(self, event: Any) -> Range:
@@ -174,10 +186,18 @@ def read_window(
     the device work, and with ``detail`` the notes and concrete inputs."""
     reader = _Reader(deep=has_device or detail, detail=detail, stacks=with_stack and detail)
     roots = [r for r in reader.ranges(_torch.event_tree(result), ()) if r.name != MEMORY]
-    found = WindowCapture(roots, read_kernels(result) if has_device else [], has_device)
+    kernels, concrete = read_flat(result, kernels=has_device, wanted=reader.wanted)
+    found = WindowCapture(roots, kernels, has_device)
     if detail:
-        found.detail = Detail(notes=list(notes or []), concrete=concrete_inputs(result), stacks=reader.stacks or None)
+        found.detail = Detail(notes=list(notes or []), concrete=concrete, stacks=reader.stacks or None)
     return found
+
+
+def _leaf(name: str, overload: str) -> bool:
+    """Whether the conversion reads an op as one row, never the ops nested in it: a
+    dispatcher op that is not a composite. Inside one only the nested ops' kernels and
+    allocations are read, so their inputs are not copied."""
+    return "::" in name and op_args.is_dispatcher_op(name) and not op_args.is_composite(name, overload)
 
 
 # -- recording torch's events as the adapter reads them, and replaying them --------------
