@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from layerscope.attribute import parent_indices  # noqa: E402
 from layerscope.attribute.cycle import Cycle  # noqa: E402
 from layerscope.capture import replay  # noqa: E402
-from layerscope.capture.kineto import NOTE_PREFIX, STEP_NAME, streams_of  # noqa: E402
+from layerscope.capture.kineto import NOTE_PREFIX, STEP_NAME, paused_gc, streams_of  # noqa: E402
 from layerscope.capture.torch_events import ReplayedResult  # noqa: E402
 from layerscope.raw import ModuleInfo  # noqa: E402
 
@@ -94,11 +94,12 @@ def exit_once(data: dict[str, Any], window: dict[str, Any]) -> tuple[float, int]
     result = ReplayedResult(window["result"])  # torch's result, already in memory at a real exit
     gc.collect()
     started = time.perf_counter()
-    streams = streams_of(result, has_device=True, detail=True,
-                         notes=[[tuple(e) for e in note] for note in window["notes"]], with_stack=False)
-    cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
-    for number, events in enumerate(streams):
-        cycle.add(events, number, warmup=False, keep_empty=False, has_device=True)
+    with paused_gc():  # as a block reads a window
+        streams = streams_of(result, has_device=True, detail=True,
+                             notes=[[tuple(e) for e in note] for note in window["notes"]], with_stack=False)
+        cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
+        for number, events in enumerate(streams):
+            cycle.add(events, number, warmup=False, keep_empty=False, has_device=True)
     return time.perf_counter() - started, cycle.steps.steps
 
 

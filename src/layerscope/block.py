@@ -18,6 +18,7 @@ from layerscope.attribute import parent_indices
 from layerscope.attribute.cycle import Cycle
 from layerscope.capture import distributed
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps
+from layerscope.capture.kineto import paused_gc
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import (
     model_device,
@@ -229,9 +230,10 @@ class Profiler:
             return
         assert self._backend is not None
         steps, self._window_steps = self._window_steps, []
-        streams = self._backend.collect()
-        for events, (number, action) in zip(streams, steps):
-            self._add_step(events, number, action)
+        with paused_gc():
+            streams = self._backend.collect()
+            for events, (number, action) in zip(streams, steps):
+                self._add_step(events, number, action)
 
     def _new_cycle(self) -> Cycle:
         return Cycle(self._infos, parent_indices(self._infos), collect_ops=self._record_ops)

@@ -24,6 +24,7 @@ link, an all-gather, reduce-scatter or all-to-all ``(n - 1) / n``, the others al
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 #: Namespaces whose ops are collectives (or waits on them); ``symm_mem::`` holds the
@@ -79,9 +80,10 @@ _BUFFER = {
 }
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_communication(name: str | None) -> bool:
     """Whether an op, range or device kernel named ``name`` is a collective (or a wait
-    on one)."""
+    on one). Asked of every op and kernel: names repeat, so each is judged once."""
     if not name:
         return False
     return (
@@ -90,6 +92,7 @@ def is_communication(name: str | None) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_communication_kernel(name: str | None) -> bool:
     """Whether a device kernel named ``name`` is a collective's (NCCL, RCCL, symmetric
     memory): ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)``,

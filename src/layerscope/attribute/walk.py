@@ -736,9 +736,13 @@ def _shape_key(shapes: Any) -> Any:
 
 
 def _as_lists(shapes: Any) -> Any:
-    """Shapes as JSON-ready nested lists of ints."""
+    """Shapes as JSON-ready nested lists of ints. A shape (a tuple of ints) is copied in
+    one call: an optimizer's foreach op has hundreds of them per call."""
     if isinstance(shapes, (tuple, list)):
-        return [_as_lists(s) for s in shapes]
+        return [
+            list(s) if type(s) is tuple and (not s or type(s[0]) is int) else _as_lists(s)
+            for s in shapes
+        ]
     return shapes
 
 

@@ -1002,6 +1002,8 @@ class KinetoWindow:
         self._notes: list[list[tuple[Any, ...]]] = []
         self._grads_noted: set[int] = set()
         self._shape_hook: ExitStack | None = None
+        #: The note of the model's own storages (parameters, buffers), read at a window's first step.
+        self._constant: tuple[Any, ...] | None = None
 
     def _activities(self) -> set[Any]:
         from torch.autograd.profiler import ProfilerActivity
@@ -1022,7 +1024,10 @@ class KinetoWindow:
 
     def _note_step_start(self) -> None:
         """Memory live when the step begins: the model's state, gradients, inputs."""
-        items: list[tuple[Any, ...]] = [("constant", _storage_sizes(self._state_tensors), "parameters")]
+        if self._constant is None:
+            # The model's own storages keep their sizes while a window runs: read once.
+            self._constant = ("constant", _storage_sizes(self._state_tensors), "parameters")
+        items: list[tuple[Any, ...]] = [self._constant]
         grads = [p.grad for p, _ in self._owners if p.grad is not None]
         items += _adopt(grads, "gradients", since_start=True)
         items += _adopt(self.inputs, "other", since_start=True)
@@ -1126,6 +1131,7 @@ class KinetoWindow:
     def start(self) -> None:
         self._owner = threading.get_ident()
         self._notes = []
+        self._constant = None
         # A detailed window records overload names too (they pick the schema a call's
         # inputs follow); a torch without them assumes default overloads.
         config = _torch.profiler_config(self.detail, self.memory, self.with_stack)
@@ -1208,15 +1214,24 @@ def streams_of(
 ) -> list[list[Event]]:
     """A stopped window's result (torch's, or a replayed one) as typed streams, one per
     step: the adapter, then the conversion, with the window's observers told."""
-    gc_was_on = gc.isenabled()
-    gc.disable()  # many small objects, none cyclic: collections would only cost time
-    try:
+    with paused_gc():
         window = read_window(result, has_device=has_device, detail=detail, notes=notes, with_stack=with_stack)
         for observer in WINDOW_OBSERVERS:
             observer(window, result)
         return convert_window(window)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cycle collector paused while a window's events are read and walked:
+    many small objects, none cyclic, so a collection (which scans the whole heap of the
+    user's process, models and data included) would only cost time."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
-        if gc_was_on:
+        if was_on:
             gc.enable()
 
 
