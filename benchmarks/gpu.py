@@ -582,6 +582,36 @@ def exit_scaling(args: argparse.Namespace) -> Result:
     return {"rows": rows}
 
 
+def exit_profile(args: argparse.Namespace) -> Result:
+    """Where a GPT-2 AdamW block's exit goes: cProfile of one 11-step block's exit, the
+    functions with the most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    device = torch.device(args.device)
+    model, inputs = gpt2(args.quick, device, torch.float32)
+    case = Case("gpt2", model, inputs, True, device)
+    for _ in range(2):
+        case.step()
+    block = layerscope.Profiler(model)
+    block.__enter__()
+    for _ in range(11):
+        case.step()
+        block.step()
+    _sync(device)
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    block.__exit__(None, None, None)
+    profiler.disable()
+    seconds = time.perf_counter() - started
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()]
+    return {"exit_s": seconds, "top": lines[-32:]}
+
+
 def _part(run: Callable[[], Result]) -> Result:
     started = time.perf_counter()
     try:
@@ -678,6 +708,7 @@ def _plan(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[], Result]]
     for name, build, train in models:
         yield f"{name}_float32", model_part(name, build, train, torch.float32)
     yield "exit_scaling", lambda: exit_scaling(args)
+    yield "exit_profile", lambda: exit_profile(args)
     yield "compiled", lambda: compiled(args)
     yield "ddp_one_device", lambda: ddp(args, args.out)
     if args.device == "cuda":
