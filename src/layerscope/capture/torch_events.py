@@ -143,6 +143,12 @@ class _Reader:
 
     def op(self, event: Any, frames: tuple[str, ...], in_leaf: bool) -> Range:
         name = event.name
+        if in_leaf:
+            # Inside a leaf op the conversion reads only the nested ops' kernels (by
+            # correlation id) and allocations: no fields, overload or thread.
+            rng = Range(name, event.start_time_ns, event.end_time_ns, 0, event.correlation_id)
+            rng.children = self.ranges(event.children, frames, True)
+            return rng
         ef = event.extra_fields
         fields = RangeFields(
             sequence_number=getattr(ef, "sequence_number", -1),
