@@ -4,27 +4,36 @@ Runs on a bare GPU machine with the torch already installed there and no network
 puts this checkout's ``src`` on the path (nothing is installed), and says which parts it
 skipped where an optional dependency (transformers, pytest) is missing. It writes
 ``report.md`` and ``report.json`` into OUT (atomically), and the HTML report of the
-training step. On an H100 the CUDA tests take 35 s and the BERT-base fp32 part 27 s; the GPT-2
-training-step parts take minutes (see docs/benchmarks.md), so ``--budget-s`` stops starting
+training step. On an H100 (2026-11-27) the CUDA tests take 38 s, the record part 26-33 s,
+BERT-base fp32 13-15 s, GPT-2 fp32 62-73 s, the exit parts 28 s and each bf16 part 19-66 s:
+the whole check about 4.5 minutes (see docs/benchmarks.md). ``--budget-s`` stops starting
 parts after a time and ``--only`` picks parts. ``--device cpu --quick`` is the smoke mode CI
 runs between GPUs (small models, the CUDA-only parts skipped with the reason).
 
 Parts, each timed and reported ok / failed (with the error) / skipped (with the reason):
 
 1. the CUDA-marked tests (``pytest -m cuda``);
-2. for a BERT-base forward and a GPT-2 (small config) AdamW training step, in fp32 and
+2. ``record``: recorded captures for the suite to replay without a GPU
+   (``layerscope.capture.replay``; ``--record DIR``, copied into ``tests/data/captures``):
+   a BERT-base forward, a GPT-2 AdamW step, GPT-2 with activation checkpointing, a bf16
+   Llama and DDP over NCCL, each block's windows as torch's profiler handed them over,
+   with torch's own trace of the same session read back as the oracle (every module's
+   device time), the kernels' union and the allocator's peak;
+3. for a BERT-base forward and a GPT-2 (small config) AdamW training step, in fp32 and
    bf16: ``profile()``, a 5-step ``Profiler`` block and a one-step block, with
    - attribution: the same step recorded by torch.profiler and read back as a trace:
      every kernel in exactly one module or part, the nodes' device time against the
      union of the kernels (target: within 1%);
    - overhead: a step under layerscope and under torch.profiler against a plain step,
-     interleaved, medians;
+     7 rounds interleaved, medians, and each variant's exit;
    - memory: the step's peak against ``torch.cuda.max_memory_allocated``, and the
      top-level modules' forward allocations against ``memory_allocated`` deltas;
    - MFU per module, with the peak FLOP/s assumed;
-3. a ``torch.compile``d model: its kernels matched to modules;
-4. DDP on one device (NCCL on a GPU, gloo on the CPU): collective bytes and waiting;
-5. the HTML report of the training step, saved into OUT.
+4. ``exit_scaling``: a GPT-2 block's exit for 2, 5 and 11 steps beside torch.profiler's
+   stop, and ``exit_profile``: where an 11-step exit goes (cProfile);
+5. a ``torch.compile``d model: its kernels matched to modules;
+6. DDP on one device (NCCL on a GPU, gloo on the CPU): collective bytes and waiting;
+7. the HTML report of the training step, saved into OUT.
 
 Usage::
 
@@ -550,31 +559,21 @@ def _record_ddp(args: argparse.Namespace, out: Path, target: Path, replay: Any) 
 def exit_scaling(args: argparse.Namespace) -> Result:
     """A GPT-2 AdamW block's exit for 2, 5 and 11 steps, beside torch.profiler's own
     stop (shapes and memory) for the same steps: both should grow linearly."""
-    from torch.profiler import ProfilerActivity, profile
-
     device = torch.device(args.device)
     model, inputs = gpt2(args.quick, device, torch.float32)
     case = Case("gpt2", model, inputs, True, device)
     for _ in range(2):
         case.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     rows = []
     for steps in (2, 5, 11):
         row: Result = {"steps": steps}
-        with layerscope.Profiler(model) as prof:
-            for _ in range(steps):
-                case.step()
-                prof.step()
-            _sync(device)
-            leaving = time.perf_counter()
-        row["layerscope_exit_s"] = time.perf_counter() - leaving
-        with profile(activities=activities, record_shapes=True, profile_memory=True) as tprof:
-            for _ in range(steps):
-                case.step()
-                tprof.step()
-            _sync(device)
-            leaving = time.perf_counter()
-        row["torch_profiler_stop_s"] = time.perf_counter() - leaving
+        for kind, key in (("layerscope", "layerscope_exit_s"), ("torch.profiler", "torch_profiler_stop_s")):
+            with _variant(kind, case) as step:
+                for _ in range(steps):
+                    step()
+                _sync(device)
+                leaving = time.perf_counter()
+            row[key] = time.perf_counter() - leaving
         row["ratio"] = row["layerscope_exit_s"] / row["torch_profiler_stop_s"]
         print(f"  exit, {steps} steps: layerscope {row['layerscope_exit_s']:.2f} s, torch.profiler "
               f"{row['torch_profiler_stop_s']:.2f} s", flush=True)

@@ -332,6 +332,7 @@ BENCHMARK_SMOKE: dict[str, dict[str, str | None]] = {
     "benchmarks.distributed": {"--rounds": "1", "--steps": "2"},
     "benchmarks.compiled": {"--rounds": "1", "--models": "mlp"},
     "benchmarks.harness": {"--rounds": "1", "--runs": "1"},
+    "benchmarks.replay_exit": {"--rounds": "1", "--steps": "2"},
 }
 #: The benchmark commands whose smallest run is too long for the suite (measured on the
 #: 2-core VM), by module, or by module and an option of the line: only their command line

@@ -1254,28 +1254,25 @@ def _storage_at(tensor: torch.Tensor) -> tuple[int, int, str] | None:
 def _adopt(tensors: list[torch.Tensor], category: str, *, since_start: bool) -> list[tuple[Any, ...]]:
     """Notes adopting the distinct storages of ``tensors`` by address (with their
     logical bytes and device: :func:`held_bytes` sizes them as the step's allocations)."""
-    items: list[tuple[Any, ...]] = []
-    seen: set[int] = set()
-    for tensor in tensors:
-        at = _storage_at(tensor)
-        if at is None or not at[1] or at[0] in seen:
-            continue
-        seen.add(at[0])
-        items.append(("adopt", at[0], at[1], category, since_start, at[2]))
-    return items
+    return [("adopt", ptr, nbytes, category, since_start, device) for ptr, nbytes, device in _storages(tensors)]
 
 
 def _storage_sizes(tensors: list[torch.Tensor]) -> list[tuple[int, str]]:
     """``(bytes, device type)`` of the distinct storages behind ``tensors``."""
-    sizes: list[tuple[int, str]] = []
+    return [(nbytes, device) for _, nbytes, device in _storages(tensors)]
+
+
+def _storages(tensors: list[torch.Tensor]) -> list[tuple[int, int, str]]:
+    """``(address, bytes, device type)`` of the distinct non-empty storages behind ``tensors``."""
+    found: list[tuple[int, int, str]] = []
     seen: set[int] = set()
     for tensor in tensors:
         at = _storage_at(tensor)
         if at is None or not at[1] or at[0] in seen:
             continue
         seen.add(at[0])
-        sizes.append((at[1], at[2]))
-    return sizes
+        found.append(at)
+    return found
 
 
 #: The CUDA caching allocator's smallest block, and the unit it rounds every request up

@@ -40,6 +40,8 @@ from layerscope.capture.window import (
     TensorInput,
     WindowCapture,
     op_like,
+    value_from_json,
+    value_to_json,
 )
 
 _TORCH_OP: Any = _torch.EVENT_TORCH_OP
@@ -242,7 +244,7 @@ def _node_out(event: Any) -> list[Any]:
     if tag == _TORCH_OP:
         scope = getattr(ef, "scope", None)
         fields = [getattr(ef, "sequence_number", -1), None if scope is None else scope.name,
-                  [_value_out(v) for v in getattr(ef, "inputs", ())]]
+                  [value_to_json(_input(v)) for v in getattr(ef, "inputs", ())]]
     elif tag == _ALLOCATION:
         device = getattr(ef, "device", None)
         fields = [ef.ptr, ef.alloc_size, ef.allocation_id, ef.total_allocated, ef.total_reserved,
@@ -251,28 +253,6 @@ def _node_out(event: Any) -> list[Any]:
         tag.name, event.name, event.start_time_ns, event.end_time_ns, event.start_tid, event.correlation_id,
         getattr(event, "overload_name", "") or "", fields, [_node_out(c) for c in event.children],
     ]
-
-
-def _value_out(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_value_out(v) for v in value]
-    sizes = getattr(value, "sizes", None)
-    if sizes is not None:
-        return {"t": list(sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device),
-                "a": getattr(value, "allocation_id", None)}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return None
-
-
-def _value_in(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, dict):
-        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]), value.get("a"))
-    if isinstance(value, list):
-        return [_value_in(v) for v in value]
-    return value
 
 
 class _Fields:
@@ -305,7 +285,7 @@ class _Node:
         else:
             seq, scope, inputs = fields
             self.extra_fields = _Fields(
-                sequence_number=seq, scope=None if scope is None else scopes[scope], inputs=[_value_in(v) for v in inputs]
+                sequence_number=seq, scope=None if scope is None else scopes[scope], inputs=[value_from_json(v) for v in inputs]
             )
         self.children = [_Node(c, tags, scopes) for c in children]
 

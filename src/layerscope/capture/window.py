@@ -128,7 +128,7 @@ class WindowCapture:
             "kernels": [list(k) for k in self.kernels],
             "detail": None if detail is None else {
                 "notes": [[list(item) for item in note] for note in detail.notes],
-                "concrete": [[key, _value_out(values)] for key, values in detail.concrete.items()],
+                "concrete": [[key, value_to_json(values)] for key, values in detail.concrete.items()],
                 "stacks": detail.stacks,
             },
         }
@@ -142,7 +142,7 @@ class WindowCapture:
         if raw is not None:
             detail = Detail(
                 notes=[[_note_in(item) for item in note] for note in raw["notes"]],
-                concrete={int(key): _value_in(values) for key, values in raw["concrete"]},
+                concrete={int(key): value_from_json(values) for key, values in raw["concrete"]},
                 stacks=raw["stacks"],
             )
         return cls(
@@ -168,7 +168,7 @@ def _range_out(r: Range) -> list[Any]:
     elif f.sequence_number == -1 and f.scope is None and not f.inputs:
         fields = None
     else:
-        fields = [f.sequence_number, f.scope, [_value_out(v) for v in f.inputs]]
+        fields = [f.sequence_number, f.scope, [value_to_json(v) for v in f.inputs]]
     return [
         r.name, r.start_time_ns, r.end_time_ns, r.start_tid, r.correlation_id, r.overload_name, fields,
         [_range_out(c) for c in r.children], None if r.stack is None else list(r.stack),
@@ -185,32 +185,35 @@ def _range_in(item: list[Any]) -> Range:
             total_reserved=fields[5], device=fields[6],
         )
     else:
-        extra = RangeFields(sequence_number=fields[0], scope=fields[1], inputs=[_value_in(v) for v in fields[2]])
+        extra = RangeFields(sequence_number=fields[0], scope=fields[1], inputs=[value_from_json(v) for v in fields[2]])
     return Range(
         name, start, end, tid, correlation, [_range_in(c) for c in children], extra, overload,
         None if stack is None else tuple(stack),
     )
 
 
-def _value_out(value: Any) -> Any:
-    """A recorded input as JSON: a tensor as ``{"t": sizes, "d": dtype, "v": device}``."""
+def value_to_json(value: Any) -> Any:
+    """A recorded input as JSON: a tensor as ``{"t": sizes, "d": dtype, "v": device}``
+    (and ``"a"``, its allocation id, when known); lists as lists; other values as they
+    are, or None where JSON has no form for them."""
     if isinstance(value, TensorInput):
         found = {"t": list(value.sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device)}
         if value.allocation_id is not None:
             found["a"] = value.allocation_id
         return found
     if isinstance(value, (list, tuple)):
-        return [_value_out(v) for v in value]
+        return [value_to_json(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return None
 
 
-def _value_in(value: Any) -> Any:
+def value_from_json(value: Any) -> Any:
+    """What :func:`value_to_json` wrote, read back (tensors as :class:`TensorInput`)."""
     if isinstance(value, dict):
         return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]), value.get("a"))
     if isinstance(value, list):
-        return [_value_in(v) for v in value]
+        return [value_from_json(v) for v in value]
     return value
 
 
