@@ -69,14 +69,10 @@ def test_every_module_agrees_with_torchs_own_trace_of_the_same_session(
 ) -> None:
     """``layerscope.load`` of torch's trace of the very session (read on the GPU
     machine) against the live profile: module by module, forward and backward, within 1%
-    or, for the smallest nodes, 0.5% of the step's device time (in the DDP step one
-    1.2 µs gradient scaling by the reducer is the ReLU's backward live and not in the
-    trace's nesting, which is rebuilt from microsecond timestamps)."""
+    (seen: identical, every module of all five)."""
     _, data, prof = recorded
     (traced,) = data["truth"]["trace_nodes"]
     live = replay.node_figures(prof)
-    assert prof.device is not None
-    floor = 0.005 * prof.device.busy_ns / prof.meta.steps
     compared = 0
     for path, figures in live.items():
         if path.startswith("<"):
@@ -85,7 +81,7 @@ def test_every_module_agrees_with_torchs_own_trace_of_the_same_session(
             mine, theirs = figures[i], traced[path][i]
             if mine is None:
                 continue
-            assert theirs is not None and abs(mine - theirs) <= max(0.01 * max(mine, theirs), floor), (path, i, mine, theirs)
+            assert theirs is not None and abs(mine - theirs) <= 0.01 * max(mine, theirs), (path, i, mine, theirs)
             compared += 1
     assert compared >= len(live) // 2
 
