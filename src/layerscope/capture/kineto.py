@@ -120,8 +120,14 @@ _ACCUMULATE = "torch::autograd::AccumulateGrad"
 _Range = _torch.FastRange
 
 #: A line of torch's profiler backend's own log (Kineto's), as it starts and stops:
-#: ``USDT:2026-11-26 15:00:00 2127:2127 SyncActivityProfilerHandler.cpp:52] profiler_start``.
-_BACKEND_LINE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d [^\n]*?\w+\.cpp:\d+\] ")
+#: ``USDT:2026-11-26 15:00:00 2127:2127 SyncActivityProfilerHandler.cpp:52] profiler_start``;
+#: and the one it writes as it is first started in a thread other than the one that
+#: imported torch (``ERROR: External init callback must run in same thread as
+#: registerClient (5 != 3)``): it skips torch's client's ``init()`` then, which is empty.
+_BACKEND_LINE = re.compile(
+    rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d [^\n]*?\w+\.cpp:\d+\] "
+    rb"|ERROR: External init callback must run in same thread as registerClient \(-?\d+ != -?\d+\)$"
+)
 
 
 @contextmanager
