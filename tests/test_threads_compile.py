@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -11,7 +14,7 @@ from torch import nn
 
 import layerscope
 from layerscope.check import check_tree
-from layerscope.errors import ModelError
+from layerscope.errors import ModelError, ProfilerStateError
 
 
 def _model() -> nn.Module:
@@ -82,6 +85,133 @@ def test_profile_counts_only_its_own_thread() -> None:
     for p in (prof, prof_bwd):
         assert p[""].calls == 1
         assert [op.calls for op in p["0"].ops if op.name == "aten::addmm"] == [1]
+
+
+#: Two threads, each profiling its own model three times, started together, round after
+#: round: torch's profiler runs one session per process, and two interleaving crashed it.
+TAKING_TURNS = r"""
+import sys, threading
+import layerscope
+from layerscope import zoo
+from layerscope.check import check_tree
+
+failures = []
+for _ in range(int(sys.argv[1])):
+    together = threading.Barrier(2)
+
+    def work(name):
+        try:
+            entry = zoo.get(name)
+            model, x = entry.build(), entry.example_inputs(2)
+            together.wait()
+            for _ in range(3):
+                check_tree(layerscope.profile(model, x, backward=True, warmup=1, repeat=2))
+        except BaseException as exc:
+            failures.append(f"{name}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in ("mlp", "lenet5")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+assert not failures, failures
+"""
+
+
+def test_profiles_in_two_threads_take_turns_with_torchs_profiler(tmp_path: Any) -> None:
+    script = tmp_path / "turns.py"
+    script.write_text(TAKING_TURNS, encoding="utf-8")
+    # In a process of its own: a crash fails this test, not the whole run.
+    run = subprocess.run([sys.executable, str(script), "5"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "External init callback" not in run.stderr
+
+
+class Block:
+    """A real Profiler block in a thread of its own, held open until told to end."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.profile: Any = None
+        self._open = threading.Event()
+        self._end = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with layerscope.Profiler(self.model) as prof:
+            self.model(torch.randn(4, 16))
+            self._open.set()
+            self._end.wait(60)
+            prof.step()
+        self.profile = prof.profile
+
+    def __enter__(self) -> Block:
+        self._thread.start()
+        assert self._open.wait(60)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._end.set()
+        self._thread.join(60)
+
+
+def test_while_another_threads_block_holds_torchs_profiler_others_record_without_it() -> None:
+    """A block may last a whole training loop, so nothing waits for it: a profile() or
+    another block records under the dispatch mode (as inside a user's torch.profiler),
+    and a bare start of torch's profiler is refused in one line."""
+    from layerscope.capture.kineto import KinetoWindow
+
+    model, other = _model(), _model()
+    x = torch.randn(4, 16)
+    with Block(model) as block:
+        prof = check_tree(layerscope.profile(other, x, warmup=1, repeat=2, backward=True))
+        with layerscope.Profiler(other) as second:
+            other(x)
+        window = KinetoWindow({id(other): 0}, device=torch.device("cpu"))
+        with pytest.raises(ProfilerStateError, match=r"held by a layerscope.Profiler block in another thread.*after"):
+            window.start()
+    assert prof.meta["ops_from"] == "dispatch mode"
+    assert [op.calls for op in prof["0"].ops if op.name == "aten::addmm"] == [1]
+    assert check_tree(second.profile).meta["times_from"] == "dispatch mode"
+    held = check_tree(block.profile)
+    assert "times_from" not in held.meta and held[""].calls == held["0"].calls == 1
+    # The block is over: torch's profiler is free again.
+    assert "ops_from" not in check_tree(layerscope.profile(other, x, warmup=1, repeat=2, backward=True)).meta
+
+
+def test_a_block_waits_for_another_threads_profile_to_end() -> None:
+    """profile() is a bounded call: a block started meanwhile waits for it, then gets
+    torch's profiler (its times are torch's, not the dispatch mode's)."""
+    calls: list[str] = []
+    inside = threading.Event()
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append("profile")
+            if not inside.is_set():
+                inside.set()
+                time.sleep(0.3)  # the block below starts meanwhile
+            return self.inner(x)
+
+    profiles: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: profiles.append(layerscope.profile(Slow(), torch.randn(4, 16), warmup=1, repeat=2, backward=True))
+    )
+    worker.start()
+    assert inside.wait(60)
+    model = _model()
+    with layerscope.Profiler(model) as prof:
+        calls.append("block")
+        model(torch.randn(4, 16))
+    worker.join(60)
+    # Every pass of the profile ran before the block began.
+    assert calls == ["profile"] * (len(calls) - 1) + ["block"]
+    assert "ops_from" not in check_tree(profiles[0]).meta
+    assert "times_from" not in check_tree(prof.profile).meta
 
 
 def test_compiled_models_are_refused_where_hooks_would_time_them() -> None:

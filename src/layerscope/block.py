@@ -18,7 +18,7 @@ from layerscope.attribute import parent_indices
 from layerscope.attribute.cycle import Cycle
 from layerscope.capture import distributed
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps
-from layerscope.capture.kineto import paused_gc
+from layerscope.capture.kineto import paused_gc, profiler_session
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import (
     model_device,
@@ -62,8 +62,10 @@ class Profiler:
     step's figures are its own. Figures are the steps' sums (``meta.steps``); the
     profile keeps each step's number and wall time (``meta.step_numbers``,
     ``meta.step_times_ns``), and ``step_spread()`` names the steps far from the
-    median. Inside a user's own torch.profiler (only one can run) steps are recorded
-    under a dispatch mode instead (``meta.times_from``). With
+    median. Inside a user's own torch.profiler (only one can run), or while another
+    thread's block holds torch's profiler, steps are recorded under a dispatch mode
+    instead (``meta.times_from``); a block started during another thread's
+    ``profile()`` waits for it to end. With
     ``schedule=layerscope.schedule(...)`` only the
     active steps of each cycle are recorded and ``on_ready(profile)`` receives each
     cycle's profile; idle steps install nothing. Events are folded into running totals
@@ -161,29 +163,31 @@ class Profiler:
             memory=self._memory,
             with_stack=self._with_stack,
         )
-        # Every step goes through one backend. With ops: torch's profiler, recording
-        # shapes and memory, times and detail from the same run; where it cannot run (a
-        # user's torch.profiler already does, or a fake clock in tests) a dispatch mode,
-        # whose times are not faithful (meta.times_from says so). record_ops=False
-        # is the leanest timing: module hooks on a clock, forward only.
-        backend: Backend | None = None
-        if self._record_ops and self._clock is None:
-            backend = detailed_steps(
-                self.model, self._recorder, modules, selected, self._device, memory=self._memory,
-                with_stack=self._with_stack,
-            )
-        if backend is None:
-            backend = RecorderSteps(self._recorder, detailed=self._record_ops)
-            if self._record_ops and self._clock is None:  # a given clock times by design
-                self._times_from = "dispatch mode"
-        self._backend = backend
-        self._windowed = isinstance(backend, KinetoSteps)
-        self._cycle = self._new_cycle()
-        # Rank, world size, host and the run id (agreed with the other ranks once).
-        self._identity = distributed.identity()
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(exclusive(self.model))
+            # Every step goes through one backend. With ops: torch's profiler, recording
+            # shapes and memory, times and detail from the same run, held for the whole
+            # block (one session per process: waiting for another thread's profile() to
+            # end). Where it cannot run (a user's torch.profiler already does, another
+            # thread's block holds it, or a fake clock in tests) a dispatch mode, whose
+            # times are not faithful (meta.times_from says so). record_ops=False is the
+            # leanest timing: module hooks on a clock, forward only.
+            backend: Backend | None = None
+            if self._record_ops and self._clock is None and stack.enter_context(profiler_session(bounded=False)):
+                backend = detailed_steps(
+                    self.model, self._recorder, modules, selected, self._device, memory=self._memory,
+                    with_stack=self._with_stack,
+                )
+            if backend is None:
+                backend = RecorderSteps(self._recorder, detailed=self._record_ops)
+                if self._record_ops and self._clock is None:  # a given clock times by design
+                    self._times_from = "dispatch mode"
+            self._backend = backend
+            self._windowed = isinstance(backend, KinetoSteps)
+            self._cycle = self._new_cycle()
+            # Rank, world size, host and the run id (agreed with the other ranks once).
+            self._identity = distributed.identity()
             self._stack = stack
             self._begin_step()
         except BaseException:

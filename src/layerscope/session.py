@@ -21,6 +21,7 @@ from layerscope.capture._torch import missing_meta
 from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
 from layerscope.capture.compiled import time_compiled
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
+from layerscope.capture.kineto import profiler_session
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import (
     autocast_dtype,
@@ -102,6 +103,10 @@ def profile(
     ``clock`` replaces ``time.perf_counter_ns`` (tests use a fake one). ``peak_tflops``
     is the hardware's peak for MFU (% of peak per module); on common GPUs it is known.
 
+    torch's profiler runs one session per process: calls in several threads take
+    turns, and one made while another thread's ``Profiler`` block holds it records
+    under a dispatch mode (``meta.ops_from``), as inside a user's own torch.profiler.
+
     A model compiled whole (``torch.compile(model)``) is profiled from its kernels:
     layerscope compiles its module once more with Inductor's provenance tracking, and
     each module's time comes from the kernel calls holding its FX nodes; FLOPs, memory
@@ -143,66 +148,72 @@ def profile(
     recorder = Recorder(modules, selected, device=device, clock=clock, memory=memory, with_stack=with_stack)
     recorder.memory_inputs = list(tensors_in((args, kwargs)))
     report = progress or (lambda stage, done, total: None)
-    # Forward alone is timed by module hooks on a Python clock (the leanest); a step with
-    # backward through torch's profiler, which sees autograd's engine without Python per
-    # op. A fake clock (tests) keeps every pass on the recorder.
-    timed: Backend | None = None
-    if backward and clock is None:
-        timed = timed_steps(recorder, modules, selected, device)
-    if timed is None:
-        timed = RecorderSteps(recorder, detailed=False, steps=backward)
-    # Op rows, shapes, FLOPs and memory from a pass under torch's profiler (recording
-    # shapes and memory); the dispatch mode only where that profiler cannot run.
-    detail: Backend | None = None
-    if clock is None:
-        detail = detailed_steps(
-            model, recorder, modules, selected, device, memory=memory, with_stack=with_stack, steps=backward,
-            inputs=recorder.memory_inputs,
-        )
-    ops_from = None
-    if detail is None:
-        detail = RecorderSteps(recorder, detailed=True, steps=backward)
-        ops_from = "dispatch mode" if record_ops and clock is None else None
+    with contextlib.ExitStack() as session:
+        session.enter_context(exclusive(model))
+        # torch's profiler runs one session per process: this call's passes hold it
+        # (another thread's profile() waits; a Profiler block's, maybe a training loop
+        # long, makes this one record without it, as inside a user's torch.profiler).
+        held = clock is None and (backward or record_ops) and session.enter_context(profiler_session(bounded=True))
+        # Forward alone is timed by module hooks on a Python clock (the leanest); a step with
+        # backward through torch's profiler, which sees autograd's engine without Python per
+        # op. A fake clock (tests) keeps every pass on the recorder.
+        timed: Backend | None = None
+        if backward and held:
+            timed = timed_steps(recorder, modules, selected, device)
+        if timed is None:
+            timed = RecorderSteps(recorder, detailed=False, steps=backward)
+        # Op rows, shapes, FLOPs and memory from a pass under torch's profiler (recording
+        # shapes and memory); the dispatch mode only where that profiler cannot run.
+        detail: Backend | None = None
+        if held:
+            detail = detailed_steps(
+                model, recorder, modules, selected, device, memory=memory, with_stack=with_stack, steps=backward,
+                inputs=recorder.memory_inputs,
+            )
+        ops_from = None
+        if detail is None:
+            detail = RecorderSteps(recorder, detailed=True, steps=backward)
+            ops_from = "dispatch mode" if record_ops and clock is None else None
 
-    def step(on: Backend) -> None:
-        _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
+        def step(on: Backend) -> None:
+            _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
 
-    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
-        for n in range(warmup):
-            clear_grads()
-            if record_ops and n == warmup - 1 and isinstance(detail, RecorderSteps):
-                with recorder.warm_detail_pass():
-                    step(detail)
-            else:
-                step(timed)
-            report("warmup", n + 1, warmup)
-        try:
-            for n in range(repeat):
+        with grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
+            for n in range(warmup):
                 clear_grads()
-                timed.begin_step()
-                try:
-                    step(timed)
-                finally:
-                    timed.end_step()
-                report("measure", n + 1, repeat)
-        finally:
-            timing_passes = timed.collect()
-        op_pass = None
-        if record_ops:
-            # Under torch's profiler a first pass takes its first-use costs (dropped).
-            passes = 1 if isinstance(detail, RecorderSteps) else 2
-            try:
-                for _ in range(passes):
-                    clear_grads()
-                    detail.begin_step()
-                    try:
+                if record_ops and n == warmup - 1 and isinstance(detail, RecorderSteps):
+                    with recorder.warm_detail_pass():
                         step(detail)
+                else:
+                    step(timed)
+                report("warmup", n + 1, warmup)
+            try:
+                for n in range(repeat):
+                    clear_grads()
+                    timed.begin_step()
+                    try:
+                        step(timed)
                     finally:
-                        detail.end_step()
+                        timed.end_step()
+                    report("measure", n + 1, repeat)
             finally:
-                streams = detail.collect()
-            op_pass = streams[-1]
-            report("ops", 1, 1)
+                timing_passes = timed.collect()
+            op_pass = None
+            if record_ops:
+                # Under torch's profiler a first pass takes its first-use costs (dropped).
+                passes = 1 if isinstance(detail, RecorderSteps) else 2
+                try:
+                    for _ in range(passes):
+                        clear_grads()
+                        detail.begin_step()
+                        try:
+                            step(detail)
+                        finally:
+                            detail.end_step()
+                finally:
+                    streams = detail.collect()
+                op_pass = streams[-1]
+                report("ops", 1, 1)
 
     raw = RawCapture(
         modules=infos,

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from layerscope.capture import _torch
-from layerscope.capture.kineto import quiet_profiler
+from layerscope.capture.kineto import profiler_held, quiet_profiler
 from layerscope.errors import ModelError
 from layerscope.raw import (
     CompiledCapture,
@@ -329,21 +329,23 @@ def _profiled(
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
-    with quiet_profiler():
-        prof.start()
-    try:
-        call()
-        for n in range(passes):
-            # torch's C++ range, not record_function's op: the range is the call's time,
-            # and a Python op around it would add its own tens of µs to every call.
-            with _torch.FastRange(STEP_RANGE):
-                call()
-            if progress is not None:
-                progress(n + 1)
-    finally:
+    # One session of torch's profiler per process: held until its events are read.
+    with profiler_held():
         with quiet_profiler():
-            prof.stop()
-    return _passes(prof.events())
+            prof.start()
+        try:
+            call()
+            for n in range(passes):
+                # torch's C++ range, not record_function's op: the range is the call's time,
+                # and a Python op around it would add its own tens of µs to every call.
+                with _torch.FastRange(STEP_RANGE):
+                    call()
+                if progress is not None:
+                    progress(n + 1)
+        finally:
+            with quiet_profiler():
+                prof.stop()
+        return _passes(prof.events())
 
 
 def time_compiled(

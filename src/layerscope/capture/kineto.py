@@ -84,6 +84,7 @@ from layerscope.capture.window import (
     op_like,
 )
 from layerscope.comm import is_communication, is_communication_kernel
+from layerscope.errors import ProfilerStateError
 from layerscope.intervals import merged, union_ns
 from layerscope.raw import (
     NO_SEQ,
@@ -175,10 +176,88 @@ def quiet_profiler() -> AbstractContextManager[None]:
 
 
 def available() -> bool:
-    """Whether the Kineto capture can run here: no other profiler (a user's
-    ``torch.profiler``, or another layerscope block's) is running, since only one can.
-    A torch without what it needs raises ``MissingTorchAPI`` naming it."""
+    """Whether the Kineto capture can run in this thread: no other profiler (a user's
+    ``torch.profiler``, or a layerscope block's) is running in it, since only one can.
+    Another thread's layerscope session is kept off by :func:`profiler_session`, which
+    a caller holds first. A torch without what it needs raises ``MissingTorchAPI``
+    naming it."""
     return _torch.profiler_free()
+
+
+class _Claim:
+    """torch's profiler, held by one layerscope session at a time in the process.
+
+    Kineto runs one session per process: two threads' sessions interleaving (one
+    preparing while the other runs or stops) crash the process. A session holds this
+    from before torch's profiler is prepared until after it is disabled and its result
+    read. The holding thread may take it again (a session's windows inside it, a
+    ``profile()`` inside a ``Profiler`` block); another thread waits while a *bounded*
+    session holds it (a ``profile()`` call), and is told no at once while a ``Profiler``
+    block does (it may run for a whole training loop)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._thread: int | None = None
+        self._depth = 0
+        self._bounded = True
+
+    def take(self, *, bounded: bool) -> bool:
+        me = threading.get_ident()
+        with self._changed:
+            while self._thread is not None and self._thread != me:
+                if not self._bounded:
+                    return False
+                self._changed.wait()
+            if self._thread is None:
+                self._thread, self._bounded = me, bounded
+            self._depth += 1
+            return True
+
+    def give(self) -> None:
+        with self._changed:
+            self._depth -= 1
+            if not self._depth:
+                self._thread = None
+                self._changed.notify_all()
+
+    def after_fork(self) -> None:
+        # A forked child has the forking thread alone: a claim another thread held is gone.
+        self._changed = threading.Condition()
+        if self._thread != threading.get_ident():
+            self._thread, self._depth, self._bounded = None, 0, True
+
+
+_CLAIM = _Claim()
+os.register_at_fork(after_in_child=_CLAIM.after_fork)
+
+
+@contextmanager
+def profiler_session(*, bounded: bool) -> Iterator[bool]:
+    """Around a layerscope session that may start torch's profiler: whether it holds it
+    (:class:`_Claim`). ``bounded`` (``profile()``) waits for another thread's bounded
+    session to end; a session of a ``Profiler`` block in another thread yields False,
+    and the caller records without torch's profiler, as inside a user's own."""
+    if not _CLAIM.take(bounded=bounded):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _CLAIM.give()
+
+
+@contextmanager
+def profiler_held() -> Iterator[None]:
+    """Around one start-to-read of torch's profiler: inside the thread's own session,
+    or waiting for another thread's bounded one; refused while another thread's
+    ``Profiler`` block holds it."""
+    with profiler_session(bounded=True) as held:
+        if not held:
+            raise ProfilerStateError(
+                "torch's profiler is held by a layerscope.Profiler block in another thread, and a process runs "
+                "one session of it at a time: profile after that block ends"
+            )
+        yield
 
 
 _USER_SCOPE = USER_SCOPE
@@ -992,6 +1071,8 @@ class KinetoWindow:
         self._names = {key: f"{MODULE_PREFIX}{i}" for key, i in index.items()}
         self._device = device
         self._stack: ExitStack | None = None
+        #: torch's profiler held for this window (``profiler_held``), from start to its read.
+        self._claim = ExitStack()
         self._owner = 0
         self._step: Any = None
         self.has_device = device.type == "cuda"
@@ -1142,8 +1223,11 @@ class KinetoWindow:
         # inputs follow); a torch without them assumes default overloads.
         config = _torch.profiler_config(self.detail, self.memory, self.with_stack)
         activities = self._activities()
+        claim = ExitStack()
         stack = ExitStack()
         try:
+            # Held until the result is read (stop): one session of torch's profiler at a time.
+            claim.enter_context(profiler_held())
             with quiet_profiler():
                 _torch.prepare_profiler(config, activities)
             pre, post = self._hooks()
@@ -1162,9 +1246,13 @@ class KinetoWindow:
             with quiet_profiler():
                 _torch.enable_profiler(config, activities)
         except BaseException:
-            stack.close()
+            try:
+                stack.close()
+            finally:
+                claim.close()
             raise
         self._stack = stack
+        self._claim = claim
 
     @property
     def running(self) -> bool:
@@ -1201,18 +1289,22 @@ class KinetoWindow:
         stack, self._stack = self._stack, None
         if stack is None:
             return []
-        self.end_step()
         try:
-            stack.close()
+            self.end_step()
+            try:
+                stack.close()
+            finally:
+                with quiet_profiler():
+                    result = _torch.disable_profiler()
+            try:
+                return streams_of(
+                    result, has_device=self.has_device, detail=self.detail, notes=self._notes,
+                    with_stack=self.with_stack,
+                )
+            finally:
+                self._notes = []
         finally:
-            with quiet_profiler():
-                result = _torch.disable_profiler()
-        try:
-            return streams_of(
-                result, has_device=self.has_device, detail=self.detail, notes=self._notes, with_stack=self.with_stack
-            )
-        finally:
-            self._notes = []
+            self._claim.close()
 
 
 def streams_of(
