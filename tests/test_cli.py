@@ -847,6 +847,28 @@ def test_bad_config_is_one_line(workdir: Path, spec: str, config: str, expected:
     assert all(fragment in line for fragment in expected), line
 
 
+def test_config_errors_list_only_size_fields_and_name_the_bad_value(workdir: Path) -> None:
+    pytest.importorskip("transformers")
+    line = assert_usage_error(run_cli("flops", "transformers:GPT2Model", "--config", "n_layer=2,foo=1", cwd=workdir))
+    prefix = "layerscope: error: --config: GPT2Model's config has no 'foo'; its size fields are "
+    assert line.startswith(prefix), line
+    # GPT-2's counts and dimensions; not its flags (output_hidden_states), its token ids,
+    # nor chunk_size_feed_forward, which every config has and which sizes nothing.
+    assert sorted(line[len(prefix):].split(", ")) == ["n_embd", "n_head", "n_layer", "n_positions", "vocab_size"]
+    line = assert_usage_error(run_cli("flops", "transformers:GPT2Model", "--config", "n_layer=two", cwd=workdir))
+    assert line == "layerscope: error: --config: GPT2Model's n_layer takes an int, got 'two' (a str)"
+
+
+def test_size_fields_of_a_bert_config() -> None:
+    transformers = pytest.importorskip("transformers")
+    from layerscope.specs import size_fields
+
+    assert sorted(size_fields(transformers.BertConfig(), transformers.PretrainedConfig())) == [
+        "hidden_size", "intermediate_size", "max_position_embeddings", "num_attention_heads",
+        "num_hidden_layers", "type_vocab_size", "vocab_size",
+    ]  # not pad_token_id (an int, not a size), layer_norm_eps (a float), hidden_act (a string)
+
+
 def test_the_module_that_raised_is_named_by_path_and_class(workdir: Path) -> None:
     (workdir / "broken.py").write_text(
         "import torch\n"

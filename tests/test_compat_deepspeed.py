@@ -37,6 +37,14 @@ ALEXNET_PARAMS = 61_100_840
 # then 400->120, 120->84, 84->10.
 LENET_MACS = 28 * 28 * 25 * 6 + 10 * 10 * 150 * 16 + 400 * 120 + 120 * 84 + 84 * 10  # 416,520
 LENET_PARAMS = 156 + 2416 + 48120 + 10164 + 850  # 61,706
+# FLOPs: 2 per MAC; one add per output for each bias (convs' and linears' outputs); one
+# per tanh output (after both convs and the first two linears); 4 adds per 2x2 average.
+LENET_FLOPS = (
+    2 * LENET_MACS  # 833,040
+    + 6 * 28 * 28 + 16 * 10 * 10 + 120 + 84 + 10  # bias: 6,518
+    + 6 * 28 * 28 + 16 * 10 * 10 + 120 + 84  # tanh: 6,508
+    + 6 * 14 * 14 * 4 + 16 * 5 * 5 * 4  # avg_pool2d: 6,304
+)  # 852,370
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +142,30 @@ def test_seed_low_level_api_in_a_training_loop(alexnet: nn.Module, capsys: pytes
     assert "Top 3 modules in terms of params, MACs or fwd latency" in out
 
 
+def test_tutorial_call_with_args_and_kwargs_none(capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSpeed's tutorial call, keyword for keyword: args=None and kwargs=None mean none.
+    model, _ = lenet()
+    flops, macs, params = get_model_profile(
+        model=model, input_shape=(4, 1, 32, 32), args=None, kwargs=None, print_profile=True, detailed=True,
+        module_depth=-1, top_modules=1, warm_up=10, as_string=True, output_file=None, ignore_modules=None,
+    )
+    # Batch 4: 4 x LeNet-5's 416,520 MACs, and 4 x its 852,370 FLOPs (2 per MAC, plus
+    # 6,518 bias adds, 6,508 tanh and 6,304 pooling adds, worked out in LENET_FLOPS).
+    assert 4 * LENET_MACS == 1_666_080 and 4 * LENET_FLOPS == 3_409_480
+    assert (flops, macs, params) == ("3.41 M", "1.67 MMACs", "61.71 K")
+    out = capsys.readouterr().out
+    assert "Profile Summary at step 10:" in out and _value(out, "fwd MACs per GPU:") == "1.67 MMACs"
+    # args given, kwargs None (and the other way round) count the same.
+    x = torch.ones(4, 1, 32, 32)
+    assert get_model_profile(model, args=[x], kwargs=None, print_profile=False, as_string=False)[1] == 4 * LENET_MACS
+    pair = Pair()
+    assert get_model_profile(
+        pair, args=None, kwargs={"x": torch.ones(2, 4), "y": torch.ones(2, 4)}, print_profile=False, as_string=False
+    )[1] == 2 * 2 * 4 * 3
+    with pytest.raises(ValueError, match=r"^give input_shape, or args and/or kwargs, for the model's input$"):
+        get_model_profile(model, input_shape=None, args=None, kwargs=None)
+
+
 # -- goldens --------------------------------------------------------------------------
 
 
@@ -186,7 +218,7 @@ def test_golden_flops_profiler_window_with_backward_and_step(
     assert "Tanh" not in aggregated  # ignored
     check_tree(prof.profile)
     prof.end_profile()
-    with pytest.raises(ProfilerStateError):
+    with pytest.raises(ProfilerStateError, match="end_profile"):
         prof.get_total_flops()
 
 
@@ -252,6 +284,33 @@ def test_bad_calls() -> None:
     with pytest.raises(ProfilerStateError, match="start_profile"):
         prof.get_total_macs()
     prof.print_model_profile()  # not started: prints nothing, as DeepSpeed
+
+
+def test_every_call_after_end_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    # As DeepSpeed's: the print methods print nothing once the profile has ended. Its
+    # getters fail on the module attributes end_profile() deleted; here they say why.
+    model, x = lenet()
+    prof = FlopsProfiler(model, clock=FakeClock())
+    prof.start_profile()
+    model(x)
+    assert prof.get_total_macs() == LENET_MACS
+    prof.end_profile()
+    dropped = r"^the figures were dropped by end_profile\(\): read them before end_profile\(\), or call start_profile\(\) and run the model again$"
+    for getter in (prof.get_total_duration, prof.get_total_flops, prof.get_total_macs, prof.get_total_params):
+        for as_string in (False, True):
+            with pytest.raises(ProfilerStateError, match=dropped):
+                getter(as_string=as_string)
+    with pytest.raises(ProfilerStateError, match=dropped):
+        _ = prof.profile
+    prof.print_model_profile()
+    prof.print_model_aggregated_profile()
+    assert capsys.readouterr().out == ""
+    prof.end_profile()  # a second end is a no-op, as in DeepSpeed
+    prof.start_profile()  # and a new window measures again
+    model(x)
+    assert (prof.get_total_macs(), prof.get_total_params()) == (LENET_MACS, LENET_PARAMS)
+    assert prof.get_total_flops() == LENET_FLOPS
+    prof.end_profile()
 
 
 # -- no side effects -------------------------------------------------------------------

@@ -6,6 +6,7 @@ table with a fake clock (LeNet-5), calls, paths, and the no-side-effect snapshot
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -123,12 +124,38 @@ def test_golden_tables(golden: Any) -> None:
 
 def test_golden_paths_and_cuda_columns(golden: Any) -> None:
     model, x = lenet()
-    with torchprof.Profile(model, use_cuda=True, paths=[("LeNet5", "classifier", "0"), ("LeNet5", "features")],
-                           clock=FakeClock()) as prof:
+    paths = [("LeNet5", "classifier", "0"), ("LeNet5", "features")]
+    with torchprof.Profile(model, paths=paths, clock=FakeClock()) as prof:
         model(x)
-    text = prof.display(show_events=True)
+    # The CUDA columns of a model run on the CPU, as display() shows them where a CUDA
+    # device is present (where none is, it leaves them out: see below): blank, not known.
+    text = prof.profile.render("torchprof", show_events=True, use_cuda=True, paths=["classifier.0", "features"])
     golden("torchprof_lenet5_paths_cuda.out", text)
     assert "Self CUDA total | CUDA total" in text.splitlines()[0]
+    assert prof.display(show_events=True) == prof.profile.render(
+        "torchprof", show_events=True, use_cuda=False, paths=["classifier.0", "features"]
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine with no CUDA device")
+def test_use_cuda_without_a_cuda_device_warns_once_and_leaves_the_columns_out() -> None:
+    model, x = lenet()
+    with pytest.warns(UserWarning) as caught:
+        prof = torchprof.Profile(model, use_cuda=True, profile_memory=True, clock=FakeClock())
+    assert [str(w.message) for w in caught] == [
+        "torchprof.Profile(use_cuda=True): no CUDA device is present, so the table has no CUDA columns"
+    ]
+    assert caught[0].filename == __file__  # points at the caller's line
+    assert prof.use_cuda is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: running and reading warn no more
+        with prof:
+            model(x)
+        text = prof.display(show_events=True)
+    assert [h.strip() for h in text.splitlines()[0].split(" | ")] == [
+        "Module", "Self CPU total", "CPU total", "Self CPU Mem", "CPU Mem", "Number of Calls"
+    ]
+    assert "CUDA" not in text
 
 
 # -- behaviour ------------------------------------------------------------------------
@@ -188,9 +215,10 @@ def test_raising_forward_leaves_no_trace() -> None:
 
 def test_cuda_memory_of_a_cpu_run_is_blank_not_zero() -> None:
     model = zoo.get("lenet5").build()
-    with torchprof.Profile(model, use_cuda=True, profile_memory=True) as prof:
+    with torchprof.Profile(model, profile_memory=True) as prof:
         model(torch.rand(1, 1, 32, 32))
-    lines = prof.display().splitlines()
+    # The columns display(use_cuda=True) adds on a CUDA machine, for a model run on the CPU.
+    lines = prof.profile.render("torchprof", use_cuda=True, profile_memory=True).splitlines()
     header = [cell.strip() for cell in lines[0].split("|")]
     cuda_mem = header.index("CUDA Mem")
     rows = [[cell.strip() for cell in line.split("|")] for line in lines[2:] if "|" in line]

@@ -19,14 +19,15 @@ import torch
 import layerscope
 import layerscope.zoo
 from layerscope import cli
+from layerscope.errors import MissingDependencyError
 from layerscope.plot import (
     DPI,
     FIGSIZE,
-    NO_MATPLOTLIB,
     _breakdown,
     _byte_unit,
     _lanes,
     plot_memory,
+    render_bench_png,
     render_memory_png,
 )
 from layerscope.sidedocs import Timeline
@@ -246,11 +247,22 @@ def test_without_matplotlib(
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "memory.png"
-    with pytest.raises(ImportError) as info:
+    install = "pip install 'layerscope[plot]' (or pip install matplotlib)"
+    with pytest.raises(MissingDependencyError) as info:
         plot_memory(layerscope.load(mlp_step), out)
-    assert str(info.value) == NO_MATPLOTLIB == "plot-memory needs matplotlib: pip install 'layerscope[plot]'"
-    assert cli.main(["plot-memory", str(mlp_step), "-o", str(out)]) == 2
-    assert capsys.readouterr().err.splitlines() == [f"layerscope: error: {NO_MATPLOTLIB}"]
+    assert isinstance(info.value, ImportError)
+    assert str(info.value) == f"drawing a memory timeline needs matplotlib: {install}"
+    with pytest.raises(MissingDependencyError, match=r"^drawing a benchmark needs matplotlib: "):
+        render_bench_png({})
+    # The CLI names the command the user ran, with the option that asked for a picture.
+    for argv, asked in [
+        (["plot-memory", str(mlp_step), "-o", str(out)], "plot-memory"),
+        (["show", str(mlp_step), "--format", "png", "-o", str(out)], "show --format png"),
+        (["show", str(mlp_step), "--format", "png"], "show --format png"),
+        (["show", str(mlp_step), "-o", str(out)], f"show -o {out}"),
+    ]:
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err.splitlines() == [f"layerscope: error: {asked} needs matplotlib: {install}"]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -320,10 +320,12 @@ def test_json_cut_after_the_events_is_truncated(tmp_path: Path) -> None:
     assert "is truncated" in message
 
 
-def test_a_truncated_gzip_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk_bytes", [7, 1 << 20])
+def test_a_truncated_gzip_stream(tmp_path: Path, chunk_bytes: int) -> None:
     data = gzip.compress(TRACE_TEXT.encode())
-    message = schema_error(write(tmp_path, "t.json.gz", data[: len(data) // 2]))
-    assert "truncated" in message and "gzip" in message
+    cut = len(data) // 2
+    message = schema_error(write(tmp_path, "t.json.gz", data[:cut]), chunk_bytes)
+    assert f"is truncated: its gzip stream ended early, after {cut:,} compressed bytes" in message
 
 
 def test_a_damaged_gzip_stream(tmp_path: Path) -> None:

@@ -408,6 +408,22 @@ def test_a_bad_trace_is_one_line_and_exit_2(tmp_path: Path, content: bytes, expe
     assert "bad.json.gz" in line and expected in line, line
 
 
+def test_show_a_truncated_gz_trace_says_where_its_gzip_stream_ended(tmp_path: Path) -> None:
+    from layerscope import zoo
+    from test_cli import assert_usage_error, run_cli
+
+    entry = zoo.get("lenet5")
+    _record(entry.build(), entry.example_inputs(1), tmp_path / "run.json", lambda out: out.sum())
+    packed = gzip.compress((tmp_path / "run.json").read_bytes())
+    cut = len(packed) // 2  # a copy stopped halfway: no end-of-stream marker, no size trailer
+    (tmp_path / "cut.json.gz").write_bytes(packed[:cut])
+    line = assert_usage_error(run_cli("show", "cut.json.gz", cwd=tmp_path))
+    assert line == (
+        f"layerscope: error: 'cut.json.gz' is truncated: its gzip stream ended early, after {cut:,} compressed "
+        "bytes, with no end-of-stream marker (a partial copy or download?); expected a whole .json.gz file"
+    )
+
+
 def test_model_is_refused_for_a_saved_profile(tmp_path: Path) -> None:
     from layerscope import zoo
 

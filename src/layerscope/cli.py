@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from layerscope.errors import LayerscopeError
+from layerscope.errors import LayerscopeError, MissingDependencyError
 
 DEMO_SPEC = "zoo:resnet18"
 
@@ -610,14 +610,27 @@ def _emit(doc: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any],
     from layerscope.formats import document_kind, get_renderer, render, render_chunks
     from layerscope.io import write_atomic
 
-    if not args.output:
-        if "width" in get_renderer(fmt, document_kind(doc)).option_names() and sys.stdout.isatty():
-            options = {"width": shutil.get_terminal_size().columns, **options}
-        _print(render(doc, fmt, **options))
-    else:
-        output = args.output
-        _write_file(output, lambda: write_atomic(output, render_chunks(doc, fmt, **options)), what or fmt)
+    # The option that chose the format, for "show --format png needs matplotlib".
+    asked = f"{args.command} --format {args.format}" if args.format else f"{args.command} -o {args.output}"
+    with _needs_package(asked):
+        if not args.output:
+            if "width" in get_renderer(fmt, document_kind(doc)).option_names() and sys.stdout.isatty():
+                options = {"width": shutil.get_terminal_size().columns, **options}
+            _print(render(doc, fmt, **options))
+        else:
+            output = args.output
+            _write_file(output, lambda: write_atomic(output, render_chunks(doc, fmt, **options)), what or fmt)
     return 0
+
+
+@contextmanager
+def _needs_package(asked: str) -> Iterator[None]:
+    """A missing optional package, said of ``asked`` (the command and option the user
+    gave), not of the library function that needed it."""
+    try:
+        yield
+    except MissingDependencyError as exc:
+        raise UsageError(f"{asked} needs {exc.package}: {exc.install}") from exc
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -891,10 +904,8 @@ def _plot_memory(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"{args.profile}: {exc}") from exc
     _check_writable(args.output)
-    try:
+    with _needs_package("plot-memory"):
         _write_file(args.output, lambda: profile.save(args.output, "png", title=args.title), "the memory timeline")
-    except ImportError as exc:
-        raise UsageError(str(exc)) from exc
     return 0
 
 
@@ -1023,12 +1034,10 @@ def _bench(args: argparse.Namespace) -> int:
     result.model = resolved.label
     if args.output:
         _print(render(result, "text"))
-    try:
-        _emit(result, args, fmt, options, f"the benchmark ({fmt})")
-        if args.plot:
+    _emit(result, args, fmt, options, f"the benchmark ({fmt})")
+    if args.plot:
+        with _needs_package("bench --plot"):
             _write_file(args.plot, lambda: write_atomic(args.plot, render(result, "png")), "the plot")
-    except ImportError as exc:  # no matplotlib for a picture
-        raise UsageError(str(exc)) from exc
     if interrupted:
         print("layerscope: interrupted; the batch sizes that finished are above", file=sys.stderr)
         return 130

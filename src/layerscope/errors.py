@@ -39,3 +39,15 @@ class OptionError(LayerscopeError, TypeError):
 class MergeError(LayerscopeError, ValueError):
     """Profiles that cannot be merged into one run: other runs, models, world sizes or
     cycles, or the same rank twice. The message names what differs and what was expected."""
+
+
+class MissingDependencyError(LayerscopeError, ImportError):
+    """An optional package a feature needs is not installed. ``package`` is the package,
+    ``install`` the command that gets it (the project's extra, which pins its version),
+    ``feature`` what needed it; the CLI names the command the user ran instead."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.feature = feature
+        self.package = package
+        self.install = f"pip install 'layerscope[{extra}]' (or pip install {package})"
+        super().__init__(f"{feature} needs {package}: {self.install}")

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from layerscope import fmt
+from layerscope.errors import MissingDependencyError
 from layerscope.io import write_atomic
 from layerscope.raw import MEMORY_CATEGORIES
 from layerscope.sidedocs import MemorySummary, PeakAt, Timeline
@@ -34,7 +35,6 @@ NO_TIMELINE = (
     "(memory=False, or record_ops=False / --no-ops); profile again with memory on, the default "
     "(layerscope.profile(model, inputs), layerscope.Profiler(model) or layerscope profile SPEC -o x.json)"
 )
-NO_MATPLOTLIB = "plot-memory needs matplotlib: pip install 'layerscope[plot]'"
 
 
 def plot_memory(profile: Any, path: str | os.PathLike[str], *, title: str | None = None) -> None:
@@ -64,14 +64,15 @@ def render_memory_png(profile: Any, *, title: str | None = None) -> bytes:
     """The PNG bytes :func:`plot_memory` writes."""
     timeline = memory_timeline(profile)
     memory = profile.memory
-    fig = _figure(NO_MATPLOTLIB)
+    fig = _figure("drawing a memory timeline")
     model = str(profile.meta.model or "model")
     _draw(fig, memory, timeline, model, title if title is not None else f"{model} memory over one step")
     return _png(fig)
 
 
-def _figure(missing: str) -> Any:
-    """A matplotlib Figure on the Agg canvas; ``ImportError(missing)`` without matplotlib."""
+def _figure(feature: str) -> Any:
+    """A matplotlib Figure on the Agg canvas; without matplotlib, a
+    :class:`~layerscope.errors.MissingDependencyError` (an ``ImportError``) naming ``feature``."""
     try:
         # The package itself first: a cached submodule would otherwise slip past a
         # matplotlib that is missing (or blocked in sys.modules).
@@ -79,7 +80,7 @@ def _figure(missing: str) -> Any:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError(missing) from None
+        raise MissingDependencyError(feature, "matplotlib", "plot") from None
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     return fig
@@ -93,8 +94,6 @@ def _png(fig: Any) -> bytes:
 
 # -- benchmarks ---------------------------------------------------------------------------
 
-NO_MATPLOTLIB_BENCH = "plotting a benchmark needs matplotlib: pip install 'layerscope[plot]'"
-
 
 def plot_bench(result: Any, path: str | os.PathLike[str], *, title: str | None = None) -> None:
     """Draw a benchmark (a ``BenchResult`` or its ``to_dict()``) as a PNG at ``path``,
@@ -107,7 +106,7 @@ def plot_bench(result: Any, path: str | os.PathLike[str], *, title: str | None =
 
 def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
     """The PNG bytes :func:`plot_bench` writes."""
-    fig = _figure(NO_MATPLOTLIB_BENCH)
+    fig = _figure("drawing a benchmark")
     draw_bench(fig, result, title=title)
     return _png(fig)
 

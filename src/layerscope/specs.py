@@ -152,6 +152,36 @@ def parse_config(text: str) -> dict[str, Any]:
     return found
 
 
+#: What a config field takes, by its default's type, as --config's errors say it.
+_CONFIG_TYPES = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+
+#: Names of config fields that set a size: a count (layers, heads, positions, ...) or a
+#: dimension (hidden, intermediate, head, vocabulary, image and patch sizes, ...).
+_SIZE_NAME = re.compile(r"^(n|num|d)_|_num_|layer|head|hidden|size|dim|vocab|embd|position|channel|intermediate|ffn")
+
+
+def size_fields(config: Any, base: Any) -> list[str]:
+    """The fields of ``config`` (a transformers config) that set a size: ints (not bools)
+    with a size's name, of the model's own config, not of ``base`` (``PretrainedConfig``,
+    whose ``chunk_size_feed_forward`` is an int but sizes nothing)."""
+    common = base.to_dict()
+    return [
+        key
+        for key, value in config.to_dict().items()
+        if key not in common and type(value) is int and _SIZE_NAME.search(key) and not key.endswith("_id")
+    ]
+
+
+def _expected_type(default: Any, value: Any) -> str | None:
+    """What a config field whose default is ``default`` takes, when ``value`` is not that
+    (None when it fits, or when the default says nothing: None, a list, a dict)."""
+    kind = type(default)
+    if kind not in (bool, int, float, str) or value is None:
+        return None  # None is "unset" for many fields: the config itself judges it
+    fits = type(value) is kind or (kind is float and type(value) is int)
+    return None if fits else _CONFIG_TYPES[kind]
+
+
 def _config_value(raw: str) -> Any:
     lowered = raw.lower()
     if lowered in ("true", "false"):
@@ -249,15 +279,21 @@ def _resolve_transformers(class_name: str, batch_size: int, building: Any, overr
         known = config.to_dict()
         unknown = sorted(key for key in overrides if key not in known)
         if unknown:
-            sizes = [k for k in known if any(w in k for w in ("layer", "hidden", "head", "size", "dim", "vocab"))]
             raise SpecError(
                 f"--config: {class_name}'s config has no {', '.join(map(repr, unknown))}; "
-                f"its size fields include {', '.join(sizes[:12])}"
+                f"its size fields are {', '.join(size_fields(config, transformers.PretrainedConfig()))}"
             )
+        for key, value in overrides.items():
+            expected = _expected_type(known[key], value)
+            if expected:
+                raise SpecError(
+                    f"--config: {class_name}'s {key} takes {expected}, got {value!r} (a {type(value).__name__})"
+                )
         try:
             config = config_class(**overrides)  # derived fields (head_dim) follow the overrides
         except Exception as exc:
-            raise SpecError(f"--config: {class_name}'s config refused {overrides}: {type(exc).__name__}: {exc}") from None
+            said = " ".join(str(exc).split())  # one line, whatever the config's own message
+            raise SpecError(f"--config: {class_name}'s config refused {overrides}: {type(exc).__name__}: {said}") from None
     with building:
         model = cls(config)  # random weights from the default config: nothing is downloaded
     return Resolved(model, default_transformers_inputs(model, batch_size), f"transformers:{class_name}")

@@ -186,7 +186,7 @@ def _totals(prof: Profile, mode: str) -> tuple[int, int, int | None]:
 def get_model_profile(
     model: nn.Module,
     input_shape: tuple[int, ...] | None = None,
-    args: Sequence[Any] = (),
+    args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     print_profile: bool = True,
     detailed: bool = True,
@@ -205,7 +205,7 @@ def get_model_profile(
     ``as_string`` (``"1.43 G"``, ``"714.19 MMACs"``, ``"61.1 M"``).
 
     The input is a tensor of ``input_shape`` (batch dimension included), or ``args`` and
-    ``kwargs``. ``print_profile`` prints DeepSpeed's report (summary, top
+    ``kwargs`` (``None`` for either means none, as in DeepSpeed's own examples). ``print_profile`` prints DeepSpeed's report (summary, top
     ``top_modules`` module types per depth up to ``module_depth``, and with ``detailed``
     the annotated model) after ``warm_up`` passes and one timed pass, to stdout or
     ``output_file``; without it the model runs once, counted, not timed. Modules of the
@@ -224,7 +224,7 @@ def get_model_profile(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     old_api = bool(legacy)
-    call_args, call_kwargs = tuple(args), dict(kwargs or {})
+    call_args, call_kwargs = tuple(args or ()), dict(kwargs or {})
     aggregated = True
     if old_api:
         module_depth = legacy.get("depth", module_depth)
@@ -306,10 +306,12 @@ class FlopsProfiler:
         self._ignore: tuple[str, ...] = ()
         self._running: Profiler | None = None
         self._profile: Profile | None = None
+        self._ended = False  # end_profile() dropped a window's figures
 
     def start_profile(self, ignore_list: Sequence[type[nn.Module]] | None = None) -> None:
         """Start measuring; modules of the ``ignore_list`` classes will show only params."""
         self.end_profile()
+        self._ended = False
         self._ignore = _type_names(ignore_list)
         running = Profiler(self.model, memory=False, clock=self._clock)
         running.__enter__()
@@ -332,7 +334,10 @@ class FlopsProfiler:
             self.start_profile(self._ignore)
 
     def end_profile(self) -> None:
-        """Stop measuring and drop the figures."""
+        """Stop measuring and drop the figures. Afterwards, as in DeepSpeed, the print
+        methods print nothing; the getters, which in DeepSpeed fail on the module
+        attributes ``end_profile()`` deleted, raise ``ProfilerStateError`` saying so."""
+        self._ended = self._ended or self.started
         self.stop_profile()
         self._profile = None
         self.started = False
@@ -341,6 +346,11 @@ class FlopsProfiler:
     def profile(self) -> Profile:
         """The window's layerscope Profile (reading it ends the window)."""
         self.stop_profile()
+        if self._profile is None and self._ended:
+            raise ProfilerStateError(
+                "the figures were dropped by end_profile(): read them before end_profile(), "
+                "or call start_profile() and run the model again"
+            )
         if self._profile is None:
             raise ProfilerStateError("nothing measured yet: call start_profile() and run the model first")
         return self._profile

@@ -20,10 +20,12 @@ the ops, as torchprof's did (its autograd profiler ran around every op too).
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from layerscope.block import Profiler
@@ -69,6 +71,12 @@ class Profile:
     leaves' rows carry figures, as torchprof showed them. ``use_cuda`` adds the CUDA
     columns (measured when the model runs on a GPU); ``profile_memory`` tracks memory
     and adds its columns. ``clock`` replaces the timer (tests use a fake one).
+
+    With ``use_cuda=True`` where no CUDA device is present, a warning says so once,
+    when the ``Profile`` is made, and ``use_cuda`` turns False: the table has no CUDA
+    columns. That is what torchprof's users saw from torch's profiler, which warned
+    and turned CUDA profiling off; columns with nothing to measure would only read as
+    figures.
     """
 
     def __init__(
@@ -83,6 +91,12 @@ class Profile:
     ) -> None:
         self._model = require_module(model)
         self.enabled = enabled
+        if use_cuda and not torch.cuda.is_available():
+            warnings.warn(
+                "torchprof.Profile(use_cuda=True): no CUDA device is present, so the table has no CUDA columns",
+                stacklevel=2,
+            )
+            use_cuda = False
         self.use_cuda = use_cuda
         self.profile_memory = profile_memory
         self.paths = None if paths is None else [tuple(path) for path in paths]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerscope.errors import RenderError
+from layerscope.errors import MissingDependencyError, RenderError
 from layerscope.formats import register_renderer
 from layerscope.render.options import TITLE
 
@@ -24,7 +24,9 @@ def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
 
     try:
         return render_memory_png(profile, title=title)
-    except (ValueError, ImportError) as exc:  # no timeline recorded; no matplotlib
+    except MissingDependencyError:
+        raise  # as it is: the CLI names the command that asked for the picture
+    except ValueError as exc:  # no timeline recorded
         raise RenderError(str(exc)) from None
 
 
@@ -35,7 +37,4 @@ def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
 def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
     from layerscope.plot import render_bench_png as draw
 
-    try:
-        return draw(result, title=title)
-    except ImportError as exc:
-        raise RenderError(str(exc)) from None
+    return draw(result, title=title)

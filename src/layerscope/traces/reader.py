@@ -216,9 +216,12 @@ class _Source:
         try:
             return self.stream.read(size)
         except EOFError:
+            # The read that hit the end returns none of what it decompressed, so the text
+            # read so far says nothing; the compressed bytes consumed say where it ended.
             raise SchemaError(
-                f"{self.name!r} is truncated: its gzip stream ends before the end-of-stream marker, after "
-                f"{self.bytes_read:,} bytes of text (a partial copy or download?); expected a whole .json.gz file"
+                f"{self.name!r} is truncated: its gzip stream ended early, after {self.handle.tell():,} "
+                "compressed bytes, with no end-of-stream marker (a partial copy or download?); "
+                "expected a whole .json.gz file"
             ) from None
         except (gzip.BadGzipFile, zlib.error) as exc:
             raise SchemaError(
