@@ -518,6 +518,29 @@ def test_mfu_of_a_training_trace_is_its_phases_flops_over_their_busy_time(shared
     assert "LlamaForCausalLM  | 20.5%" in text.splitlines()
 
 
+def test_show_gives_a_traces_mfu_from_the_gpu_it_names(shared_traces: Path, tmp_path: Path) -> None:
+    from test_cli import run_cli
+
+    trace = str(shared_traces / "h100_bert_base_fwd.json.gz")
+    profile = _trace(shared_traces, "h100_bert_base_fwd")
+    assert (profile.root.forward.flops, profile.root.forward.busy_time_ns) == (179_124_842_496, 6_412_809)
+    # 179_124_842_496 FLOPs in 6_412_809 ns (its kernels' busy time) = 27.93 TFLOP/s;
+    # against the H100's dense fp32 67 TFLOP/s that is 41.69%, against 100 TFLOP/s 27.93%.
+    done = run_cli("show", trace, "--columns", "mfu", "--depth", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "BertModel | 41.7%" in lines
+    assert (
+        "MFU against a peak of 67.00 TFLOP/s: the NVIDIA H100 80GB HBM3's dense float32 figure in "
+        "layerscope's datasheet table (float32 in 158 of 158 matrix-op calls)"
+    ) in lines
+    done = run_cli("show", trace, "--columns", "mfu", "--depth", "0", "--peak-tflops", "100", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "BertModel | 27.9%" in lines
+    assert "MFU against a peak of 100.00 TFLOP/s: given (--peak-tflops 100)" in lines
+
+
 def test_show_says_why_mfu_is_blank_for_a_gpu_not_in_the_table(shared_traces: Path, tmp_path: Path) -> None:
     from test_cli import assert_usage_error, run_cli
 
