@@ -916,5 +916,6 @@ def test_input_and_inputs_are_one_or_the_other(command: str, workdir: Path) -> N
 
 
 def test_a_bad_peak_is_the_librarys_rule_named_as_the_flag(workdir: Path) -> None:
-    line = assert_usage_error(run_cli("profile", "zoo:mlp", "--peak-tflops", "-5", cwd=workdir))
-    assert line == "layerscope: error: --peak-tflops must be a positive number of TFLOP/s (an H100's bf16: 989), got -5.0"
+    for command in ("profile", "show"):  # show's --peak-tflops is profile's
+        line = assert_usage_error(run_cli(command, "zoo:mlp", "--peak-tflops", "-5", cwd=workdir))
+        assert line == "layerscope: error: --peak-tflops must be a positive number of TFLOP/s (an H100's bf16: 989), got -5.0"

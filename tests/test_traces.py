@@ -473,3 +473,99 @@ def test_a_range_across_a_step_mark_stays_whole_in_the_step_it_began_in(tmp_path
     linear = profile.root  # the one top-level instance is the root
     assert (linear.type, linear.calls, linear.forward.cpu_time_ns) == ("Linear", 1, 80_000)
     assert optimizer.forward.cpu_time_ns == 20_000
+
+
+# -- MFU: the peak of the GPU the trace names ------------------------------------------
+
+
+def test_the_peak_of_a_trace_is_its_gpus_datasheet_figure_at_the_dtype_its_matrix_ops_ran_in(tmp_path: Path) -> None:
+    def mm(ts: float, dtype: str) -> dict[str, Any]:
+        return _x("cpu_op", "aten::mm", ts, 10, **{"Input type": [dtype, dtype], "Input Dims": [[4, 8], [8, 2]]})
+
+    def load(device: str, dtypes: list[str]) -> Any:
+        events = [mm(20 * i, dtype) for i, dtype in enumerate(dtypes)]
+        path = tmp_path / "t.json"
+        doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": device}], "traceEvents": events}
+        path.write_text(json.dumps(doc), encoding="utf-8")
+        return layerscope.load(path).meta
+
+    # Three of the four matrix products ran in bfloat16: the A100's dense bf16 figure,
+    # 312 TFLOP/s (capture/peaks.py), not its float32 one.
+    meta = load("NVIDIA A100-SXM4-80GB", ["c10::BFloat16", "float", "c10::BFloat16", "c10::BFloat16"])
+    assert meta.peak_flops_per_s == 312 * 10**12
+    assert meta.peak_from == (
+        "the NVIDIA A100-SXM4-80GB's dense bfloat16 figure in layerscope's datasheet table "
+        "(bfloat16 in 3 of 4 matrix-op calls)"
+    )
+    # A dtype the table has no figure for, a GPU it does not list: unknown, and why.
+    meta = load("NVIDIA A100-SXM4-80GB", ["double"])
+    assert meta.peak_flops_per_s is None
+    assert meta.peak_from == (
+        "layerscope's datasheet table has no float64 figure for the NVIDIA A100-SXM4-80GB "
+        "(float64 in 1 of 1 matrix-op calls)"
+    )
+    meta = load("Some Accelerator 9000", ["float"])
+    assert (meta.peak_flops_per_s, meta.peak_from) == (None, "the Some Accelerator 9000 is not in layerscope's datasheet table")
+
+
+def test_the_api_gives_a_real_traces_peak(shared_traces: Path) -> None:
+    # BERT-base in fp32 on an H100: its dense fp32 figure, 67 TFLOP/s (capture/peaks.py).
+    meta = layerscope.load(shared_traces / "h100_bert_base_fwd.json.gz").meta
+    assert meta.peak_flops_per_s == 67 * 10**12
+    assert "dense float32 figure" in (meta.peak_from or "")
+    # The AMD Instinct MI300X is not in the table: no peak, never 0, and the reason kept.
+    meta = _trace(shared_traces, "mi300x_bert_small_inference").meta
+    assert meta.peak_flops_per_s is None
+    assert meta.peak_from == "the AMD Instinct MI300X VF is not in layerscope's datasheet table"
+
+
+def test_mfu_of_a_training_trace_is_its_phases_flops_over_their_busy_time(shared_traces: Path) -> None:
+    # Llama in bf16, one AdamW step on an H100: 153 of its 155 matrix-op calls ran in
+    # bfloat16 (two in float32: the loss's), so the peak is the dense bf16 989 TFLOP/s.
+    profile = _trace(shared_traces, "h100_llama_bf16_train")
+    assert profile.meta.peak_flops_per_s == 989 * 10**12
+    assert "(bfloat16 in 153 of 155 matrix-op calls)" in (profile.meta.peak_from or "")
+    forward, backward = profile.root.forward, profile.root.backward
+    assert (forward.flops, forward.busy_time_ns) == (336_654_461_440, 1_808_742)
+    assert (backward.flops, backward.busy_time_ns) == (681_541_427_200, 3_203_755)
+    # (336_654_461_440 + 681_541_427_200) FLOPs in (1_808_742 + 3_203_755) ns
+    # = 1_018_195_888_640 / 5_012_497e-9 s = 203.13 TFLOP/s; / 989 TFLOP/s = 20.5%
+    text = profile.render("text", columns=["mfu"], depth=0)
+    assert "LlamaForCausalLM  | 20.5%" in text.splitlines()
+
+
+def test_show_gives_a_traces_mfu_from_the_gpu_it_names(shared_traces: Path, tmp_path: Path) -> None:
+    from test_cli import run_cli
+
+    trace = str(shared_traces / "h100_bert_base_fwd.json.gz")
+    profile = _trace(shared_traces, "h100_bert_base_fwd")
+    assert (profile.root.forward.flops, profile.root.forward.busy_time_ns) == (179_124_842_496, 6_412_809)
+    # 179_124_842_496 FLOPs in 6_412_809 ns (its kernels' busy time) = 27.93 TFLOP/s;
+    # against the H100's dense fp32 67 TFLOP/s that is 41.69%, against 100 TFLOP/s 27.93%.
+    done = run_cli("show", trace, "--columns", "mfu", "--depth", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "BertModel | 41.7%" in lines
+    assert (
+        "MFU against a peak of 67.00 TFLOP/s: the NVIDIA H100 80GB HBM3's dense float32 figure in "
+        "layerscope's datasheet table (float32 in 158 of 158 matrix-op calls)"
+    ) in lines
+    done = run_cli("show", trace, "--columns", "mfu", "--depth", "0", "--peak-tflops", "100", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "BertModel | 27.9%" in lines
+    assert "MFU against a peak of 100.00 TFLOP/s: given (--peak-tflops 100)" in lines
+
+
+def test_show_says_why_mfu_is_blank_for_a_gpu_not_in_the_table(shared_traces: Path, tmp_path: Path) -> None:
+    from test_cli import assert_usage_error, run_cli
+
+    trace = str(shared_traces / "mi300x_bert_small_inference.json.gz")
+    why = "the AMD Instinct MI300X VF is not in layerscope's datasheet table"
+    done = run_cli("show", trace, "--depth", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"MFU unknown: {why} (--peak-tflops gives one)" in done.stdout.splitlines()
+    line = assert_usage_error(run_cli("show", trace, "--columns", "mfu", cwd=tmp_path))
+    assert line.startswith(
+        f"layerscope: error: no column 'mfu' (MFU needs the hardware's peak FLOP/s: {why}; give --peak-tflops); it has: "
+    ), line

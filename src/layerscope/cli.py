@@ -212,10 +212,7 @@ def _add_run_options(
             help="profile torch.compile(model) (Inductor): per-module time from its kernels, FLOPs from the eager "
             "module; compile time and graph breaks reported apart (--format kernels lists the kernels)",
         )
-        parser.add_argument(
-            "--peak-tflops", type=float, metavar="TFLOPS",
-            help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs",
-        )
+        _add_peak_tflops(parser)
     else:
         parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or meta to count without allocating (default cpu)")
     parser.add_argument(
@@ -229,6 +226,27 @@ def _add_run_options(
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
     _add_output_options(parser, ("profile",), defaults=defaults)
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+
+
+def _add_peak_tflops(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peak-tflops", type=float, metavar="TFLOPS",
+        help="the hardware's peak TFLOP/s, to show MFU (%% of peak); known automatically for common GPUs "
+        "(a trace's from the GPU it names and the dtype its matrix ops ran in)",
+    )
+
+
+def _peak_tflops(args: argparse.Namespace) -> float | None:
+    """``--peak-tflops``, checked by the library's own rule before any run or load."""
+    peak = getattr(args, "peak_tflops", None)
+    if peak is None:
+        return None
+    from layerscope.capture.peaks import check_peak_tflops
+
+    try:
+        return check_peak_tflops(peak)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("peak_tflops", "--peak-tflops", 1)) from None
 
 
 def _add_output_options(
@@ -424,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_output_options(show, ("profile", "ranks"))
     _add_trace_model(show)
+    _add_peak_tflops(show)
     show.add_argument("--debug", action="store_true", help="show full tracebacks")
 
     plot = sub.add_parser(
@@ -636,6 +655,7 @@ def _needs_package(asked: str) -> Iterator[None]:
 def _show(args: argparse.Namespace) -> int:
     from layerscope.ranks import MergedRun
 
+    peak = _peak_tflops(args)
     doc = _load_profile(args.profile, args)
     document, hint = "profile", ""
     if isinstance(doc, MergedRun):
@@ -645,6 +665,13 @@ def _show(args: argparse.Namespace) -> int:
             doc = _rank_of(doc, args.rank, args.profile)
     elif args.rank is not None:
         raise UsageError(f"--rank: {args.profile} is one rank's profile, not a merged run (layerscope merge)")
+    if peak is not None:
+        if document == "ranks":
+            raise UsageError(f"--peak-tflops: MFU is per profile; {hint.removeprefix('; ')}")
+        from layerscope.capture.peaks import given_peak_flops_per_s
+
+        doc.meta.peak_flops_per_s = given_peak_flops_per_s(peak)
+        doc.meta.peak_from = f"given (--peak-tflops {peak:g})"
     fmt = _output_format(args, document, hint=hint)
     options = _format_options(args, document, fmt, hint)
     if args.output:
@@ -655,17 +682,13 @@ def _show(args: argparse.Namespace) -> int:
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
-    from layerscope.capture.peaks import check_peak_tflops
     from layerscope.specs import parse_config, parse_dtype, resolve_inputs, resolve_model
 
     if getattr(args, "compile", False) and args.backward:
         raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
     device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
-    try:
-        check_peak_tflops(getattr(args, "peak_tflops", None))  # the library's own rule
-    except ValueError as exc:
-        raise UsageError(str(exc).replace("peak_tflops", "--peak-tflops", 1)) from None
+    _peak_tflops(args)
     shapes = _input_shapes(args)
 
     if not count_only and device.type == "meta":

@@ -55,6 +55,9 @@ class RunFacts(Mapping[str, Any]):
     autocast: str | None = None
     #: The device's peak FLOP/s (for MFU), when known.
     peak_flops_per_s: float | None = None
+    #: Where ``peak_flops_per_s`` came from, or why it is not known, when that needs
+    #: saying (a trace file's GPU and dtype; a peak given to ``layerscope show``).
+    peak_from: str | None = None
     #: Where op rows and times came from when not from torch's profiler (``dispatch
     #: mode``, ``trace``).
     ops_from: str | None = None

@@ -120,7 +120,7 @@ META = Obj(
         "mode": STR, "warmup": Opt(INT), "repeat": Opt(INT), "no_grad": Opt(BOOL), "backward": Opt(BOOL),
         "paths": Opt(ListOf(STR)), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
         "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))), "autocast": Opt(STR),
-        "peak_flops_per_s": Opt(NUMBER), "ops_from": Opt(STR), "times_from": Opt(STR), "timed": Opt(BOOL),
+        "peak_flops_per_s": Opt(NUMBER), "peak_from": Opt(STR), "ops_from": Opt(STR), "times_from": Opt(STR), "timed": Opt(BOOL),
         "step_range": Opt(Row((INT, INT))), "complete": Opt(BOOL), "schedule": Opt(STR), "detail_step": Opt(INT),
         "rank": Opt(INT), "world_size": Opt(INT), "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR),
         "backend": Opt(STR), "steps": Opt(INT), "step_numbers": Opt(ListOf(INT)), "step_times_ns": Opt(ListOf(INT)),

@@ -22,24 +22,38 @@ _PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
 ]
 
 
+def datasheet_tflops(device_name: str) -> dict[str, float] | None:
+    """The datasheet's dense TFLOP/s per dtype of the GPU called ``device_name`` (as
+    ``torch.cuda.get_device_name`` or a trace's ``deviceProperties`` name it), or None
+    when it is not in the table."""
+    name = device_name.lower()
+    for fragment, table in _PEAK_TFLOPS:
+        if fragment in name:
+            return table
+    return None
+
+
 def known_peak_flops_per_s(device: torch.device, dtype: str | None) -> int | None:
     """The datasheet peak for ``device`` at ``dtype`` in FLOP/s, or None if unknown."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(device).lower()
-    for fragment, table in _PEAK_TFLOPS:
-        if fragment in name:
-            tflops = table.get(dtype or "float32")
-            return int(tflops * 1e12) if tflops else None
-    return None
+    table = datasheet_tflops(torch.cuda.get_device_name(device)) or {}
+    tflops = table.get(dtype or "float32")
+    return int(tflops * 1e12) if tflops else None
 
 
 def peak_flops_per_s(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
     """The peak for MFU in FLOP/s: the user's ``peak_tflops`` (checked: a positive
     number), else the datasheet's for ``device`` at ``dtype``, else None (unknown)."""
     if peak_tflops is not None:
-        return int(check_peak_tflops(peak_tflops) * 1e12)
+        return given_peak_flops_per_s(peak_tflops)
     return known_peak_flops_per_s(device, dtype)
+
+
+def given_peak_flops_per_s(peak_tflops: float) -> int:
+    """The user's ``peak_tflops`` in FLOP/s, checked (a positive number)."""
+    check_peak_tflops(peak_tflops)
+    return int(peak_tflops * 1e12)
 
 
 def check_peak_tflops(peak_tflops: float | None) -> float | None:

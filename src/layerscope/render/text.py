@@ -29,7 +29,8 @@ class TreeColumn:
     """A column of the tree: ``module`` and ``op`` give a cell's text (None: leave blank).
 
     ``key`` names it for ``columns=`` (``--columns``). ``priority`` decides which columns
-    stay when the table must fit a width: lower first (ties in table order)."""
+    stay when the table must fit a width: lower first (ties in table order). ``hidden_why``
+    says why a profile has no data for it (when asked for by key)."""
 
     header: str
     key: str
@@ -38,6 +39,7 @@ class TreeColumn:
     op: Callable[[OpStats, Profile], str] | None = None
     shown: Callable[[Profile], bool] = lambda profile: True
     align: str = ">"
+    hidden_why: Callable[[Profile], str] | None = None
 
 
 def _has_device(profile: Profile) -> bool:
@@ -135,6 +137,20 @@ def _has_recompute(profile: Profile) -> bool:
     return profile.root.recompute is not None
 
 
+def _has_mfu(profile: Profile) -> bool:
+    return _has_flops(profile) and _is_timed(profile) and bool(profile.meta.peak_flops_per_s)
+
+
+def _why_no_mfu(profile: Profile) -> str:
+    """Why MFU is unknown: no FLOPs, no times, or no peak to divide by."""
+    if not _has_flops(profile):
+        return "MFU needs FLOPs, unknown here" + (f": {profile.meta.flops_unknown}" if profile.meta.flops_unknown else "")
+    if not _is_timed(profile):
+        return "MFU needs times; this profile was counted, not timed"
+    found = profile.meta.peak_from or "none was given, and the device is not one with a known datasheet peak"
+    return f"MFU needs the hardware's peak FLOP/s: {found}; give --peak-tflops"
+
+
 def _step_share(node: ModuleNode, profile: Profile) -> str:
     if not node.profiled:
         return ""
@@ -145,6 +161,13 @@ def _step_rate(node: ModuleNode, profile: Profile) -> str:
     flops = sum(stats.flops or 0 for _, stats in node.phases())
     busy = sum(stats.busy_time_ns or 0 for _, stats in node.phases())
     return fmt.rate(flops, busy) if node.profiled else ""
+
+
+def _step_mfu(node: ModuleNode, profile: Profile) -> str:
+    """MFU over all of a node's phases: their FLOPs over their busy time, against the peak."""
+    flops = sum(stats.flops or 0 for _, stats in node.phases())
+    busy = sum(stats.busy_time_ns or 0 for _, stats in node.phases())
+    return fmt.mfu(flops, busy, profile.meta.peak_flops_per_s) if node.profiled else ""
 
 
 #: Columns of a forward-only profile.
@@ -202,7 +225,7 @@ COLUMNS: list[TreeColumn] = [
         "MFU", "mfu", 6,
         lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.peak_flops_per_s) if n.profiled else "",
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.peak_flops_per_s),
-        shown=lambda p: _has_flops(p) and _is_timed(p) and bool(p.meta.peak_flops_per_s),
+        shown=_has_mfu, hidden_why=_why_no_mfu,
     ),
     TreeColumn("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
     TreeColumn("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
@@ -258,6 +281,12 @@ STEP_COLUMNS: list[TreeColumn] = [
         _step_rate,
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
+    ),
+    TreeColumn(
+        "MFU", "mfu", 10,
+        _step_mfu,
+        lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.peak_flops_per_s),
+        shown=_has_mfu, hidden_why=_why_no_mfu,
     ),
     TreeColumn(
         "Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "",
@@ -431,6 +460,7 @@ def _footer(profile: Profile) -> list[str]:
     lines.extend(device_lines(profile))
     lines.extend(_comm_lines(profile))
     lines.extend(_detail_lines(profile))
+    lines.extend(_peak_lines(profile))
     lines.extend(_memory_lines(profile))
     lines.extend(compile_lines(profile))
     passes = sorted(profile.meta.pass_cpu_time_ns or [])
@@ -580,6 +610,17 @@ def _detail_lines(profile: Profile) -> list[str]:
     return []
 
 
+def _peak_lines(profile: Profile) -> list[str]:
+    """The peak MFU is against and where it came from, or why MFU is unknown, when the
+    profile says (a trace file's GPU, a peak given to ``show``) and has FLOPs to divide."""
+    meta = profile.meta
+    if meta.peak_from is None or not _has_flops(profile):
+        return []
+    if meta.peak_flops_per_s:
+        return [f"MFU against a peak of {fmt.rate(int(meta.peak_flops_per_s), 10**9)}: {meta.peak_from}"]
+    return [f"MFU unknown: {meta.peak_from} (--peak-tflops gives one)"]
+
+
 def trace_lines(meta: RunFacts) -> list[str]:
     """Where a profile read from a torch.profiler trace came from, and what it lacks."""
     source = meta.source or {}
@@ -664,11 +705,18 @@ def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], 
     by_key = {c.key: c for c in available}
     missing = [key for key in keys if key not in by_key]
     if missing:
+        own = {c.key: c for c in table}
         kind = "a training-step" if profile.has_backward else "a forward-only"
-        raise RenderError(
-            f"no column {', '.join(map(repr, missing))} in the table of this profile ({kind} profile); "
-            f"it has: {', '.join(by_key)}"
-        )
+
+        def why(key: str) -> str:
+            column = own.get(key)
+            if key == _SHAPES.key:
+                return "only with show_ops"
+            if column is None:
+                return f"not in the table of {kind} profile"
+            return column.hidden_why(profile) if column.hidden_why else "this profile has no data for it"
+
+        raise RenderError(f"no column {', '.join(f'{key!r} ({why(key)})' for key in missing)}; it has: {', '.join(by_key)}")
     return [by_key[key] for key in keys]
 
 
@@ -696,8 +744,9 @@ def columns_listing() -> str:
         f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
         f"with --show-ops:\n{listed([_SHAPES])}"
         "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
-        "--peak-tflops). Without --columns every column is shown, and on a terminal the\n"
-        "lowest-priority ones are hidden to fit its width (the footer names them).\n"
+        "a peak: --peak-tflops, or a GPU in the datasheet table). Without --columns every\n"
+        "column is shown, and on a terminal the lowest-priority ones are hidden to fit its\n"
+        "width (the footer names them).\n"
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from layerscope.capture import op_args
+from layerscope.capture.inputs import dtype_name
 from layerscope.capture.kineto import STEP_NAME
 from layerscope.capture.window import USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
 from layerscope.traces.reader import us_to_ns
@@ -57,6 +58,17 @@ for _name in ("Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnu
     if isinstance(_found, torch.dtype):
         _DTYPES[f"c10::{_name}"] = _found
 _KINDS = {"TensorList": op_args.TENSORS, "Scalar": op_args.SCALAR, "ScalarList": op_args.SCALARS}
+#: The ops that run on the matrix units a datasheet's peak is for (matrix products,
+#: convolutions, attention): the dtype of their inputs says which peak the trace's
+#: model ran against. Nested ones (``aten::linear`` over ``aten::addmm``) each count.
+MATRIX_OPS = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+    "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::miopen_convolution",
+    "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention_backward", "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward",
+})
 
 
 #: The fields of ranges that carry none of their own (labels, modules, steps): shared,
@@ -107,6 +119,8 @@ class TraceEvents:
     has_shapes: bool = False
     has_memory: bool = False
     counts: dict[str, int] = field(default_factory=dict)
+    #: Calls of :data:`MATRIX_OPS` by the dtype of their first tensor input (``float32``).
+    matrix_dtypes: dict[str, int] = field(default_factory=dict)
 
 
 class _Builder:
@@ -176,6 +190,11 @@ class _Builder:
             self.out.has_shapes = True
             fields.inputs = self.inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
             overload = self.overload(name, types)
+            if name in MATRIX_OPS:
+                dtype = next((_DTYPES[t] for t in types if t in _DTYPES), None)
+                if dtype is not None:
+                    key = dtype_name(dtype)
+                    self.out.matrix_dtypes[key] = self.out.matrix_dtypes.get(key, 0) + 1
         rng = Range(name, start, end, tid, self._id(), extra_fields=fields, overload_name=overload)
         self._push(tid, start, end, 3, rng)
 

@@ -23,6 +23,7 @@ from layerscope.attribute.walk import parent_indices
 from layerscope.capture import _torch
 from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert
 from layerscope.capture.modules import module_table
+from layerscope.capture.peaks import datasheet_tflops
 from layerscope.errors import SchemaError
 from layerscope.intervals import union_ns
 from layerscope.raw import RawCapture
@@ -209,6 +210,7 @@ def _meta(
     )
     if not events.has_shapes:
         meta.flops_unknown = "the trace recorded no input shapes (record_shapes=False)"
+    meta.peak_flops_per_s, meta.peak_from = _peak(names, events.matrix_dtypes, events.has_shapes)
     if events.device_events:
         meta.device_events = {
             "events": len(events.device_events),
@@ -224,6 +226,30 @@ def _meta(
         backend = distributed.get("backend")
         meta.backend = None if backend is None else str(backend)
     return meta
+
+
+def _peak(device_names: list[str], matrix_dtypes: dict[str, int], has_shapes: bool) -> tuple[int | None, str]:
+    """The peak FLOP/s MFU divides by, and where it came from: the datasheet's dense
+    figure (``capture.peaks``, as a live profile's) for the GPU the trace names, at the
+    dtype most of its matrix ops ran in (a trace names no parameters to take it from).
+    None, and why, where either is not known."""
+    if not device_names:
+        return None, "the trace names no GPU (no deviceProperties)"
+    if len(device_names) > 1:
+        return None, f"the trace names {len(device_names)} kinds of GPU ({', '.join(device_names)}), not which ran"
+    gpu = device_names[0]
+    table = datasheet_tflops(gpu)
+    if table is None:
+        return None, f"the {gpu} is not in layerscope's datasheet table"
+    if not matrix_dtypes:
+        why = "the trace recorded no input types (record_shapes=False)" if not has_shapes else "no matrix op (matrix product, convolution, attention) was recorded with its inputs"
+        return None, f"the dtype of the {gpu}'s peak is unknown: {why}"
+    dtype, calls = max(sorted(matrix_dtypes.items()), key=lambda item: item[1])
+    ran = f"{dtype} in {calls} of {sum(matrix_dtypes.values())} matrix-op calls"
+    tflops = table.get(dtype)
+    if tflops is None:
+        return None, f"layerscope's datasheet table has no {dtype} figure for the {gpu} ({ran})"
+    return int(tflops * 1e12), f"the {gpu}'s dense {dtype} figure in layerscope's datasheet table ({ran})"
 
 
 def _whole(value: Any) -> int | None:

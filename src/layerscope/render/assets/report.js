@@ -130,6 +130,7 @@
       }
       if (META.flops_unknown) fact("FLOPs unknown", META.flops_unknown);
     }
+    if (META.peak_from) fact(META.peak_flops_per_s ? "MFU peak" : "MFU unknown", META.peak_from);
     // How noisy the figures are: the repeated passes' spread, or that one pass measured none.
     if (DATA.pass_spread !== null && DATA.pass_spread !== undefined) {
       fact("noise", "±" + (100 * DATA.pass_spread).toFixed(1) + "%: the " + (DATA.passes > 1 ? DATA.passes + " passes'" : "steps'") + " spread, (p90 − p10) / median");
