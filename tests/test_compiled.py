@@ -283,7 +283,10 @@ def _root_is_the_step(prof: Profile) -> None:
     info = prof.compiled
     assert info is not None
     assert prof.root.forward.cpu_time_ns == info.step_time_ns > 0
-    assert 0 < info.kernel_time_ns <= info.step_time_ns
+    # The median pass's kernel time and the sum of the modules' medians are two medians
+    # of real timings: no order between them holds on a busy machine (the rule is
+    # checked on hand-made passes: kernels 480 of a step of 1,000).
+    assert info.kernel_time_ns > 0
     for kernel in info.kernels:
         assert kernel.time_ns >= 0
         assert sum(kernel.modules.values()) == pytest.approx(1.0, abs=1e-5)
