@@ -348,6 +348,22 @@ def test_bert_trace_recorded_here_matches_count_flops(tmp_path: Path) -> None:
     _same_flops(model, ids, tmp_path / "bert.json")
 
 
+def test_parameter_memory_of_a_trace_read_with_its_model_is_what_params_counts(tmp_path: Path) -> None:
+    from layerscope import zoo
+
+    model = zoo.get("lenet5").build()
+    _record(model, zoo.get("lenet5").example_inputs(2), tmp_path / "run.json", lambda out: out.sum())
+    traced = layerscope.load(tmp_path / "run.json", model=model)
+    # LeNet-5: conv1 6*1*5*5 + 6 = 156, conv2 16*6*5*5 + 16 = 2,416, fc1 120*400 + 120 =
+    # 48,120, fc2 84*120 + 84 = 10,164, fc3 10*84 + 10 = 850: 61,706 float32 parameters,
+    # 4 bytes each: 246,824 bytes = 241.04 KiB, in the Params line and the memory line alike.
+    assert traced.root.params_total == 61_706
+    assert traced.param_bytes == 61_706 * 4
+    text = traced.render("text")
+    assert "Params: 61.71K (241.04 KiB)" in text
+    assert "Memory: parameters 241.04 KiB\n" in text
+
+
 # -- the command line -------------------------------------------------------------------
 
 
