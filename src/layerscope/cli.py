@@ -6,11 +6,12 @@ import argparse
 import shutil
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from layerscope.errors import LayerscopeError, MissingDependencyError
+from layerscope.errors import LayerscopeError, LayerscopeWarning, MissingDependencyError
 
 DEMO_SPEC = "zoo:resnet18"
 
@@ -1100,7 +1101,17 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    status = _dispatch(args)
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def one_line(message: Any, category: type[Warning], *rest: Any, **kwargs: Any) -> None:
+            if not issubclass(category, LayerscopeWarning):
+                shown(message, category, *rest, **kwargs)
+                return
+            print(f"layerscope: warning: {str(message).removeprefix('layerscope: ')}", file=sys.stderr)
+
+        warnings.showwarning = one_line
+        status = _dispatch(args)
     _flush_stdout()
     return status
 

@@ -635,6 +635,15 @@ def trace_lines(meta: RunFacts) -> list[str]:
             line += f"; not matched (their work stays with their caller): {', '.join(unmatched[:5])}"
             line += f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         lines.append(line)
+        checked = [how["shapes"]] if how.get("shapes") else []
+        not_run = how.get("uncalled") or []
+        if not_run:
+            checked.append(
+                f"modules of the model that ran in no instance: {', '.join(not_run[:5])}"
+                + (f" and {len(not_run) - 5} more" if len(not_run) > 5 else "")
+            )
+        if checked:
+            lines.append("Model: " + "; ".join(checked))
     else:
         lines.append("Modules: none recorded (the trace has no nn.Module events: record it with with_stack=True)")
     if meta.flops_unknown:
