@@ -458,6 +458,31 @@ def test_parameter_memory_of_a_trace_read_with_its_model_is_what_params_counts(t
     assert "Memory: parameters 241.04 KiB\n" in text
 
 
+def test_show_a_trace_with_its_model_sized_by_config(shared_traces: Path, tmp_path: Path) -> None:
+    from test_cli import assert_usage_error, run_cli
+
+    trace = str(shared_traces / "h100_bert_small_inference.json.gz")
+    sized = ",".join(f"{key}={value}" for key, value in _BERT_SMALL.items())
+    # is_decoder=true: what BertLMHeadModel is built for (else transformers logs a line).
+    done = run_cli(
+        "show", trace, "--model", "transformers:BertLMHeadModel", "--config", f"{sized},is_decoder=true",
+        "--format", "json", cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    doc = json.loads(done.stdout)
+    assert doc["meta"]["modules_from"]["matched"] == doc["meta"]["modules_from"]["instances"] == 84
+    assert doc["totals"]["param_bytes"] == _BERT_SMALL_PARAMS * 4
+    # The default config (BERT-base) is not what ran: one line, the evidence, exit 2.
+    line = assert_usage_error(run_cli(
+        "show", trace, "--model", "transformers:BertLMHeadModel", "--config", "is_decoder=true", cwd=tmp_path,
+    ))
+    assert "bert.embeddings.word_embeddings (Embedding) has weight [30522, 768]" in line
+    assert "aten::embedding on [30522, 512], [1, 141]" in line
+    line = assert_usage_error(run_cli("show", trace, "--config", sized, cwd=tmp_path))
+    assert line == "layerscope: error: --config sizes the model --model SPEC names (a transformers: one); give --model too"
+
+
 # -- the command line -------------------------------------------------------------------
 
 
