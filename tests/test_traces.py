@@ -348,6 +348,141 @@ def test_bert_trace_recorded_here_matches_count_flops(tmp_path: Path) -> None:
     _same_flops(model, ids, tmp_path / "bert.json")
 
 
+# -- the model a trace is read with: checked against the trace's shapes ---------------
+
+#: BERT-small as h100_bert_small_inference recorded it, read from its ops' Input Dims:
+#: aten::embedding on [30522, 512], [512, 512] and [2, 512] (vocabulary, positions, token
+#: types; hidden 512); aten::linear on [2048, 512] four times (4 layers, intermediate
+#: 2048); aten::scaled_dot_product_attention on [1, 8, 141, 64] (8 heads).
+_BERT_SMALL = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 2048}
+#: Its parameters, by hand (V 30522, H 512, P 512, T 2, I 2048, 4 layers; the decoder's
+#: weight and bias are tied to the word embeddings and the head's bias, counted once):
+#: embeddings V*H + P*H + T*H + LayerNorm 2H = 15,627,264 + 262,144 + 1,024 + 1,024 = 15,891,456
+#: a layer: q, k, v, o 4*(H*H + H) = 1,050,624; 2 LayerNorms 2*2H = 2,048;
+#:          intermediate H*I + I = 1,050,624; output I*H + H = 1,049,088: 3,152,384, x4 = 12,609,536
+#: the head: transform H*H + H = 262,656, LayerNorm 2H = 1,024, bias V = 30,522: 294,202
+_BERT_SMALL_PARAMS = 15_891_456 + 12_609_536 + 294_202  # 28,795,194
+
+
+def _bert_lm_head(**config: Any) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        return transformers.BertLMHeadModel(transformers.BertConfig(is_decoder=True, **config))
+
+
+def test_a_trace_read_with_another_model_is_refused_with_the_evidence(shared_traces: Path) -> None:
+    from layerscope.errors import TraceModelError
+
+    # BERT-base (hidden 768) for a trace of BERT-small (hidden 512).
+    with pytest.raises(TraceModelError) as refused:
+        layerscope.load(shared_traces / "h100_bert_small_inference.json.gz", model=_bert_lm_head())
+    assert str(refused.value) == (
+        "'h100_bert_small_inference.json.gz' was not recorded with this BertLMHeadModel: "
+        "bert.embeddings.word_embeddings (Embedding) has weight [30522, 768], but the trace's Embedding_0 ran "
+        "aten::embedding on [30522, 512], [1, 141] (and 37 more of the 39 modules checked); load it with the "
+        "model that was traced (on the command line: --model SPEC, with --config KEY=VALUE,... for a "
+        "transformers: model's size)"
+    )
+
+
+@pytest.mark.parametrize("name", ["h100_bert_small_inference", "mi300x_bert_small_inference"])
+def test_the_traced_model_matches_every_instance_and_counts_its_parameters_once(shared_traces: Path, name: str) -> None:
+    import warnings
+
+    from layerscope.errors import LayerscopeWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LayerscopeWarning)  # a whole fit: nothing to warn of
+        profile = layerscope.load(shared_traces / f"{name}.json.gz", model=_bert_lm_head(**_BERT_SMALL))
+    how = profile.meta["modules_from"]
+    assert (how["matched"], how["instances"], how["unmatched"]) == (84, 84, [])
+    # The trace's BertSdpaSelfAttention is this transformers' BertSelfAttention.
+    assert how["renamed"] == {f"BertSdpaSelfAttention_{k}": "BertSelfAttention" for k in range(4)}
+    assert how["shapes"] == "parameter shapes checked against the ops' recorded inputs: 39 modules, all fit"
+    assert profile.root.params_total == _BERT_SMALL_PARAMS
+    # float32 parameters (the model as given): 4 bytes each, 115,180,776 bytes = 109.84 MiB.
+    assert profile.param_bytes == _BERT_SMALL_PARAMS * 4 == 115_180_776
+    text = profile.render("text", depth=0)
+    assert "Params: 28.80M (109.84 MiB)" in text
+    assert "Memory: parameters 109.84 MiB\n" in text
+    assert tree_problems(profile) == []
+
+
+def test_a_deeper_model_than_the_trace_ran_is_a_warning_naming_its_layers(shared_traces: Path) -> None:
+    from layerscope.errors import LayerscopeWarning
+
+    deeper = _bert_lm_head(**{**_BERT_SMALL, "num_hidden_layers": 6})
+    with pytest.warns(LayerscopeWarning) as said:
+        profile = layerscope.load(shared_traces / "h100_bert_small_inference.json.gz", model=deeper)
+    assert [str(w.message) for w in said] == [
+        "layerscope: h100_bert_small_inference.json.gz: the BertLMHeadModel fits the trace only in part: 2 of "
+        "its modules with parameters ran in no instance (bert.encoder.layer.4, bert.encoder.layer.5); is it the "
+        "model that was traced?"
+    ]
+    assert profile.meta["modules_from"]["uncalled"] == ["bert.encoder.layer.4", "bert.encoder.layer.5"]
+    assert "modules of the model that ran in no instance: bert.encoder.layer.4, bert.encoder.layer.5" in profile.render("text")
+
+
+def test_a_trace_without_shapes_says_once_that_the_model_is_not_checked(tmp_path: Path) -> None:
+    from torch.profiler import profile
+
+    from layerscope import zoo
+    from layerscope.errors import LayerscopeWarning
+
+    model = zoo.get("lenet5").build()
+    with profile(with_stack=True, record_shapes=False) as prof:
+        model(zoo.get("lenet5").example_inputs(1))
+    prof.export_chrome_trace(str(tmp_path / "run.json"))
+    with pytest.warns(LayerscopeWarning) as said:
+        traced = layerscope.load(tmp_path / "run.json", model=model)
+    assert [str(w.message) for w in said] == [
+        "layerscope: run.json: the model's parameter shapes cannot be checked against this trace: it recorded no "
+        "input shapes (record_shapes=False); modules are matched by class and call order alone"
+    ]
+    assert traced.meta["modules_from"]["unmatched"] == []
+
+
+def test_parameter_memory_of_a_trace_read_with_its_model_is_what_params_counts(tmp_path: Path) -> None:
+    from layerscope import zoo
+
+    model = zoo.get("lenet5").build()
+    _record(model, zoo.get("lenet5").example_inputs(2), tmp_path / "run.json", lambda out: out.sum())
+    traced = layerscope.load(tmp_path / "run.json", model=model)
+    # LeNet-5: conv1 6*1*5*5 + 6 = 156, conv2 16*6*5*5 + 16 = 2,416, fc1 120*400 + 120 =
+    # 48,120, fc2 84*120 + 84 = 10,164, fc3 10*84 + 10 = 850: 61,706 float32 parameters,
+    # 4 bytes each: 246,824 bytes = 241.04 KiB, in the Params line and the memory line alike.
+    assert traced.root.params_total == 61_706
+    assert traced.param_bytes == 61_706 * 4
+    text = traced.render("text")
+    assert "Params: 61.71K (241.04 KiB)" in text
+    assert "Memory: parameters 241.04 KiB\n" in text
+
+
+def test_show_a_trace_with_its_model_sized_by_config(shared_traces: Path, tmp_path: Path) -> None:
+    from test_cli import assert_usage_error, run_cli
+
+    trace = str(shared_traces / "h100_bert_small_inference.json.gz")
+    sized = ",".join(f"{key}={value}" for key, value in _BERT_SMALL.items())
+    # is_decoder=true: what BertLMHeadModel is built for (else transformers logs a line).
+    done = run_cli(
+        "show", trace, "--model", "transformers:BertLMHeadModel", "--config", f"{sized},is_decoder=true",
+        "--format", "json", cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    doc = json.loads(done.stdout)
+    assert doc["meta"]["modules_from"]["matched"] == doc["meta"]["modules_from"]["instances"] == 84
+    assert doc["totals"]["param_bytes"] == _BERT_SMALL_PARAMS * 4
+    # The default config (BERT-base) is not what ran: one line, the evidence, exit 2.
+    line = assert_usage_error(run_cli(
+        "show", trace, "--model", "transformers:BertLMHeadModel", "--config", "is_decoder=true", cwd=tmp_path,
+    ))
+    assert "bert.embeddings.word_embeddings (Embedding) has weight [30522, 768]" in line
+    assert "aten::embedding on [30522, 512], [1, 141]" in line
+    line = assert_usage_error(run_cli("show", trace, "--config", sized, cwd=tmp_path))
+    assert line == "layerscope: error: --config sizes the model --model SPEC names (a transformers: one); give --model too"
+
+
 # -- the command line -------------------------------------------------------------------
 
 

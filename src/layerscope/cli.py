@@ -6,11 +6,12 @@ import argparse
 import shutil
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from layerscope.errors import LayerscopeError, MissingDependencyError
+from layerscope.errors import LayerscopeError, LayerscopeWarning, MissingDependencyError
 
 DEMO_SPEC = "zoo:resnet18"
 
@@ -187,11 +188,7 @@ def _add_run_options(
     )
     parser.add_argument("--inputs", metavar="SPEC", help="a callable returning the inputs (Tensor, tuple or dict)")
     if spec:
-        parser.add_argument(
-            "--config", metavar="KEY=VALUE,...",
-            help="a transformers: model at the size you want: fields of its default config, e.g. "
-            "num_hidden_layers=2,hidden_size=256,num_attention_heads=4",
-        )
+        _add_config(parser)
     parser.add_argument("--batch-size", type=_at_least_one, default=1, help="batch size of a built-in model's default input (default 1)")
     parser.add_argument("--dtype", help="cast the model and its float inputs (float32, bfloat16, float16, ...)")
     parser.add_argument(
@@ -226,6 +223,22 @@ def _add_run_options(
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="profile only these named_modules() subtrees")
     _add_output_options(parser, ("profile",), defaults=defaults)
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", metavar="KEY=VALUE,...",
+        help="a transformers: model at the size you want (for a trace: the size it was recorded at): fields "
+        "of its default config, e.g. num_hidden_layers=2,hidden_size=256,num_attention_heads=4",
+    )
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--config``, parsed (None without it)."""
+    from layerscope.specs import parse_config
+
+    text = getattr(args, "config", None)
+    return parse_config(text) if text else None
 
 
 def _add_peak_tflops(parser: argparse.ArgumentParser) -> None:
@@ -429,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  layerscope show merged.json                      # ranks merged by 'layerscope merge'\n"
         "  layerscope show merged.json --rank 3 --depth 2   # the tree of rank 3\n"
         "  layerscope show run.pt.trace.json.gz             # a torch.profiler trace, by module\n"
-        "  layerscope show run.pt.trace.json.gz --model transformers:bert-base-uncased\n",
+        "  layerscope show run.pt.trace.json.gz --model transformers:BertModel\n"
+        "  layerscope show run.pt.trace.json.gz --model transformers:BertModel --config hidden_size=512,num_hidden_layers=4\n",
     )
     show.add_argument(
         "profile", metavar="PROFILE",
@@ -493,8 +507,10 @@ def _add_trace_model(parser: Any) -> None:
         "--model", metavar="SPEC",
         help="for torch.profiler trace files: the model that was traced (zoo:NAME, transformers:NAME, "
         "or a module:callable building it), to give the trace's modules (BertLayer_3) their paths and "
-        "parameters; built on the meta device, never run",
+        "parameters; built on the meta device, never run; a model whose parameters' shapes the trace's "
+        "ops were not given is refused",
     )
+    _add_config(parser)
 
 
 MERGE_EPILOG = """\
@@ -572,10 +588,7 @@ def _add_bench_parser(sub: Any) -> None:
                        "by more than this (10%% or 0.1) and by more than the noise")
     bench.add_argument("--input", action="append", default=[], metavar="SHAPE", help="a random input of this shape, batch 1 first: 1x3x224x224")
     bench.add_argument("--inputs", metavar="SPEC", help="a callable taking the batch size, returning the batch")
-    bench.add_argument(
-        "--config", metavar="KEY=VALUE,...",
-        help="a transformers: model at the size you want, e.g. num_hidden_layers=2,hidden_size=256",
-    )
+    _add_config(bench)
     bench.add_argument("--batch-sizes", type=_at_least_one, nargs="+", default=[1, 8, 32], metavar="N", help="default: 1 8 32")
     bench.add_argument("--mode", choices=("inference", "train"), default="inference", help="inference (default) or a training step (SGD, on a copy)")
     bench.add_argument("--dtype", help="cast a copy of the model and the float inputs (float32, bfloat16, float16)")
@@ -682,7 +695,7 @@ def _show(args: argparse.Namespace) -> int:
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
-    from layerscope.specs import parse_config, parse_dtype, resolve_inputs, resolve_model
+    from layerscope.specs import parse_dtype, resolve_inputs, resolve_model
 
     if getattr(args, "compile", False) and args.backward:
         raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
@@ -696,9 +709,8 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     amp = _autocast(device, autocast)
 
     # On the meta device the model is built there directly: a 7B model allocates nothing.
-    config = parse_config(args.config) if getattr(args, "config", None) else None
     resolved = resolve_model(
-        spec, batch_size=args.batch_size, device=device if device.type == "meta" else None, config=config
+        spec, batch_size=args.batch_size, device=device if device.type == "meta" else None, config=_config(args)
     )
     inputs = _inputs_from(args, spec, shapes, resolved, resolve_inputs)
     if not count_only:
@@ -837,6 +849,8 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
     from layerscope.traces.reader import is_kineto_trace
 
     model = None
+    if args is not None and getattr(args, "config", None) and not getattr(args, "model", None):
+        raise UsageError("--config sizes the model --model SPEC names (a transformers: one); give --model too")
     if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
         model = _trace_model(args)
     try:
@@ -856,7 +870,7 @@ def _trace_model(args: argparse.Namespace) -> Any:
 
         from layerscope.specs import resolve_model
 
-        found = resolve_model(args.model, device=torch.device("meta")).model
+        found = resolve_model(args.model, device=torch.device("meta"), config=_config(args)).model
         args._trace_model = found
     return found
 
@@ -1026,7 +1040,7 @@ def _bench(args: argparse.Namespace) -> int:
     from layerscope.bench import benchmark
     from layerscope.formats import render
     from layerscope.io import write_atomic
-    from layerscope.specs import load_callable, parse_config, parse_dtype, resolve_model
+    from layerscope.specs import load_callable, parse_dtype, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")
@@ -1038,7 +1052,7 @@ def _bench(args: argparse.Namespace) -> int:
         _check_writable(path)
     device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
-    resolved = resolve_model(args.spec, batch_size=1, config=parse_config(args.config) if args.config else None)
+    resolved = resolve_model(args.spec, batch_size=1, config=_config(args))
     # --inputs names a builder here: it is called with each batch size.
     sample = _inputs_from(args, args.spec, shapes, resolved, lambda spec: load_callable(spec, "inputs"))
     from layerscope.bench.measure import BenchInterrupted
@@ -1100,7 +1114,17 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    status = _dispatch(args)
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def one_line(message: Any, category: type[Warning], *rest: Any, **kwargs: Any) -> None:
+            if not issubclass(category, LayerscopeWarning):
+                shown(message, category, *rest, **kwargs)
+                return
+            print(f"layerscope: warning: {str(message).removeprefix('layerscope: ')}", file=sys.stderr)
+
+        warnings.showwarning = one_line
+        status = _dispatch(args)
     _flush_stdout()
     return status
 

@@ -51,3 +51,14 @@ class MissingDependencyError(LayerscopeError, ImportError):
         self.package = package
         self.install = f"pip install 'layerscope[{extra}]' (or pip install {package})"
         super().__init__(f"{feature} needs {package}: {self.install}")
+
+
+class TraceModelError(LayerscopeError, ValueError):
+    """The model given to read a trace file with is not the one the trace recorded: a
+    module's parameters have shapes none of its ops were given. The message names the
+    module, its parameters' shapes and the shapes the trace shows."""
+
+
+class LayerscopeWarning(UserWarning):
+    """Something layerscope did that a user should know of, without stopping (a model
+    that fits a trace only in part). The command line prints it as one line."""

@@ -130,7 +130,10 @@ META = Obj(
             "kind": STR, "file": STR, "device_names": ListOf(STR), "record_shapes": BOOL, "profile_memory": BOOL,
             "with_stack": BOOL,
         })),
-        "modules_from": Opt(Obj({"method": STR, "instances": INT, "matched": INT, "unmatched": ListOf(STR)})),
+        "modules_from": Opt(Obj({
+            "method": STR, "instances": INT, "matched": INT, "unmatched": ListOf(STR), "renamed": DictOf(STR),
+            "shapes": STR, "uncalled": ListOf(STR),
+        })),
         "flops_unknown": Opt(STR), "device_events": Opt(DictOf(INT)),
         "from_merged_run": Opt(Obj({"rank": INT, "not_kept": STR})),
         "compile": Opt(COMPILE),

@@ -635,6 +635,15 @@ def trace_lines(meta: RunFacts) -> list[str]:
             line += f"; not matched (their work stays with their caller): {', '.join(unmatched[:5])}"
             line += f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         lines.append(line)
+        checked = [how["shapes"]] if how.get("shapes") else []
+        not_run = how.get("uncalled") or []
+        if not_run:
+            checked.append(
+                f"modules of the model that ran in no instance: {', '.join(not_run[:5])}"
+                + (f" and {len(not_run) - 5} more" if len(not_run) > 5 else "")
+            )
+        if checked:
+            lines.append("Model: " + "; ".join(checked))
     else:
         lines.append("Modules: none recorded (the trace has no nn.Module events: record it with with_stack=True)")
     if meta.flops_unknown:
@@ -663,10 +672,14 @@ def _memory_lines(profile: Profile) -> list[str]:
         return ", ".join(f"{fmt.nbytes(n)} {dtype}" for dtype, n in table.items())
 
     param_table = memory.param_bytes_by_dtype
-    if param_table is None and not _has_params(profile):
-        held = [f"parameters {fmt.params(None)}"]  # recorded without the model: unknown, not 0 B
+    if param_table is not None:
+        held = [f"parameters {by_dtype(param_table) or '0 B'}"]
+    elif _has_params(profile) and profile.param_bytes is not None:
+        # A trace read with its model: the bytes Params counts, with no table by dtype
+        # (the trace holds the run's memory, not the model's storages).
+        held = [f"parameters {fmt.nbytes(profile.param_bytes)}"]
     else:
-        held = [f"parameters {by_dtype(param_table or {}) or '0 B'}"]
+        held = [f"parameters {fmt.params(None)}"]  # recorded without the model: unknown, not 0 B
     if memory.buffer_bytes_by_dtype:
         held.append(f"buffers {by_dtype(memory.buffer_bytes_by_dtype)}")
     for name, state in memory.optimizer_state_bytes.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import warnings
 from typing import Any
 
 from torch import nn
@@ -20,16 +21,23 @@ from torch import nn
 from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
-from layerscope.capture import _torch
 from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert
 from layerscope.capture.modules import module_table
 from layerscope.capture.peaks import datasheet_tflops
-from layerscope.errors import SchemaError
+from layerscope.errors import LayerscopeWarning, SchemaError, TraceModelError
 from layerscope.intervals import union_ns
 from layerscope.raw import RawCapture
 from layerscope.runfacts import RunFacts
 from layerscope.traces.events import _NO_FIELDS, TraceEvents, read_events
-from layerscope.traces.modules import instances, map_to_model, table_without_model
+from layerscope.traces.modules import (
+    Instance,
+    instances,
+    map_to_model,
+    misfit_evidence,
+    misfits,
+    table_without_model,
+    uncalled,
+)
 from layerscope.traces.reader import open_trace
 from layerscope.tree import Profile
 
@@ -64,8 +72,8 @@ def profile_of_events(
     param_bytes: int | None
     if model is not None:
         modules, infos, param_bytes = module_table(model)
-        shapes = [{tuple(p.shape) for p in _torch.own_parameters(m) if p is not None} for m in modules]
-        index, how = map_to_model(found, infos, shapes)
+        params = [[(name, tuple(p.shape)) for name, p in m.named_parameters(recurse=False)] for m in modules]
+        index, how = _mapped(found, infos, params, events.has_shapes, source, type(model).__name__)
     else:
         infos, index = table_without_model(found)
         param_bytes = None
@@ -109,6 +117,63 @@ def profile_of_events(
             "on any thread (expected the cpu_op events of a recorded run)"
         )
     return cycle.build(raw)
+
+
+def _mapped(
+    found: dict[str, Instance], infos: list[Any], params: list[list[tuple[str, tuple[int, ...]]]],
+    has_shapes: bool, source: str, model_name: str,
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """The trace's instances mapped to the model's modules (each instance's index, and
+    how, for ``meta.modules_from``), checked by the model's parameters' shapes among the shapes
+    the ops of each module were given: a module that fits none is an error naming it; a
+    model that fits in part (instances matched to no module, or modules with parameters
+    that ran in no instance) is a warning naming them."""
+    shapes = [{shape for _, shape in own} for own in params]
+    index, out = map_to_model(found, infos, shapes)
+    if not found:
+        return index, out
+    if not has_shapes:
+        out["shapes"] = "parameter shapes not checked: the trace recorded no input shapes (record_shapes=False)"
+        warnings.warn(
+            f"layerscope: {source}: the model's parameter shapes cannot be checked against this trace: it "
+            "recorded no input shapes (record_shapes=False); modules are matched by class and call order alone",
+            LayerscopeWarning, stacklevel=3,
+        )
+    else:
+        bad, checked = misfits(found, index, params)
+        if bad:
+            first = bad[0]
+            more = f" (and {len(bad) - 1} more of the {checked} modules checked)" if len(bad) > 1 else ""
+            raise TraceModelError(
+                f"{source!r} was not recorded with this {model_name}: "
+                f"{misfit_evidence(first, infos[first.at].path, infos[first.at].type)}{more}; "
+                "load it with the model that was traced (on the command line: --model SPEC, with "
+                "--config KEY=VALUE,... for a transformers: model's size)"
+            )
+        out["shapes"] = f"parameter shapes checked against the ops' recorded inputs: {checked} modules, all fit"
+    not_run = uncalled(found, index, infos, shapes)
+    if not_run:
+        out["uncalled"] = not_run
+    unmatched = out["unmatched"]
+    if unmatched or not_run:
+        said = []
+        if unmatched:
+            said.append(
+                f"{len(unmatched)} of {len(found)} module instances matched no module of the {model_name} "
+                f"({_some(unmatched)}: their work stays with their caller)"
+            )
+        if not_run:
+            said.append(f"{len(not_run)} of its modules with parameters ran in no instance ({_some(not_run)})")
+        warnings.warn(
+            f"layerscope: {source}: the {model_name} fits the trace only in part: {'; '.join(said)}; "
+            "is it the model that was traced?",
+            LayerscopeWarning, stacklevel=3,
+        )
+    return index, out
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _spliced(ranges: list[Range], dropped: set[int]) -> list[Range]:

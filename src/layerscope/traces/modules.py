@@ -13,9 +13,17 @@ the model (or, under a wrapper such as DDP, the first instance of the model's cl
 then, under each matched instance, its child instances of a class in the order they were
 first called to that module's unmatched submodules of the class, direct children first
 in registration order, then deeper ones in ``named_modules()`` order, preferring one whose
-parameters' shapes are among the shapes its ops were given; an instance left
-(a module called from outside its owner) takes the first unmatched module of its class
-anywhere. What was matched, and how, is said in the profile's ``meta.modules_from``.
+parameters' shapes are among the shapes its ops were given. An instance of a class the
+model has none of (a class renamed between versions of its library: transformers'
+``BertSdpaSelfAttention`` is ``BertSelfAttention`` in later ones) takes, under its
+parent, a free module of a class the trace has none of, whose parameters' shapes its ops
+were given. An instance left (a module called from outside its owner) takes the first
+unmatched module of its class anywhere. What was matched, and how, is said in the
+profile's ``meta.modules_from``.
+
+:func:`misfits` then checks the match against the trace's recorded shapes: a module
+whose parameters' shapes are none of the shapes its instance's ops were given is not the
+module that ran (a model of another size).
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ class Instance:
     #: Shapes of the tensors its own ops (outside its child modules) were given: its
     #: parameters' among them, which tell two submodules of one class apart.
     shapes: set[tuple[int, ...]] = field(default_factory=set)
+    #: Its first call's outermost own ops and the shapes of their tensor inputs, in
+    #: order (the first few): the evidence an error about its parameters shows.
+    ops: list[tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
 
 
 def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> dict[str, Instance]:
@@ -54,7 +65,8 @@ def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> 
         if name in found:
             continue
         kind = name.rsplit("_", 1)[0] if "_" in name else name
-        instance = found[name] = Instance(name, kind, call.range.start_time_ns, shapes=_own_shapes(call.range))
+        shapes, ops = _own_inputs(call.range)
+        instance = found[name] = Instance(name, kind, call.range.start_time_ns, shapes=shapes, ops=ops)
         # The nearest module up the Python call chain (bounded: a damaged chain may loop).
         up = call.python_parent
         for _ in range(10_000):
@@ -75,20 +87,28 @@ def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> 
     return found
 
 
-def _own_shapes(rng: Any) -> set[tuple[int, ...]]:
-    """The shapes of the tensor inputs of the ops in a module call, outside its children."""
+#: How many of an instance's outermost ops are kept as evidence.
+_EVIDENCE_OPS = 4
+
+
+def _own_inputs(rng: Any) -> tuple[set[tuple[int, ...]], list[tuple[str, tuple[tuple[int, ...], ...]]]]:
+    """The shapes of the tensor inputs of the ops in a module call, outside its
+    children, and its first outermost ops (not those nested in another op) with theirs."""
     found: set[tuple[int, ...]] = set()
-    pending = list(rng.children)
+    ops: list[tuple[str, tuple[tuple[int, ...], ...]]] = []
+    pending = [(item, False) for item in reversed(rng.children)]
     while pending:
-        item = pending.pop()
+        item, in_op = pending.pop()
         if item.name.startswith(MODULE_EVENT):
             continue
-        for value in item.extra_fields.inputs or ():
-            sizes = getattr(value, "sizes", None)
-            if sizes is not None:
-                found.add(tuple(sizes))
-        pending.extend(item.children)
-    return found
+        sizes = tuple(
+            tuple(value.sizes) for value in item.extra_fields.inputs or () if getattr(value, "sizes", None) is not None
+        )
+        found.update(sizes)
+        if sizes and not in_op and len(ops) < _EVIDENCE_OPS:
+            ops.append((item.name, sizes))
+        pending.extend((child, in_op or bool(sizes)) for child in reversed(item.children))
+    return found, ops
 
 
 def _cycles(found: dict[str, Instance], name: str) -> bool:
@@ -136,12 +156,21 @@ def map_to_model(
     instance's ops were given (BERT's position and token-type embeddings, called in the
     other order than registered)."""
     shapes_of = param_shapes or [set() for _ in infos]
+    model_types = {info.type for info in infos}
+    trace_types = {instance.type for instance in found.values()}
+    renamed: dict[str, str] = {}
 
     def fits(instance: Instance, at: int) -> bool:
         return not instance.shapes or shapes_of[at] <= instance.shapes
 
-    def pick(instance: Instance, candidates: list[int]) -> int | None:
+    def pick(instance: Instance, candidates: list[int], *, under_parent: bool = False) -> int | None:
         same = [i for i in candidates if infos[i].type == instance.type and i not in taken]
+        if not same and under_parent and instance.type not in model_types:
+            # A renamed class: only a fitting module of a class the trace never names.
+            other = [i for i in candidates if infos[i].type not in trace_types and i not in taken and fits(instance, i)]
+            if other:
+                renamed[instance.name] = infos[other[0]].type
+                return other[0]
         return next((i for i in same if fits(instance, i)), same[0] if same else None)
 
     by_path = {info.path: i for i, info in enumerate(infos)}
@@ -167,7 +196,7 @@ def map_to_model(
             return
         candidates = [i for i in descendants(path) if i not in taken]
         for child in pending:
-            at = pick(found[child], candidates)
+            at = pick(found[child], candidates, under_parent=True)
             if at is not None:
                 match(child, at)
 
@@ -192,4 +221,78 @@ def map_to_model(
         "matched": len(index),
         "unmatched": unmatched,
     }
+    if renamed:
+        how["renamed"] = {name: renamed[name] for name in sorted(renamed) if name in index}
     return index, how
+
+
+@dataclass
+class Misfit:
+    """A matched module whose parameters' shapes are none of the shapes its instance's
+    ops were given: ``params`` its parameters (name, shape), ``instance`` the trace's."""
+
+    at: int
+    params: list[tuple[str, tuple[int, ...]]]
+    instance: Instance
+
+
+def misfits(
+    found: dict[str, Instance], index: dict[str, int], params: list[list[tuple[str, tuple[int, ...]]]]
+) -> tuple[list[Misfit], int]:
+    """The matched modules (``index``) whose own parameters (``params``, per module of
+    the table) do not fit the trace, in table order, and how many could be checked: a
+    module with parameters whose instance's ops were given tensors. One of its
+    parameters' shapes among those is a fit (a bias tied to another module's, or a
+    parameter this forward did not use, is not asked to appear)."""
+    checked = 0
+    bad: list[Misfit] = []
+    for name, at in index.items():
+        instance = found[name]
+        own = params[at]
+        if not own or not instance.shapes:
+            continue
+        checked += 1
+        if not any(shape in instance.shapes for _, shape in own):
+            bad.append(Misfit(at, own, instance))
+    return sorted(bad, key=lambda misfit: misfit.at), checked
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def misfit_evidence(misfit: Misfit, path: str, type_name: str) -> str:
+    """``path (Type) has weight [768, 768], bias [768], but the trace's Linear_3 ran
+    aten::linear on [1, 141, 512], [512, 512], [512]``."""
+    params = ", ".join(f"{name} {_dims(shape)}" for name, shape in misfit.params)
+    ops = "; ".join(f"{op} on {', '.join(map(_dims, shapes))}" for op, shapes in misfit.instance.ops[:2])
+    return f"{path or '(the root)'} ({type_name}) has {params}, but the trace's {misfit.instance.name} ran {ops}"
+
+
+def uncalled(
+    found: dict[str, Instance], index: dict[str, int], infos: list[ModuleInfo], param_shapes: list[set[tuple[int, ...]]]
+) -> list[str]:
+    """The tops of the model's subtrees that hold parameters and of which no module ran
+    in the trace, in table order (the layers a deeper model has beyond those the trace
+    ran). A module ran when an instance was matched to it, when its parent's instance
+    ran an op on one of its parameters (``nn.MultiheadAttention`` uses its ``out_proj``'s
+    weight without calling it), or when a module in it ran (a ``ModuleList`` is never
+    called itself)."""
+    shapes_at = {at: found[name].shapes for name, at in index.items()}
+    at_of = {info.path: i for i, info in enumerate(infos)}
+    ran: dict[str, bool] = {}
+    holds: dict[str, bool] = {}
+    for i in range(len(infos) - 1, -1, -1):  # children come after their parent in the table
+        info = infos[i]
+        parent_shapes = shapes_at.get(at_of[info.parent], set()) if info.parent is not None else set()
+        used_by_parent = any(shape in parent_shapes for shape in param_shapes[i])
+        ran[info.path] = ran.get(info.path, False) or i in shapes_at or used_by_parent
+        holds[info.path] = holds.get(info.path, False) or bool(info.params)
+        if info.parent is not None:
+            ran[info.parent] = ran.get(info.parent, False) or ran[info.path]
+            holds[info.parent] = holds.get(info.parent, False) or holds[info.path]
+    return [
+        info.path
+        for info in infos
+        if not ran[info.path] and holds[info.path] and (info.parent is None or ran[info.parent])
+    ]
