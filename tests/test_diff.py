@@ -63,6 +63,25 @@ def _slower(profile: layerscope.Profile, extra_self_ns: dict[str, int]) -> layer
     return layerscope.check_tree(profile_from_dict(doc))
 
 
+def _moved(
+    profile: layerscope.Profile, extra_ns: dict[str, int], *, phase: str = "forward", time: str = "cpu"
+) -> layerscope.Profile:
+    """``profile`` with the self ``time`` (``cpu`` or ``device``) of each path in
+    ``phase`` moved by ``extra_ns``, its ancestors' totals with it (the step too, for CPU
+    time), every invariant kept."""
+    doc = profile.to_dict()
+    entries = {entry["path"]: entry for entry in doc["modules"] + doc["parts"]}
+    for path, extra in extra_ns.items():
+        entries[path][phase][f"self_{time}_time_ns"] += extra
+        node: str | None = path
+        while node is not None:
+            entries[node][phase][f"{time}_time_ns"] += extra
+            node = entries[node]["parent"]
+        if time == "cpu" and doc["meta"].get("step_time_ns") is not None:
+            doc["meta"]["step_time_ns"] += extra
+    return layerscope.check_tree(profile_from_dict(doc))
+
+
 def _paths(diff: ProfileDiff) -> list[str]:
     return [row.path for row in diff.rows]
 
@@ -226,7 +245,7 @@ def test_noise_floor_ignores_tiny_modules(floor_pair: tuple[layerscope.Profile, 
     # total moved by 305us of 1.006ms, 30.3%.
     found = result.regressions(0.1)
     assert [(r.path, r.metric) for r in found] == [(None, "time_ns"), ("embed", "self_time_ns")]
-    assert [str(r) for r in found] == ["model total +30.3%", "embed +30.0%"]  # print(regression) reads so
+    assert [str(r) for r in found] == ["model total (forward time) +30.3%", "embed (forward self_cpu) +30.0%"]
     # With no floor, act counts too, after embed (rows come largest change first).
     assert [r.path for r in result.regressions(0.1, min_time_ns=0)] == [None, "embed", "act"]
     assert [r.path for r in result.regressions(0.1, min_time_ns="6us")] == [None, "embed", "act"]
@@ -258,7 +277,7 @@ def test_tiny_module_regressing_500_percent_below_the_floor_does_not_fail(tmp_pa
     # Without the floor, it fails and names it.
     run = run_cli("diff", "base.json", "new.json", "--fail-above", "10%", "--min-time", "0", cwd=tmp_path)
     assert run.returncode == 1, run
-    assert run.stdout.rstrip().endswith("Regressed above 10%: act +500.0%")
+    assert run.stdout.rstrip().endswith("Regressed above 10%: act (forward self_cpu) +500.0%")
 
 
 # -- different models and modes -------------------------------------------------------
@@ -344,6 +363,130 @@ def test_device_time_is_compared_when_both_have_it() -> None:
     assert "Device time  | 7.000us |         |" in mixed.render()
 
 
+# -- the metric: what orders the rows and what the gate judges --------------------------
+
+
+@pytest.fixture(scope="module")
+def device_pair() -> tuple[layerscope.Profile, layerscope.Profile]:
+    """Both on an accelerator. Base: embed and head 1ms of self time each, on the CPU and
+    on the device alike. New: embed's CPU time +300us (+30%) while its device time fell
+    by 500us (-50%); head's device time +200us (+20%), its CPU time unchanged."""
+    base = _with_device_time(_slower(_profile(_net()), {"embed": 999_000, "head": 999_000}))
+    new = _moved(_moved(base, {"embed": 300_000}), {"embed": -500_000, "head": 200_000}, time="device")
+    return base, new
+
+
+def test_device_time_is_the_default_metric_when_both_sides_have_it(
+    device_pair: tuple[layerscope.Profile, layerscope.Profile],
+) -> None:
+    result = layerscope.diff(*device_pair)
+    assert result.metric == "self_device"
+    # Ordered by the change in self device time: embed (|-500us|), head (+200us), the rest.
+    assert _paths(result) == ["embed", "head", "", "act"]
+    # Gated on it too: head grew 20%; embed's CPU +30% is not what is judged. The model's
+    # device time: 4us (root) + 1ms + 1us + 1ms = 2.005ms, then 300us less: -15%, no
+    # regression, whereas its CPU time grew by 300us.
+    found = result.regressions(0.1)
+    assert [(r.path, r.metric, r.phase) for r in found] == [("head", "self_device_time_ns", "forward")]
+    assert (found[0].change.base, found[0].change.new) == (1_000_000, 1_200_000)
+    assert str(found[0]) == "head (forward self_device) +20.0%"
+    assert result.model_change() == Change(2_005_000, 1_705_000)
+    text = result.render(limit=2)
+    assert "Modules, largest change in self device time first:" in text
+    header = next(line for line in text.splitlines() if line.startswith("Module "))
+    # The metric's own figures first, after the names.
+    assert header.split(" | ")[2:6] == ["Self dev base", "Self dev new", "Self dev Δ", "Self dev Δ%"]
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        # CPU: embed +30% (1ms -> 1.3ms); the model's forward time 2.005ms -> 2.305ms, +15.0%.
+        ("self_cpu", ["model total (forward time) +15.0%", "embed (forward self_cpu) +30.0%"]),
+        # Totals: the root's total grows with embed's (2.005ms -> 2.305ms).
+        # Totals: the root's total grows with embed's (2.005ms -> 2.305ms); equal gains
+        # come by path.
+        ("total_cpu", ["model total (forward time) +15.0%", "(root) (forward total_cpu) +15.0%", "embed (forward total_cpu) +30.0%"]),
+        # The root's device total falls by 300us: only head, +20%.
+        ("total_device", ["head (forward total_device) +20.0%"]),
+        # Same model, same shapes: no FLOP moved.
+        ("total_flops", []),
+    ],
+)
+def test_metric_chooses_what_is_gated(
+    device_pair: tuple[layerscope.Profile, layerscope.Profile], metric: str, expected: list[str],
+) -> None:
+    result = layerscope.diff(*device_pair, metric=metric)
+    assert result.metric == metric
+    assert [str(r) for r in result.regressions(0.1)] == expected
+
+
+def test_metric_on_the_command_line(device_pair: tuple[layerscope.Profile, layerscope.Profile], tmp_path: Path) -> None:
+    device_pair[0].save(tmp_path / "base.json")
+    device_pair[1].save(tmp_path / "new.json")
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "25%", cwd=tmp_path)
+    assert run.returncode == 0, run  # head's device time grew 20%, not above 25%
+    run = run_cli("diff", "base.json", "new.json", "--fail-above", "25%", "--metric", "self_cpu", cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert run.stdout.splitlines()[-1] == "Regressed above 25%: embed (forward self_cpu) +30.0%"
+    doc = json.loads(run_cli("diff", "base.json", "new.json", "--metric", "total_cpu", "--format", "json", cwd=tmp_path).stdout)
+    assert doc["metric"] == "total_cpu" and doc["rows"][0]["path"] == ""  # the root's total moved most
+    line = assert_usage_error(run_cli("diff", "base.json", "new.json", "--metric", "self_gpu", cwd=tmp_path))
+    assert line.endswith("--metric: unknown metric 'self_gpu'; expected one of: self_cpu, total_cpu, self_device, "
+                         "total_device, self_flops, total_flops, self_alloc, total_alloc")
+    _profile(_net()).save(tmp_path / "cpu.json")
+    line = assert_usage_error(run_cli("diff", "base.json", "cpu.json", "--metric", "self_device", cwd=tmp_path))
+    assert line.endswith("--metric: new did not measure self device time (a run on an accelerator): cannot order or gate by self_device")
+
+
+def test_each_phase_is_gated_on_its_own_and_named(tmp_path: Path) -> None:
+    # A training step: head's forward self time falls by 600us while its backward grows
+    # by 300us. Summed, head is 300us faster; the backward alone is +300us on 1ms, +30%.
+    step = _profile(_net(), backward=True)
+    base = _moved(_slower(step, {"head": 999_000}), {"head": 1_000_000 - step["head"].backward.self_cpu_time_ns}, phase="backward")
+    new = _moved(_moved(base, {"head": -600_000}), {"head": 300_000}, phase="backward")
+    result = layerscope.diff(base, new)
+    assert result.row("head")["self_time_ns"].delta == -300_000
+    found = [r for r in result.regressions(0.1) if r.path is not None]
+    assert [(r.path, r.phase, r.change.base, r.change.new) for r in found] == [("head", "backward", 1_000_000, 1_300_000)]
+    assert str(found[0]) == "head (backward self_cpu) +30.0%"
+    assert found[0].to_dict()["phase"] == "backward"
+
+
+def _two_linears() -> nn.Module:
+    """first (8 -> 8), proj (8 -> 4, no bias). In proj's backward the input's gradient is
+    mm(grad [B, 4], weight [4, 8]) and the weight's mm(grad.t() [4, B], input [B, 8]): at
+    batch 4 both are [[4, 4], [4, 8]], one op entry of 2 calls; at batch 8 they differ."""
+    torch.manual_seed(0)
+    return nn.Sequential(OrderedDict(first=nn.Linear(8, 8), proj=nn.Linear(8, 4, bias=False)))
+
+
+def test_ops_paired_across_shapes_compare_all_their_calls() -> None:
+    base = _profile(_two_linears(), batch=4, backward=True)
+    new = _profile(_two_linears(), batch=8, backward=True)
+    result = layerscope.diff(base, new)
+    rows = [r for r in result.op_rows if (r.path, r.op, r.phase) == ("proj", "aten::mm", "backward")]
+    assert len(rows) == 1 and rows[0].status == "matched"
+    mm = rows[0]
+    # 2 calls of 2*4*4*8 = 256 FLOPs at batch 4; at batch 8, 2*8*4*8 = 512 (the input's
+    # gradient) and 2*4*8*8 = 512 (the weight's): the batch doubled, so did the FLOPs.
+    assert (mm["flops"].base, mm["flops"].new, mm["flops"].delta) == (512, 1024, 512)
+    assert [(s.input_shapes, s.calls) for s in mm.shapes_base] == [([[4, 4], [4, 8]], 2)]
+    assert [(s.input_shapes, s.calls) for s in mm.shapes_new] == [([[4, 8], [8, 8]], 1), ([[8, 4], [4, 8]], 1)]
+    # Both sides' shapes are shown, with the calls each figure sums.
+    line = next(line for line in result.render().splitlines() if line.startswith("aten::mm ") and "| backward |" in line and "| proj " in line)
+    assert "[[4, 4], [4, 8]] x2 -> [[4, 8], [8, 8]] x1, [[8, 4], [4, 8]] x1" in line
+    cells = [cell.strip() for cell in line.split("|")]
+    assert cells[-4:-1] == ["512", "1.02K", "+512"]  # FLOPs base, new, change: each side's own
+    doc = next(r for r in result.to_dict()["op_rows"] if (r["path"], r["op"], r["phase"]) == ("proj", "aten::mm", "backward"))
+    assert doc["shapes_base"] == [{"input_shapes": [[4, 4], [4, 8]], "calls": 2}]
+    assert [s["calls"] for s in doc["shapes_new"]] == [1, 1]
+    # The forward's one addmm-free mm changes shape alone: base -> new, as before.
+    forward = next(r for r in result.op_rows if (r.path, r.op, r.phase) == ("proj", "aten::mm", "forward"))
+    assert (forward.input_shapes, forward.new_input_shapes) == ([[4, 8], [8, 4]], [[8, 8], [8, 4]])
+    assert (forward["flops"].base, forward["flops"].new) == (2 * 4 * 8 * 4, 2 * 8 * 8 * 4)
+
+
 def test_untimed_counts_compare_flops_only() -> None:
     base = layerscope.count_flops(_net(), torch.randn(BATCH, 8))
     new = layerscope.count_flops(_net(hidden=32), torch.randn(BATCH, 8))
@@ -354,8 +497,19 @@ def test_untimed_counts_compare_flops_only() -> None:
     # multiply-adds, 2*16 more bias adds), head +256, act +32.
     assert _paths(result) == ["", "embed", "head", "act"]
     assert [result.row(p)["flops"].delta for p in _paths(result)] == [832, 544, 256, 32]
-    assert result.regressions(0.0, min_time_ns=0) == []
+    # With no time on either side, FLOPs are the metric: what orders the rows is what a
+    # gate judges. From 840 FLOPs to 1672 (+99%); embed 544 -> 1088, head 264 -> 520
+    # (2*2*32*4 + 2*4), act 32 -> 64; no noise floor, FLOPs are counted.
+    assert result.metric == "total_flops"
+    found = result.regressions(0.5)
+    assert [(r.path, r.metric, r.change.delta) for r in found] == [
+        (None, "flops", 832), ("", "flops", 832), ("embed", "flops", 544), ("head", "flops", 256), ("act", "flops", 32),
+    ]
+    assert str(found[0]) == "model total (forward FLOPs) +99.0%" and str(found[3]) == "head (forward total_flops) +97.0%"
     assert "Self base" not in result.render() and "FLOPs Δ" in result.render()
+    # A time is refused: neither side measured one, and a gate on it would always pass.
+    with pytest.raises(ValueError, match="base and new did not measure self time"):
+        layerscope.diff(base, new, metric="self_cpu")
 
 
 # -- text, JSON, golden ---------------------------------------------------------------
@@ -381,7 +535,7 @@ def test_golden_diff_cli_with_a_limit(golden_pair: tuple[layerscope.Profile, lay
     assert run.returncode == 1, run
     assert run.stderr == ""
     golden("diff_widened_cli_limit3.out", run.stdout)
-    assert run.stdout.splitlines()[-1].startswith("Regressed above 10%: model total +")
+    assert run.stdout.splitlines()[-1].startswith("Regressed above 10%: model total (forward time) +")
     assert "more module rows not shown (limit 3)" in run.stdout
 
 
@@ -439,8 +593,11 @@ def test_cli_fails_above_the_threshold(saved: Path, threshold: str) -> None:
     # One regression per line, the model's total first, then the nodes by time gained.
     verdict = run.stdout.splitlines()[-6:]
     assert verdict[0] == "Regressed above 10%: 5 (the model's total and 4 nodes), largest first:"
-    assert verdict[1] == "  model total +30.0%"
-    assert sorted(verdict[2:]) == ["  (root) +30.0%", "  act +30.0%", "  embed +30.0%", "  head +30.0%"]
+    assert verdict[1] == "  model total (forward time) +30.0%"
+    assert sorted(verdict[2:]) == [
+        "  (root) (forward self_cpu) +30.0%", "  act (forward self_cpu) +30.0%",
+        "  embed (forward self_cpu) +30.0%", "  head (forward self_cpu) +30.0%",
+    ]
 
 
 @pytest.mark.parametrize("threshold", ["30%", "0.3", "50%"])
@@ -463,10 +620,15 @@ def test_cli_json_to_a_file(saved: Path, tmp_path: Path) -> None:
     assert run.returncode == 1, run
     assert run.stdout == ""
     # The report went to the file (JSON, from its extension); the verdict still reaches the log.
-    assert run.stderr.splitlines() == [f"layerscope: wrote the json diff to {out}", "Regressed above 10%: model total +30.0%"]
+    assert run.stderr.splitlines() == [
+        f"layerscope: wrote the json diff to {out}", "Regressed above 10%: model total (forward time) +30.0%"
+    ]
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert doc["fail_above"] == 0.1
-    assert doc["regressions"] == [{"path": None, "metric": "time_ns", "base": 7000, "new": 9100, "delta": 2100, "relative": pytest.approx(0.3)}]
+    assert doc["fail_above"] == 0.1 and doc["metric"] == "self_cpu"
+    assert doc["regressions"] == [{
+        "path": None, "metric": "time_ns", "phase": "forward", "base": 7000, "new": 9100, "delta": 2100,
+        "relative": pytest.approx(0.3),
+    }]
 
 
 def test_cli_help_teaches_with_examples(saved: Path) -> None:
@@ -502,6 +664,56 @@ def test_cli_debug_shows_the_traceback(saved: Path) -> None:
     assert run.returncode == 2
     assert "Traceback (most recent call last)" in run.stderr
     assert run.stderr.rstrip().splitlines()[-1].startswith("layerscope: error: 'truncated.json' is not valid JSON")
+
+
+# -- real GPU traces --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bert_h100_mi300x(shared_traces: Path) -> tuple[layerscope.Profile, layerscope.Profile]:
+    """The same BERT-small inference traced on an H100 (base) and an MI300X (new)."""
+    return (
+        layerscope.load(shared_traces / "h100_bert_small_inference.json.gz"),
+        layerscope.load(shared_traces / "mi300x_bert_small_inference.json.gz"),
+    )
+
+
+LINEAR_25 = "BertOnlyMLMHead_0.BertLMPredictionHead_0.Linear_25"
+
+
+def test_gpu_traces_are_gated_on_device_time(bert_h100_mi300x: tuple[layerscope.Profile, layerscope.Profile]) -> None:
+    result = layerscope.diff(*bert_h100_mi300x)
+    assert result.metric == "self_device"
+    # Linear_25 (the LM head's 512 -> 30522 projection) took 47.651us of CPU and 41.280us
+    # of device time on the H100; 75.201us (+57.8%) and 25.537us (-38.1%) on the MI300X.
+    linear = result.row(LINEAR_25)
+    assert linear["self_time_ns"] == Change(47_651, 75_201)
+    assert linear["self_device_time_ns"] == Change(41_280, 25_537)
+    # Its device time fell: no regression, with or without the floor. The model's device
+    # time grew from 309.437us to 390.748us, +26.3%: gated.
+    for floor in (None, 0):
+        found = result.regressions("20%", min_time_ns=floor)
+        assert LINEAR_25 not in [r.path for r in found]
+        assert (found[0].path, found[0].metric, found[0].change) == (None, "device_time_ns", Change(309_437, 390_748))
+        assert str(found[0]) == "model total (step device time) +26.3%"
+    # On CPU time, it is one: named with its phase and metric.
+    cpu = layerscope.diff(*bert_h100_mi300x, metric="self_cpu")
+    line = next(str(r) for r in cpu.regressions("20%") if r.path == LINEAR_25)
+    assert line == f"{LINEAR_25} (forward self_cpu) +57.8%"
+    # The step's CPU time fell (4.426ms -> 4.007ms): no model-level regression on it.
+    assert None not in [r.path for r in cpu.regressions("20%")]
+
+
+def test_gpu_traces_on_the_command_line(shared_traces: Path, tmp_path: Path) -> None:
+    base = str(shared_traces / "h100_bert_small_inference.json.gz")
+    new = str(shared_traces / "mi300x_bert_small_inference.json.gz")
+    run = run_cli("diff", base, new, "--fail-above", "20%", cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert run.stdout.splitlines()[-1] == "Regressed above 20%: model total (step device time) +26.3%"
+    assert "Modules, largest change in self device time first:" in run.stdout
+    run = run_cli("diff", base, new, "--fail-above", "20%", "--metric", "self_cpu", cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert f"  {LINEAR_25} (forward self_cpu) +57.8%" in run.stdout.splitlines()
 
 
 # -- a real, planted regression -------------------------------------------------------
@@ -556,8 +768,8 @@ def test_planted_regression_is_found_first(tmp_path: Path) -> None:
     lines = run.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("Regressed above 10%: "))
     assert lines[at].endswith("largest first:")
-    assert lines[at + 1].startswith("  model total +")
-    assert lines[at + 2].startswith("  wide +")  # the first node named: it gained the most
+    assert lines[at + 1].startswith("  model total (forward time) +")
+    assert lines[at + 2].startswith("  wide (forward self_cpu) +")  # the first node named: it gained the most
 
     same = run_cli("diff", "base.json", "base.json", "--fail-above", "10%", cwd=tmp_path)
     assert same.returncode == 0, same
@@ -572,8 +784,8 @@ def test_a_long_verdict_is_bounded_and_counted() -> None:
     text = regressions_line([Regression(None, "time_ns", Change(10_000, 20_000)), *nodes], 0.1)
     lines = text.splitlines()
     assert lines[0] == "Regressed above 10%: 48 (the model's total and 47 nodes), largest first:"
-    assert lines[1] == "  model total +100.0%"
-    assert lines[2] == "  layers.47 +470.0%"  # the node that gained the most time first
+    assert lines[1] == "  model total (forward time) +100.0%"
+    assert lines[2] == "  layers.47 (forward self_cpu) +470.0%"  # the node that gained the most time first
     assert len(lines) == 1 + REGRESSIONS_SHOWN + 1
     assert lines[-1] == "  ... and 38 more (--format json lists them all)"
 

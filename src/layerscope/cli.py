@@ -50,9 +50,9 @@ Profiles made with memory=False or record_ops=False have no timeline to draw.
 
 DIFF_DESCRIPTION = """\
 Compare two profiles saved as JSON, module by module and op by op: time, self time,
-FLOPs and memory in BASE and NEW and the change, largest change in self time first.
-With --fail-above it gates CI: exit 1 when the model or a module got slower by more
-than the threshold.
+FLOPs and memory in BASE and NEW and the change, largest change in --metric first
+(default: self device time where both have one, else self CPU time). With --fail-above
+it gates CI: exit 1 when the model or a module grew by more than the threshold in it.
 """
 
 DIFF_EPILOG = """\
@@ -62,6 +62,7 @@ examples:
   layerscope diff base.json new.json                       # what moved, largest first
   layerscope diff base.json new.json --fail-above 10%      # exit 1 if over 10% slower
   layerscope diff base.json new.json --fail-above 0.1 --min-time 200us --limit 10
+  layerscope diff base.json new.json --metric total_cpu --fail-above 10%   # gate on total time
   layerscope diff base.json new.json --format json -o diff.json
   layerscope diff run/layerscope_steps0-4_rank0.json run/layerscope_steps0-4_rank3.json
   layerscope diff merged.json --ranks 0 3                  # two ranks of a merged run
@@ -75,8 +76,9 @@ input shapes). Rows only in NEW are marked added, rows only in BASE removed.
 
 exit status:
   0  nothing regressed above --fail-above (or no --fail-above given)
-  1  something did: the model's total time (the step's, or the forward's), or the
-     self time of a module at least --min-time in BASE or NEW; named after the table
+  1  something did, in --metric: the model's figure (for a CPU time, the step's or
+     the forward's time), or a module's in one phase (a time: at least --min-time in
+     BASE or NEW); named after the table with its phase and metric
   2  bad input: a missing or damaged file, not a layerscope profile, a bad option
   4  the report could not be written (to -o's file, or to stdout)
 
@@ -486,11 +488,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument(
         "--fail-above", metavar="THRESHOLD",
-        help="exit 1 if the model's total time or a module's self time grew by more than this: 10%% or 0.1",
+        help="exit 1 if the model's figure or a module's, in one phase, grew by more than this in --metric: "
+        "10%% or 0.1",
+    )
+    compare.add_argument(
+        # Its own dest: the folded and speedscope formats have a --metric option of their own.
+        "--metric", dest="diff_metric", metavar="METRIC",
+        help="what orders the rows and what --fail-above gates: self_ or total_, then cpu, device, flops or "
+        f"alloc ({_diff_metrics()}; default: self_device where both profiles have device time, else self_cpu)",
     )
     compare.add_argument(
         "--min-time", metavar="TIME",
-        help="noise floor: ignore modules whose self time is below this in both profiles "
+        help="noise floor: ignore modules whose metric (a time) is below this in both profiles "
         "(50us, 1ms, 200ns; a bare number is ns; default 50us)",
     )
     _add_output_options(compare, ("diff",), defaults={"limit": 20})
@@ -500,6 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(sub)
     return parser
 
+
+
+def _diff_metrics() -> str:
+    from layerscope.diff import METRICS
+
+    return ", ".join(METRICS)
 
 
 def _add_trace_model(parser: Any) -> None:
@@ -948,7 +963,14 @@ def _plot_memory(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     """Exit 0 when nothing regressed above --fail-above, 1 when something did."""
-    from layerscope.diff import DEFAULT_MIN_TIME_NS, diff, parse_duration_ns, parse_threshold
+    from layerscope.diff import (
+        DEFAULT_MIN_TIME_NS,
+        diff,
+        metric_named,
+        parse_duration_ns,
+        parse_threshold,
+        resolve_metric,
+    )
     from layerscope.render.diff_text import regressions_line
 
     try:
@@ -963,8 +985,17 @@ def _diff(args: argparse.Namespace) -> int:
     options = _format_options(args, "diff", fmt)
     if args.output:
         _check_writable(args.output)
+    try:
+        if args.diff_metric is not None:
+            metric_named(args.diff_metric)  # an unknown name, before loading anything
+    except ValueError as exc:
+        raise UsageError(f"--metric: {exc}") from None
     base, new, imbalance = _diff_sides(args)
-    result = diff(base, new, min_time_ns=floor)
+    try:
+        resolve_metric(base, new, args.diff_metric)
+    except ValueError as exc:
+        raise UsageError(f"--metric: {exc}") from None
+    result = diff(base, new, min_time_ns=floor, metric=args.diff_metric)
     regressions = [] if threshold is None else result.regressions(threshold)
     verdict = None if threshold is None else regressions_line(regressions, threshold)
     _emit(result, args, fmt, {**options, "imbalance": imbalance, "fail_above": threshold}, f"the {fmt} diff")

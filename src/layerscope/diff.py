@@ -7,6 +7,11 @@ name, input shapes)``, and keeps, for each entry, the base and new value of each
 time, largest first, ties by path. It is a transform like ``transforms.py``: plain
 Python, no torch, and no number is turned into a string here (``render/diff_text.py``
 does that).
+
+One metric (:data:`METRICS`: self or total CPU time, device time, FLOPs or allocated
+bytes) orders the rows and is what :meth:`ProfileDiff.regressions` gates on; by default
+the self device time where both sides measured one, else the self CPU time (FLOPs when
+neither side was timed).
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, OpStats, PhaseS
 
 __all__ = [
     "DEFAULT_MIN_TIME_NS",
+    "METRICS",
     "Change",
     "DiffRow",
+    "Metric",
     "ProfileDiff",
     "Regression",
+    "ShapeCalls",
     "diff",
     "parse_duration_ns",
     "parse_threshold",
@@ -47,10 +55,117 @@ OP_METRICS: tuple[str, ...] = (*_TIMES, "flops", "macs", "alloc_bytes")
 
 #: Metrics of a node row. Times, FLOPs and allocations are sums over the compared
 #: phases; ``peak_bytes`` is the highest of them (peaks do not add).
-NODE_METRICS: tuple[str, ...] = (*OP_METRICS, "peak_bytes", "activation_bytes")
+NODE_METRICS: tuple[str, ...] = (*OP_METRICS, "peak_bytes", "activation_bytes", "self_flops", "self_alloc_bytes")
 
 #: The model-level summary, in the order it is shown.
 SUMMARY_METRICS: tuple[str, ...] = ("time_ns", "device_time_ns", "flops", "params", "peak_bytes")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a diff orders its rows by and gates on (``--metric``).
+
+    ``node_field`` and ``op_field`` name the row metric compared (an op's FLOPs and
+    allocations have no self/total split: ops do not nest); ``model_field`` is the
+    model-level figure gated with it: a summary entry, or, for allocations, the root
+    row's total. Only a time has a noise floor and a noise band: FLOPs and bytes are
+    counted, not timed."""
+
+    name: str
+    label: str
+    node_field: str
+    op_field: str
+    model_field: str
+    timed: bool
+
+    @property
+    def unit(self) -> str:
+        """``time``, ``count`` or ``bytes``: how its values are written."""
+        return "time" if self.timed else "bytes" if self.node_field.endswith("_bytes") else "count"
+
+
+#: The metrics a diff can order and gate by, as ``--metric`` names them: ``self_`` or
+#: ``total_``, then ``cpu`` (CPU time), ``device`` (device time), ``flops`` or ``alloc``
+#: (bytes allocated, as the tree's Alloc column).
+METRICS: dict[str, Metric] = {
+    metric.name: metric
+    for metric in (
+        Metric("self_cpu", "self time", "self_time_ns", "self_time_ns", "time_ns", True),
+        Metric("total_cpu", "total time", "time_ns", "time_ns", "time_ns", True),
+        Metric("self_device", "self device time", "self_device_time_ns", "self_device_time_ns", "device_time_ns", True),
+        Metric("total_device", "total device time", "device_time_ns", "device_time_ns", "device_time_ns", True),
+        Metric("self_flops", "self FLOPs", "self_flops", "flops", "flops", False),
+        Metric("total_flops", "FLOPs", "flops", "flops", "flops", False),
+        Metric("self_alloc", "self allocated bytes", "self_alloc_bytes", "alloc_bytes", "alloc_bytes", False),
+        Metric("total_alloc", "allocated bytes", "alloc_bytes", "alloc_bytes", "alloc_bytes", False),
+    )
+}
+
+
+def default_metric(base: Profile, new: Profile) -> str:
+    """The self device time where both sides measured one, else the self CPU time; when a
+    side was not timed (``layerscope flops``), the FLOPs, the one thing both counted."""
+    if not (base.timed and new.timed):
+        return "total_flops"
+    if _has_device(base) and _has_device(new):
+        return "self_device"
+    return "self_cpu"
+
+
+def resolve_metric(base: Profile, new: Profile, metric: str | None) -> Metric:
+    """The metric a diff of ``base`` and ``new`` orders and gates by: ``metric``, or the
+    default (:func:`default_metric`). ValueError for an unknown name, or a metric a side
+    did not measure: a gate on it would pass whatever happened."""
+    if metric is None:
+        return METRICS[default_metric(base, new)]
+    chosen = metric_named(metric)
+    lacking = [side for side, profile in (("base", base), ("new", new)) if not _measures(profile, chosen)]
+    if lacking:
+        raise ValueError(
+            f"{' and '.join(lacking)} did not measure {chosen.label} ({_MEASURED_BY[chosen.model_field]}): "
+            f"cannot order or gate by {chosen.name}"
+        )
+    return chosen
+
+
+def _has_device(profile: Profile) -> bool:
+    return any(stats.device_time_ns is not None for _, stats in profile.root.phases())
+
+
+def _measures(profile: Profile, metric: Metric) -> bool:
+    """Whether ``profile`` has figures of ``metric`` (at its root)."""
+    if metric.timed and not profile.timed:
+        return False
+    field_name = {"time_ns": "cpu_time_ns"}.get(metric.model_field, metric.model_field)
+    return any(getattr(stats, field_name) is not None for _, stats in profile.root.phases())
+
+
+#: What measures each kind of figure, for the error when a side lacks it.
+_MEASURED_BY = {
+    "time_ns": "a timed profile",
+    "device_time_ns": "a run on an accelerator",
+    "flops": "an op pass",
+    "alloc_bytes": "memory tracking",
+}
+
+
+def metric_named(name: str) -> Metric:
+    """The metric called ``name``; ValueError naming the choices otherwise."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r}; expected one of: {', '.join(METRICS)}") from None
+
+
+@dataclass(frozen=True)
+class ShapeCalls:
+    """One input shape of an op row paired across shapes, and how many calls had it."""
+
+    input_shapes: Any
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input_shapes": self.input_shapes, "calls": self.calls}
 
 
 @dataclass(frozen=True)
@@ -100,9 +215,14 @@ class DiffRow:
     #: An op matched by name within its module and phase whose shapes changed (the batch
     #: size did): the new side's shapes; ``input_shapes`` holds the base's.
     new_input_shapes: Any = None
-    #: Its self time moved, but by no more than the runs' measured noise
+    #: Its metric's value (a time) moved, but by no more than the runs' measured noise
     #: (:meth:`ProfileDiff.within_noise`): not a regression.
     noise: bool = False
+    #: An op row paired across shapes: every shape of each side, with its calls. The
+    #: row's figures are each side's sums over these; ``input_shapes`` and
+    #: ``new_input_shapes`` are the first of each. Empty on other rows.
+    shapes_base: tuple[ShapeCalls, ...] = ()
+    shapes_new: tuple[ShapeCalls, ...] = ()
 
     def __getitem__(self, metric: str) -> Change:
         return self.metrics[metric]
@@ -122,6 +242,9 @@ class DiffRow:
             doc.update(op=self.op, phase=self.phase, input_shapes=self.input_shapes)
             if self.new_input_shapes is not None:
                 doc["new_input_shapes"] = self.new_input_shapes
+            if self.shapes_base:
+                doc["shapes_base"] = [shape.to_dict() for shape in self.shapes_base]
+                doc["shapes_new"] = [shape.to_dict() for shape in self.shapes_new]
         doc["noise"] = self.noise
         doc["metrics"] = {name: change.to_dict() for name, change in self.metrics.items()}
         return doc
@@ -129,22 +252,46 @@ class DiffRow:
 
 @dataclass(frozen=True)
 class Regression:
-    """Something that got slower by more than the threshold: the model's total time
-    (``path is None``) or one node's self time."""
+    """Something that grew by more than the threshold in the diff's metric: the model's
+    figure (``path is None``; ``metric`` is a summary field, ``phase`` the total's
+    kind, ``step`` or ``forward``) or one node's in one phase (``metric`` is a row
+    field, ``self_time_ns`` for ``--metric self_cpu``)."""
 
     path: str | None
     metric: str
     change: Change
+    phase: str = "forward"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "metric": self.metric, **self.change.to_dict()}
+        return {"path": self.path, "metric": self.metric, "phase": self.phase, **self.change.to_dict()}
+
+    @property
+    def what(self) -> str:
+        """What grew, named: ``forward self_cpu`` for a node (its phase and the
+        ``--metric`` name), ``step time`` or ``step device time`` for the model."""
+        if self.path is None:
+            return f"{self.phase} {_MODEL_LABELS[self.metric]}"
+        name = next(m.name for m in METRICS.values() if m.node_field == self.metric)
+        return f"{self.phase} {name}"
 
     def __str__(self) -> str:
-        """``features.3 +80.1%`` (``features.3 0ns -> 61.00us`` from a zero base)."""
+        """``features.3 (forward self_cpu) +80.1%``; from a zero base, ``features.3
+        (forward self_cpu) 0ns -> 61.00us``."""
         change = self.change
+        where = f"{display_path(self.path)} ({self.what})"
         if change.base == 0:
-            return f"{display_path(self.path)} 0ns -> {fmt.time_ns(change.new)}"
-        return f"{display_path(self.path)} {change_percent(change)}"
+            write = _WRITERS[_unit(self.metric)]
+            return f"{where} {write(0)} -> {write(change.new or 0)}"
+        return f"{where} {change_percent(change)}"
+
+
+#: How the model-level figures are named in a regression line.
+_MODEL_LABELS = {"time_ns": "time", "device_time_ns": "device time", "flops": "FLOPs", "alloc_bytes": "allocated bytes"}
+_WRITERS = {"time": fmt.time_ns, "count": fmt.count, "bytes": fmt.nbytes}
+
+
+def _unit(field_name: str) -> str:
+    return "time" if field_name.endswith("_ns") else "bytes" if field_name.endswith("_bytes") else "count"
 
 
 def change_percent(change: Change) -> str:
@@ -169,9 +316,10 @@ def display_path(path: str | None) -> str:
 class ProfileDiff(NotebookDisplay):
     """What changed between ``base`` and ``new``; see :func:`diff`.
 
-    ``rows`` are the nodes and ``op_rows`` the ops, both largest self-time change first.
-    ``summary`` compares the whole model; ``warnings`` says what does not match (other
-    model, other mode, other device) and so what the comparison leaves out.
+    ``rows`` are the nodes and ``op_rows`` the ops, both largest change in ``metric``
+    first (a name of :data:`METRICS`). ``summary`` compares the whole model;
+    ``warnings`` says what does not match (other model, other mode, other device) and so
+    what the comparison leaves out.
     """
 
     base: Profile = field(repr=False)
@@ -190,6 +338,8 @@ class ProfileDiff(NotebookDisplay):
     #: (:meth:`~layerscope.tree.Profile.pass_spread`); None where it ran once.
     noise_base: float | None = None
     noise_new: float | None = None
+    #: What orders the rows and what :meth:`regressions` gates on (see :func:`diff`).
+    metric: str = "self_cpu"
 
     @property
     def noise(self) -> float | None:
@@ -215,27 +365,33 @@ class ProfileDiff(NotebookDisplay):
         raise KeyError(f"no module at path {path!r} in either profile")
 
     def changed_ops(self) -> list[DiffRow]:
-        """The op rows that changed: added, removed, or with another self time or FLOPs
-        (``op_rows`` holds every op, most of which a change leaves alone)."""
+        """The op rows that changed: added, removed, paired across shapes, or with
+        another self time, FLOPs or value of the diff's metric (``op_rows`` holds every
+        op, most of which a change leaves alone)."""
+        moved = ("self_time_ns", "flops", METRICS[self.metric].op_field)
         return [
             row
             for row in self.op_rows
             if row.status != "matched"
-            or any(row.metrics[name].delta not in (0, None) for name in ("self_time_ns", "flops"))
+            or row.new_input_shapes is not None
+            or any(row.metrics[name].delta not in (0, None) for name in moved)
         ]
 
     def regressions(
         self, threshold: float | str = 0.1, min_time_ns: int | str | None = None
     ) -> list[Regression]:
-        """What got slower by more than ``threshold`` (``0.1`` or ``"10%"``): the model's
-        total time first, then each node whose self time grew by more than that, largest
-        change first.
+        """What grew by more than ``threshold`` (``0.1`` or ``"10%"``) in the diff's
+        :attr:`metric`: the model's figure first (its step or forward time for a CPU
+        time, its device time, FLOPs or allocated bytes), then each node in each compared
+        phase, largest change first. Phases are judged apart, so a slower backward is
+        not hidden by a faster forward, and each regression names its phase.
 
-        A node counts only if its self time is at least ``min_time_ns`` (``50000`` or
-        ``"50us"``; default: the diff's own floor) in base or new: below that, timing
-        noise swamps any ratio. Nor does a change within the runs' measured noise
-        (:attr:`noise`), the total's included. Added and removed nodes are not
-        regressions; the total time shows what they cost.
+        For a time, a node counts only if its value is at least ``min_time_ns``
+        (``50000`` or ``"50us"``; default: the diff's own floor) in base or new: below
+        that, timing noise swamps any ratio. Nor does a time that moved within the runs'
+        measured noise (:attr:`noise`), the model's included. FLOPs and bytes are
+        counted, not timed: neither rule applies to them. Added and removed nodes are
+        not regressions; the model's figure shows what they cost.
         """
         ratio = parse_threshold(threshold) if isinstance(threshold, str) else float(threshold)
         if not ratio >= 0 or math.isinf(ratio):
@@ -244,19 +400,37 @@ class ProfileDiff(NotebookDisplay):
             floor = self.min_time_ns
         else:
             floor = parse_duration_ns(min_time_ns) if isinstance(min_time_ns, str) else int(min_time_ns)
+        metric = METRICS[self.metric]
+        if not metric.timed:
+            floor = 0
         found: list[Regression] = []
-        total = self.summary["time_ns"]
-        if _regressed(total, ratio) and not self.within_noise(total):
-            found.append(Regression(None, "time_ns", total))
+        total = self.model_change()
+        if _regressed(total, ratio) and not (metric.timed and self.within_noise(total)):
+            found.append(Regression(None, metric.model_field, total, self.total_kind))
+        base_nodes = {node.path: node for node in self.base.nodes()}
+        new_nodes = {node.path: node for node in self.new.nodes()}
+        nodes: list[Regression] = []
         for row in self.rows:
-            change = row.metrics["self_time_ns"]
-            if row.status != "matched" or change.delta is None:
+            if row.status != "matched":
                 continue
-            if max(change.base or 0, change.new or 0) < floor or self.within_noise(change):
-                continue
-            if _regressed(change, ratio):
-                found.append(Regression(row.path, "self_time_ns", change))
-        return found
+            for phase in self.phases:
+                change = _phase_change(base_nodes[row.path], new_nodes[row.path], phase, metric, self.timed)
+                if change.delta is None or max(change.base or 0, change.new or 0) < floor:
+                    continue
+                if metric.timed and self.within_noise(change):
+                    continue
+                if _regressed(change, ratio):
+                    nodes.append(Regression(row.path, metric.node_field, change, phase))
+        nodes.sort(key=lambda r: (-(r.change.delta or 0), r.path or "", PHASES.index(r.phase)))
+        return found + nodes
+
+    def model_change(self) -> Change:
+        """The model-level figure the metric gates: a summary entry, or for allocations
+        the root's total over the compared phases."""
+        field_name = METRICS[self.metric].model_field
+        if field_name in self.summary:
+            return self.summary[field_name]
+        return self.row("")[field_name]
 
     DOCUMENT = "diff"  # its table in the output registry
 
@@ -284,6 +458,7 @@ class ProfileDiff(NotebookDisplay):
             "phases": list(self.phases),
             "total_kind": self.total_kind,
             "min_time_ns": self.min_time_ns,
+            "metric": self.metric,
             "noise": {"base": self.noise_base, "new": self.noise_new, "band": self.noise},
             "summary": {name: change.to_dict() for name, change in self.summary.items()},
             "rows": [row.to_dict() for row in self.rows],
@@ -297,6 +472,18 @@ def _regressed(change: Change, ratio: float) -> bool:
     if change.base == 0:
         return change.new > 0
     return change.new - change.base > ratio * change.base
+
+
+def _phase_change(base: ModuleNode, new: ModuleNode, phase: str, metric: Metric, timed: bool) -> Change:
+    """One node's value of ``metric`` in one phase, on each side; None on a side that
+    has no such phase (a node that runs in one side's backward only is not compared)."""
+
+    def value(node: ModuleNode) -> int | None:
+        if getattr(node, phase) is None:
+            return None
+        return _node_values(node, (phase,), timed)[metric.node_field]
+
+    return Change(value(base), value(new))
 
 
 def _within(change: Change, band: float | None) -> bool:
@@ -331,7 +518,9 @@ def _phrase(kind: str) -> str:
 # -- the comparison ----------------------------------------------------------------------
 
 
-def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS) -> ProfileDiff:
+def diff(
+    base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS, metric: str | None = None
+) -> ProfileDiff:
     """Compare ``new`` against ``base``.
 
     Nodes match by path, ops by ``(module path, phase, name, input shapes)``; what only
@@ -339,9 +528,14 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
     different models, the paths they share are compared and ``warnings`` says so; when
     one has a backward phase and the other not, only the forward phase is compared.
     ``min_time_ns`` is the noise floor :meth:`ProfileDiff.regressions` uses by default.
+    ``metric`` (a name of :data:`METRICS`: ``self_cpu``, ``total_device``, ...) orders
+    the rows and is what :meth:`ProfileDiff.regressions` gates on; None: the self device
+    time where both sides measured one, else the self CPU time (the FLOPs when a side
+    was counted without timing).
     """
     if min_time_ns < 0:
         raise ValueError(f"min_time_ns must be >= 0, got {min_time_ns}")
+    chosen = resolve_metric(base, new, metric)
     warnings: list[str] = []
     base_model = base.meta.model or base.root.type
     new_model = new.meta.model or new.root.type
@@ -374,12 +568,13 @@ def diff(base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS)
 
     noise_base, noise_new = (base.pass_spread(), new.pass_spread()) if timed else (None, None)
     band = _band(noise_base, noise_new)
-    rows = _marked(_node_rows(base, new, phases, timed), band)
-    op_rows = _marked(_op_rows(base, new, phases, timed), band)
+    rows = _marked(_node_rows(base, new, phases, timed, chosen.node_field), chosen, chosen.node_field, band)
+    op_rows = _marked(_op_rows(base, new, phases, timed, chosen.op_field), chosen, chosen.op_field, band)
     summary, total_kind = _summary(base, new, phases, timed, same_kind)
     return ProfileDiff(
         base=base, new=new, rows=rows, op_rows=op_rows, summary=summary, warnings=warnings,
         phases=phases, total_kind=total_kind, min_time_ns=min_time_ns, noise_base=noise_base, noise_new=noise_new,
+        metric=chosen.name,
     )
 
 
@@ -389,11 +584,14 @@ def _band(noise_base: float | None, noise_new: float | None) -> float | None:
     return max(known) if known else None
 
 
-def _marked(rows: list[DiffRow], band: float | None) -> list[DiffRow]:
-    """The rows, those whose self time moved within the noise marked so."""
+def _marked(rows: list[DiffRow], metric: Metric, field_name: str, band: float | None) -> list[DiffRow]:
+    """The rows, those whose metric (a time: counts have no noise) moved within the
+    noise marked so."""
+    if not metric.timed:
+        return rows
     return [
         dataclasses.replace(row, noise=True)
-        if row.status == "matched" and row.metrics["self_time_ns"].delta and _within(row.metrics["self_time_ns"], band)
+        if row.status == "matched" and row.metrics[field_name].delta and _within(row.metrics[field_name], band)
         else row
         for row in rows
     ]
@@ -436,6 +634,8 @@ def _node_values(node: ModuleNode | None, phases: tuple[str, ...], timed: bool) 
     values = _summed(stats, timed)
     values["peak_bytes"] = max(peaks) if peaks else None
     values["activation_bytes"] = node.forward.activation_bytes
+    values["self_flops"] = _sum(s.self_flops for s in stats)
+    values["self_alloc_bytes"] = _sum(s.self_alloc_bytes for s in stats)
     return values
 
 
@@ -458,7 +658,7 @@ def _pairs(base: dict[K, V], new: dict[K, V]) -> Iterator[tuple[K, V | None, V |
         yield key, old, now, either, status
 
 
-def _node_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool) -> list[DiffRow]:
+def _node_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool, order: str) -> list[DiffRow]:
     base_nodes = {node.path: node for node in base.nodes()}
     new_nodes = {node.path: node for node in new.nodes()}
     rows = [
@@ -472,7 +672,7 @@ def _node_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool
         )
         for path, old, now, either, status in _pairs(base_nodes, new_nodes)
     ]
-    return _by_impact(rows, timed)
+    return _by_impact(rows, order)
 
 
 OpKey = tuple[str, str, str, str]
@@ -500,11 +700,17 @@ def _op_values(ops: list[OpStats] | None, timed: bool) -> dict[str, int | None]:
     return dict.fromkeys(OP_METRICS) if ops is None else _summed(ops, timed)
 
 
-def _op_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool) -> list[DiffRow]:
-    """Ops matched by (module, phase, name, shapes); then, of what is left on each side,
-    those of one module, phase and name are matched to each other in order of their
-    shapes: when only the batch size changed, every op is one row with its shape change,
-    not a removed row and an added one."""
+def _op_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool, order: str) -> list[DiffRow]:
+    """Ops matched by (module, phase, name, shapes); then what is left of one module,
+    phase and name on both sides is paired as one row: when the batch size changed,
+    every op is one row with its shape change, not a removed row and an added one.
+
+    NB: all the shapes left on each side go into that one row, summed, never paired
+    shape by shape. Which base shape became which new one cannot be told from the
+    shapes: a backward matmul's two calls can share a shape at one batch size and
+    differ at the next, and pairing one of the two with one of the two compares one
+    call with two. Summed, each side's figures are all of its calls that changed shape,
+    and the FLOPs of a doubled batch double."""
     base_ops, new_ops = _ops(base, phases), _ops(new, phases)
     rows = []
     left: dict[tuple[str, str, str], tuple[list[OpKey], list[OpKey]]] = {}
@@ -517,19 +723,28 @@ def _op_rows(base: Profile, new: Profile, phases: tuple[str, ...], timed: bool) 
     for removed, added in left.values():
         removed.sort(key=lambda k: k[3])
         added.sort(key=lambda k: k[3])
-        for old_key, new_key in zip(removed, added):
-            old, now = base_ops[old_key], new_ops[new_key]
-            rows.append(_op_row(old_key, old, now, old, "matched", timed, new_shapes=now[0].input_shapes))
-        for key in removed[len(added) :]:
+        if removed and added:
+            old = [op for key in removed for op in base_ops[key]]
+            now = [op for key in added for op in new_ops[key]]
+            rows.append(_op_row(
+                removed[0], old, now, old, "matched", timed, new_shapes=now[0].input_shapes,
+                shapes_base=_shape_calls(removed, base_ops), shapes_new=_shape_calls(added, new_ops),
+            ))
+            continue
+        for key in removed:
             rows.append(_op_row(key, base_ops[key], None, base_ops[key], "removed", timed))
-        for key in added[len(removed) :]:
+        for key in added:
             rows.append(_op_row(key, None, new_ops[key], new_ops[key], "added", timed))
-    return _by_impact(rows, timed)
+    return _by_impact(rows, order)
+
+
+def _shape_calls(keys: list[OpKey], ops: dict[OpKey, list[OpStats]]) -> tuple[ShapeCalls, ...]:
+    return tuple(ShapeCalls(ops[key][0].input_shapes, sum(op.calls for op in ops[key])) for key in keys)
 
 
 def _op_row(
     key: OpKey, old: list[OpStats] | None, now: list[OpStats] | None, either: list[OpStats], status: str, timed: bool,
-    new_shapes: Any = None,
+    new_shapes: Any = None, shapes_base: tuple[ShapeCalls, ...] = (), shapes_new: tuple[ShapeCalls, ...] = (),
 ) -> DiffRow:
     return DiffRow(
         path=key[0],
@@ -540,18 +755,17 @@ def _op_row(
         phase=key[1],
         input_shapes=either[0].input_shapes,
         new_input_shapes=new_shapes,
+        shapes_base=shapes_base,
+        shapes_new=shapes_new,
     )
 
 
-def _by_impact(rows: list[DiffRow], timed: bool) -> list[DiffRow]:
-    """Largest change in self time first, ties by path (then op, phase and shapes).
-
-    An untimed diff has no time to rank by; its largest change in FLOPs comes first."""
+def _by_impact(rows: list[DiffRow], field_name: str) -> list[DiffRow]:
+    """Largest change in ``field_name`` (the diff's metric) first, either way, an added
+    or removed entry counting its whole value; ties by path (then op, phase, shapes)."""
 
     def impact(row: DiffRow) -> int:
-        if timed:
-            return row.impact_ns
-        change = row.metrics["flops"]
+        change = row.metrics[field_name]
         return abs((change.new or 0) - (change.base or 0))
 
     return sorted(

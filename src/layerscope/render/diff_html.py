@@ -1,7 +1,7 @@
 """A :class:`~layerscope.diff.ProfileDiff` as one self-contained HTML page (the ``html``
 format of the registry's ``diff`` table): the model's summary (base, new, change, %),
-then the modules and the changed ops, largest change in self time first and sortable by
-any column, the regressions highlighted. The page machinery (shared CSS and helpers,
+then the modules and the changed ops, largest change in the diff's metric first and
+sortable by any column, the regressions highlighted (each with its phase and metric). The page machinery (shared CSS and helpers,
 escaped JSON, the policy with the script's hash) is ``html.py``'s; the data holds raw
 numbers only, derived from the diff here:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope.diff import NODE_METRICS, OP_METRICS, DiffRow, ProfileDiff
+from layerscope.diff import METRICS, NODE_METRICS, OP_METRICS, DiffRow, ProfileDiff
 from layerscope.formats import register_renderer
 from layerscope.render.diff_text import FAIL_ABOVE, IMBALANCE
 from layerscope.render.html import html_page
@@ -51,6 +51,9 @@ def diff_data(
         "total_kind": diff.total_kind,
         "timed": diff.timed,
         "min_time_ns": diff.min_time_ns,
+        "metric": diff.metric,
+        "metric_label": METRICS[diff.metric].label,
+        "metric_fields": {"node": METRICS[diff.metric].node_field, "op": METRICS[diff.metric].op_field},
         "noise": doc["noise"],
         "threshold": threshold,
         "gated": fail_above is not None,
@@ -65,6 +68,8 @@ def diff_data(
         "ops": [
             {"path": row.path, "op": row.op, "phase": row.phase, "input_shapes": row.input_shapes,
              "new_input_shapes": row.new_input_shapes,
+             "shapes_base": [shape.to_dict() for shape in row.shapes_base],
+             "shapes_new": [shape.to_dict() for shape in row.shapes_new],
              "status": row.status, "noise": row.noise, "values": _values(row, OP_METRICS)}
             for row in diff.changed_ops()
         ],

@@ -1,5 +1,5 @@
 """A :class:`~layerscope.diff.ProfileDiff` as text (the model's summary, then the nodes
-and the changed ops, largest change in self time first) and as JSON
+and the changed ops, largest change in the diff's metric first) and as JSON
 (``layerscope-diff/1``): the ``text`` and ``json`` formats of the registry's ``diff``
 table. Like every renderer they are pure functions: the same diff gives the same bytes.
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from layerscope import fmt
-from layerscope.diff import change_percent, display_path
+from layerscope.diff import METRICS, change_percent, display_path
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import LIMIT
 from layerscope.render.table import Column, draw, from_headers
 
 if TYPE_CHECKING:
-    from layerscope.diff import DiffRow, ProfileDiff, Regression
+    from layerscope.diff import DiffRow, ProfileDiff, Regression, ShapeCalls
     from layerscope.ranks import ImbalanceChange
 
 Formatter = Callable[[int], str]
@@ -40,10 +40,20 @@ def signed(value: int | None, formatter: Formatter) -> str:
 
 
 def _shapes_cell(row: DiffRow) -> str:
-    """An op's shapes; ``base -> new`` where they changed (the batch size did)."""
+    """An op's shapes; ``base -> new`` where they changed (the batch size did). A row
+    that pairs several shapes, or calls of another count, lists each side's shapes
+    with their calls (``[[128, 128]] x2 -> [[256, 128]] x1, [[128, 256]] x1``): its
+    figures are the sums over them."""
     if row.new_input_shapes is None:
         return fmt.shape(row.input_shapes)
-    return f"{fmt.shape(row.input_shapes)} -> {fmt.shape(row.new_input_shapes)}"
+    one_each = len(row.shapes_base) == len(row.shapes_new) == 1
+    if not row.shapes_base or (one_each and row.shapes_base[0].calls == row.shapes_new[0].calls):
+        return f"{fmt.shape(row.input_shapes)} -> {fmt.shape(row.new_input_shapes)}"
+
+    def side(shapes: Sequence[ShapeCalls]) -> str:
+        return ", ".join(f"{fmt.shape(s.input_shapes)} x{s.calls}" for s in shapes)
+
+    return f"{side(row.shapes_base)} -> {side(row.shapes_new)}"
 
 
 #: The verdict names at most this many regressions, one per line; the JSON lists all.
@@ -84,6 +94,8 @@ class DiffColumn:
     cell: Callable[[DiffRow], str]
     shown: Callable[[ProfileDiff, list[DiffRow]], bool] = lambda diff, rows: True
     align: str = ">"
+    #: The row metric the column shows, if any.
+    metric: str | None = None
 
 
 def _measured(metric: str, *, moved: bool = False) -> Callable[[ProfileDiff, list[DiffRow]], bool]:
@@ -127,13 +139,14 @@ def _note(row: DiffRow) -> str:
     return "noise" if row.noise else ""
 
 
-def _time_columns(metric: str, label: str) -> list[DiffColumn]:
+def _full_columns(metric: str, label: str, formatter: Formatter) -> list[DiffColumn]:
+    """Base, new, change and relative change of one metric."""
     shown = _measured(metric)
     return [
-        DiffColumn(f"{label} base", _value(metric, fmt.time_ns, "base"), shown),
-        DiffColumn(f"{label} new", _value(metric, fmt.time_ns, "new"), shown),
-        DiffColumn(f"{label} Δ", _delta(metric, fmt.time_ns), shown),
-        DiffColumn(f"{label} Δ%", _percent(metric), shown),
+        DiffColumn(f"{label} base", _value(metric, formatter, "base"), shown, metric=metric),
+        DiffColumn(f"{label} new", _value(metric, formatter, "new"), shown, metric=metric),
+        DiffColumn(f"{label} Δ", _delta(metric, formatter), shown, metric=metric),
+        DiffColumn(f"{label} Δ%", _percent(metric), shown, metric=metric),
     ]
 
 
@@ -141,16 +154,24 @@ _FLOPS_SHOWN = _measured("flops")
 
 #: What both tables share after their first columns: time, device time, FLOPs.
 _METRIC_COLUMNS: list[DiffColumn] = [
-    *_time_columns("self_time_ns", "Self"),
-    DiffColumn("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns")),
-    DiffColumn("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns")),
-    DiffColumn("Total Δ%", _percent("time_ns"), _measured("time_ns")),
-    DiffColumn("Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True)),
-    DiffColumn("Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True)),
-    DiffColumn("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN),
-    DiffColumn("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN),
-    DiffColumn("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN),
+    *_full_columns("self_time_ns", "Self", fmt.time_ns),
+    DiffColumn("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns"), metric="time_ns"),
+    DiffColumn("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns"), metric="time_ns"),
+    DiffColumn("Total Δ%", _percent("time_ns"), _measured("time_ns"), metric="time_ns"),
+    DiffColumn("Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True), metric="device_time_ns"),
+    DiffColumn("Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True), metric="device_time_ns"),
+    DiffColumn("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN, metric="flops"),
+    DiffColumn("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN, metric="flops"),
+    DiffColumn("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN, metric="flops"),
 ]
+
+#: The header of the diff's metric's own columns, shown first after the names.
+_METRIC_LABELS = {
+    "self_cpu": "Self", "total_cpu": "Total", "self_device": "Self dev", "total_device": "Device",
+    "self_flops": "Self FLOPs", "total_flops": "FLOPs", "self_alloc": "Self alloc", "total_alloc": "Alloc",
+}
+
+_FORMATTERS: dict[str, Formatter] = {"time": fmt.time_ns, "count": fmt.count, "bytes": fmt.nbytes}
 
 NODE_COLUMNS: list[DiffColumn] = [
     DiffColumn("Module", lambda row: display_path(row.path), align="<"),
@@ -158,7 +179,7 @@ NODE_COLUMNS: list[DiffColumn] = [
     *_METRIC_COLUMNS,
     DiffColumn("Peak mem Δ", _delta("peak_bytes", fmt.nbytes), _measured("peak_bytes", moved=True)),
     DiffColumn("Activations Δ", _delta("activation_bytes", fmt.nbytes), _measured("activation_bytes", moved=True)),
-    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
+    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True), metric="alloc_bytes"),
     DiffColumn("Note", _note, align="<"),
 ]
 
@@ -168,12 +189,25 @@ OP_COLUMNS: list[DiffColumn] = [
     DiffColumn("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<"),
     DiffColumn("Input shapes", lambda row: _shapes_cell(row), align="<"),
     *_METRIC_COLUMNS,
-    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True)),
+    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True), metric="alloc_bytes"),
     DiffColumn("Note", _note, align="<"),
 ]
 
 
-def _table(columns: list[DiffColumn], rows: list[DiffRow], diff: ProfileDiff) -> list[str]:
+def _with_metric_first(columns: list[DiffColumn], metric_name: str, field_name: str) -> list[DiffColumn]:
+    """``columns`` with the diff's metric's base, new, change and % right after the
+    names, and its other columns dropped: the figures the rows are ordered by, first.
+    The self CPU time's are there already."""
+    if field_name == "self_time_ns":
+        return columns
+    metric = METRICS[metric_name]
+    first = next(i for i, c in enumerate(columns) if c.metric is not None)
+    rest = [c for c in columns[first:] if c.metric != field_name]
+    return columns[:first] + _full_columns(field_name, _METRIC_LABELS[metric_name], _FORMATTERS[metric.unit]) + rest
+
+
+def _table(columns: list[DiffColumn], rows: list[DiffRow], diff: ProfileDiff, field_name: str) -> list[str]:
+    columns = _with_metric_first(columns, diff.metric, field_name)
     shown = [c for c in columns if c.shown(diff, rows)]
     return draw([Column(c.header, c.align) for c in shown], [[c.cell(row) for c in shown] for row in rows])
 
@@ -223,22 +257,22 @@ def _counts(rows: list[DiffRow]) -> str:
 
 def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
     """The summary, then up to ``limit`` node rows and ``limit`` changed-op rows
-    (None: all), each largest change in self time first."""
+    (None: all), each largest change in the diff's metric first."""
     out = [f"Diff  ·  {_side(diff, 'base')}  ·  {_side(diff, 'new')}"]
     out.extend(f"Warning: {warning}" for warning in diff.warnings)
     out.append("")
     out.extend(_summary_lines(diff))
 
-    order = "self time" if diff.timed else "FLOPs"
+    metric = METRICS[diff.metric]
     notes: list[str] = []
-    for title, noun, columns, rows in (
-        ("Modules", "module", NODE_COLUMNS, diff.rows),
-        ("Changed ops", "changed op", OP_COLUMNS, diff.changed_ops()),
+    for title, noun, columns, rows, field_name in (
+        ("Modules", "module", NODE_COLUMNS, diff.rows, metric.node_field),
+        ("Changed ops", "changed op", OP_COLUMNS, diff.changed_ops(), metric.op_field),
     ):
         if not rows:
             continue
         shown = rows[:limit] if limit else rows
-        out += ["", f"{title}, largest change in {order} first:", *_table(columns, shown, diff)]
+        out += ["", f"{title}, largest change in {metric.label} first:", *_table(columns, shown, diff, field_name)]
         if len(shown) < len(rows):
             notes.append(f"{len(rows) - len(shown)} more {noun} rows not shown (limit {limit})")
 
@@ -251,9 +285,13 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
 
 
 def noise_lines(diff: ProfileDiff) -> list[str]:
-    """What the diff counts as noise: the floor, and the spread measured on each side."""
+    """What the diff counts as noise: the floor, and the spread measured on each side;
+    for a metric that is counted, not timed (FLOPs, bytes), that neither applies."""
+    metric = METRICS[diff.metric]
+    if not metric.timed:
+        return [f"Metric {metric.name}: counted, not timed; no noise floor or band applies to it."]
     lines = [
-        f"Noise floor: {fmt.time_ns(diff.min_time_ns)}; a module whose self time is below it "
+        f"Noise floor: {fmt.time_ns(diff.min_time_ns)}; a module whose {metric.label} is below it "
         "in both profiles is never counted as a regression."
     ]
 
@@ -265,7 +303,7 @@ def noise_lines(diff: ProfileDiff) -> list[str]:
     else:
         lines.append(
             f"Noise: repeated passes spread by {spread(diff.noise_base)} (base) and {spread(diff.noise_new)} (new); "
-            f"a self time that moved by at most {100 * diff.noise:.1f}% is marked noise, not a regression."
+            f"a {metric.label} that moved by at most {100 * diff.noise:.1f}% is marked noise, not a regression."
         )
     return lines
 

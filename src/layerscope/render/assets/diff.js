@@ -6,8 +6,11 @@
   const LABELS = {
     time_ns: TOTAL, device_time_ns: "device time", flops: "FLOPs", params: "params", peak_bytes: "peak memory",
     self_time_ns: "self time", self_device_time_ns: "self device time", macs: "MACs", alloc_bytes: "allocated",
-    activation_bytes: "activations",
+    activation_bytes: "activations", self_flops: "self FLOPs", self_alloc_bytes: "self allocated",
   };
+  // A node's regression names its row field; the model's, a summary field (or the root's allocations).
+  const NODE_LABELS = { ...LABELS, time_ns: "total time", device_time_ns: "total device time" };
+  const totalRegression = DATA.regressions.find((r) => r.path === null);
   const kindOf = (metric) => (metric.endsWith("_ns") ? "time" : metric.endsWith("_bytes") ? "bytes" : "count");
   const delta = (pair) => (pair[0] === null || pair[1] === null ? null : pair[1] - pair[0]);
   const relative = (pair) => (pair[0] === null || pair[1] === null || pair[0] === 0 ? null : (pair[1] - pair[0]) / pair[0]);
@@ -50,7 +53,7 @@
     const body = el("tbody", {});
     for (const row of rows) {
       const kind = kindOf(row.metric);
-      const isTotal = row.metric === "time_ns";
+      const isTotal = totalRegression !== undefined && row.metric === totalRegression.metric;
       const tr = el("tr", { "data-metric": row.metric, class: isTotal && regressed.has("\u0000total") ? "regression" : "" });
       for (const col of columns) {
         const raw = col.get(row);
@@ -62,6 +65,15 @@
     }
     const head = el("tr", {}, ...columns.map((c) => el("th", { class: c.key === "metric" ? "" : "num", text: c.label })));
     return section("summary", "Model", el("table", { id: "diff-summary", class: "grid" }, el("thead", {}, head), body));
+  }
+
+  // The diff's metric's columns first (base, new, change, %), then the others but it.
+  function byMetric(metrics, rows, field, others) {
+    const named = others.find(([name]) => name === field);
+    const label = named ? named[1] : (NODE_LABELS[field] || field).replace(/^./, (c) => c.toUpperCase());
+    const first = [[field, label, true]];
+    return [...first, ...others.filter(([name]) => name !== field)]
+      .flatMap(([name, label, full]) => metricColumns(metrics, rows, name, label, full));
   }
 
   // Columns of one metric: base, new, change, %; only when some row has it.
@@ -79,7 +91,7 @@
     return cols;
   }
   function statusOf(row) {
-    // A matched row whose self time moved within the runs' measured noise says so.
+    // A matched row whose metric (a time) moved within the runs' measured noise says so.
     if (row.status === "matched") return row.noise ? "noise" : "";
     return row.status;
   }
@@ -92,12 +104,8 @@
       { key: "path", label: "Module", kind: "text", get: (r) => r.path || "(model)", title: (r) => (regressed.has(r.path) ? "regressed above " + limit : null) },
       { key: "type", label: "Type", kind: "text", get: (r) => (r.type_base && r.type_new && r.type_base !== r.type_new ? r.type_base + " → " + r.type_new : r.type_new || r.type_base) },
       { key: "status", label: "Status", kind: "text", get: statusOf },
-      ...metricColumns(m, rows, "self_time_ns", "Self", true),
-      ...metricColumns(m, rows, "time_ns", "Total", false),
-      ...metricColumns(m, rows, "device_time_ns", "Device", false),
-      ...metricColumns(m, rows, "flops", "FLOPs", false),
-      ...metricColumns(m, rows, "alloc_bytes", "Alloc", false),
-      ...metricColumns(m, rows, "peak_bytes", "Peak", false),
+      ...byMetric(m, rows, DATA.metric_fields.node, [["self_time_ns", "Self", true], ["time_ns", "Total", false],
+        ["device_time_ns", "Device", false], ["flops", "FLOPs", false], ["alloc_bytes", "Alloc", false], ["peak_bytes", "Peak", false]]),
     ];
     const table = sortableTable("diff-modules", columns, rows, {
       attrs: (r) => ({ "data-path": r.path, class: "kind-" + r.kind + (regressed.has(r.path) ? " regression" : "") }),
@@ -106,6 +114,18 @@
     return section("modules", "Modules",
       el("div", { class: "muted", text: rows.length + " modules and parts, largest change in " + (DATA.timed ? "self time" : "FLOPs") + " first; " + count + " regressed above " + limit + " (highlighted); click a column to sort" }),
       table);
+  }
+
+  // An op paired across shapes shows base → new; with several shapes (or another number
+  // of calls) on a side, each shape with its calls: the row's figures are their sums.
+  function shapesOf(r) {
+    if (!r.new_input_shapes) return fmt.shape(r.input_shapes);
+    const b = r.shapes_base || [], n = r.shapes_new || [];
+    if (!b.length || (b.length === 1 && n.length === 1 && b[0].calls === n[0].calls)) {
+      return fmt.shape(r.input_shapes) + " → " + fmt.shape(r.new_input_shapes);
+    }
+    const side = (list) => list.map((s) => fmt.shape(s.input_shapes) + " ×" + s.calls).join(", ");
+    return side(b) + " → " + side(n);
   }
 
   function opsSection() {
@@ -117,14 +137,12 @@
       { key: "path", label: "Module", kind: "text", get: (r) => r.path },
       { key: "phase", label: "Phase", kind: "text", get: (r) => r.phase },
       // An op matched by name whose shapes changed (the batch size did) shows base → new.
-      { key: "shapes", label: "Input shapes", kind: "text", get: (r) => fmt.shape(r.input_shapes) + (r.new_input_shapes ? " → " + fmt.shape(r.new_input_shapes) : "") },
+      { key: "shapes", label: "Input shapes", kind: "text", get: shapesOf },
       { key: "status", label: "Status", kind: "text", get: statusOf },
-      ...metricColumns(m, rows, "self_time_ns", "Self", true),
-      ...metricColumns(m, rows, "flops", "FLOPs", false),
-      ...metricColumns(m, rows, "alloc_bytes", "Alloc", false),
+      ...byMetric(m, rows, DATA.metric_fields.op, [["self_time_ns", "Self", true], ["flops", "FLOPs", false], ["alloc_bytes", "Alloc", false]]),
     ];
     return section("ops", "Changed ops",
-      el("div", { class: "muted", text: rows.length + " of " + DATA.ops_total + " ops changed (added, removed, or another self time or FLOPs)" }),
+      el("div", { class: "muted", text: rows.length + " of " + DATA.ops_total + " ops changed (added, removed, paired across shapes, or another self time, FLOPs or " + DATA.metric_label + ")" }),
       rows.length ? sortableTable("diff-ops", columns, rows, { attrs: (r) => ({ "data-path": r.path }) }) : null);
   }
 
@@ -132,9 +150,12 @@
     const list = el("ul", { id: "regressions" });
     for (const r of DATA.regressions) {
       const pair = [r.base, r.new];
-      list.append(el("li", { "data-path": r.path === null ? "" : r.path },
-        el("span", { text: r.path === null ? "the model's " + TOTAL : r.path + " (self time)" }),
-        el("span", { class: "num", text: ": " + fmt.time(r.base) + " → " + fmt.time(r.new) + " (" + signedPercent(relative(pair)) + ")" })));
+      const kind = kindOf(r.metric);
+      const what = r.path === null ? "the model's " + (r.metric === "time_ns" ? TOTAL : LABELS[r.metric] || r.metric)
+        : r.path + " (" + r.phase + " " + (NODE_LABELS[r.metric] || r.metric) + ")";
+      list.append(el("li", { "data-path": r.path === null ? "" : r.path, "data-phase": r.phase },
+        el("span", { text: what }),
+        el("span", { class: "num", text: ": " + fmt.as(kind, r.base) + " → " + fmt.as(kind, r.new) + " (" + signedPercent(relative(pair)) + ")" })));
     }
     const verdict = DATA.regressions.length ? "Regressed above " + limit + ":" : "No regression above " + limit + ".";
     const how = DATA.gated ? "" : " (the page's default threshold; layerscope diff --fail-above sets another)";
