@@ -277,6 +277,8 @@ def test_a_range_that_encloses_a_module_is_its_parent(shared_traces: Path, name:
     assert outer.forward.cpu_time_ns == range_ns
     assert outer.forward.self_cpu_time_ns == range_ns - module_ns
     assert outer.parent == module.path.rpartition(".")[0]  # the range ran in the module's parent
+    # Stacks (folded, speedscope) name the module by its own name under the range.
+    assert f";[{label}];{instance} " in profile.render("folded")
 
 
 def test_a_trace_without_module_events_is_its_labels_and_ops(shared_traces: Path) -> None:
