@@ -313,6 +313,18 @@ def test_a_module_a_label_holds_in_part_or_from_elsewhere_stays_under_its_module
     assert cpu(prof, "") == (50, 100)  # 100 - a's 50; + a's 40 + c's 10
 
 
+def test_a_module_recomputed_outside_its_label_stays_under_it() -> None:
+    # c's forward runs in L; backward recomputes it (activation checkpointing) in no frame.
+    stream = [
+        enter(0, ROOT), label(10, "L"), enter(20, C), leave(30, C), LabelExit(t_ns=40), leave(50, ROOT),
+        Enter(t_ns=60, module=C, in_backward=True), Exit(t_ns=70, module=C, in_backward=True),
+    ]
+    prof = build(stream)
+    assert prof["c"].parent == "[L]" and prof["c"].calls == 1
+    assert prof["c"].recompute is not None and prof["c"].recompute.self_cpu_time_ns == 10
+    assert prof["[L]"].recompute is not None and prof["[L]"].recompute.cpu_time_ns == 10  # c's
+
+
 def test_passes_that_disagree_on_a_module_s_label_leave_it_under_its_module() -> None:
     in_label = [enter(0, ROOT), label(10, "L"), enter(20, C), leave(30, C), LabelExit(t_ns=40), leave(50, ROOT)]
     outside = [enter(0, ROOT), label(10, "L"), LabelExit(t_ns=15), enter(20, C), leave(30, C), leave(50, ROOT)]

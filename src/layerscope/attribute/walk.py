@@ -104,9 +104,9 @@ class PassResult:
     #: The step's device work as a whole (``DeviceBusy``'s figures summed over the
     #: steps), None when the stream had none: what the nodes' device times are a share of.
     device_busy: DeviceBusy | None = None
-    #: Per module called: the label that every one of its calls ran directly in (the
-    #: innermost frame open at its ``Enter``), None when a call ran in no label or the
-    #: calls ran in different ones. The tree nests the module under that label.
+    #: Per module called: the label that every one of its forward calls ran directly in
+    #: (the innermost frame open at its ``Enter``), None when a call ran in no label or
+    #: the calls ran in different ones. The tree nests the module under that label.
     enclosing: dict[Key, str | None] = field(default_factory=dict)
 
 
@@ -287,10 +287,11 @@ class PassWalker:
     def on_enter(self, event: Enter) -> None:
         self.note_seq(event.seq, event.module)
         frames = self.frames
-        label = None
-        if frames and is_made(frames[-1].key) and frames[-1].phase != "backward":
-            label = frames[-1].key
-        note_enclosing(self.result.enclosing, event.module, label)
+        if not event.in_backward:
+            # Where the forward call ran places the module; a recompute (run from
+            # backward, in whatever frame autograd is in) repeats it and does not.
+            label = frames[-1].key if frames and is_made(frames[-1].key) else None
+            note_enclosing(self.result.enclosing, event.module, label)
         self._open(event.module, event)
 
     def on_label_enter(self, event: LabelEnter) -> None:
