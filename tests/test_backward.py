@@ -367,6 +367,45 @@ def test_labels_are_nodes_where_they_ran() -> None:
     assert prof["fc"].forward.macs == 2 * 4 * 4
 
 
+class _Paired(nn.Module):
+    """A ``record_function`` range in forward around two submodule calls (as DDP's
+    ``DistributedDataParallel.forward`` is around its module's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = nn.Linear(4, 4, bias=False)
+        self.c = nn.Linear(4, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.profiler.record_function("pair"):
+            x = self.b(self.a(x)) * 2
+        return self.c(x)
+
+
+def test_a_live_label_around_module_calls_is_their_parent() -> None:
+    torch.manual_seed(0)
+    model = _Paired()
+    x = torch.randn(2, 4)
+    with layerscope.Profiler(model) as prof:
+        model(x).sum().backward()
+    profile = check_tree(prof.profile)
+    pair = profile["[pair]"]
+    assert [child.path for child in profile.root.children] == ["[pair]", "c"]
+    assert [child.path for child in pair.children] == ["a", "b"]
+    assert (profile["a"].parent, profile["a"].depth, profile["c"].parent) == ("[pair]", 2, "")
+    # Its total is the range's whole time, as its span in the trace says; its own time
+    # leaves out the modules'.
+    assert profile.trace is not None
+    spans = [s for s in profile.trace.spans if (s.path, s.phase, s.op_index) == ("[pair]", "forward", -1)]
+    assert pair.forward.cpu_time_ns == sum(span.duration_ns for span in spans) > 0
+    assert pair.forward.self_cpu_time_ns == pair.forward.cpu_time_ns - profile["a"].forward.cpu_time_ns - profile["b"].forward.cpu_time_ns
+    # FLOPs: a and b's 2 * 2 * 4 * 4 each, and the label's own multiply, 8.
+    assert (pair.forward.self_flops, pair.forward.flops) == (8, 8 + 2 * 64)
+    # Backward work belongs to the modules, and the label's backward total holds theirs.
+    assert pair.backward.cpu_time_ns == profile["a"].backward.cpu_time_ns + profile["b"].backward.cpu_time_ns + pair.backward.self_cpu_time_ns
+
+
 def test_label_rejects_bad_names() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         layerscope.label("")

@@ -86,6 +86,39 @@ def test_profiler_block_lenet5_ops_depth_1(fake_clock: Any, golden: Any) -> None
     golden("lenet5_profiler_block_ops_depth1.out", prof.render("text", show_ops=True, depth=1))
 
 
+class _Paired(nn.Module):
+    """A ``record_function`` range in forward around two of its three layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.c = nn.Linear(4, 2)
+
+    def forward(self, x: Any) -> Any:
+        import torch
+
+        with torch.profiler.record_function("pair"):
+            x = self.b(self.a(x)).relu()
+        return self.c(x)
+
+
+def test_a_label_around_two_modules(fake_clock: Any, golden: Any) -> None:
+    import torch
+
+    model = _Paired()
+    with layerscope.Profiler(model, clock=fake_clock) as prof:
+        model(torch.ones(1, 4))
+    text = prof.render("text")
+    golden("label_around_modules.out", text)
+    rows = _table(text)
+    assert [(r.name, r.depth) for r in rows[:5]] == [("_Paired", 0), ("pair", 1), ("a", 2), ("b", 2), ("c", 1)]
+    # The label's printed total is its self time plus the two modules' totals.
+    parts = [_interval(rows[1].cells["Self CPU"], _TIME, _TIME_SCALE)]
+    parts += [_interval(k.cells["CPU total"], _TIME, _TIME_SCALE) for k in _children(rows, 1)]
+    assert _overlap(_sum(parts), _interval(rows[1].cells["CPU total"], _TIME, _TIME_SCALE))
+
+
 # -- an 80-column terminal ------------------------------------------------------------
 
 

@@ -243,6 +243,44 @@ def test_the_tensor_parallel_all_reduce_without_nccl_in_its_name_is_communicatio
     assert "symm_mem::multimem_all_reduce_" in names
 
 
+@pytest.mark.parametrize(
+    ("name", "label", "instance"),
+    [
+        ("mi300x_norm_layers_fwd_bwd", "BatchNorm affine=True", "BatchNorm2d_0"),
+        ("h100_ddp_nccl_train", "DistributedDataParallel.forward", "Sequential_0"),
+    ],
+)
+def test_a_range_that_encloses_a_module_is_its_parent(shared_traces: Path, name: str, label: str, instance: str) -> None:
+    events = _events(shared_traces, name)
+
+    def host_ns(event_name: str, category: str) -> int:
+        spans = [_span(e) for e in events if e.get("name") == event_name and e.get("cat") == category]
+        assert spans
+        return sum(end - start for start, end in spans)
+
+    # The range's host time, and the module's inside it (every call of each, summed):
+    # norm layers: 127,976.985 + 669.129 + 223.894 us, BatchNorm2d_0's 127,710.817 +
+    # 544.032 + 166.438 us; DDP: 4,155.807 us, Sequential_0's 1,145.056 us.
+    range_ns = host_ns(label, "user_annotation")
+    module_ns = host_ns(f"nn.Module: {instance}", "python_function")
+    assert (range_ns, module_ns) == {
+        "mi300x_norm_layers_fwd_bwd": (128_870_008, 128_421_287),
+        "h100_ddp_nccl_train": (4_155_807, 1_145_056),
+    }[name]
+    profile = _trace(shared_traces, name)
+    assert tree_problems(profile) == []
+    module = _node_named(profile, instance)
+    outer = profile[module.parent]
+    assert (outer.kind, outer.name, outer.children) == ("label", label, [module])
+    assert profile[module.path] is module  # the module keeps its path
+    assert module.forward.cpu_time_ns == module_ns
+    assert outer.forward.cpu_time_ns == range_ns
+    assert outer.forward.self_cpu_time_ns == range_ns - module_ns
+    assert outer.parent == module.path.rpartition(".")[0]  # the range ran in the module's parent
+    # Stacks (folded, speedscope) name the module by its own name under the range.
+    assert f";[{label}];{instance} " in profile.render("folded")
+
+
 def test_a_trace_without_module_events_is_its_labels_and_ops(shared_traces: Path) -> None:
     profile = _trace(shared_traces, "a100_alexnet_no_modules")
     assert profile.meta["modules_from"]["instances"] == 0

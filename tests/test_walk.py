@@ -12,7 +12,7 @@ import pytest
 
 from layerscope.attribute import build_profile, walk_pass
 from layerscope.check import check_tree
-from layerscope.raw import Enter, Event, Exit, ModuleInfo, Op, RawCapture, Step
+from layerscope.raw import Enter, Event, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
 from layerscope.tree import Profile
 
 
@@ -242,3 +242,91 @@ def test_build_device_times_from_ops_when_frames_have_no_device_marks() -> None:
     all_nodes = list(prof.nodes())  # the model's, then the step's parts
     assert sum(stats.self_device_time_ns or 0 for node in all_nodes for _, stats in node.phases()) == 74
     assert sum(op.device_time_ns or 0 for node in all_nodes for op in node.ops) == 74
+
+
+# -- labels that enclose module calls ----------------------------------------------------
+
+
+def label(t: int, name: str) -> LabelEnter:
+    return LabelEnter(t_ns=t, name=name, kind="label")
+
+
+def test_a_label_that_encloses_module_calls_is_their_parent() -> None:
+    # root runs label L (10..90), which calls a (20..60, holding a.b 30..50) and c (70..80).
+    stream = [
+        enter(0, ROOT), label(10, "L"), enter(20, A), enter(30, B), leave(50, B), leave(60, A),
+        enter(70, C), leave(80, C), LabelExit(t_ns=90), leave(100, ROOT),
+    ]
+    prof = build(stream)
+    assert [child.path for child in prof.root.children] == ["[L]"]
+    assert [child.path for child in prof["[L]"].children] == ["a", "c"]
+    assert (prof["a"].parent, prof["a"].depth) == ("[L]", 2)
+    assert (prof["a.b"].parent, prof["a.b"].depth) == ("a", 3)
+    assert (prof["c"].parent, prof["c"].depth) == ("[L]", 2)
+    assert cpu(prof, "[L]") == (30, 80)  # 90 - 10 = 80, minus a's 40 and c's 10
+    assert cpu(prof, "a") == (20, 40)  # 60 - 20, minus b's 20
+    assert cpu(prof, "a.b") == (20, 20)
+    assert cpu(prof, "c") == (10, 10)
+    assert cpu(prof, "") == (20, 100)  # 100 - L's 80
+    assert prof["[L]"].calls == 1 and prof["a"].calls == 1
+
+
+def test_labels_in_labels_hold_modules_and_keep_the_model_order() -> None:
+    # c ran in no label before a ran in [L1][L2]: c keeps its place, a is found in L1's.
+    stream = [
+        enter(0, ROOT), enter(5, C), leave(8, C), label(10, "L1"), label(12, "L2"), enter(20, A),
+        leave(30, A), LabelExit(t_ns=35), LabelExit(t_ns=40), leave(50, ROOT),
+    ]
+    prof = build(stream)
+    assert [child.path for child in prof.root.children] == ["[L1]", "c"]  # a's place: first
+    assert [child.path for child in prof["[L1]"].children] == ["[L1][L2]"]
+    assert (prof["a"].parent, prof["a"].depth, prof["a.b"].depth) == ("[L1][L2]", 3, 4)
+    assert cpu(prof, "[L1][L2]") == (13, 23)  # 35 - 12 = 23, minus a's 10
+    assert cpu(prof, "[L1]") == (7, 30)  # 40 - 10 = 30, minus L2's 23
+    assert cpu(prof, "") == (17, 50)  # 50 - c's 3 - L1's 30
+
+
+def test_a_module_a_label_holds_in_part_or_from_elsewhere_stays_under_its_module() -> None:
+    # c runs once in L (70..80) and once outside it (92..97): it has one place in the
+    # tree, its module's; L holds a only, and its own time still leaves out c's call.
+    stream = [
+        enter(0, ROOT), label(10, "L"), enter(20, A), leave(60, A), enter(70, C), leave(80, C),
+        LabelExit(t_ns=90), enter(92, C), leave(97, C), leave(100, ROOT),
+    ]
+    prof = build(stream)
+    assert [child.path for child in prof.root.children] == ["[L]", "c"]
+    assert [child.path for child in prof["[L]"].children] == ["a"]
+    assert prof["c"].parent == "" and prof["c"].calls == 2
+    assert cpu(prof, "[L]") == (30, 70)  # 80 - a's 40 - c's 10 = 30; + a's 40
+    assert cpu(prof, "c") == (15, 15)  # 10 + 5
+    assert cpu(prof, "") == (15, 100)  # 100 - 80 - 5
+
+    # a runs label L, which calls c, a child of the root, not of a: c stays the root's.
+    stream = [
+        enter(0, ROOT), enter(10, A), label(20, "L"), enter(30, C), leave(40, C), LabelExit(t_ns=50),
+        leave(60, A), leave(100, ROOT),
+    ]
+    prof = build(stream)
+    assert prof["c"].parent == "" and prof["a[L]"].children == []
+    assert cpu(prof, "a[L]") == (20, 20)  # 50 - 20 - c's 10
+    assert cpu(prof, "a") == (20, 40)  # 60 - 10 - L's 30; + L's 20 (c's 10 is c's own)
+    assert cpu(prof, "") == (50, 100)  # 100 - a's 50; + a's 40 + c's 10
+
+
+def test_a_module_recomputed_outside_its_label_stays_under_it() -> None:
+    # c's forward runs in L; backward recomputes it (activation checkpointing) in no frame.
+    stream = [
+        enter(0, ROOT), label(10, "L"), enter(20, C), leave(30, C), LabelExit(t_ns=40), leave(50, ROOT),
+        Enter(t_ns=60, module=C, in_backward=True), Exit(t_ns=70, module=C, in_backward=True),
+    ]
+    prof = build(stream)
+    assert prof["c"].parent == "[L]" and prof["c"].calls == 1
+    assert prof["c"].recompute is not None and prof["c"].recompute.self_cpu_time_ns == 10
+    assert prof["[L]"].recompute is not None and prof["[L]"].recompute.cpu_time_ns == 10  # c's
+
+
+def test_passes_that_disagree_on_a_module_s_label_leave_it_under_its_module() -> None:
+    in_label = [enter(0, ROOT), label(10, "L"), enter(20, C), leave(30, C), LabelExit(t_ns=40), leave(50, ROOT)]
+    outside = [enter(0, ROOT), label(10, "L"), LabelExit(t_ns=15), enter(20, C), leave(30, C), leave(50, ROOT)]
+    assert build(in_label, in_label, in_label)["c"].parent == "[L]"
+    assert build(in_label, outside, in_label)["c"].parent == ""

@@ -123,7 +123,8 @@ def tree_problems(profile: Profile) -> list[str]:
             for child in node.children:
                 if child.parent != node.path or child.depth != node.depth + 1:
                     problems.append(f"{child.path!r}: parent/depth do not match its place in the tree")
-                if child.kind == "module" and node.kind != "module":
+                if child.kind == "module" and node.kind not in ("module", "label"):
+                    # A label may hold the modules it enclosed; a step part never does.
                     problems.append(f"{child.path!r}: a module cannot sit under a {node.kind} node")
             if node.calls < 0 or (node.params is not None and node.params < 0):
                 problems.append(f"{node.path!r}: negative calls or params")

@@ -165,7 +165,8 @@ class OpStats:
 class ModuleNode:
     """One ``nn.Module``, at its first ``named_modules()`` path (``""`` is the root), or
     a node of another ``kind``: a user label (path ``"encoder[name]"``, under the module
-    it ran in, or ``"<name>"`` at the top level) or a part of the training step outside
+    it ran in, holding the modules it enclosed, or ``"<name>"`` at the top level) or a
+    part of the training step outside
     the model (``"<loss>"``, ``"<optimizer:Adam>"``, ``"<zero_grad>"``, ``"<other>"``).
 
     ``params`` counts the parameters this module owns directly, each unique parameter

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from layerscope.attribute.memory import MemoryResult
-from layerscope.attribute.walk import PassResult, add_busy
+from layerscope.attribute.walk import PassResult, add_busy, merge_enclosing
 from layerscope.tree import OpStats
 
 
@@ -41,6 +41,7 @@ class Accumulator:
             total.calls[key] = total.calls.get(key, 0) + calls
         for path, dyn in result.dynamic.items():
             total.dynamic.setdefault(path, dyn)
+        merge_enclosing(total.enclosing, result.enclosing)
         for k, op in result.ops.items():
             mine = total.ops.get(k)
             if mine is None:
@@ -100,5 +101,6 @@ def median_result(passes: list[PassResult]) -> PassResult:
     for p in passes:
         for path, dyn in p.dynamic.items():
             out.dynamic.setdefault(path, dyn)
+        merge_enclosing(out.enclosing, p.enclosing)
         out.phases |= p.phases
     return out

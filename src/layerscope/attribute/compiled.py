@@ -205,6 +205,7 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
     result = PassResult(
         self_cpu={(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()},
         calls=dict(ops.calls), dynamic=dict(ops.dynamic), phases=set(ops.phases),
+        enclosing=dict(ops.enclosing),
     )
     for op in ops.ops.values():
         op.cpu_time_ns = op.self_cpu_time_ns = None

@@ -9,7 +9,7 @@ from typing import Any, TypedDict
 from layerscope.attribute.chain import Key, key_path
 from layerscope.attribute.combine import Accumulator, median_result
 from layerscope.attribute.memory import MemoryResult, is_part
-from layerscope.attribute.walk import PassResult, parent_indices, walk_pass
+from layerscope.attribute.walk import Dynamic, PassResult, merge_enclosing, parent_indices, walk_pass
 from layerscope.comm import is_communication
 from layerscope.compile_info import CompileInfo
 from layerscope.raw import DeviceBusy, RawCapture
@@ -22,7 +22,6 @@ from layerscope.tree import (
     OpStats,
     PhaseStats,
     Profile,
-    link,
     params_sum,
 )
 
@@ -37,6 +36,7 @@ def build_profile(raw: RawCapture) -> Profile:
     if not passes and op_result is not None:
         times.calls = dict(op_result.calls)
         times.dynamic = dict(op_result.dynamic)
+        times.enclosing = dict(op_result.enclosing)
         times.phases = set(op_result.phases)
     meta = raw.meta.copy()
     if passes:
@@ -107,6 +107,8 @@ def assemble(
     if op_result is not None:
         for path, dyn in op_result.dynamic.items():
             times.dynamic.setdefault(path, dyn)
+        if op_result is not times:
+            merge_enclosing(times.enclosing, op_result.enclosing)
 
     ops_by_key: dict[Key, list[OpStats]] = {}
     op_index: dict[tuple[Any, ...], int] = {}
@@ -237,7 +239,13 @@ def assemble(
             for dyn in waiting:
                 dyn.parent = None
         pending = waiting
-    root = link(nodes)
+    # A module whose every call ran directly in one label of its parent module (the
+    # label enclosed it) sits under that label; its path stays the model's.
+    for index, info in enumerate(raw.modules):
+        label = times.enclosing.get(index)
+        if label is not None and info.parent is not None and label in model_labels and _label_owner(label, times.dynamic, paths) == info.parent:
+            nodes[index].parent = label
+    root = _nest(nodes)
     parts.sort(key=_part_order)
     for tree in [root, *parts]:
         _sum_up(tree)
@@ -340,6 +348,46 @@ def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[st
         timeline=memory.timeline,
         device=memory.device,
     )
+
+
+def _label_owner(label: str, dynamic: dict[str, Dynamic], paths: list[str]) -> str | None:
+    """The path of the module a label (or the labels it ran in) ran in; None for a label
+    outside the model or a step part."""
+    dyn = dynamic.get(label)
+    while dyn is not None and dyn.kind == "label" and dyn.parent is not None:
+        up = dyn.parent
+        if isinstance(up, int):  # a module's index
+            return paths[up]
+        dyn = dynamic.get(up)
+    return None
+
+
+def _nest(nodes: list[ModuleNode]) -> ModuleNode:
+    """The model's tree from ``nodes`` (the root first, then every module in table order,
+    then the labels in the order they ran), each under its ``parent``, with depths to
+    match. Children come in table order; a label that holds modules takes the place of
+    the first of them, one that holds none comes after the modules, as it ran."""
+    by_path = {node.path: node for node in nodes}
+    rank: dict[str, int] = {}
+    for order, node in enumerate(nodes):
+        node.children = []
+        if node.kind == "module":
+            rank[node.path] = order
+            up = node.parent
+            # Modules come in table order, so the first to reach a label is its first.
+            while up is not None and up not in rank and by_path[up].kind != "module":
+                rank[up] = order
+                up = by_path[up].parent
+    for order, node in enumerate(nodes):
+        rank.setdefault(node.path, len(nodes) + order)
+        if node.parent is not None:
+            by_path[node.parent].children.append(node)
+    root = nodes[0]
+    for node in root.walk():
+        node.children.sort(key=lambda child: rank[child.path])
+        for child in node.children:
+            child.depth = node.depth + 1
+    return root
 
 
 _PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "communication": 4, "other": 5}

@@ -104,6 +104,25 @@ class PassResult:
     #: The step's device work as a whole (``DeviceBusy``'s figures summed over the
     #: steps), None when the stream had none: what the nodes' device times are a share of.
     device_busy: DeviceBusy | None = None
+    #: Per module called: the label that every one of its forward calls ran directly in
+    #: (the innermost frame open at its ``Enter``), None when a call ran in no label or
+    #: the calls ran in different ones. The tree nests the module under that label.
+    enclosing: dict[Key, str | None] = field(default_factory=dict)
+
+
+def merge_enclosing(into: dict[Key, str | None], more: dict[Key, str | None]) -> None:
+    """Fold another pass's :attr:`PassResult.enclosing` into ``into``: a module keeps its
+    label only when every pass that called it called it in that same label."""
+    for key, label in more.items():
+        note_enclosing(into, key, label)
+
+
+def note_enclosing(enclosing: dict[Key, str | None], key: Key, label: str | None) -> None:
+    """One more call of ``key``, directly in ``label`` (None: in no label)."""
+    if key not in enclosing:
+        enclosing[key] = label
+    elif enclosing[key] != label:
+        enclosing[key] = None
 
 
 def add_busy(total: DeviceBusy | None, more: DeviceBusy | None) -> DeviceBusy | None:
@@ -267,6 +286,12 @@ class PassWalker:
     # -- frames -----------------------------------------------------------------------------
     def on_enter(self, event: Enter) -> None:
         self.note_seq(event.seq, event.module)
+        frames = self.frames
+        if not event.in_backward:
+            # Where the forward call ran places the module; a recompute (run from
+            # backward, in whatever frame autograd is in) repeats it and does not.
+            label = frames[-1].key if frames and is_made(frames[-1].key) else None
+            note_enclosing(self.result.enclosing, event.module, label)
         self._open(event.module, event)
 
     def on_label_enter(self, event: LabelEnter) -> None:

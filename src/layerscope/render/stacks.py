@@ -146,7 +146,9 @@ def _frame(node: ModuleNode) -> Frame:
     # An optimizer or zero_grad part keeps its own path even inside a label, so its
     # path need not start with its parent's.
     relative = node.path
-    if node.path.startswith(node.parent):
+    if node.kind == "module":
+        relative = node.name  # under its module or under a label that ran in it
+    elif node.path.startswith(node.parent):
         relative = node.path[len(node.parent) :].lstrip(".")
     return Frame(sanitize(relative), node.path)
 
