@@ -36,8 +36,15 @@ def test_a_replay_is_the_profile_the_gpu_made(recorded: tuple[str, dict[str, Any
     _, data, prof = recorded
     layerscope.check_tree(prof)
     assert "H100" in data["truth"]["device_name"] and prof.meta.device.startswith("cuda")
-    # Node by node, forward and backward, self and total device time: what the H100 showed.
-    assert replay.node_figures(prof) == data["live"]
+    # Node by node, forward and backward self device time, and every module's total:
+    # what the H100 showed. (A label's total depends on what the tree nests under it,
+    # which changed since the recording: a range enclosing module calls now holds them.)
+    mine = replay.node_figures(prof)
+    assert mine.keys() == data["live"].keys()
+    for path, (fwd_self, fwd, bwd_self, bwd) in data["live"].items():
+        assert (mine[path][0], mine[path][2]) == (fwd_self, bwd_self), path
+        if prof.node(path).kind == "module":
+            assert (mine[path][1], mine[path][3]) == (fwd, bwd), path
     assert prof.root.forward.device_time_ns > 0
 
 
@@ -75,8 +82,8 @@ def test_every_module_agrees_with_torchs_own_trace_of_the_same_session(
     live = replay.node_figures(prof)
     compared = 0
     for path, figures in live.items():
-        if path.startswith("<"):
-            continue  # parts: the trace has modules only
+        if prof.node(path).kind != "module":
+            continue  # parts and labels: the trace was read with the nesting of its day
         for i in (1, 3):
             mine, theirs = figures[i], traced[path][i]
             if mine is None:
