@@ -393,6 +393,10 @@ def test_a_real_mi300x_training_traces_report(open_report: Any, shared_traces: P
     assert resnet.recompute is not None and resnet.recompute.cpu_time_ns > 0
     report = open_report(profile, "mi300x.html")
     page = report.page
+    # DDP's forward range encloses the model's calls: the model is its child, one click in.
+    assert profile["ResNet_0"].parent == "[DistributedDataParallel.forward]"
+    assert "ResNet_0" not in report.visible_paths()
+    page.click('#tree-table tr[data-path="[DistributedDataParallel.forward]"] button.toggle')
     assert "ResNet_0" in report.visible_paths()
     label = page.eval_on_selector('#tree-table tr[data-path="ResNet_0"] span.label', "e => e.textContent")
     assert label == "ResNet_0"
