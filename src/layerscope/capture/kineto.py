@@ -114,7 +114,6 @@ NOTE_PREFIX = "layerscope.note#"
 #: A zero-length range marking that a checkpoint stopped recomputing in a module's
 #: forward (in a detailed window).
 RAISED_NAME = "layerscope.raised"
-_MEMORY = MEMORY
 _EVALUATE = "autograd::engine::evaluate_function: "
 _ACCUMULATE = "torch::autograd::AccumulateGrad"
 
@@ -260,9 +259,6 @@ def profiler_held() -> Iterator[None]:
         yield
 
 
-_USER_SCOPE = USER_SCOPE
-
-
 def _sequence_nr(event: Any) -> int:
     return getattr(event.extra_fields, "sequence_number", -1)
 
@@ -282,7 +278,7 @@ def _kind(event: Any, name: str | None = None) -> str:
         return "note"
     if name == RAISED_NAME:
         return "raised"
-    if name == _MEMORY:
+    if name == MEMORY:
         return "memory"
     if name.startswith(PART_PREFIX):
         return "part"
@@ -290,7 +286,7 @@ def _kind(event: Any, name: str | None = None) -> str:
         return "backward"
     if is_communication(name):
         return "op"  # a process group's range around a collective (gloo:all_reduce)
-    if getattr(event.extra_fields, "scope", None) == _USER_SCOPE:
+    if getattr(event.extra_fields, "scope", None) == USER_SCOPE:
         return "label"
     return "op"
 
@@ -335,10 +331,9 @@ class _Converter:
         self.opened: dict[Any, bool] = {}
         #: Where the records of each module frame open now begin.
         self.frame_first: list[int] = []
+        #: Each op's kernels (by correlation id) as the pieces of time they hold alone:
+        #: filled by :func:`share_device_time` as the walk begins, on a device.
         self.kernels_by_op: dict[int, list[tuple[int, int]]] = {}
-        for k in kernels:
-            if k.linked_correlation_id > 0:  # 0: launched from no op range known
-                self.kernels_by_op.setdefault(k.linked_correlation_id, []).append((k.start_ns, k.end_ns))
         #: All of the window's device work (linked or not), for each step's busy time.
         self.kernels = kernels
         self.roots = roots
@@ -353,10 +348,6 @@ class _Converter:
         self.last_backward_seq: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
-    def kids(self, event: Range) -> list[Range]:
-        """The ranges nested in ``event`` (Python frames were seen through by the adapter)."""
-        return event.children
-
     def stack_of(self, event: Range) -> tuple[str, ...] | None:
         """The user's Python frames around an op, innermost first (``with_stack``)."""
         if self.detail is None or self.detail.stacks is None:
@@ -380,7 +371,7 @@ class _Converter:
         pending = [event]
         while pending:
             item = pending.pop()
-            found = by_op.get(item.correlation_id) if item.correlation_id > 0 else None
+            found = by_op.get(item.correlation_id)  # never 0: work launched from no op is no op's
             if found:
                 spans.extend(found)
             pending.extend(item.children)
@@ -453,7 +444,7 @@ class _Converter:
             self.replace(at, device_time_ns=self.kernel_time(event))
 
     def walk_children(self, event: Any, in_backward: bool) -> None:
-        for child in self.kids(event):
+        for child in event.children:
             name = child.name
             kind = _kind(child, name)
             if kind == "op":  # the common case, without a second read of the name
@@ -602,7 +593,7 @@ class _Converter:
     def parts_flops(self, event: Any) -> int | None:
         """FLOPs of the ops nested in ``event``, read as :meth:`emit` reads them."""
         total = 0
-        for child in self.kids(event):
+        for child in event.children:
             name = child.name
             if _kind(child, name) != "op":
                 continue
@@ -619,7 +610,7 @@ class _Converter:
         return total
 
     def emit_children(self, event: Any, in_backward: bool, grad: tuple[int, None] | None) -> None:
-        for child in self.kids(event):
+        for child in event.children:
             name = child.name
             kind = _kind(child, name)
             if kind == "op":
@@ -638,7 +629,7 @@ class _Converter:
         grad = (seq, None)
         at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, None, grad=grad, tid=event.start_tid))  # type: ignore[arg-type]
         if self.detail is not None and self.detail.notes:  # memory recorded: notes mark each step's start
-            reads = _node_reads(event, event.name[len(_EVALUATE) :], self.kids)
+            reads = _node_reads(event, event.name[len(_EVALUATE) :])
             if reads:
                 self.put(event.start_time_ns, _Reads(event.start_time_ns, seq, reads))  # type: ignore[arg-type]
         first = len(self.records)
@@ -656,7 +647,7 @@ class _Converter:
         pending = list(reversed(event.children))  # in the order they happened
         while pending:
             item = pending.pop()
-            if item.name == _MEMORY:
+            if item.name == MEMORY:
                 fields = item.extra_fields
                 size, ident = fields.alloc_size, fields.allocation_id
                 self.note_device_total(item)
@@ -987,23 +978,23 @@ class _StepMemory:
         return out
 
 
-def _node_reads(event: Any, node: str, kids: Callable[[Any], list[Any]]) -> tuple[int, ...]:
+def _node_reads(event: Any, node: str) -> tuple[int, ...]:
     """Allocation ids of the tensors the ops under an autograd node's range read, less
     the gradients the node was given (the inputs of its own range, ``node``). Module
     frames (a checkpoint recomputing) and nested nodes are not read."""
     given: set[int] = set()
     read: dict[int, None] = {}
-    pending = list(kids(event))
+    pending = list(event.children)
     for child in pending:
         if child.name == node:
             given.update(_allocation_ids(child))
     while pending:
         item = pending.pop()
         name = item.name
-        if name == _MEMORY or _kind(item, name) != "op":
+        if name == MEMORY or _kind(item, name) != "op":
             continue
         read.update(dict.fromkeys(_allocation_ids(item)))
-        pending.extend(kids(item))
+        pending.extend(item.children)
     return tuple(ident for ident in read if ident not in given)
 
 

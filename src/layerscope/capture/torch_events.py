@@ -27,6 +27,7 @@ What is read, and what is left (each rule is where a wrong device time once came
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Any
 
 from layerscope.capture import _torch, op_args
@@ -255,13 +256,6 @@ def _node_out(event: Any) -> list[Any]:
     ]
 
 
-class _Fields:
-    """A node's kind's fields, by the names torch gives them."""
-
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
-
-
 class _Node:
     """A replayed node of the event tree: the attributes :func:`read_window` reads."""
 
@@ -275,16 +269,16 @@ class _Node:
             self.overload_name, fields, children = item
         self.tag = tags.get(tag, tag)
         if fields is None:
-            self.extra_fields = _Fields()
+            self.extra_fields = SimpleNamespace()
         elif tag == "Allocation":
             ptr, size, ident, allocated, reserved, device = fields
-            self.extra_fields = _Fields(
+            self.extra_fields = SimpleNamespace(
                 ptr=ptr, alloc_size=size, allocation_id=ident, total_allocated=allocated, total_reserved=reserved,
                 device=None if device is None else torch.device(device),
             )
         else:
             seq, scope, inputs = fields
-            self.extra_fields = _Fields(
+            self.extra_fields = SimpleNamespace(
                 sequence_number=seq, scope=None if scope is None else scopes[scope], inputs=[value_from_json(v) for v in inputs]
             )
         self.children = [_Node(c, tags, scopes) for c in children]
