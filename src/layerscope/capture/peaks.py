@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import torch
 
-# name fragment (lower case, matched in order) -> {dtype: dense TFLOP/s}
+# name fragment (lower case, matched in order) -> {dtype: dense TFLOP/s}. float32 is the
+# vector (non-tensor-core) figure. The B200's is the HGX (1,000 W) board's; "MI300X"
+# also matches its virtual function ("AMD Instinct MI300X VF"), the same chip.
 _PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("b200", {"bfloat16": 2250.0, "float16": 2250.0, "float32": 80.0}),
     ("h200", {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
     ("h100 pcie", {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0}),
     ("h100", {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
@@ -19,6 +22,7 @@ _PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("a10", {"bfloat16": 125.0, "float16": 125.0, "float32": 31.2}),
     ("v100", {"float16": 125.0, "float32": 15.7}),
     ("t4", {"float16": 65.0, "float32": 8.1}),
+    ("mi300x", {"bfloat16": 1307.4, "float16": 1307.4, "float32": 163.4}),
 ]
 
 
