@@ -29,6 +29,7 @@ from layerscope import fmt, formats
 from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, OpStats, PhaseStats, Profile
 
 __all__ = [
+    "DEFAULT_MIN_DEVICE_TIME_NS",
     "DEFAULT_MIN_TIME_NS",
     "METRICS",
     "Change",
@@ -47,6 +48,10 @@ __all__ = [
 #: never reported as a regression, however large its relative change. CPU timings of a
 #: few microseconds move by tens of percent from run to run.
 DEFAULT_MIN_TIME_NS = 50_000
+#: The default floor for device times: a kernel's time repeats within a few percent, and
+#: a small module's kernels take microseconds (a LayerNorm's, 5-20 µs on an H100), which
+#: the CPU's floor would hide from the gate.
+DEFAULT_MIN_DEVICE_TIME_NS = 5_000
 
 _TIMES: tuple[str, ...] = ("time_ns", "self_time_ns", "device_time_ns", "self_device_time_ns")
 
@@ -519,7 +524,7 @@ def _phrase(kind: str) -> str:
 
 
 def diff(
-    base: Profile, new: Profile, *, min_time_ns: int = DEFAULT_MIN_TIME_NS, metric: str | None = None
+    base: Profile, new: Profile, *, min_time_ns: int | None = None, metric: str | None = None
 ) -> ProfileDiff:
     """Compare ``new`` against ``base``.
 
@@ -527,15 +532,19 @@ def diff(
     ``base`` has is ``removed``, what only ``new`` has is ``added``. When the two are of
     different models, the paths they share are compared and ``warnings`` says so; when
     one has a backward phase and the other not, only the forward phase is compared.
-    ``min_time_ns`` is the noise floor :meth:`ProfileDiff.regressions` uses by default.
+    ``min_time_ns`` is the noise floor :meth:`ProfileDiff.regressions` uses by default
+    (None: :data:`DEFAULT_MIN_DEVICE_TIME_NS` for a device time, else
+    :data:`DEFAULT_MIN_TIME_NS`).
     ``metric`` (a name of :data:`METRICS`: ``self_cpu``, ``total_device``, ...) orders
     the rows and is what :meth:`ProfileDiff.regressions` gates on; None: the self device
     time where both sides measured one, else the self CPU time (the FLOPs when a side
     was counted without timing).
     """
-    if min_time_ns < 0:
+    if min_time_ns is not None and min_time_ns < 0:
         raise ValueError(f"min_time_ns must be >= 0, got {min_time_ns}")
     chosen = resolve_metric(base, new, metric)
+    if min_time_ns is None:
+        min_time_ns = DEFAULT_MIN_DEVICE_TIME_NS if "device" in chosen.name else DEFAULT_MIN_TIME_NS
     warnings: list[str] = []
     base_model = base.meta.model or base.root.type
     new_model = new.meta.model or new.root.type
