@@ -4,10 +4,9 @@ Every profile made here goes through ``check_tree``. Fixture models carry their 
 numbers in comments; the fake clock (each read +1000 ns) makes times exact, because a
 module's time is then only a count of clock reads:
 
-- a timing pass reads the clock once when a profiled module is entered and once when it
-  exits, and nothing else;
-- the op pass (``record_ops``) also reads it twice per aten op, and a ``profile()`` run
-  keeps that pass out of the module times.
+- a pass reads the clock once when a profiled module is entered and once when it exits;
+- with ``record_ops`` (the default) it also reads it twice per aten op, so a module's
+  time holds its ops' ticks, as a real run's holds its ops' time.
 """
 
 from __future__ import annotations
@@ -364,20 +363,22 @@ def test_profiler_reads_like_a_profile() -> None:
 def test_fake_clock_profile_exact(fake_clock: Any) -> None:
     # Memory tracking reads the clock too (frees, live memory at the start): off here.
     prof = check_tree(layerscope.profile(Nested(), X, warmup=0, repeat=2, clock=fake_clock, memory=False))
-    # Timing pass reads: enter root (1), enter child (2), exit child (3), exit root (4).
-    #   child: 3-2 = 1 read -> 1000 self = total
-    #   root:  4-1 = 3 reads = 3000 total, minus the child's 1000 -> 2000 self
-    assert prof["child"].forward.self_cpu_time_ns == 1000
-    assert prof["child"].forward.cpu_time_ns == 1000
-    assert prof.root.forward.self_cpu_time_ns == 2000
-    assert prof.root.forward.cpu_time_ns == 3000
-    assert prof.meta["pass_cpu_time_ns"] == [3000, 3000]
-    # Op pass: each op is two reads apart -> 1000 ns, and stays out of module times.
+    # Each pass records its ops, and the tree is one pass's. Reads: enter root (1),
+    # add (2, 3), enter child (4), mul (5, 6), exit child (7), exit root (8).
+    #   child: 7-4 = 3 reads -> 3000 self = total, its mul 1000 of it
+    #   root:  8-1 = 7 reads = 7000 total, minus the child's 3000 -> 4000 self, add 1000 of it
+    assert prof["child"].forward.self_cpu_time_ns == 3000
+    assert prof["child"].forward.cpu_time_ns == 3000
+    assert prof.root.forward.self_cpu_time_ns == 4000
+    assert prof.root.forward.cpu_time_ns == 7000
+    assert prof.meta["pass_cpu_time_ns"] == [7000, 7000]
+    # Two equal passes: the lower median is the first.
+    assert prof.meta["shown_pass"] == 0
     [mul] = prof["child"].ops
     [add] = prof.root.ops
     assert (mul.name, mul.calls, mul.cpu_time_ns, mul.self_cpu_time_ns) == ("aten::mul", 1, 1000, 1000)
     assert (add.name, add.calls, add.cpu_time_ns, add.self_cpu_time_ns) == ("aten::add", 1, 1000, 1000)
-    # Reads in all: 2 timing passes x 4 + op pass (4 module reads + 2 ops x 2) = 16.
+    # Reads in all: 2 passes x 8, and nothing else.
     assert fake_clock.now == 16 * STEP
 
 
@@ -396,11 +397,13 @@ def test_fake_clock_repeated_module_exact(fake_clock: Any) -> None:
 
 
 def test_fake_clock_warmup_is_not_measured(fake_clock: Any) -> None:
-    prof = check_tree(layerscope.profile(Nested(), X, warmup=2, repeat=3, clock=fake_clock))
-    # Whatever warm-up reads, module times come from the 3 timing passes alone.
-    assert prof.root.forward.cpu_time_ns == 3000
-    assert prof["child"].forward.cpu_time_ns == 1000
-    assert prof.meta["pass_cpu_time_ns"] == [3000, 3000, 3000]
+    prof = check_tree(layerscope.profile(Nested(), X, warmup=2, repeat=3, clock=fake_clock, memory=False))
+    # Whatever warm-up reads, the tree is one of the 3 measured passes (8 reads each,
+    # as in test_fake_clock_profile_exact).
+    assert prof.root.forward.cpu_time_ns == 7000
+    assert prof["child"].forward.cpu_time_ns == 3000
+    assert prof.meta["pass_cpu_time_ns"] == [7000, 7000, 7000]
+    assert prof.meta["shown_pass"] == 1
 
 
 def test_fake_clock_profiler_block_counts_ops_in_module_times(fake_clock: Any) -> None:
@@ -519,7 +522,6 @@ def test_progress_reports_every_stage() -> None:
     assert seen == [
         ("warmup", 1, 2), ("warmup", 2, 2),
         ("measure", 1, 3), ("measure", 2, 3), ("measure", 3, 3),
-        ("ops", 1, 1),
     ]
     seen.clear()
     layerscope.profile(Nested(), X, warmup=0, repeat=1, record_ops=False, progress=lambda *a: seen.append(a))

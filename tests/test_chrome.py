@@ -317,5 +317,5 @@ def test_other_data_says_how_times_were_measured() -> None:
     assert other["times"].startswith("module times: the sum of 3 steps, each timed with its ops")
     assert "torch's profiler" in other["trace_times"] and "2^-12" in other["time_unit"]
     one = _chrome(_zoo_backward("mlp"))["otherData"]
-    assert (one["mode"], one["trace_run"], one["repeat"]) == ("profile", "op pass", 1)
-    assert one["times"] == "module times: median of 1 timed pass after 1 warm-up, apart from the traced op pass"
+    assert (one["mode"], one["trace_run"], one["repeat"]) == ("profile", "pass 1", 1)
+    assert one["times"] == "every figure: the one pass after 1 warm-up, the traced run itself"

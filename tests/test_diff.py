@@ -38,8 +38,11 @@ def _net(hidden: int = 16, *, swap: bool = False, extra: bool = False) -> nn.Mod
 
 
 def _profile(model: nn.Module, *, step_ns: int = 1000, batch: int = BATCH, **options: Any) -> layerscope.Profile:
+    """A fake-clock profile. Without ops by default: each leaf module then takes one tick,
+    the figures below are counted from; ``record_ops=True`` adds the ops' ticks."""
     torch.manual_seed(0)
     options.setdefault("memory", False)
+    options.setdefault("record_ops", False)
     prof = layerscope.profile(
         model, torch.randn(batch, 8), warmup=1, repeat=3, clock=FakeClock(step_ns), **options
     )
@@ -90,16 +93,17 @@ def _paths(diff: ProfileDiff) -> list[str]:
 
 
 def test_added_and_removed_modules_are_marked() -> None:
-    base = _profile(_net())
-    new = _profile(_net(swap=True, extra=True))
+    base = _profile(_net(), record_ops=True)
+    new = _profile(_net(swap=True, extra=True), record_ops=True)
     result = layerscope.diff(base, new)
     status = {row.path: row.status for row in result.rows}
     assert status == {"": "matched", "embed": "matched", "head": "matched",
                       "act": "removed", "gelu": "added", "norm": "added"}
     act, gelu = result.row("act"), result.row("gelu")
     assert (act.type_base, act.type_new) == ("ReLU", None)
-    assert act["self_time_ns"] == Change(1000, None)
-    assert (gelu["self_time_ns"].base, gelu["self_time_ns"].new) == (None, 1000)
+    # Each takes three ticks: its call, and its one op's start and end.
+    assert act["self_time_ns"] == Change(3000, None)
+    assert (gelu["self_time_ns"].base, gelu["self_time_ns"].new) == (None, 3000)
     assert gelu["self_time_ns"].delta is None and gelu["flops"].delta is None
     # Their ops go with them.
     op_status = {(row.path, row.op): row.status for row in result.op_rows}
@@ -118,7 +122,7 @@ def test_added_and_removed_modules_are_marked() -> None:
 def test_a_path_that_changed_type_is_noted() -> None:
     swapped = _net()
     swapped.act = nn.Tanh()  # same path, another module
-    result = layerscope.diff(_profile(_net()), _profile(swapped))
+    result = layerscope.diff(_profile(_net(), record_ops=True), _profile(swapped, record_ops=True))
     row = result.row("act")
     assert row.status == "matched" and (row.type_base, row.type_new) == ("ReLU", "Tanh")
     line = next(line for line in result.render().splitlines() if line.startswith("act "))
@@ -147,7 +151,7 @@ def test_ops_match_by_module_phase_name_and_input_shapes() -> None:
     # A larger batch changes addmm's and relu's input shapes but not the weight's
     # transpose (aten::t of the [16, 8] weight): t matches as it is; addmm, alone of its
     # name in its module and phase on each side, matches by name with its shape change.
-    result = layerscope.diff(_profile(_net()), _profile(_net(), batch=3))
+    result = layerscope.diff(_profile(_net(), record_ops=True), _profile(_net(), batch=3, record_ops=True))
     by_key = {(row.path, row.op, json.dumps(row.input_shapes)): row for row in result.op_rows}
     assert by_key[("embed", "aten::t", "[[16, 8]]")].status == "matched"
     assert by_key[("embed", "aten::t", "[[16, 8]]")].new_input_shapes is None
@@ -165,7 +169,7 @@ def test_ops_match_by_module_phase_name_and_input_shapes() -> None:
     assert by_key[("head", "aten::t", "[[4, 16]]")].status == "matched"
     # With backward, each phase's ops are their own rows; a profile against itself
     # matches every one of them.
-    step = _profile(_net(), backward=True)
+    step = _profile(_net(), backward=True, record_ops=True)
     own = layerscope.diff(step, step)
     phases = {row.phase for row in own.op_rows}
     assert phases == {"forward", "backward"}
@@ -178,7 +182,7 @@ def test_ops_match_by_module_phase_name_and_input_shapes() -> None:
 def test_ops_with_several_call_sites_are_compared_as_one() -> None:
     # With with_stack, one (module, phase, name, shapes) can hold one entry per call
     # site; the diff adds them up rather than matching them one by one.
-    prof = _profile(_net())
+    prof = _profile(_net(), record_ops=True)
     doc = prof.to_dict()
     head = next(entry for entry in doc["modules"] if entry["path"] == "head")
     addmm = next(op for op in head["ops"] if op["name"] == "aten::addmm")
@@ -298,7 +302,7 @@ class Wide(nn.Module):
 
 
 def test_different_models_warn_and_compare_the_paths_they_share() -> None:
-    result = layerscope.diff(_profile(_net()), _profile(Wide()))
+    result = layerscope.diff(_profile(_net(), record_ops=True), _profile(Wide(), record_ops=True))
     assert len(result.warnings) == 1
     assert "different models: base is Sequential, new is Wide" in result.warnings[0]
     assert "4 paths they share" in result.warnings[0]  # "", embed, act, head
@@ -318,13 +322,17 @@ def test_forward_only_against_a_step_compares_the_forward_phase() -> None:
     result = layerscope.diff(forward, step)
     assert any(w.startswith("different modes: base is forward-only, new is a step with backward") for w in result.warnings)
     assert result.phases == ("forward",) and result.total_kind == "forward"
-    # The forward is the same work timed by the same fake clock: nothing moved in it.
+    # The forward is the same calls timed by the same fake clock: nothing moved in it.
     for path in ("", "embed", "act", "head"):
         assert result.row(path)["self_time_ns"].delta == 0, path
-        assert result.row(path)["flops"].delta == 0, path
     assert result.summary["time_ns"].delta == 0
     assert {row.path for row in result.rows if row.status == "added"} == {"<loss>", "<other>"}
-    assert {row.phase for row in result.op_rows} == {"forward"}
+    # With ops: the same FLOPs, and only forward op rows compared.
+    counted = layerscope.diff(_profile(_net(), record_ops=True), _profile(_net(), backward=True, record_ops=True))
+    for path in ("", "embed", "act", "head"):
+        assert counted.row(path)["flops"].delta == 0, path
+    assert {row.phase for row in counted.op_rows} == {"forward"}
+    step = _profile(_net(), backward=True, record_ops=True)
     # Two steps compare the whole step, backward included.
     both = layerscope.diff(step, step)
     assert both.warnings == [] and both.total_kind == "step"
@@ -409,8 +417,6 @@ def test_device_time_is_the_default_metric_when_both_sides_have_it(
         ("total_cpu", ["model total (forward time) +15.0%", "(root) (forward total_cpu) +15.0%", "embed (forward total_cpu) +30.0%"]),
         # The root's device total falls by 300us: only head, +20%.
         ("total_device", ["head (forward total_device) +20.0%"]),
-        # Same model, same shapes: no FLOP moved.
-        ("total_flops", []),
     ],
 )
 def test_metric_chooses_what_is_gated(
@@ -442,7 +448,7 @@ def test_metric_on_the_command_line(device_pair: tuple[layerscope.Profile, layer
 def test_each_phase_is_gated_on_its_own_and_named(tmp_path: Path) -> None:
     # A training step: head's forward self time falls by 600us while its backward grows
     # by 300us. Summed, head is 300us faster; the backward alone is +300us on 1ms, +30%.
-    step = _profile(_net(), backward=True)
+    step = _profile(_net(), backward=True, record_ops=True)
     base = _moved(_slower(step, {"head": 999_000}), {"head": 1_000_000 - step["head"].backward.self_cpu_time_ns}, phase="backward")
     new = _moved(_moved(base, {"head": -600_000}), {"head": 300_000}, phase="backward")
     result = layerscope.diff(base, new)
@@ -462,8 +468,8 @@ def _two_linears() -> nn.Module:
 
 
 def test_ops_paired_across_shapes_compare_all_their_calls() -> None:
-    base = _profile(_two_linears(), batch=4, backward=True)
-    new = _profile(_two_linears(), batch=8, backward=True)
+    base = _profile(_two_linears(), batch=4, backward=True, record_ops=True)
+    new = _profile(_two_linears(), batch=8, backward=True, record_ops=True)
     result = layerscope.diff(base, new)
     rows = [r for r in result.op_rows if (r.path, r.op, r.phase) == ("proj", "aten::mm", "backward")]
     assert len(rows) == 1 and rows[0].status == "matched"
@@ -519,8 +525,8 @@ def test_untimed_counts_compare_flops_only() -> None:
 def golden_pair() -> tuple[layerscope.Profile, layerscope.Profile]:
     """base: the 16-wide net; new: 32 wide with ``norm`` added and ``act`` swapped for
     ``gelu``, its embed 40us slower. Memory is tracked: byte counts are exact too."""
-    base = _profile(_net(), memory=True)
-    new = _slower(_profile(_net(hidden=32, swap=True, extra=True), step_ns=1100, memory=True), {"embed": 40_000})
+    base = _profile(_net(), memory=True, record_ops=True)
+    new = _slower(_profile(_net(hidden=32, swap=True, extra=True), step_ns=1100, memory=True, record_ops=True), {"embed": 40_000})
     return base, new
 
 
@@ -704,12 +710,41 @@ def test_gpu_traces_are_gated_on_device_time(bert_h100_mi300x: tuple[layerscope.
     assert None not in [r.path for r in cpu.regressions("20%")]
 
 
+def test_the_device_floor_lets_small_gpu_modules_be_gated(
+    bert_h100_mi300x: tuple[layerscope.Profile, layerscope.Profile],
+) -> None:
+    result = layerscope.diff(*bert_h100_mi300x)
+    # Device times repeat within a few percent, and a small model's kernels take
+    # microseconds: the floor for a device time is 5us, not the CPU's 50us.
+    assert result.min_time_ns == 5_000
+    found = result.regressions("20%")
+    # Layer 0's attention: 10.080us of self device time on the H100, 32.032us on the
+    # MI300X (+217.8%), below 50us on both sides, yet named.
+    attention = "BertModel_0.BertEncoder_0.BertLayer_0.BertAttention_0.BertSdpaSelfAttention_0"
+    assert [r.change for r in found if r.path == attention] == [Change(10_080, 32_032)]
+    assert f"{attention} (forward self_device) +217.8%" in [str(r) for r in found]
+    # Under the CPU's floor only the model's total remains.
+    assert [r.path for r in result.regressions("20%", min_time_ns="50us")] == [None]
+    # On CPU time the floor stays 50us.
+    assert layerscope.diff(*bert_h100_mi300x, metric="self_cpu").min_time_ns == 50_000
+
+
+def test_flops_gate_nothing_when_no_flop_moved() -> None:
+    # Same model, same shapes: no FLOP moved, whatever the times did.
+    result = layerscope.diff(_profile(_net(), record_ops=True), _profile(_net(), step_ns=1300, record_ops=True), metric="total_flops")
+    assert result.metric == "total_flops" and result.regressions(0.1) == []
+
+
 def test_gpu_traces_on_the_command_line(shared_traces: Path, tmp_path: Path) -> None:
     base = str(shared_traces / "h100_bert_small_inference.json.gz")
     new = str(shared_traces / "mi300x_bert_small_inference.json.gz")
     run = run_cli("diff", base, new, "--fail-above", "20%", cwd=tmp_path)
     assert run.returncode == 1, run
-    assert run.stdout.splitlines()[-1] == "Regressed above 20%: model total (step device time) +26.3%"
+    lines = run.stdout.splitlines()
+    at = lines.index("Regressed above 20%: 10 (the model's total and 9 nodes), largest first:")
+    assert lines[at + 1] == "  model total (step device time) +26.3%"
+    # Small modules' device time is gated too (a 5us floor): layer 0's attention +217.8%.
+    assert "  BertModel_0.BertEncoder_0.BertLayer_0.BertAttention_0.BertSdpaSelfAttention_0 (forward self_device) +217.8%" in lines
     assert "Modules, largest change in self device time first:" in run.stdout
     run = run_cli("diff", base, new, "--fail-above", "20%", "--metric", "self_cpu", cwd=tmp_path)
     assert run.returncode == 1, run

@@ -73,7 +73,7 @@ def whole_time_ns(profile: Profile) -> int:
 
 @pytest.fixture(scope="module")
 def resnet_forward() -> Profile:
-    # profile(): module times from timed passes, op times from a slower op pass.
+    # profile(): module and op times from one pass, the median.
     entry = zoo.get("resnet18")
     return check_tree(layerscope.profile(entry.build(), entry.example_inputs(1), warmup=1, repeat=1))
 
@@ -108,7 +108,8 @@ def real(request: pytest.FixtureRequest) -> Profile:
 
 def hand_built() -> Profile:
     """Net (self 1500 ns: view 500) > blocks (ModuleList) > 0 (self 2000 ns; its ops took
-    1500 + 1500 ns in the op pass, more than its self time) > a label with a ``;`` and a
+    1500 + 1500 ns, more than its self time, as in a file an older layerscope wrote with
+    ops from a pass of their own) > a label with a ``;`` and a
     line break in its name (self 300 ns)."""
 
     def stats(total: int, own: int, flops: int, self_flops: int) -> PhaseStats:
@@ -179,8 +180,7 @@ def test_forward_only_profile_has_no_phase_frames(resnet_forward: Profile) -> No
     lines = folded_lines(resnet_forward.render("folded"))
     assert {frames[0] for frames, _ in lines} == {"ResNet"}
     assert any(frames[-1] == "aten::convolution" for frames, _ in lines)
-    # Where the op pass took longer than the module's timed self time, the module's own
-    # line and its op lines (consecutive) still add up to its self time.
+    # The module's own line and its op lines (consecutive) add up to its self time.
     for node in resnet_forward.modules():
         prefix = ("ResNet", *node.path.split(".")) if node.path else ("ResNet",)
         own = sum(

@@ -100,10 +100,11 @@ def test_mfu_column_hand_computed(fake_clock) -> None:
     )
     assert prof.meta["peak_flops_per_s"] == 100_000_000_000
     root_line = prof.render("text").splitlines()[4]
-    # 852,370 FLOPs in 27 fake µs = 31.57 GFLOP/s; of a 0.1 TFLOP/s peak: 31.6%
-    assert prof.root.forward.flops == 852_370 and prof.root.forward.cpu_time_ns == 27_000
-    assert "31.57 GFLOP/s" in root_line and "31.6%" in root_line
-    assert "31.6% of peak" in prof.render("model")
+    # 852,370 FLOPs in 67 fake µs (27 ticks of module calls, 40 of their 20 ops' starts
+    # and ends) = 12.72 GFLOP/s; of a 0.1 TFLOP/s peak: 12.7%
+    assert prof.root.forward.flops == 852_370 and prof.root.forward.cpu_time_ns == 67_000
+    assert "12.72 GFLOP/s" in root_line and "12.7%" in root_line
+    assert "12.7% of peak" in prof.render("model")
 
 
 def test_bad_peak_is_refused_before_running() -> None:

@@ -483,8 +483,8 @@ def test_a_gradient_the_user_had_keeps_its_value() -> None:
     assert bool((model.fc.bias.grad == 1).all())
 
 
-# (warmup, raise_on) with repeat=1: the last warm-up pass, the timing pass, the op pass
-# raises; every pass before it moved the statistics and drew a dropout mask.
+# (warmup, raise_on) with repeat=1: the last warm-up pass, the first recorded pass (its
+# window's first-use costs, dropped), the measured pass raises; every pass before it moved the statistics and drew a dropout mask.
 @pytest.mark.parametrize(("warmup", "raise_on"), [(2, 2), (1, 2), (1, 3)])
 def test_values_are_restored_when_forward_raises(warmup: int, raise_on: int) -> None:
     model = nn.Sequential(norm_drop(), Raiser(ValueError("boom"), raise_on=raise_on))
@@ -566,9 +566,9 @@ def test_profiler_block_keeps_what_the_users_code_did(record_ops: bool) -> None:
 # -- a forward that raises -------------------------------------------------------------
 
 
-# (warmup, raise_on): which pass raises. With warmup=1 and ops on, call 1 is the warm-up
-# pass under the op-recording mode; with warmup=0, call 1 is a timing pass and call 2
-# (repeat=1) the op pass.
+# (warmup, raise_on): which pass raises. With warmup=1, call 1 is the warm-up pass; with
+# warmup=0, call 1 is the first recorded pass (dropped) and call 2 (repeat=1) the
+# measured one.
 RAISING_PASSES = [(1, 1), (0, 1), (0, 2)]
 
 

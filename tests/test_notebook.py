@@ -139,10 +139,10 @@ def test_a_notebooks_bar_is_html_and_text() -> None:
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     report = StageBars(progress)
-    report("ops", 1, 1)
+    report("measure", 1, 1)
     report("batch sizes", 1, 3)
     shown = snapshot(progress)._repr_mimebundle_([], [])
-    assert re.search(r"recording ops +━+ 1/1", shown["text/plain"])
+    assert re.search(r"measuring +━+ 1/1", shown["text/plain"])
     assert re.search(r"batch sizes +━+╺?━* 1/3", shown["text/plain"])
     assert shown["text/html"].startswith("<pre") and "1/3" in shown["text/html"]
 
@@ -204,7 +204,7 @@ def test_the_quickstart_runs_in_this_pythons_kernel(executed: Any) -> None:
 def test_the_quickstarts_progress_bars_end_full(executed: Any) -> None:
     """The bars are one output each, updated in place: the saved notebook holds the last
     state, every stage done."""
-    for cell_id, stages in {"model-level": ["warm-up", "measuring", "recording ops"], "bench": ["batch sizes"]}.items():
+    for cell_id, stages in {"model-level": ["warm-up", "measuring"], "bench": ["batch sizes"]}.items():
         [bars] = [o for o in _cell(executed, cell_id).outputs if o.output_type == "display_data"]
         text = bars["data"]["text/plain"]
         assert [line.split()[0] for line in text.splitlines()] == [stage.split()[0] for stage in stages], cell_id

@@ -686,10 +686,18 @@ def test_the_api_gives_a_real_traces_peak(shared_traces: Path) -> None:
     meta = layerscope.load(shared_traces / "h100_bert_base_fwd.json.gz").meta
     assert meta.peak_flops_per_s == 67 * 10**12
     assert "dense float32 figure" in (meta.peak_from or "")
-    # The AMD Instinct MI300X is not in the table: no peak, never 0, and the reason kept.
+    # The AMD Instinct MI300X (its virtual function here), BERT in bf16: AMD's datasheet
+    # figure for dense bf16, 1,307.4 TFLOP/s.
     meta = _trace(shared_traces, "mi300x_bert_small_inference").meta
-    assert meta.peak_flops_per_s is None
-    assert meta.peak_from == "the AMD Instinct MI300X VF is not in layerscope's datasheet table"
+    assert meta.peak_flops_per_s == int(1307.4 * 10**12)
+    assert meta.peak_from == (
+        "the AMD Instinct MI300X VF's dense bfloat16 figure in layerscope's datasheet table "
+        "(bfloat16 in 56 of 56 matrix-op calls)"
+    )
+    # The B200 (GPT-OSS, tensor-parallel rank 0), in bf16: NVIDIA's dense 2,250 TFLOP/s.
+    meta = _trace(shared_traces, "b200_gptoss_tp8_rank0").meta
+    assert meta.peak_flops_per_s == 2250 * 10**12
+    assert (meta.peak_from or "").startswith("the NVIDIA B200's dense bfloat16 figure")
 
 
 def test_mfu_of_a_training_trace_is_its_phases_flops_over_their_busy_time(shared_traces: Path) -> None:
@@ -733,8 +741,13 @@ def test_show_gives_a_traces_mfu_from_the_gpu_it_names(shared_traces: Path, tmp_
 def test_show_says_why_mfu_is_blank_for_a_gpu_not_in_the_table(shared_traces: Path, tmp_path: Path) -> None:
     from test_cli import assert_usage_error, run_cli
 
-    trace = str(shared_traces / "mi300x_bert_small_inference.json.gz")
-    why = "the AMD Instinct MI300X VF is not in layerscope's datasheet table"
+    # The MI300X's trace, its GPU renamed to one the table does not list.
+    doc = json.loads(gzip.decompress((shared_traces / "mi300x_bert_small_inference.json.gz").read_bytes()))
+    for device in doc["deviceProperties"]:
+        device["name"] = "Some Accelerator 9000"
+    trace = str(tmp_path / "unknown_gpu.json")
+    Path(trace).write_text(json.dumps(doc), encoding="utf-8")
+    why = "the Some Accelerator 9000 is not in layerscope's datasheet table"
     done = run_cli("show", trace, "--depth", "0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"MFU unknown: {why} (--peak-tflops gives one)" in done.stdout.splitlines()

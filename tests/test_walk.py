@@ -79,29 +79,32 @@ def test_build_module_called_twice() -> None:
     assert prof["a"].calls == 0 and cpu(prof, "a") == (0, 0)
 
 
-def _one_child_pass(child_ns: int) -> list[Event]:
-    # root lasts 200 in every pass; a lasts child_ns inside it.
-    return [enter(0, ROOT), enter(10, A), leave(10 + child_ns, A), leave(200, ROOT)]
+def _one_child_pass(child_ns: int, root_ns: int = 200) -> list[Event]:
+    # root lasts root_ns; a lasts child_ns inside it.
+    return [enter(0, ROOT), enter(10, A), leave(10 + child_ns, A), leave(root_ns, ROOT)]
 
 
-def test_build_median_of_three_passes() -> None:
-    prof = build(*[_one_child_pass(d) for d in (10, 50, 30)])
-    # a self: 10, 50, 30 -> median 30; root self: 190, 150, 170 -> median 170.
+def test_build_shows_the_median_pass_whole() -> None:
+    prof = build(*[_one_child_pass(d, r) for d, r in ((10, 300), (50, 200), (30, 250))])
+    # Passes last 300, 200, 250: the median is the third, shown whole (a 30, root
+    # 250 - 30 = 220 self), so the tree adds up to a measured pass.
+    assert prof.meta["shown_pass"] == 2
     assert cpu(prof, "a") == (30, 30)
-    assert cpu(prof, "") == (170, 200)
-    assert prof.meta["pass_cpu_time_ns"] == [200, 200, 200]
+    assert cpu(prof, "") == (220, 250)
+    assert prof.meta["pass_cpu_time_ns"] == [300, 200, 250]
 
 
-def test_build_median_is_median_low_per_module() -> None:
-    prof = build(*[_one_child_pass(d) for d in (10, 30, 50, 70)])
-    # a self: 10, 30, 50, 70 -> median_low 30 (the plain median would be 40).
-    # root self: 190, 170, 150, 130 -> median_low 150. Totals are rebuilt from the
-    # per-module medians: 150 + 30 = 180, though every pass lasted 200.
-    assert cpu(prof, "a") == (30, 30)
-    assert cpu(prof, "") == (150, 180)
+def test_build_median_pass_is_the_lower_median_and_first_of_equals() -> None:
+    prof = build(*[_one_child_pass(d, r) for d, r in ((10, 400), (30, 100), (50, 300), (70, 200))])
+    # 100, 200, 300, 400: the lower median 200 is the fourth pass (a 70), an observed one.
+    assert prof.meta["shown_pass"] == 3
+    assert cpu(prof, "a") == (70, 70)
+    assert cpu(prof, "") == (130, 200)
+    equal = build(*[_one_child_pass(d) for d in (10, 30, 50)])
+    assert equal.meta["shown_pass"] == 1 and cpu(equal, "a") == (30, 30)
 
 
-def test_build_calls_median_across_passes() -> None:
+def test_build_calls_are_the_median_pass_s() -> None:
     once = [enter(0, ROOT), enter(1, C), leave(2, C), leave(10, ROOT)]
     twice = [enter(0, ROOT), enter(1, C), leave(2, C), enter(3, C), leave(4, C), leave(10, ROOT)]
     prof = build(once, twice, twice)

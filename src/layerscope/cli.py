@@ -201,7 +201,7 @@ def _add_run_options(
         parser.add_argument("--device", default="cpu", help="run on this device: cpu, cuda, cuda:1 (default cpu)")
         parser.add_argument("--warmup", type=_positive, default=2, help="unmeasured passes first (default 2)")
         parser.add_argument("--repeat", type=_at_least_one, default=5, help="measured passes; medians are reported (default 5)")
-        parser.add_argument("--no-ops", action="store_true", help="skip the pass that records aten ops, shapes, FLOPs and memory")
+        parser.add_argument("--no-ops", action="store_true", help="time the passes by module hooks alone, the leanest: no aten ops, shapes, FLOPs or memory")
         parser.add_argument(
             "--with-stack", action="store_true",
             help="keep each op's Python call site (for --format ops --group-by stack:N)",
@@ -409,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser(
         "profile", help="profile a model layer by layer: time, FLOPs, memory (--backward: the training step)", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run warm-up passes, then measured passes, and show per-module medians.",
+        description="Run warm-up passes, then measured passes, and show the median pass whole: its module "
+        "tree, op rows, FLOPs and memory, all from that one run.",
     )
     _add_run_options(prof, spec=True)
 
@@ -500,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--min-time", metavar="TIME",
         help="noise floor: ignore modules whose metric (a time) is below this in both profiles "
-        "(50us, 1ms, 200ns; a bare number is ns; default 50us)",
+        "(50us, 1ms, 200ns; a bare number is ns; default 5us for a device time, else 50us)",
     )
     _add_output_options(compare, ("diff",), defaults={"limit": 20})
     _add_trace_model(compare)
@@ -964,7 +965,6 @@ def _plot_memory(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     """Exit 0 when nothing regressed above --fail-above, 1 when something did."""
     from layerscope.diff import (
-        DEFAULT_MIN_TIME_NS,
         diff,
         metric_named,
         parse_duration_ns,
@@ -978,7 +978,7 @@ def _diff(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--fail-above: {exc}") from None
     try:
-        floor = DEFAULT_MIN_TIME_NS if args.min_time is None else parse_duration_ns(args.min_time)
+        floor = None if args.min_time is None else parse_duration_ns(args.min_time)
     except ValueError as exc:
         raise UsageError(f"--min-time: {exc}") from None
     fmt = _output_format(args, "diff")

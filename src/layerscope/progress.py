@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 Report = Callable[[str, int, int], None]
 
 #: What each stage is called on its bar (others keep their own name: "batch sizes").
-STAGE_LABELS = {"warmup": "warm-up", "measure": "measuring", "ops": "recording ops"}
+STAGE_LABELS = {"warmup": "warm-up", "measure": "measuring"}
 
 #: A notebook's bar is redrawn at most this often (each redraw is a message to the front
 #: end), and always at the end of a stage and of the block.

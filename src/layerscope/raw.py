@@ -233,15 +233,17 @@ class ModuleInfo:
 class RawCapture:
     """Everything one profiling session recorded.
 
-    ``timing_passes`` are the measured passes (module enter/exit only); ``op_pass`` is
-    the stream that also holds op events (it may be one of the timing passes, when the
-    run was a single ``Profiler`` block). ``module_shapes`` maps a module index to its
+    ``timing_passes`` are the measured passes: module enter/exit only (per-node medians
+    are shown), or with ``detailed_passes`` each with its ops too (the median pass is
+    shown whole); ``op_pass`` is a stream that holds op events apart from them (an
+    untimed count's one pass). ``module_shapes`` maps a module index to its
     ``(input_shapes, output_shapes)`` from the first call.
     """
 
     modules: list[ModuleInfo]
     timing_passes: list[list[Event]] = field(default_factory=list)
     op_pass: list[Event] | None = None
+    detailed_passes: bool = False
     module_shapes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     has_device_time: bool = False
     #: Bytes of the parameters; None when not known (no model at hand).

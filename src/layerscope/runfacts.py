@@ -86,6 +86,9 @@ class RunFacts(Mapping[str, Any]):
     step_times_ns: list[int] | None = None
     #: Each timing pass's time in the model (profile()'s repeats; a block's steps summed).
     pass_cpu_time_ns: list[int] | None = None
+    #: profile()'s pass whose figures the profile shows, all of them (the median one;
+    #: counted from 0 over the measured passes); None where nodes hold per-node medians.
+    shown_pass: int | None = None
     #: Ops run while no profiled module was active (not in the tree).
     unattributed_ops: int | None = None
     #: The step's wall time, which the model's phases and the parts add up to.

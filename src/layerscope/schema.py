@@ -124,7 +124,7 @@ META = Obj(
         "step_range": Opt(Row((INT, INT))), "complete": Opt(BOOL), "schedule": Opt(STR), "detail_step": Opt(INT),
         "rank": Opt(INT), "world_size": Opt(INT), "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR),
         "backend": Opt(STR), "steps": Opt(INT), "step_numbers": Opt(ListOf(INT)), "step_times_ns": Opt(ListOf(INT)),
-        "pass_cpu_time_ns": Opt(ListOf(INT)), "unattributed_ops": Opt(INT), "step_time_ns": Opt(INT),
+        "pass_cpu_time_ns": Opt(ListOf(INT)), "shown_pass": Opt(INT), "unattributed_ops": Opt(INT), "step_time_ns": Opt(INT),
         "spec": Opt(STR),
         "source": Opt(Obj({
             "kind": STR, "file": STR, "device_names": ListOf(STR), "record_shapes": BOOL, "profile_memory": BOOL,

@@ -1,5 +1,5 @@
-"""The ways in that run the passes themselves: ``profile(model, inputs)`` (timed passes
-and a detailed one) and ``count_flops`` (one untimed pass). ``Profiler(model)``, which
+"""The ways in that run the passes themselves: ``profile(model, inputs)`` (measured
+passes, the median one shown) and ``count_flops`` (one untimed pass). ``Profiler(model)``, which
 wraps the user's own code, is ``block.py``'s. All end in a :class:`~layerscope.tree.Profile`."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from layerscope.raw import RawCapture
 from layerscope.runfacts import RunFacts
 from layerscope.tree import Profile
 
-#: ``progress(stage, done, total)``: stage is "warmup", "measure" or "ops".
+#: ``progress(stage, done, total)``: stage is "warmup" or "measure".
 Progress = Callable[[str, int, int], None]
 
 
@@ -84,16 +84,18 @@ def profile(
     ``inputs``, layer by layer.
 
     ``inputs`` is a Tensor, a tuple/list of positional arguments, or a dict of keyword
-    arguments. ``warmup`` unmeasured passes run first, then ``repeat`` timing passes
-    (per-module medians are reported), then, with ``record_ops``, one more pass that
-    records each module's aten ops and shapes (kept apart so op recording does not
-    inflate the module times). ``paths`` limits profiling to those ``named_modules()``
+    arguments. ``warmup`` unmeasured passes run first, then ``repeat`` measured passes.
+    With ``record_ops`` (the default) each measured pass is recorded by torch's profiler
+    with shapes (and memory): its module times, op rows, FLOPs, memory and trace come from
+    that one run, and the profile shows the median pass whole (``meta.shown_pass``; every
+    pass's time is in ``meta.pass_cpu_time_ns``), so every view agrees with every other.
+    Without it the passes are timed by module hooks alone, the leanest, and each module's
+    time is its median over them. ``paths`` limits profiling to those ``named_modules()``
     subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does
-    (the default without ``backward``). ``memory`` tracks memory in that same pass
+    (the default without ``backward``). ``memory`` tracks memory with the ops
     (allocations, peaks and activations per module, the step's peak and its culprit;
-    see ``Profile.memory``); it does not touch the timed passes. ``with_stack`` keeps
-    the user's Python frames that called each op (``OpStats.stack``), so op tables can
-    be grouped by call site; it costs time in that pass only.
+    see ``Profile.memory``). ``with_stack`` keeps the user's Python frames that called
+    each op (``OpStats.stack``), so op tables can be grouped by call site.
 
     ``backward=True`` makes each pass a training step without the optimizer: forward,
     the loss (``loss_fn(output)``, or the sum of the first floating-point tensor in the
@@ -105,7 +107,7 @@ def profile(
 
     torch's profiler runs one session per process: calls in several threads take
     turns, and one made while another thread's ``Profiler`` block holds it records
-    under a dispatch mode (``meta.ops_from``), as inside a user's own torch.profiler.
+    under a dispatch mode (``meta.times_from``), as inside a user's own torch.profiler.
 
     A model compiled whole (``torch.compile(model)``) is profiled from its kernels:
     layerscope compiles its module once more with Inductor's provenance tracking, and
@@ -154,26 +156,29 @@ def profile(
         # (another thread's profile() waits; a Profiler block's, maybe a training loop
         # long, makes this one record without it, as inside a user's torch.profiler).
         held = clock is None and (backward or record_ops) and session.enter_context(profiler_session(bounded=True))
-        # Forward alone is timed by module hooks on a Python clock (the leanest); a step with
-        # backward through torch's profiler, which sees autograd's engine without Python per
-        # op. A fake clock (tests) keeps every pass on the recorder.
-        timed: Backend | None = None
-        if backward and held:
-            timed = timed_steps(recorder, modules, selected, device)
-        if timed is None:
-            timed = RecorderSteps(recorder, detailed=False, steps=backward)
-        # Op rows, shapes, FLOPs and memory from a pass under torch's profiler (recording
-        # shapes and memory); the dispatch mode only where that profiler cannot run.
-        detail: Backend | None = None
-        if held:
-            detail = detailed_steps(
-                model, recorder, modules, selected, device, memory=memory, with_stack=with_stack, steps=backward,
-                inputs=recorder.memory_inputs,
-            )
-        ops_from = None
-        if detail is None:
-            detail = RecorderSteps(recorder, detailed=True, steps=backward)
-            ops_from = "dispatch mode" if record_ops and clock is None else None
+        # With op rows, the passes shown are detailed ones: torch's profiler recording
+        # shapes and memory (the dispatch mode only where it cannot run), each pass giving
+        # its module times, op rows, FLOPs, memory and trace at once, so every view is
+        # one run's. Without, forward alone is timed by module hooks on a Python clock
+        # (the leanest); a step with backward through torch's profiler, which sees
+        # autograd's engine without Python per op. A fake clock (tests) keeps every pass
+        # on the recorder.
+        runs: Backend | None = None
+        times_from = None
+        if record_ops:
+            if held:
+                runs = detailed_steps(
+                    model, recorder, modules, selected, device, memory=memory, with_stack=with_stack,
+                    steps=backward, inputs=recorder.memory_inputs,
+                )
+            if runs is None:
+                runs = RecorderSteps(recorder, detailed=True, steps=backward)
+                times_from = "dispatch mode" if clock is None else None
+        elif backward and held:
+            runs = timed_steps(recorder, modules, selected, device)
+        if runs is None:
+            runs = RecorderSteps(recorder, detailed=False, steps=backward)
+        detailed_hooks = record_ops and isinstance(runs, RecorderSteps)
 
         def step(on: Backend) -> None:
             _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
@@ -181,44 +186,32 @@ def profile(
         with grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
             for n in range(warmup):
                 clear_grads()
-                if record_ops and n == warmup - 1 and isinstance(detail, RecorderSteps):
+                if detailed_hooks and n == warmup - 1:
                     with recorder.warm_detail_pass():
-                        step(detail)
+                        step(runs)
                 else:
-                    step(timed)
+                    step(runs)
                 report("warmup", n + 1, warmup)
+            # Under torch's profiler, recording shapes and memory, a window's first pass
+            # takes its first-use costs: one more pass runs first and is dropped.
+            dropped = 1 if record_ops and not detailed_hooks else 0
             try:
-                for n in range(repeat):
+                for n in range(dropped + repeat):
                     clear_grads()
-                    timed.begin_step()
+                    runs.begin_step()
                     try:
-                        step(timed)
+                        step(runs)
                     finally:
-                        timed.end_step()
-                    report("measure", n + 1, repeat)
+                        runs.end_step()
+                    if n >= dropped:
+                        report("measure", n + 1 - dropped, repeat)
             finally:
-                timing_passes = timed.collect()
-            op_pass = None
-            if record_ops:
-                # Under torch's profiler a first pass takes its first-use costs (dropped).
-                passes = 1 if isinstance(detail, RecorderSteps) else 2
-                try:
-                    for _ in range(passes):
-                        clear_grads()
-                        detail.begin_step()
-                        try:
-                            step(detail)
-                        finally:
-                            detail.end_step()
-                finally:
-                    streams = detail.collect()
-                op_pass = streams[-1]
-                report("ops", 1, 1)
+                timing_passes = runs.collect()[dropped:]
 
     raw = RawCapture(
         modules=infos,
         timing_passes=timing_passes,
-        op_pass=op_pass,
+        detailed_passes=record_ops,
         module_shapes=recorder.module_shapes,
         has_device_time=recorder.has_device_time,
         param_bytes=param_bytes,
@@ -234,7 +227,7 @@ def profile(
             paths=None if paths is None else list(paths),
             **_inputs_meta(args, kwargs, device),
             peak_flops_per_s=peak,
-            **({"ops_from": ops_from} if ops_from else {}),
+            **({"times_from": times_from} if times_from else {}),
         ),
     )
     return build_profile(raw)

@@ -1,21 +1,19 @@
-"""Passes combined into one: per-node medians over ``profile()``'s timed passes, or running
-sums over a ``Profiler``'s steps. Either way only self figures are combined; totals are
-derived later over the static tree, so the invariants hold exactly (see docs/design.md).
+"""Passes combined into one: ``profile()``'s median pass, or running sums over a
+``Profiler``'s steps (only self figures are summed; totals are derived later over the
+static tree, so the invariants hold exactly: see docs/design.md).
 """
 
 from __future__ import annotations
-
-import statistics
 
 from layerscope.attribute.memory import MemoryResult
 from layerscope.attribute.walk import PassResult, add_busy, merge_enclosing
 from layerscope.tree import OpStats
 
 
-def _median_low(values: list[int]) -> int:
-    """The lower median, an observed value (a pass's own figure, never an average of
-    two); 0 for no values."""
-    return int(statistics.median_low(values)) if values else 0
+def median_pass(times: list[int]) -> int:
+    """The index of the pass whose time is the lower median of ``times`` (the first of
+    equals): the pass a profile shows whole."""
+    return sorted(range(len(times)), key=lambda n: (times[n], n))[(len(times) - 1) // 2]
 
 
 class Accumulator:
@@ -52,6 +50,7 @@ class Accumulator:
         if result.trace is not None:
             # The trace is the last step's: a long run keeps one step of spans.
             total.trace, total.trace_start_ns = result.trace, result.trace_start_ns
+            total.trace_step_ns = result.trace_step_ns
         if result.memory is not None:
             if total.memory is None:
                 total.memory = MemoryResult()
@@ -84,23 +83,3 @@ def _merge_op(into: OpStats, other: OpStats) -> None:
         into.alloc_bytes += other.alloc_bytes
         into.self_alloc_bytes = (into.self_alloc_bytes or 0) + (other.self_alloc_bytes or 0)
         into.freed_bytes = (into.freed_bytes or 0) + (other.freed_bytes or 0)
-
-
-def median_result(passes: list[PassResult]) -> PassResult:
-    """Per node and phase, the median self time over passes (0 where a pass lacked it)."""
-    out = PassResult()
-    for into, tables in (
-        (out.self_cpu, [p.self_cpu for p in passes]),
-        (out.self_dev, [p.self_dev for p in passes]),
-        (out.self_comm, [p.self_comm for p in passes]),
-    ):
-        for site in {site for table in tables for site in table}:
-            into[site] = _median_low([table.get(site, 0) for table in tables])
-    for key in {key for p in passes for key in p.calls}:
-        out.calls[key] = _median_low([p.calls.get(key, 0) for p in passes])
-    for p in passes:
-        for path, dyn in p.dynamic.items():
-            out.dynamic.setdefault(path, dyn)
-        merge_enclosing(out.enclosing, p.enclosing)
-        out.phases |= p.phases
-    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from layerscope.attribute.chain import Key, key_path
-from layerscope.attribute.combine import Accumulator, median_result
+from layerscope.attribute.combine import Accumulator, median_pass
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import Dynamic, PassResult, merge_enclosing, parent_indices, walk_pass
 from layerscope.comm import is_communication
@@ -27,24 +27,37 @@ from layerscope.tree import (
 
 
 def build_profile(raw: RawCapture) -> Profile:
-    """The :class:`Profile` for ``raw`` (median over its timing passes)."""
+    """The :class:`Profile` for ``raw``: its median timing pass, whole (with its op
+    rows when the passes are detailed), or its op pass alone (an untimed count)."""
     paths = [info.path for info in raw.modules]
     passes = [walk_pass(events, paths, has_device=raw.has_device_time) for events in raw.timing_passes]
-    op_result = op_walk(raw)
-    times = median_result(passes) if passes else PassResult()
-    # An untimed capture (count_flops) still knows how often each module ran.
-    if not passes and op_result is not None:
-        times.calls = dict(op_result.calls)
-        times.dynamic = dict(op_result.dynamic)
-        times.enclosing = dict(op_result.enclosing)
-        times.phases = set(op_result.phases)
     meta = raw.meta.copy()
-    if passes:
-        meta.pass_cpu_time_ns = [p.top_level_ns for p in passes]
-        walls = [p.wall_ns for p in passes if p.wall_ns is not None]
-        if walls:
-            meta.step_times_ns = walls
-    return assemble(raw, times, op_result, meta)
+    if not passes:
+        # An untimed count: no times, but it knows how often each module ran.
+        counted = op_walk(raw)
+        times = PassResult()
+        if counted is not None:
+            times.calls = dict(counted.calls)
+            times.dynamic = dict(counted.dynamic)
+            times.enclosing = dict(counted.enclosing)
+            times.phases = set(counted.phases)
+        return assemble(raw, times, counted, meta)
+    meta.pass_cpu_time_ns = [p.top_level_ns for p in passes]
+    walls = [p.wall_ns for p in passes if p.wall_ns is not None]
+    if walls:
+        meta.step_times_ns = walls
+    # The median pass, an observed one (the lower of two middles): every figure is that
+    # run's, so the tree adds up to a measured time, op rows add up within their
+    # modules and the trace is the tree's run.
+    shown = median_pass([p.wall_ns if p.wall_ns is not None else p.top_level_ns for p in passes])
+    meta.shown_pass = shown
+    if not raw.detailed_passes:
+        return assemble(raw, passes[shown], op_walk(raw), meta)
+    result = walk_pass(
+        raw.timing_passes[shown], paths, has_device=raw.has_device_time, collect_ops=True,
+        parents=parent_indices(raw.modules),
+    )
+    return assemble(raw, result, result, meta)
 
 
 def op_walk(raw: RawCapture) -> PassResult | None:
@@ -318,7 +331,7 @@ def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], p
         add_phase(phase)
         add_index(index)
     # A run with step marks starts at its first (time 0) and ends at its last.
-    return Trace(spans, flows, op_result.wall_ns)
+    return Trace(spans, flows, op_result.trace_step_ns)
 
 
 def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> MemorySummary | None:

@@ -101,6 +101,9 @@ class PassResult:
     #: 180,000-event stream about 40% slower (its instances stay tracked by the collector).
     trace: list[PassSpan] | None = None
     trace_start_ns: int = 0
+    #: The traced step's own wall time (``wall_ns`` of the step the trace is; a sum of
+    #: steps keeps its last step's trace, and this with it).
+    trace_step_ns: int | None = None
     #: The step's device work as a whole (``DeviceBusy``'s figures summed over the
     #: steps), None when the stream had none: what the nodes' device times are a share of.
     device_busy: DeviceBusy | None = None
@@ -703,6 +706,8 @@ class PassWalker:
             result.trace_start_ns = t_base
         if self.t_first is not None and self.t_last is not None:
             result.wall_ns = self.t_last - self.t_first
+            if result.trace is not None:
+                result.trace_step_ns = result.wall_ns
             wait = 0
             if self.collectives:
                 wait = waiting_ns(self.t_first, self.t_last, self.covered, self.collectives)

@@ -8,7 +8,7 @@ with times in microseconds on a binary grid finer than a nanosecond (see
 carry the path, phase, shapes and FLOPs per call. Flow arrows (``"ph": "s"``/``"f"``)
 lead from each forward op that created an autograd node to the first op run for that node
 in backward. A track of its own holds one span for the traced step (``step N``, or
-``op pass`` for ``profile()``), when the run had step marks.
+``pass N`` for ``profile()``'s median pass), when the run had step marks.
 
 Memory, with one step's (the timeline and the trace are then the same run): a counter
 of live bytes over time, a counter of the same bytes split by category (parameters,
@@ -17,9 +17,8 @@ event at the peak whose args are the peak's bytes by category.
 
 ``otherData`` says how the times were measured: the spans are the traced run's own
 times, recorded by torch's profiler (or, where it could not run, under a dispatch mode,
-``meta.times_from`` / ``meta.ops_from``); a ``Profiler``'s module times are the sum
-of its steps, the trace its last step; ``profile()``'s are medians of timed passes apart
-from the traced op pass. The document is yielded event by event, so saving a big trace
+``meta.times_from``); a ``Profiler``'s module times are the sum of its steps, the trace
+its last step; ``profile()``'s are its median pass's, the traced run itself. The document is yielded event by event, so saving a big trace
 streams it to disk.
 """
 
@@ -163,9 +162,17 @@ def _step_events(profile: Profile, pid: int) -> Iterator[str]:
     if step_ns is None:
         return
     number = traced_step(profile.meta)
-    name = "op pass" if number is None else f"step {number}"
+    name = _run_name(profile.meta, number)
     yield f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{_STEP_TID},"args":{{"name":"step"}}}}'
     yield _event(name, "step", 0, step_ns, pid, {"step": number, "step_ns": step_ns}, tid=_STEP_TID)
+
+
+def _run_name(meta: RunFacts, number: int | None) -> str:
+    """The traced run: ``step N`` of a block, ``pass N`` of ``profile()`` (its median,
+    counted from 1), ``op pass`` in files whose ``profile()`` traced a pass of its own."""
+    if number is not None:
+        return f"step {number}"
+    return "op pass" if meta.shown_pass is None else f"pass {meta.shown_pass + 1}"
 
 
 def _count(n: Any, noun: str) -> str:
@@ -176,7 +183,10 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
     """How the trace's times and the profile's times were measured, for ``otherData``."""
     meta = profile.meta
     number = traced_step(meta)
-    if meta.mode == "profile":
+    if meta.mode == "profile" and meta.shown_pass is not None:
+        which = "the one pass" if meta.repeat == 1 else f"pass {meta.shown_pass + 1}, the median of {meta.repeat}"
+        times = f"every figure: {which} after {meta.warmup} warm-up, the traced run itself"
+    elif meta.mode == "profile":
         times = (
             f"module times: median of {_count(meta.repeat, 'timed pass')} after "
             f"{meta.warmup} warm-up, apart from the traced op pass"
@@ -192,7 +202,7 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
     }
     dispatch = "dispatch mode" in (meta.times_from, meta.ops_from)
     return {
-        "trace_run": "op pass" if number is None else f"step {number}",
+        "trace_run": _run_name(meta, number),
         "trace_times": "the traced run's own, recorded under a dispatch mode (slower than an unrecorded run)"
         if dispatch
         else "the traced run's own, recorded by torch's profiler with shapes and memory",

@@ -11,9 +11,9 @@ timed profile), of device time (``metric="device_time"``, on a GPU) or FLOPs
 (``metric="flops"``). Times are rounded cumulatively, in line
 order (each value is the difference of consecutive rounded running sums), so the values
 add up exactly to the profile's total rounded to a microsecond: ``step_time_ns`` for a
-step, the root's forward time otherwise. Where a module's ops took longer in the op pass
-than the module's own self time in the timed passes (``profile()``), its ops are scaled
-down to fit; see ``render/stacks.py``. Lines that round to zero are left out.
+step, the root's forward time otherwise. Where a module's ops add up to more than its
+self time (files an older layerscope wrote), its ops are scaled down to fit; see
+``render/stacks.py``. Lines that round to zero are left out.
 
 Every line matches ``^[^\\n]+ \\d+$``: frame names have no ``;``, line breaks or
 trailing spaces (flamegraph.pl takes the value after the last space).

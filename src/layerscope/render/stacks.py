@@ -14,9 +14,9 @@ tree, never re-measured:
   step part a phase other than forward is a frame after the part's name
   (``<loss>;backward;aten::expand``).
 - **Weights.** A node's own stack holds its self value minus its ops' values; each op
-  stack holds the op's value. ``profile()`` times modules in timed passes and ops in a
-  separate, slower op pass, so a node's ops can add up to more than its self time: then
-  the ops are scaled down together to fit the node's self time exactly (rounded to
+  stack holds the op's value. Within one run a node's ops fit in its self time; where
+  they add up to more (a file an older layerscope wrote, whose ``profile()`` timed ops
+  in a pass of their own), the ops are scaled down together to fit the node's self time exactly (rounded to
   whole nanoseconds by cumulative rounding) and the node's own stack gets nothing. So no
   weight is ever negative, and the weights add up exactly to the sum of every node's
   self value over all phases: ``step_time_ns`` for a step, the root's forward time

@@ -467,8 +467,8 @@ def _footer(profile: Profile) -> list[str]:
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
             f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
-            f"median {fmt.time_ns(passes[(len(passes) - 1) // 2])}, max {fmt.time_ns(passes[-1])} "
-            "(the tree adds up per-module medians)"
+            f"median {fmt.time_ns(passes[(len(passes) - 1) // 2])}, max {fmt.time_ns(passes[-1])}"
+            + _shown_pass(profile)
         )
     unsupported = profile.unsupported_ops()
     if unsupported:
@@ -502,12 +502,20 @@ def _step_lines(profile: Profile) -> list[str]:
     if steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
-        head = f"Step (per-part medians): {fmt.time_ns(step)} = {parts}"
+        head = f"Step{_shown_pass(profile)}: {fmt.time_ns(step)} = {parts}"
     lines = [head, *flops]
     lines.extend(step_spread_lines(profile))
     if profile.meta.complete is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
     return lines
+
+
+def _shown_pass(profile: Profile) -> str:
+    """Which of ``profile()``'s passes the tree is, said after a figure of the passes."""
+    shown, passes = profile.meta.shown_pass, profile.meta.pass_cpu_time_ns or []
+    if shown is None or len(passes) < 2:
+        return ""
+    return f" (the tree is the median pass, pass {shown + 1} of {len(passes)})"
 
 
 def device_lines(profile: Profile) -> list[str]:
