@@ -575,8 +575,21 @@ def test_model_printout_shows_the_profiles_totals(profile: Profile) -> None:
 
 
 def test_torchprof_rows_are_the_nodes_times(profile: Profile) -> None:
-    text = profile.render("torchprof")
-    assert text
+    """Each measured row (torchprof measures the leaf modules, a label seen through: the
+    DDP trace's model inside DDP's forward range) shows its module's forward self and
+    total CPU time and calls, in torchprof's own format."""
+    header, rows = _table(profile.render("torchprof"))
+    measured = [dict(zip(header, row)) for row in rows if row[header.index("Number of Calls")]]
+    leaves = [
+        node for node in profile.modules()
+        if node.kind == "module" and not any(inner.kind == "module" for inner in list(node.walk())[1:])
+    ]
+    assert len(measured) == len(leaves)
+    for row, node in zip(measured, leaves):
+        if profile.timed:
+            assert row["Self CPU total"] == fmt.profiler_time(node.forward.self_cpu_time_ns / 1000), node.path
+            assert row["CPU total"] == fmt.profiler_time(node.forward.cpu_time_ns / 1000), node.path
+        assert row["Number of Calls"] == str(node.calls), node.path
 
 
 # -- HTML ---------------------------------------------------------------------------------
@@ -621,3 +634,49 @@ def test_every_profile_format_is_checked() -> None:
     """A format added to the registry gets a check here."""
     checked = {"text", "json", "csv", "ops", "model", "torchprof", "deepspeed", "chrome", "folded", "speedscope", "html", "kernels", "png"}
     assert set(formats.formats("profile")) == checked
+
+
+# -- merged ranks ---------------------------------------------------------------------------
+
+#: Recorded profiles that name their rank: a merged run of each (the others' ranks missing).
+RANKED = ("replay ddp_nccl_train", "trace h100_ddp_nccl_train", "trace b200_gptoss_tp8_rank0", "trace mi300x_resnet_ddp_actckpt_train_rank0")
+
+
+@pytest.mark.parametrize("case", RANKED)
+def test_a_merged_run_shows_its_ranks_figures(case: str, request: pytest.FixtureRequest) -> None:
+    from layerscope import ranks
+
+    if case.startswith("trace "):
+        request.getfixturevalue("shared_traces")
+    profile = _corpus(case)
+    merged = ranks.merge([profile])
+    doc = json.loads(merged.render("json"))
+    (record,) = doc["ranks"]
+    assert record["rank"] == (profile.meta.rank or 0)
+    assert record["param_bytes"] == profile.param_bytes
+    for node in profile.nodes():
+        kept = record["nodes"][node.path]
+        for phase, stats in node.phases():
+            figures = stats.to_dict()
+            assert {key: figures[key] for key in kept[phase]} == kept[phase], (node.path, phase)
+    text = merged.render("text")
+    metric = merged.time_metric
+    header, rows = _table(text)
+    field = "device_time_ns" if metric == "device" else "cpu_time_ns"
+    root_rows = [dict(zip(header, row)) for row in rows if row[0] == "(root)"]
+    for row in root_rows:
+        stats = getattr(profile.root, row["Phase"])
+        assert row[f"rank {record['rank']}"] == fmt.time_ns(getattr(stats, field))
+    step = profile.step_time_ns
+    if step is not None:
+        assert f"({fmt.time_ns(step)})" in text.splitlines()[1]
+    from layerscope.render.ranks_html import ranks_data
+
+    page = merged.render("html")
+    data = ranks_data(merged)
+    assert json.dumps(data["run"]["step_time_ns"]) in page
+    assert data["run"]["step_time_ns"] == [step]
+    paths = [shape["path"] for shape in data["nodes"]]
+    for row in data["heat"]:
+        stats = getattr(profile.node(paths[row["node"]]), row["phase"])
+        assert row["time"] == [getattr(stats, field)], (paths[row["node"]], row["phase"])
