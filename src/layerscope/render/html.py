@@ -14,6 +14,8 @@ follow ``layerscope.fmt``); it is derived from the tree here and nothing is meas
 ``ops``            the operator table grouped a few ways (``OP_GROUPINGS``), each with its
                    columns, its rows as arrays and its total
 ``memory``         ``Profile.memory`` (the step's peak, its culprit and the timeline)
+``device``         ``Profile.device``, where the steps' device time went (busy = attributed
+                   + unattributed, by reason), with the reasons' words
 
 Safety: names come from the user's code. The JSON is escaped so that ``</script>`` or
 ``<!--`` in a name cannot end the element (``<``, ``>`` and ``&`` are written as
@@ -35,6 +37,7 @@ from layerscope import fmt
 from layerscope.formats import register_renderer
 from layerscope.ops import OpTableError, op_table
 from layerscope.render.text import _inputs_text as inputs_text
+from layerscope.sidedocs import UNATTRIBUTED_REASONS
 from layerscope.tree import PHASES, PhaseStats, Profile
 
 #: The version of the embedded document; the page refuses another.
@@ -91,6 +94,9 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "unsupported_ops": profile.unsupported_ops(),
         "ops": _op_tables(profile, by_phase=len(phases) > 1),
         "memory": None if profile.memory is None else profile.memory.to_dict(),
+        # The text footer's "Device busy" line, from the same ledger.
+        "device": None if profile.device is None else profile.device.to_dict(),
+        "unattributed_reasons": dict(UNATTRIBUTED_REASONS),
         "step_spread": _step_spread(profile),
         # How much the repeated passes (or steps) spread; None: one pass, noise unknown.
         "pass_spread": profile.pass_spread(),

@@ -120,7 +120,15 @@ def _cells(measure: Measure | None, on_device: bool) -> list[str]:
 
 
 def _modules(node: ModuleNode) -> list[ModuleNode]:
-    return [child for child in node.children if child.kind == "module"]
+    """The module children of ``node``, a label seen through: torchprof knows modules
+    only, and the modules a label encloses (DDP's forward range) are the node's."""
+    found: list[ModuleNode] = []
+    for child in node.children:
+        if child.kind == "module":
+            found.append(child)
+        elif child.kind == "label":
+            found.extend(_modules(child))
+    return found
 
 
 def _rows(profile: Profile, measured: Collection[str] | None, show_events: bool, on_device: bool) -> list[list[str]]:

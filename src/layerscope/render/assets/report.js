@@ -155,6 +155,14 @@
       const split = phases.length > 1 ? ": " + phases.map(([name, st]) => name + " " + fmt.count(st.flops)).join(" + ") : " (" + (phases[0] ? phases[0][0] : "forward") + ")";
       fact("FLOPs", fmt.count(flops) + split + "; MACs " + fmt.count(sum(modelRoot, "macs")));
     }
+    // Where the steps' device time went, as the text footer's "Device busy" line says it.
+    const ledger = DATA.device;
+    if (ledger) {
+      const reasons = Object.entries(ledger.unattributed_ns_by_reason || {}).map(([key, ns]) => (DATA.unattributed_reasons[key] || key) + " " + fmt.time(ns));
+      const unattributed = Object.values(ledger.unattributed_ns_by_reason || {}).reduce((a, ns) => a + ns, 0);
+      fact("device busy", fmt.time(ledger.busy_ns) + " = attributed " + fmt.time(ledger.attributed_ns) + " + unattributed " + fmt.time(unattributed) + (reasons.length ? " (" + reasons.join("; ") + ")" : ""));
+      if (ledger.comm_ns) fact("device communication", fmt.time(ledger.comm_ns) + ", of which " + fmt.time(ledger.overlap_ns) + " overlapped with compute");
+    }
     const unsupported = Object.keys(DATA.unsupported_ops || {});
     if (unsupported.length) fact("no FLOP formula", unsupported.join(", "));
     return el("header", { class: "card" },
