@@ -67,9 +67,6 @@ ALL_TRACES = (
 )
 CAPTURE_NAMES = ("bert_base_fwd", "ddp_nccl_train", "gpt2_adamw_train", "gpt2_ckpt_train", "llama_bf16_train")
 
-OP_PASS = "profile() op rows from a separate pass: issue 33 #1"
-
-
 def _zoo(name: str) -> tuple[nn.Module, Any]:
     torch.manual_seed(0)
     entry = zoo.get(name)
@@ -154,16 +151,10 @@ def profile(request: pytest.FixtureRequest) -> Profile:
     return _corpus(case)
 
 
-def _from_separate_op_pass(profile: Profile) -> bool:
-    """``profile()`` times modules in lean passes and records ops (their rows, the trace)
-    in another one: figures of two runs."""
-    return profile.meta.mode == "profile"
-
-
 def _one_run(profile: Profile) -> bool:
-    """Whether the trace is the whole run the tree sums: one step of a ``Profiler`` or
-    of a trace file."""
-    return profile.meta.mode in ("context", "trace") and int(profile.meta.steps or 1) == 1
+    """Whether the trace is the whole run the tree sums: ``profile()``'s median pass, one
+    step of a ``Profiler`` or of a trace file."""
+    return profile.meta.mode == "profile" or (profile.meta.mode in ("context", "trace") and int(profile.meta.steps or 1) == 1)
 
 
 def test_the_trace_list_is_the_folder(shared_traces: Path) -> None:
@@ -307,7 +298,7 @@ def test_text_root_row_and_footer_show_the_profiles_totals(profile: Profile) -> 
         assert root_row["Params"] == fmt.count(root.params_total)
     step = profile.step_time_ns
     if step is not None and profile.timed:
-        line = next(line for line in footer.splitlines() if re.match(r"(\d+ steps? \(summed\)|Step \(per-part medians\)): ", line))
+        line = next(line for line in footer.splitlines() if re.match(r"(\d+ steps? \(summed\)|Step( \(the tree is the median pass, pass \d+ of \d+\))?): ", line))
         assert f": {fmt.time_ns(step)} = forward {fmt.time_ns(root.forward.cpu_time_ns)}" in line
         for part in profile.parts:
             assert f"{fmt.node_name(part.name)} {fmt.time_ns(part_total(part))}" in line
@@ -372,11 +363,9 @@ def _op_self_by_node(profile: Profile) -> Iterator[tuple[ModuleNode, str, int, i
 def test_a_modules_ops_lie_within_its_self_time(profile: Profile, request: pytest.FixtureRequest) -> None:
     """Op rows and module times of one run: an op's range lies inside its module's and
     outside its child modules', so a node's ops add up to no more than its self time."""
-    if _from_separate_op_pass(profile):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=OP_PASS))
     over = [(node.path, phase, ops_ns, self_ns) for node, phase, ops_ns, self_ns in _op_self_by_node(profile) if ops_ns > self_ns]
     assert not over
-    if profile.trace is not None and (_one_run(profile) or _from_separate_op_pass(profile)):
+    if profile.trace is not None and _one_run(profile):
         # The run the op rows come from (its trace) is the run the modules were timed in.
         if request.node.callspec.params["profile"] not in TRACES_OFF:
             assert not _module_span_mismatches(profile)
@@ -393,11 +382,6 @@ def _ns(value: Any) -> int:
     return round(float(value) * 1000)
 
 
-#: The traced step's length is the steps' summed wall time, not the last step's that the
-#: trace holds (``attribute/profile.py::_trace`` takes ``op_result.wall_ns``, the
-#: accumulated steps'): zoo:mlp x3 drew "step 2" 44.0 ms long over spans ending at
-#: 0.85 ms, its last step's 0.85 ms.
-SUMMED_STEP = "trace.step_ns is the steps' sum, the trace the last step (attribute/profile.py _trace)"
 #: Module spans of these traces do not add up to the tree's module times: b200's
 #: TransformerBlock_0.OAIAttention_0 spans 7.049 ms, its forward is 8.392 ms (1.343 ms more,
 #: also in TransformerBlock_0 and the root); owlv2's Owlv2VisionTransformer_0 spans
@@ -431,8 +415,6 @@ def test_chrome_step_is_the_traced_step(profile: Profile, request: pytest.Fixtur
     assert [_ns(e["dur"]) for e in step] == [profile.trace.step_ns]
     times = profile.meta.step_times_ns
     if profile.meta.mode == "context" and times:
-        if len(times) > 1:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=SUMMED_STEP))
         # The trace is the last step the tree sums, and every span lies in it.
         assert profile.trace.step_ns == times[-1]
         assert all(_ns(e["ts"]) + _ns(e["dur"]) <= profile.trace.step_ns for e in spans)
@@ -442,7 +424,7 @@ def test_chrome_op_spans_are_the_op_rows(profile: Profile) -> None:
     """The ops' spans and the op rows are one run (``profile()``'s op pass, a one-step
     block, a trace file): per module, phase and op, the spans add up to the row's time."""
     _needs_trace(profile)
-    if not (_one_run(profile) or _from_separate_op_pass(profile)):
+    if not _one_run(profile):
         pytest.skip("the op rows sum steps the trace (the last step) does not hold")
     _, spans = _spans(profile)
     shown: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -475,10 +457,8 @@ def test_chrome_module_spans_are_the_tree_times(profile: Profile, request: pytes
     spans are not its time: ``<loss>`` is drawn from the model's exit to backward's
     start, ``<other>`` not at all where no op ran.)"""
     _needs_trace(profile)
-    if not (_one_run(profile) or _from_separate_op_pass(profile)):
+    if not _one_run(profile):
         pytest.skip("the tree sums steps the trace (the last step) does not hold; the step's relation is checked")
-    if _from_separate_op_pass(profile):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=OP_PASS))
     if request.node.callspec.params["profile"] in TRACES_OFF:
         request.applymarker(pytest.mark.xfail(strict=True, reason=TRACE_SPANS))
     assert not _module_span_mismatches(profile)
