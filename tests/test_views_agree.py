@@ -178,6 +178,11 @@ def _all_phases(node: ModuleNode, field: str) -> int | None:
     return sum(known) if known else None
 
 
+def _all_phases_of(nodes: list[ModuleNode], field: str) -> int:
+    """``field`` over every phase of ``nodes`` (unknown counts nothing)."""
+    return sum(_all_phases(node, field) or 0 for node in nodes)
+
+
 def _self_sum(profile: Profile, field: str) -> int:
     return sum(getattr(stats, field) or 0 for node in profile.nodes() for _, stats in node.phases())
 
@@ -309,8 +314,12 @@ def test_text_root_row_and_footer_show_the_profiles_totals(profile: Profile) -> 
                 assert shown["Step %"] == fmt.percent(part_total(part), step)
     ledger = profile.device
     if ledger is not None:
+        # Attributed = the model's device time (the footer's "Device total") + the parts'.
+        in_parts = _all_phases_of(profile.parts, "device_time_ns")
+        held = f" (model {fmt.time_ns(_all_phases(root, 'device_time_ns') or 0)} + step parts {fmt.time_ns(in_parts)})" if in_parts else ""
+        assert ledger.attributed_ns == (_all_phases(root, "device_time_ns") or 0) + in_parts
         assert (
-            f"Device busy {fmt.time_ns(ledger.busy_ns)} = attributed {fmt.time_ns(ledger.attributed_ns)} "
+            f"Device busy {fmt.time_ns(ledger.busy_ns)} = attributed {fmt.time_ns(ledger.attributed_ns)}{held} "
             f"+ unattributed {fmt.time_ns(ledger.unattributed_ns)}"
         ) in footer
     if profile.memory is not None:

@@ -524,8 +524,12 @@ def device_lines(profile: Profile) -> list[str]:
     ledger = profile.device
     if ledger is None:
         return []
+    # What the step parts hold, said where they hold any: the footer's "Device total" is
+    # the model's alone.
+    in_parts = sum(stats.device_time_ns or 0 for part in profile.parts for _, stats in part.phases())
+    held = f" (model {fmt.time_ns(ledger.attributed_ns - in_parts)} + step parts {fmt.time_ns(in_parts)})" if in_parts else ""
     line = (
-        f"Device busy {fmt.time_ns(ledger.busy_ns)} = attributed {fmt.time_ns(ledger.attributed_ns)} "
+        f"Device busy {fmt.time_ns(ledger.busy_ns)} = attributed {fmt.time_ns(ledger.attributed_ns)}{held} "
         f"+ unattributed {fmt.time_ns(ledger.unattributed_ns)}"
     )
     reasons = [
