@@ -438,11 +438,13 @@ def test_the_traced_model_matches_every_instance_and_counts_its_parameters_once(
     assert how["renamed"] == {f"BertSdpaSelfAttention_{k}": "BertSelfAttention" for k in range(4)}
     assert how["shapes"] == "parameter shapes checked against the ops' recorded inputs: 39 modules, all fit"
     assert profile.root.params_total == _BERT_SMALL_PARAMS
-    # float32 parameters (the model as given): 4 bytes each, 115,180,776 bytes = 109.84 MiB.
-    assert profile.param_bytes == _BERT_SMALL_PARAMS * 4 == 115_180_776
+    # The model as given is float32, the traced one ran in bf16: its ops were given bf16
+    # parameters (the LM head's bias too, which the head owns and its decoder uses), so 2
+    # bytes each: 57,590,388 bytes = 54.92 MiB, not the given model's 109.84 MiB.
+    assert profile.param_bytes == _BERT_SMALL_PARAMS * 2 == 57_590_388
     text = profile.render("text", depth=0)
-    assert "Params: 28.80M (109.84 MiB)" in text
-    assert "Memory: parameters 109.84 MiB\n" in text
+    assert "Params: 28.80M (54.92 MiB)" in text
+    assert "Memory: parameters 54.92 MiB\n" in text
     assert tree_problems(profile) == []
 
 
@@ -510,7 +512,7 @@ def test_show_a_trace_with_its_model_sized_by_config(shared_traces: Path, tmp_pa
     assert done.stderr == ""
     doc = json.loads(done.stdout)
     assert doc["meta"]["modules_from"]["matched"] == doc["meta"]["modules_from"]["instances"] == 84
-    assert doc["totals"]["param_bytes"] == _BERT_SMALL_PARAMS * 4
+    assert doc["totals"]["param_bytes"] == _BERT_SMALL_PARAMS * 2  # bf16, as traced
     # The default config (BERT-base) is not what ran: one line, the evidence, exit 2.
     line = assert_usage_error(run_cli(
         "show", trace, "--model", "transformers:BertLMHeadModel", "--config", "is_decoder=true", cwd=tmp_path,

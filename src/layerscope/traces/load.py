@@ -21,6 +21,7 @@ from torch import nn
 from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
+from layerscope.capture import _torch
 from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert
 from layerscope.capture.modules import module_table
 from layerscope.capture.peaks import datasheet_tflops
@@ -74,6 +75,7 @@ def profile_of_events(
         modules, infos, param_bytes = module_table(model)
         params = [[(name, tuple(p.shape)) for name, p in m.named_parameters(recurse=False)] for m in modules]
         index, how = _mapped(found, infos, params, events.has_shapes, source, type(model).__name__)
+        param_bytes = _traced_param_bytes(modules, found, index)
     else:
         infos, index = table_without_model(found)
         param_bytes = None
@@ -117,6 +119,30 @@ def profile_of_events(
             "on any thread (expected the cpu_op events of a recorded run)"
         )
     return cycle.build(raw)
+
+
+def _traced_param_bytes(modules: list[nn.Module], found: dict[str, Instance], index: dict[str, int]) -> int:
+    """The parameters' bytes in the dtype the trace's ops were given them in (a model
+    built from its config is float32; the traced one may have run in bf16): the dtype
+    its own module's ops first gave its shape, else any module's ops' (a parameter one
+    module owns and a child uses, as a tied bias), else its own. Tied parameters count
+    once."""
+    own = {at: found[name].dtypes for name, at in index.items()}
+    anywhere: dict[tuple[int, ...], Any] = {}
+    for instance in found.values():
+        for shape, dtype in instance.dtypes.items():
+            anywhere.setdefault(shape, dtype)
+    seen: set[int] = set()
+    total = 0
+    for at, module in enumerate(modules):
+        for p in _torch.own_parameters(module):
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            shape = tuple(p.shape)
+            dtype = own.get(at, {}).get(shape) or anywhere.get(shape) or p.dtype
+            total += p.numel() * dtype.itemsize
+    return total
 
 
 def _mapped(

@@ -50,6 +50,9 @@ class Instance:
     #: Its first call's outermost own ops and the shapes of their tensor inputs, in
     #: order (the first few): the evidence an error about its parameters shows.
     ops: list[tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
+    #: The dtype of the first tensor of each shape its own ops were given, in call order
+    #: (a parameter's first use is the parameter itself: under autocast, the cast's input).
+    dtypes: dict[tuple[int, ...], Any] = field(default_factory=dict)
 
 
 def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> dict[str, Instance]:
@@ -65,8 +68,9 @@ def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> 
         if name in found:
             continue
         kind = name.rsplit("_", 1)[0] if "_" in name else name
-        shapes, ops = _own_inputs(call.range)
-        instance = found[name] = Instance(name, kind, call.range.start_time_ns, shapes=shapes, ops=ops)
+        dtypes: dict[tuple[int, ...], Any] = {}
+        shapes, ops = _own_inputs(call.range, dtypes)
+        instance = found[name] = Instance(name, kind, call.range.start_time_ns, shapes=shapes, ops=ops, dtypes=dtypes)
         # The nearest module up the Python call chain (bounded: a damaged chain may loop).
         up = call.python_parent
         for _ in range(10_000):
@@ -91,9 +95,12 @@ def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> 
 _EVIDENCE_OPS = 4
 
 
-def _own_inputs(rng: Any) -> tuple[set[tuple[int, ...]], list[tuple[str, tuple[tuple[int, ...], ...]]]]:
+def _own_inputs(
+    rng: Any, dtypes: dict[tuple[int, ...], Any]
+) -> tuple[set[tuple[int, ...]], list[tuple[str, tuple[tuple[int, ...], ...]]]]:
     """The shapes of the tensor inputs of the ops in a module call, outside its
-    children, and its first outermost ops (not those nested in another op) with theirs."""
+    children, and its first outermost ops (not those nested in another op) with theirs;
+    into ``dtypes``, the dtype each shape was first given in."""
     found: set[tuple[int, ...]] = set()
     ops: list[tuple[str, tuple[tuple[int, ...], ...]]] = []
     pending = [(item, False) for item in reversed(rng.children)]
@@ -101,9 +108,10 @@ def _own_inputs(rng: Any) -> tuple[set[tuple[int, ...]], list[tuple[str, tuple[t
         item, in_op = pending.pop()
         if item.name.startswith(MODULE_EVENT):
             continue
-        sizes = tuple(
-            tuple(value.sizes) for value in item.extra_fields.inputs or () if getattr(value, "sizes", None) is not None
-        )
+        tensors = [value for value in item.extra_fields.inputs or () if getattr(value, "sizes", None) is not None]
+        sizes = tuple(tuple(value.sizes) for value in tensors)
+        for value in tensors:
+            dtypes.setdefault(tuple(value.sizes), value.dtype)
         found.update(sizes)
         if sizes and not in_op and len(ops) < _EVIDENCE_OPS:
             ops.append((item.name, sizes))
