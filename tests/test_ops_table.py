@@ -390,10 +390,13 @@ def test_to_dataframe_without_pandas_says_what_to_install(mlp_step: Profile, mon
         table.to_dataframe()
 
 
-def test_renderer_is_registered_and_refuses_other_formats_options(resnet18: Profile) -> None:
+def test_renderer_is_registered_and_refuses_other_formats_options(resnet18: Profile, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "ops" in formats()
     text = resnet18.render("ops", group_by="shape", limit=3)
-    assert text == str(resnet18.ops(group_by="shape", limit=3))
+    assert text == resnet18.ops(group_by="shape", limit=3).render()
+    # print() fits a width: the terminal's, or 120 where stdout is none.
+    monkeypatch.setattr("layerscope.formats.terminal_width", lambda: None)
+    assert str(resnet18.ops(group_by="shape", limit=3)) == resnet18.render("ops", group_by="shape", limit=3, width=120)
     with pytest.raises(OptionError, match="the ops format has no option 'depth', 'show_ops'; it takes: sort_by"):
         resnet18.render("ops", group_by="shape", depth=2, show_ops=True)
     assert layerscope.render.render(resnet18, "ops") == op_table(resnet18).render()

@@ -405,7 +405,7 @@ class OpTable:
         return formats.render(self, fmt, **options)
 
     def __str__(self) -> str:
-        return self.render()
+        return formats.display_text(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The options, the rows and the total, with only ``columns`` in each row."""

@@ -220,3 +220,14 @@ def wrap(text: str, width: int | None) -> list[str]:
     if width is None:
         return [text]
     return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [text]
+
+
+def wrap_lines(lines: Sequence[str], width: int | None) -> list[str]:
+    """Each of ``lines`` broken by :func:`wrap`."""
+    return [part for line in lines for part in wrap(line, width)]
+
+
+def hidden_line(width: int, names: Sequence[str], how: str) -> str:
+    """The note under a fitted table naming the columns :func:`fit` hid, and ``how`` to
+    see them."""
+    return f"Hidden to fit a width of {width}: {', '.join(names)} ({how})"

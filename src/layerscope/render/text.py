@@ -17,7 +17,7 @@ from layerscope.comm import is_communication
 from layerscope.errors import RenderError
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import DEPTH, WIDTH
-from layerscope.render.table import Column, draw, fit, wrap
+from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import UNATTRIBUTED_REASONS
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
@@ -346,10 +346,6 @@ def _rows(
 
 #: Inputs the header names one by one; the rest are counted.
 HEADER_INPUTS = 4
-
-
-def _header_line(profile: Profile) -> str:
-    return _HEADER_SEPARATOR.join(_header_parts(profile))
 
 
 _HEADER_SEPARATOR = "  ·  "
@@ -816,13 +812,10 @@ def render_text(
 
     out = [*_header_lines(profile, width), "", *draw(layout, rows), ""]
     footer = _footer(profile)
-    if hidden:
-        footer.append(
-            f"Hidden to fit a width of {width}: {', '.join(c.key for c in hidden)} "
-            "(choose columns with --columns, or columns= in Python)"
-        )
+    if hidden and width is not None:
+        footer.append(hidden_line(width, [c.key for c in hidden], "choose columns with --columns, or columns= in Python"))
     if width is not None:
-        footer = [wrapped for text in footer for wrapped in wrap(text, width)]
+        footer = wrap_lines(footer, width)
     out.extend(footer)
     return "\n".join(out) + "\n"
 
