@@ -93,3 +93,24 @@ def test_a_training_table_never_hides_one_phase(fixture: str, request: Any) -> N
                 assert "Fwd total" in headers and "Bwd total" in headers
     text = prof.render("text", width=WIDTH, show_ops=True, depth=4)
     _fits(text)
+
+
+def test_a_merged_run_fits_its_width() -> None:
+    from layerscope.ranks import merge
+    from test_ranks import four_ranks
+
+    run = merge(four_ranks())
+    assert max(len(line) for line in run.render("text").splitlines()) > 100
+    text = run.render("text", width=100)
+    _fits(text, 100)
+    assert "Imbalance" in text  # the figure the report is for stays
+
+
+def test_a_benchmark_fits_its_width() -> None:
+    from test_bench import BASE, made
+
+    result = made(BASE | {32: [1_500_000, 1_900_000, 1_200_000, 1_400_000, 1_500_000]})
+    assert max(len(line) for line in result.render("text").splitlines()) > 100
+    text = result.render("text", width=100)
+    _fits(text, 100)
+    assert "p50" in text and "samples/s" in text

@@ -19,7 +19,7 @@ from layerscope import fmt
 from layerscope.diff import METRICS, change_percent, display_path
 from layerscope.formats import Option, register_renderer
 from layerscope.render.options import LIMIT, WIDTH
-from layerscope.render.table import Column, draw, fit, from_headers, hidden_line, wrap, wrap_lines
+from layerscope.render.table import Column, draw, draw_fitted, from_headers, wrap, wrap_lines
 
 if TYPE_CHECKING:
     from layerscope.diff import DiffRow, ProfileDiff, Regression, ShapeCalls
@@ -243,19 +243,7 @@ def _table(
     """The table, fitted to ``width`` (a line under it names what was hidden)."""
     columns = _with_metric_first(columns, diff.metric, field_name)
     shown = [c for c in columns if c.shown(diff, rows)]
-    return fitted_table([c.layout() for c in shown], [[c.cell(row) for c in shown] for row in rows], width)
-
-
-def fitted_table(layout: list[Column], rows: list[list[str]], width: int | None) -> list[str]:
-    """A table of the diff's report drawn to fit ``width`` (none: as wide as it needs),
-    with a line under it naming the columns hidden."""
-    if width is None:
-        return draw(layout, rows)
-    fitted = fit(layout, rows, width)
-    lines = draw(fitted.columns, fitted.rows)
-    if fitted.hidden:
-        lines += wrap(hidden_line(width, [layout[i].header for i in fitted.hidden], "a wider --width shows them"), width)
-    return lines
+    return draw_fitted([c.layout() for c in shown], [[c.cell(row) for c in shown] for row in rows], width)
 
 
 # -- the whole report --------------------------------------------------------------------
@@ -372,7 +360,7 @@ def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None, wi
         Column("Module", "<", min_width=16, cut_start=True), Column("Phase", "<", 1), Column("Imbalance base", priority=1),
         Column("Imbalance new", priority=1), Column("Change", priority=0),
     ]
-    out += fitted_table(layout, cells, width)
+    out += draw_fitted(layout, cells, width)
     if len(shown) < len(rows):
         out.append(f"{len(rows) - len(shown)} more imbalance rows not shown (limit {limit})")
     return out

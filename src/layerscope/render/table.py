@@ -231,3 +231,17 @@ def hidden_line(width: int, names: Sequence[str], how: str) -> str:
     """The note under a fitted table naming the columns :func:`fit` hid, and ``how`` to
     see them."""
     return f"Hidden to fit a width of {width}: {', '.join(names)} ({how})"
+
+
+def draw_fitted(
+    columns: Sequence[Column], rows: Sequence[Cells], width: int | None, style: Style = PIPES
+) -> list[str]:
+    """The table :func:`fit` to ``width`` (None: as wide as it needs), with a line under
+    it naming the columns it hid: for a report of several tables, each says its own."""
+    if width is None:
+        return draw(columns, rows, style=style)
+    fitted = fit(columns, rows, width, style)
+    lines = draw(fitted.columns, fitted.rows, style=style)
+    if fitted.hidden:
+        lines += wrap(hidden_line(width, [columns[i].header for i in fitted.hidden], "a wider --width shows them"), width)
+    return lines
