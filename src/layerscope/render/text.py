@@ -716,11 +716,31 @@ def column_keys() -> dict[str, list[str]]:
     }
 
 
+#: A name of the other table's, and what it means in this one: one ``--columns`` works
+#: on a forward profile and on a training step (``self_cpu``: the self time of every
+#: phase; ``fwd_self``: the forward's, which is all a forward profile has).
+_SAME_IN: dict[str, dict[str, tuple[str, ...]]] = {
+    "step": {
+        "self_cpu": ("fwd_self", "bwd_self", "recompute"),
+        "cpu_total": ("fwd_total", "bwd_total", "recompute"),
+        "cpu_pct": ("step_pct",),
+        "flops": ("fwd_flops", "bwd_flops"),
+    },
+    "forward": {"fwd_self": ("self_cpu",), "fwd_total": ("cpu_total",), "step_pct": ("cpu_pct",), "fwd_flops": ("flops",)},
+}
+
+
 def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], show_ops: bool) -> list[TreeColumn]:
-    """The columns named by ``keys``, in that order; an unknown name, or one for which
-    this profile has no data, is a :class:`RenderError` listing what it has."""
+    """The columns named by ``keys``, in that order (a name of the other table's as
+    ``_SAME_IN`` reads it); an unknown name, or one for which this profile has no
+    data, is a :class:`RenderError` listing what it has."""
     available = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
     by_key = {c.key: c for c in available}
+    same = _SAME_IN["step" if profile.has_backward else "forward"]
+    keys = list(dict.fromkeys(
+        meant for key in keys
+        for meant in ([k for k in same[key] if k in by_key] or [key] if key in same else [key])
+    ))
     missing = [key for key in keys if key not in by_key]
     if missing:
         own = {c.key: c for c in table}
@@ -731,7 +751,7 @@ def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], 
             if key == _SHAPES.key:
                 return "only with show_ops"
             if column is None:
-                return f"not in the table of {kind} profile"
+                return f"not in the table of {kind} profile" + (": it has no backward" if key.startswith("bwd_") else "")
             return column.hidden_why(profile) if column.hidden_why else "this profile has no data for it"
 
         raise RenderError(f"no column {', '.join(f'{key!r} ({why(key)})' for key in missing)}; it has: {', '.join(by_key)}")
@@ -741,10 +761,13 @@ def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], 
 def parse_columns(text: str) -> list[str]:
     """``self_cpu,flops``: the column keys of ``--columns``, each one known."""
     keys = [key.strip() for key in text.split(",")]
-    known = {key for table in column_keys().values() for key in table}
-    unknown = [key for key in keys if key not in known]
+    known = list(dict.fromkeys(key for table in column_keys().values() for key in table))
+    unknown = [key for key in keys if key and key not in known]
     if unknown:
-        raise ValueError(f"unknown column {', '.join(map(repr, unknown))}; '--columns list' lists them")
+        raise ValueError(
+            f"unknown column {', '.join(map(repr, unknown))}; expected some of: {', '.join(known)} "
+            "('--columns list' says what each is)"
+        )
     if not all(keys):
         raise ValueError(f"an empty column name in {text!r}; '--columns list' lists them")
     return keys
@@ -761,6 +784,9 @@ def columns_listing() -> str:
         f"a forward pass:\n{listed(COLUMNS)}"
         f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
         f"with --show-ops:\n{listed([_SHAPES])}"
+        "Either table's names work on both: on a training step self_cpu, cpu_total and flops\n"
+        "show each phase's (cpu_pct: step_pct); on a forward pass fwd_self, fwd_total and\n"
+        "fwd_flops are self_cpu, cpu_total and flops.\n"
         "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
         "a peak: --peak-tflops, or a GPU in the datasheet table). Without --columns every\n"
         "column is shown, and on a terminal the lowest-priority ones are hidden to fit its\n"
