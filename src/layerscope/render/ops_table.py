@@ -22,6 +22,7 @@ from layerscope.ops import (
     op_table,
     parse_group_by,
     sort_field,
+    sort_key,
 )
 from layerscope.render.options import LIMIT, WIDTH
 from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
@@ -143,7 +144,7 @@ def _title(table: OpTable) -> str:
     parts = [f"Ops grouped by {', '.join(table.group_by)}"]
     if table.stack_depth is not None:
         parts[0] += f" (stack: {table.stack_depth} frame{'s' if table.stack_depth != 1 else ''})"
-    parts.append(f"sorted by {table.sort_by}, descending")
+    parts.append(f"sorted by {sort_key(table.sort_by)}, descending")
     if table.module is not None:
         parts.append(f"module {table.module or table.profile.root.type}")
     if table.phase is not None:
