@@ -814,8 +814,8 @@ def test_columns_option(saved_profile: Path, capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         main(["profile", "zoo:mlp", "--columns", "self_cpu,nope"])
     assert "unknown column 'nope'" in capsys.readouterr().err
-    assert main(["show", str(saved_profile), "--columns", "fwd_self"]) == 2
-    assert "no column 'fwd_self'" in capsys.readouterr().err
+    assert main(["show", str(saved_profile), "--columns", "bwd_self"]) == 2
+    assert "no column 'bwd_self'" in capsys.readouterr().err
     assert main(["show", str(saved_profile), "--columns", "flops", "--format", "csv"]) == 2
     assert "--columns: only for --format text" in capsys.readouterr().err
 

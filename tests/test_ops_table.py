@@ -390,10 +390,13 @@ def test_to_dataframe_without_pandas_says_what_to_install(mlp_step: Profile, mon
         table.to_dataframe()
 
 
-def test_renderer_is_registered_and_refuses_other_formats_options(resnet18: Profile) -> None:
+def test_renderer_is_registered_and_refuses_other_formats_options(resnet18: Profile, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "ops" in formats()
     text = resnet18.render("ops", group_by="shape", limit=3)
-    assert text == str(resnet18.ops(group_by="shape", limit=3))
+    assert text == resnet18.ops(group_by="shape", limit=3).render()
+    # print() fits a width: the terminal's, or 120 where stdout is none.
+    monkeypatch.setattr("layerscope.formats.terminal_width", lambda: None)
+    assert str(resnet18.ops(group_by="shape", limit=3)) == resnet18.render("ops", group_by="shape", limit=3, width=120)
     with pytest.raises(OptionError, match="the ops format has no option 'depth', 'show_ops'; it takes: sort_by"):
         resnet18.render("ops", group_by="shape", depth=2, show_ops=True)
     assert layerscope.render.render(resnet18, "ops") == op_table(resnet18).render()
@@ -498,3 +501,13 @@ def test_cli_format_ops_grouped_by_shape(tmp_path: Path) -> None:
 def test_cli_bad_op_table_options(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
     line = assert_usage_error(run_cli("profile", "zoo:lenet5", *FAST, *args, cwd=tmp_path))
     assert expected in line
+
+
+def test_the_title_names_the_sort_key_a_person_types(resnet18: Profile) -> None:
+    """Text says ``self_cpu_time`` (``--sort-by``'s key) where the data says
+    ``self_cpu_time_ns`` (the JSON's and CSV's field), whichever was given."""
+    for given in (None, "self_cpu_time", "self_cpu_time_ns", "self_cpu_time_total"):
+        table = resnet18.ops(sort_by=given, limit=2)
+        assert table.sort_by == "self_cpu_time_ns" and table.to_dict()["sort_by"] == "self_cpu_time_ns"
+        assert "sorted by self_cpu_time, descending" in table.render(), given
+    assert "sorted by flops, descending" in resnet18.render("ops", sort_by="flops", limit=2)

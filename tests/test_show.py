@@ -119,3 +119,39 @@ def test_show_ops_keeps_the_input_shapes_when_the_table_must_fit() -> None:
     assert "Input shapes" in text
     assert all(f"[[64, {32 * i}]]" in text for i in (1, 2, 3))
     assert "Hidden to fit a width of 60" in text
+
+
+def test_one_columns_list_works_on_a_forward_pass_and_a_training_step(tmp_path: Path) -> None:
+    """README's ``--columns self_cpu,cpu_total,flops,params``: on a training step each
+    name shows every phase's figure; the step table's names work on a forward pass."""
+    from conftest import FakeClock
+    from layerscope import zoo
+    from layerscope.errors import RenderError
+
+    entry = zoo.get("mlp")
+    forward = layerscope.profile(entry.build(), entry.example_inputs(2), warmup=0, repeat=1, clock=FakeClock())
+    step = layerscope.profile(entry.build(), entry.example_inputs(2), warmup=0, repeat=1, clock=FakeClock(), backward=True)
+
+    def headers(profile: layerscope.Profile, columns: list[str]) -> list[str]:
+        lines = profile.render("text", columns=columns).splitlines()
+        return [cell.strip() for cell in lines[lines.index("") + 1].split(" | ")]
+
+    readme = ["self_cpu", "cpu_total", "flops", "params"]
+    assert headers(forward, readme) == ["Module", "Self CPU", "CPU total", "FLOPs", "Params"]
+    assert headers(step, readme) == ["Module", "Fwd self", "Bwd self", "Fwd total", "Bwd total", "Fwd FLOPs", "Bwd FLOPs", "Params"]
+    assert headers(forward, ["fwd_self", "fwd_flops"]) == ["Module", "Self CPU", "FLOPs"]
+    assert headers(step, ["fwd_self", "bwd_self"]) == ["Module", "Fwd self", "Bwd self"]
+    with pytest.raises(RenderError, match=r"no column 'bwd_self' \(not in the table of a forward-only profile: it has no backward\); it has: type, self_cpu"):
+        forward.render("text", columns=["bwd_self"])
+    with pytest.raises(RenderError, match=r"no column 'macs' \(not in the table of a training-step profile\); it has: type, fwd_self"):
+        step.render("text", columns=["macs"])
+    # On the command line, a name neither table has is refused with the names it could be.
+    saved = tmp_path / "step.json"
+    step.save(saved)
+    run = run_cli("show", str(saved), "--columns", "self_cpu,slef_cpu", cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "", run
+    error = run.stderr
+    assert "unknown column 'slef_cpu'; expected some of: type, self_cpu, cpu_total" in error and "fwd_self" in error
+    run = run_cli("show", str(saved), "--columns", "self_cpu,flops", cwd=tmp_path)
+    assert run.returncode == 0, run
+    assert "Fwd self" in run.stdout and "Bwd FLOPs" in run.stdout

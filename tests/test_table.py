@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from layerscope.render.table import PIPES, SPACES, Column, Style, draw, fit, from_headers, measure
+from layerscope.render.table import PIPES, SPACES, Column, Style, cut, draw, fit, from_headers, measure
 
 
 def _text(lines: list[str]) -> str:
@@ -112,21 +112,28 @@ _FIT_ROWS = [["net", "1.0ms", "2.0ms", "1.00M", "1"]]
 _FULL_WIDTH = 6 + 5 + 5 + 6 + 5 + 4 * 3
 
 
+def _kept(columns: list[Column], rows: list[list[str]], width: int) -> list[int]:
+    return fit(columns, rows, width).kept
+
+
 def test_a_table_that_fits_keeps_every_column() -> None:
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, _FULL_WIDTH) == [0, 1, 2, 3, 4]
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, 1000) == [0, 1, 2, 3, 4]
+    assert _kept(_FIT_COLUMNS, _FIT_ROWS, _FULL_WIDTH) == [0, 1, 2, 3, 4]
+    wide = fit(_FIT_COLUMNS, _FIT_ROWS, 1000)
+    assert wide.kept == [0, 1, 2, 3, 4] and wide.hidden == [] and wide.rows == _FIT_ROWS
 
 
 def test_the_highest_priority_number_is_hidden_first() -> None:
     # One character short: Params (priority 4) goes, though it is not the last column.
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, _FULL_WIDTH - 1) == [0, 1, 2, 4]
+    fitted = fit(_FIT_COLUMNS, _FIT_ROWS, _FULL_WIDTH - 1)
+    assert fitted.kept == [0, 1, 2, 4] and fitted.hidden == [3]
+    assert fitted.rows == [["net", "1.0ms", "2.0ms", "1"]]
     # Without Params the table is 6 + 5 + 5 + 5 + 3 * 3 = 30 wide; one less, Calls (2) goes,
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, 30) == [0, 1, 2, 4]
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, 29) == [0, 1, 2]
+    assert _kept(_FIT_COLUMNS, _FIT_ROWS, 30) == [0, 1, 2, 4]
+    assert _kept(_FIT_COLUMNS, _FIT_ROWS, 29) == [0, 1, 2]
     # then Total (1).
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, 6 + 5 + 5 + 2 * 3 - 1) == [0, 1]
-    kept = fit(_FIT_COLUMNS, _FIT_ROWS, 20)
-    assert _text(draw([_FIT_COLUMNS[i] for i in kept], [[row[i] for i in kept] for row in _FIT_ROWS])) == (
+    assert _kept(_FIT_COLUMNS, _FIT_ROWS, 6 + 5 + 5 + 2 * 3 - 1) == [0, 1]
+    fitted = fit(_FIT_COLUMNS, _FIT_ROWS, 20)
+    assert _text(draw(fitted.columns, fitted.rows)) == (
         "Module |  Self\n"
         "-------|------\n"
         "net    | 1.0ms\n"
@@ -134,21 +141,56 @@ def test_the_highest_priority_number_is_hidden_first() -> None:
 
 
 def test_the_most_important_column_and_unprioritised_ones_always_stay() -> None:
-    assert fit(_FIT_COLUMNS, _FIT_ROWS, 1) == [0, 1]
-    assert fit([Column("Only", priority=3)], [["x"]], 1) == [0]
-    assert fit([Column("Label", "<"), Column("Note", "<")], [["a", "b"]], 1) == [0, 1]
+    assert _kept(_FIT_COLUMNS, _FIT_ROWS, 1) == [0, 1]
+    assert _kept([Column("Only", priority=3)], [["x"]], 1) == [0]
+    assert _kept([Column("Label", "<"), Column("Note", "<")], [["a", "b"]], 1) == [0, 1]
 
 
-def test_of_equal_priorities_the_one_further_right_goes_first() -> None:
-    columns = [Column("A", priority=1), Column("B", priority=5), Column("C", priority=5), Column("D", priority=5)]
+def test_columns_of_one_priority_are_hidden_together_and_the_lowest_stay() -> None:
+    # A training table: forward and backward self times share the lowest number, so a
+    # width never keeps one phase's and hides the other's.
+    columns = [Column("A", priority=1), Column("B", priority=5), Column("C", priority=5), Column("D", priority=0)]
     rows = [["aaaa", "bbbb", "cccc", "dddd"]]
-    assert fit(columns, rows, 4 * 4 + 3 * 3 - 1) == [0, 1, 2]
-    assert fit(columns, rows, 3 * 4 + 2 * 3 - 1) == [0, 1]
+    assert _kept(columns, rows, 4 * 4 + 3 * 3) == [0, 1, 2, 3]
+    assert _kept(columns, rows, 4 * 4 + 3 * 3 - 1) == [0, 3]
+    assert _kept(columns, rows, 1) == [3]
+    pair = [Column("Label", "<"), Column("Fwd self", priority=0), Column("Bwd self", priority=0)]
+    assert _kept(pair, [["net", "1ms", "2ms"]], 1) == [0, 1, 2]
+
+
+def test_long_cells_are_cut_before_a_column_is_hidden_and_labels_last() -> None:
+    columns = [
+        Column("Name", "<", min_width=6),
+        Column("Self", priority=0),
+        Column("Shapes", "<", priority=1, min_width=8),
+        Column("Path", "<", priority=1, min_width=6, cut_start=True),
+        Column("Calls", priority=2),
+    ]
+    rows = [["aten::addmm", "1ms", "[[2, 16], [16, 32]]", "encoder.layers.0.fc", "3"]]
+    # Whole: 11 + 4 + 19 + 19 + 5 + 4 * 3 = 70. Cut to 8 and 6, Shapes and Path leave room
+    # for Calls down to 70 - 11 - 13 = 46; above that they are cut as little as needed,
+    # right to left (at 60, Path loses 10).
+    fitted = fit(columns, rows, 60)
+    assert fitted.kept == [0, 1, 2, 3, 4]
+    assert fitted.rows == [["aten::addmm", "1ms", "[[2, 16], [16, 32]]", "…ers.0.fc", "3"]]
+    assert max(len(line) for line in draw(fitted.columns, fitted.rows)) == 60
+    assert fit(columns, rows, 46).rows == [["aten::addmm", "1ms", "[[2, 16…", "….0.fc", "3"]]
+    # Narrower, Calls goes; then Shapes and Path; only then is the label cut.
+    assert fit(columns, rows, 45).kept == [0, 1, 2, 3]
+    assert fit(columns, rows, 20).rows == [["aten::addmm", "1ms"]]
+    assert fit(columns, rows, 11 + 4 + 3).rows == [["aten::addmm", "1ms"]]
+    assert fit(columns, rows, 17).rows == [["aten::add…", "1ms"]]
+    assert fit(columns, rows, 1).rows == [["aten:…", "1ms"]]  # never below min_width: wider than asked
+
+
+def test_cut_marks_each_line_of_a_cell() -> None:
+    assert cut("abcdef", 4) == "abc…" and cut("abcdef", 4, at_start=True) == "…def"
+    assert cut("abc\nabcdef", 5) == "abc\nabcd…" and cut("abc", 3) == "abc"
 
 
 def test_fitting_measures_cells_with_newlines_by_their_longest_line() -> None:
     columns = [Column("Name", "<"), Column("Stack", "<", priority=9), Column("Calls", priority=1)]
     rows = [["mul", "a.py:1\nb.py:2", "3"]]
     # Name 4 + Stack 6 + Calls 5 + 2 separators = 21.
-    assert fit(columns, rows, 21) == [0, 1, 2]
-    assert fit(columns, rows, 20) == [0, 2]
+    assert _kept(columns, rows, 21) == [0, 1, 2]
+    assert _kept(columns, rows, 20) == [0, 2]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import traceback
 import warnings
@@ -655,15 +654,16 @@ def _move(value: Any, device: Any, dtype: Any) -> Any:
 def _emit(doc: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any], what: str | None = None) -> int:
     """Write ``doc`` in ``fmt`` to ``-o`` (atomically, streamed) or stdout; on a terminal,
     a format with a ``width`` option fits it."""
-    from layerscope.formats import document_kind, get_renderer, render, render_chunks
+    from layerscope.formats import document_kind, get_renderer, render, render_chunks, terminal_width
     from layerscope.io import write_atomic
 
     # The option that chose the format, for "show --format png needs matplotlib".
     asked = f"{args.command} --format {args.format}" if args.format else f"{args.command} -o {args.output}"
     with _needs_package(asked):
         if not args.output:
-            if "width" in get_renderer(fmt, document_kind(doc)).option_names() and sys.stdout.isatty():
-                options = {"width": shutil.get_terminal_size().columns, **options}
+            width = terminal_width()
+            if "width" in get_renderer(fmt, document_kind(doc)).option_names() and width is not None:
+                options = {"width": width, **options}
             _print(render(doc, fmt, **options))
         else:
             output = args.output

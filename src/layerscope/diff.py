@@ -451,7 +451,7 @@ class ProfileDiff(NotebookDisplay):
         formats.save(self, path, fmt, **options)
 
     def __str__(self) -> str:
-        return self.render()
+        return formats.display_text(self)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready document (schema ``layerscope-diff/1``)."""

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -202,6 +204,24 @@ def render(doc: Any, fmt: str = "text", **options: Any) -> Any:
     """``doc`` in format ``fmt``: str, or bytes for a binary format."""
     renderer, out = _call(doc, fmt, options)
     return "".join(out) if renderer.chunks else out
+
+
+#: The width ``print(doc)`` fits where stdout is no terminal: a notebook, a log, a file.
+DISPLAY_WIDTH = 120
+
+
+def terminal_width() -> int | None:
+    """The terminal's width when stdout is one, else None."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def display_text(doc: Any, **options: Any) -> str:
+    """``doc`` as ``print(doc)`` shows it: its text format, fitted (when the format takes
+    a width and ``options`` give none) to the terminal's width, or :data:`DISPLAY_WIDTH`
+    where stdout is no terminal."""
+    if "width" in get_renderer("text", document_kind(doc)).option_names():
+        options.setdefault("width", terminal_width() or DISPLAY_WIDTH)
+    return str(render(doc, "text", **options))
 
 
 def render_chunks(doc: Any, fmt: str = "text", **options: Any) -> Iterator[str | bytes]:

@@ -215,6 +215,12 @@ def parse_group_by(group_by: GroupBy | None, stack_depth: int | None = None) -> 
     return tuple(k for k in GROUP_KEYS if k in keys), depth
 
 
+def sort_key(field: str) -> str:
+    """The ``--sort-by`` key of a row field (``"self_cpu_time_ns"`` -> ``"self_cpu_time"``),
+    as text for people names it: the unit-named fields are the data's (JSON, CSV)."""
+    return next((key for key, name in SORT_KEYS.items() if name == field), field)
+
+
 def sort_field(sort_by: str) -> str:
     """The row field ``sort_by`` names (``"self_cpu_time"`` -> ``"self_cpu_time_ns"``)."""
     if sort_by in SORT_KEYS:
@@ -405,7 +411,7 @@ class OpTable:
         return formats.render(self, fmt, **options)
 
     def __str__(self) -> str:
-        return self.render()
+        return formats.display_text(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The options, the rows and the total, with only ``columns`` in each row."""

@@ -484,7 +484,7 @@ class MergedRun(NotebookDisplay):
         formats.save(self, path, fmt, **options)
 
     def __str__(self) -> str:
-        return self.render("text")
+        return formats.display_text(self)
 
 
 @dataclass

@@ -491,11 +491,12 @@ class Profile(NotebookDisplay):
         formats.save(self, path, fmt, **options)
 
     def show(self, **options: Any) -> None:
-        """Print the text tree (the only place the library prints, and only on request)."""
-        print(self.render("text", **options))
+        """Print the text tree (the only place the library prints, and only on request),
+        fitted to the terminal, as ``print(profile)`` is, unless ``width`` is given."""
+        print(formats.display_text(self, **options))
 
     def __str__(self) -> str:
-        return str(self.render("text"))
+        return formats.display_text(self)
 
 
 def _label_start(path: str) -> int:

@@ -124,9 +124,14 @@ _Range = _torch.FastRange
 #: and the one it writes as it is first started in a thread other than the one that
 #: imported torch (``ERROR: External init callback must run in same thread as
 #: registerClient (5 != 3)``): it skips torch's client's ``init()`` then, which is empty.
+#: And the CPU allocator's warning as a block it did not see allocated is freed while
+#: memory is profiled (:func:`spend_unknown_block_warning`): ``[W1127 05:56:06.114684318
+#: CPUAllocator.cpp:245] Memory block of unknown size was allocated before the profiling
+#: started, profiler results will not include the deallocation event``.
 _BACKEND_LINE = re.compile(
     rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d [^\n]*?\w+\.cpp:\d+\] "
     rb"|ERROR: External init callback must run in same thread as registerClient \(-?\d+ != -?\d+\)$"
+    rb"|\[W\d+ [\d:.]+ \w+\.cpp:\d+\] Memory block of unknown size was allocated before the profiling started"
 )
 
 
@@ -164,6 +169,36 @@ def _pass_on(sink: int, start: int, fd: int) -> int:
     while kept:
         kept = kept[os.write(fd, kept) :]
     return start + len(data)
+
+
+class _UnknownBlockWarning:
+    """The CPU allocator's warning that a block allocated before memory profiling began
+    was freed while it runs, spent once per process where it is kept off stderr.
+
+    torch writes it from C++ the first time such a block is freed and every 1000th time
+    after (one counter for the process), and a step frees one as soon as it drops a
+    gradient or a batch made before the block: every ``Profiler`` block printed it, in
+    the middle of the user's own code. Freeing a block of our own just after memory
+    profiling is enabled, inside :func:`quiet_profiler`, makes that first time ours; what
+    the profile records is unchanged (torch reports no event for such a free)."""
+
+    def __init__(self) -> None:
+        self.spent = False
+        self._block: torch.Tensor | None = None
+
+    def before(self) -> None:
+        """Allocate the block, before profiling starts (unless the warning is spent)."""
+        if not self.spent:
+            self._block = torch.empty(1)
+
+    def after(self) -> None:
+        """Free it, now that profiling runs (inside :func:`quiet_profiler`)."""
+        if self._block is not None:
+            self._block = None  # the only reference: freed here
+            self.spent = True
+
+
+_UNKNOWN_BLOCK = _UnknownBlockWarning()
 
 
 def quiet_profiler() -> AbstractContextManager[None]:
@@ -1234,8 +1269,11 @@ class KinetoWindow:
                 self._shape_hook = shapes
             if self.memory:
                 optimizer_hooks(stack, self._optimizer_pre, self._optimizer_post)
+            if self.memory:
+                _UNKNOWN_BLOCK.before()
             with quiet_profiler():
                 _torch.enable_profiler(config, activities)
+                _UNKNOWN_BLOCK.after()
         except BaseException:
             try:
                 stack.close()

@@ -15,7 +15,8 @@ from typing import Any
 from layerscope import fmt
 from layerscope.bench.result import BatchResult, BenchComparison, BenchResult
 from layerscope.formats import register_renderer
-from layerscope.render.table import SPACES, draw, from_headers
+from layerscope.render.options import WIDTH
+from layerscope.render.table import SPACES, Column, draw, draw_fitted, from_headers, wrap_lines
 
 
 def _ns(value: float | None) -> str:
@@ -85,9 +86,20 @@ def _batch_row(entry: BatchResult, show_transfer: bool, tokens: int | None) -> l
     return cells
 
 
-@register_renderer("text", document="bench", extensions=(".txt",), description="the benchmark as a text table")
-def render_table(result: BenchResult) -> str:
-    """The benchmark as text: the model's size and cost, then one row per batch size."""
+#: How a width hides the table's columns: latency and throughput stay.
+_PRIORITIES = {
+    "p50": 0, "samples/s": 0, "mean ± std": 1, "tokens/s": 1, "peak mem": 1, "p90": 2, "CV": 2, "p99": 3,
+    "min": 4, "max": 4, "H2D": 4, "D2H": 4, "runs": 5,
+}
+
+
+@register_renderer(
+    "text", document="bench", extensions=(".txt",), description="the benchmark as a text table", options=(WIDTH,)
+)
+def render_table(result: BenchResult, *, width: int | None = None) -> str:
+    """The benchmark as text: the model's size and cost, then one row per batch size;
+    given ``width``, the table hides its least important columns to fit it and the text
+    is wrapped."""
     sizes = ", ".join(f"{name} {fmt.nbytes(n)}" for name, n in sorted(result.model_bytes_by_dtype.items()))
     settings = result.settings
     lines = [
@@ -114,13 +126,15 @@ def render_table(result: BenchResult) -> str:
     if show_transfer:
         header += ["H2D", "D2H"]
     rows = [_batch_row(b, show_transfer, tokens) for b in sorted(result.batches, key=lambda b: b.batch_size)]
-    lines += ["", *draw(from_headers(header), rows, style=SPACES), ""]
+    layout = [Column(name, priority=_PRIORITIES.get(name)) for name in header]
+    table = draw_fitted(layout, rows, width, SPACES)
+    lines = [*wrap_lines(lines, width), "", *table, ""]
     best = result.best_batch_size
     if best is not None:
         per_s = result.batch(best).throughput_per_s
         in_tokens = "" if tokens is None else f", {fmt.count(round(per_s * tokens))} tokens/s"
         lines.append(f"best throughput: batch size {best}, {fmt.count(round(per_s))} samples/s{in_tokens}")
-    lines += [f"warning: {w}" for w in result.warnings]
+    lines += wrap_lines([f"warning: {w}" for w in result.warnings], width)
     return "\n".join(lines) + "\n"
 
 

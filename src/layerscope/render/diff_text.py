@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from layerscope import fmt
 from layerscope.diff import METRICS, change_percent, display_path
 from layerscope.formats import Option, register_renderer
-from layerscope.render.options import LIMIT
-from layerscope.render.table import Column, draw, from_headers
+from layerscope.render.options import LIMIT, WIDTH
+from layerscope.render.table import Column, draw, draw_fitted, from_headers, wrap, wrap_lines
 
 if TYPE_CHECKING:
     from layerscope.diff import DiffRow, ProfileDiff, Regression, ShapeCalls
@@ -88,7 +88,10 @@ def regressions_line(regressions: list[Regression], threshold: float) -> str:
 @dataclass(frozen=True)
 class DiffColumn:
     """A column of a diff's table: ``cell`` gives a row's text; ``shown`` says whether
-    the diff has the data (both sides measured it somewhere)."""
+    the diff has the data (both sides measured it somewhere). ``priority``,
+    ``min_width`` and ``cut_start`` say how it fits a width (``table.Column``): the
+    names that label the rows have no priority, and the change in the diff's metric
+    the lowest."""
 
     header: str
     cell: Callable[[DiffRow], str]
@@ -96,6 +99,12 @@ class DiffColumn:
     align: str = ">"
     #: The row metric the column shows, if any.
     metric: str | None = None
+    priority: int | None = None
+    min_width: int | None = None
+    cut_start: bool = False
+
+    def layout(self) -> Column:
+        return Column(self.header, self.align, self.priority, min_width=self.min_width, cut_start=self.cut_start)
 
 
 def _measured(metric: str, *, moved: bool = False) -> Callable[[ProfileDiff, list[DiffRow]], bool]:
@@ -140,14 +149,19 @@ def _note(row: DiffRow) -> str:
 
 
 def _full_columns(metric: str, label: str, formatter: Formatter) -> list[DiffColumn]:
-    """Base, new, change and relative change of one metric."""
+    """Base, new, change and relative change of one metric, the diff's own: a width
+    hides its change last."""
     shown = _measured(metric)
     return [
-        DiffColumn(f"{label} base", _value(metric, formatter, "base"), shown, metric=metric),
-        DiffColumn(f"{label} new", _value(metric, formatter, "new"), shown, metric=metric),
-        DiffColumn(f"{label} Δ", _delta(metric, formatter), shown, metric=metric),
-        DiffColumn(f"{label} Δ%", _percent(metric), shown, metric=metric),
+        DiffColumn(f"{label} base", _value(metric, formatter, "base"), shown, metric=metric, priority=3),
+        DiffColumn(f"{label} new", _value(metric, formatter, "new"), shown, metric=metric, priority=3),
+        DiffColumn(f"{label} Δ", _delta(metric, formatter), shown, metric=metric, priority=0),
+        DiffColumn(f"{label} Δ%", _percent(metric), shown, metric=metric, priority=0),
     ]
+
+
+#: How much less a metric's columns weigh when another metric leads the diff.
+_NOT_THE_METRIC = 4
 
 
 _FLOPS_SHOWN = _measured("flops")
@@ -155,14 +169,20 @@ _FLOPS_SHOWN = _measured("flops")
 #: What both tables share after their first columns: time, device time, FLOPs.
 _METRIC_COLUMNS: list[DiffColumn] = [
     *_full_columns("self_time_ns", "Self", fmt.time_ns),
-    DiffColumn("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns"), metric="time_ns"),
-    DiffColumn("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns"), metric="time_ns"),
-    DiffColumn("Total Δ%", _percent("time_ns"), _measured("time_ns"), metric="time_ns"),
-    DiffColumn("Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True), metric="device_time_ns"),
-    DiffColumn("Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True), metric="device_time_ns"),
-    DiffColumn("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN, metric="flops"),
-    DiffColumn("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN, metric="flops"),
-    DiffColumn("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN, metric="flops"),
+    DiffColumn("Total base", _value("time_ns", fmt.time_ns, "base"), _measured("time_ns"), metric="time_ns", priority=7),
+    DiffColumn("Total new", _value("time_ns", fmt.time_ns, "new"), _measured("time_ns"), metric="time_ns", priority=7),
+    DiffColumn("Total Δ%", _percent("time_ns"), _measured("time_ns"), metric="time_ns", priority=4),
+    DiffColumn(
+        "Device Δ", _delta("device_time_ns", fmt.time_ns), _measured("device_time_ns", moved=True),
+        metric="device_time_ns", priority=2,
+    ),
+    DiffColumn(
+        "Device Δ%", _percent("device_time_ns"), _measured("device_time_ns", moved=True),
+        metric="device_time_ns", priority=5,
+    ),
+    DiffColumn("FLOPs base", _value("flops", fmt.count, "base"), _FLOPS_SHOWN, metric="flops", priority=9),
+    DiffColumn("FLOPs new", _value("flops", fmt.count, "new"), _FLOPS_SHOWN, metric="flops", priority=9),
+    DiffColumn("FLOPs Δ", _delta("flops", fmt.count), _FLOPS_SHOWN, metric="flops", priority=5),
 ]
 
 #: The header of the diff's metric's own columns, shown first after the names.
@@ -173,24 +193,32 @@ _METRIC_LABELS = {
 
 _FORMATTERS: dict[str, Formatter] = {"time": fmt.time_ns, "count": fmt.count, "bytes": fmt.nbytes}
 
+_ALLOC_DELTA = DiffColumn(
+    "Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True), metric="alloc_bytes", priority=10
+)
+# What a row is (added, removed, noise) matters next to its change.
+_NOTE = DiffColumn("Note", _note, align="<", priority=1)
+
 NODE_COLUMNS: list[DiffColumn] = [
-    DiffColumn("Module", lambda row: display_path(row.path), align="<"),
-    DiffColumn("Type", _type, align="<"),
+    DiffColumn("Module", lambda row: display_path(row.path), align="<", min_width=16, cut_start=True),
+    DiffColumn("Type", _type, align="<", priority=6),
     *_METRIC_COLUMNS,
-    DiffColumn("Peak mem Δ", _delta("peak_bytes", fmt.nbytes), _measured("peak_bytes", moved=True)),
-    DiffColumn("Activations Δ", _delta("activation_bytes", fmt.nbytes), _measured("activation_bytes", moved=True)),
-    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True), metric="alloc_bytes"),
-    DiffColumn("Note", _note, align="<"),
+    DiffColumn("Peak mem Δ", _delta("peak_bytes", fmt.nbytes), _measured("peak_bytes", moved=True), priority=8),
+    DiffColumn(
+        "Activations Δ", _delta("activation_bytes", fmt.nbytes), _measured("activation_bytes", moved=True), priority=10
+    ),
+    _ALLOC_DELTA,
+    _NOTE,
 ]
 
 OP_COLUMNS: list[DiffColumn] = [
-    DiffColumn("Op", lambda row: row.op or "", align="<"),
-    DiffColumn("Module", lambda row: display_path(row.path), align="<"),
-    DiffColumn("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<"),
-    DiffColumn("Input shapes", lambda row: _shapes_cell(row), align="<"),
+    DiffColumn("Op", lambda row: row.op or "", align="<", min_width=24),
+    DiffColumn("Module", lambda row: display_path(row.path), align="<", priority=2, min_width=16, cut_start=True),
+    DiffColumn("Phase", lambda row: row.phase or "", lambda diff, rows: len(diff.phases) > 1, align="<", priority=2),
+    DiffColumn("Input shapes", lambda row: _shapes_cell(row), align="<", priority=4, min_width=16),
     *_METRIC_COLUMNS,
-    DiffColumn("Alloc Δ", _delta("alloc_bytes", fmt.nbytes), _measured("alloc_bytes", moved=True), metric="alloc_bytes"),
-    DiffColumn("Note", _note, align="<"),
+    _ALLOC_DELTA,
+    _NOTE,
 ]
 
 
@@ -202,14 +230,20 @@ def _with_metric_first(columns: list[DiffColumn], metric_name: str, field_name: 
         return columns
     metric = METRICS[metric_name]
     first = next(i for i, c in enumerate(columns) if c.metric is not None)
-    rest = [c for c in columns[first:] if c.metric != field_name]
+    rest = [
+        replace(c, priority=c.priority + _NOT_THE_METRIC) if c.metric == "self_time_ns" and c.priority is not None else c
+        for c in columns[first:] if c.metric != field_name
+    ]
     return columns[:first] + _full_columns(field_name, _METRIC_LABELS[metric_name], _FORMATTERS[metric.unit]) + rest
 
 
-def _table(columns: list[DiffColumn], rows: list[DiffRow], diff: ProfileDiff, field_name: str) -> list[str]:
+def _table(
+    columns: list[DiffColumn], rows: list[DiffRow], diff: ProfileDiff, field_name: str, width: int | None
+) -> list[str]:
+    """The table, fitted to ``width`` (a line under it names what was hidden)."""
     columns = _with_metric_first(columns, diff.metric, field_name)
     shown = [c for c in columns if c.shown(diff, rows)]
-    return draw([Column(c.header, c.align) for c in shown], [[c.cell(row) for c in shown] for row in rows])
+    return draw_fitted([c.layout() for c in shown], [[c.cell(row) for c in shown] for row in rows], width)
 
 
 # -- the whole report --------------------------------------------------------------------
@@ -255,13 +289,12 @@ def _counts(rows: list[DiffRow]) -> str:
     return ", ".join(f"{n} {status}" for status, n in by_status.items())
 
 
-def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
+def render_diff(diff: ProfileDiff, *, limit: int | None = None, width: int | None = None) -> str:
     """The summary, then up to ``limit`` node rows and ``limit`` changed-op rows
-    (None: all), each largest change in the diff's metric first."""
-    out = [f"Diff  ·  {_side(diff, 'base')}  ·  {_side(diff, 'new')}"]
-    out.extend(f"Warning: {warning}" for warning in diff.warnings)
-    out.append("")
-    out.extend(_summary_lines(diff))
+    (None: all), each largest change in the diff's metric first; given ``width``, each
+    table hides its least important columns to fit it, and the notes are wrapped."""
+    head = [f"Diff  ·  {_side(diff, 'base')}  ·  {_side(diff, 'new')}", *(f"Warning: {w}" for w in diff.warnings)]
+    out = [*wrap_lines(head, width), "", *_summary_lines(diff)]
 
     metric = METRICS[diff.metric]
     notes: list[str] = []
@@ -272,15 +305,17 @@ def render_diff(diff: ProfileDiff, *, limit: int | None = None) -> str:
         if not rows:
             continue
         shown = rows[:limit] if limit else rows
-        out += ["", f"{title}, largest change in {metric.label} first:", *_table(columns, shown, diff, field_name)]
+        out += [
+            "", *wrap(f"{title}, largest change in {metric.label} first:", width),
+            *_table(columns, shown, diff, field_name, width),
+        ]
         if len(shown) < len(rows):
             notes.append(f"{len(rows) - len(shown)} more {noun} rows not shown (limit {limit})")
 
-    out.append("")
-    out.append(f"Modules: {_counts(diff.rows)}. Ops: {_counts(diff.op_rows)}.")
-    out.extend(notes)
+    notes.insert(0, f"Modules: {_counts(diff.rows)}. Ops: {_counts(diff.op_rows)}.")
     if diff.timed:
-        out.extend(noise_lines(diff))
+        notes.extend(noise_lines(diff))
+    out += ["", *wrap_lines(notes, width)]
     return "\n".join(out) + "\n"
 
 
@@ -308,7 +343,7 @@ def noise_lines(diff: ProfileDiff) -> list[str]:
     return lines
 
 
-def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) -> list[str]:
+def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None, width: int | None = None) -> list[str]:
     """Two merged runs: how each node's imbalance (max / median over the ranks) moved,
     largest move first; appended to the diff of their median ranks' trees."""
 
@@ -321,7 +356,11 @@ def imbalance_lines(rows: list[ImbalanceChange], *, limit: int | None = None) ->
         delta = "" if row.delta is None else f"{row.delta:+.2f}"
         cells.append([display_path(row.path), row.phase, ratio(row.base), ratio(row.new), delta])
     out = ["", "Imbalance over the ranks (max / median time), largest change first:"]
-    out += draw(from_headers(["Module", "Phase", "Imbalance base", "Imbalance new", "Change"], left=2), cells)
+    layout = [
+        Column("Module", "<", min_width=16, cut_start=True), Column("Phase", "<", 1), Column("Imbalance base", priority=1),
+        Column("Imbalance new", priority=1), Column("Change", priority=0),
+    ]
+    out += draw_fitted(layout, cells, width)
     if len(shown) < len(rows):
         out.append(f"{len(rows) - len(shown)} more imbalance rows not shown (limit {limit})")
     return out
@@ -337,18 +376,20 @@ FAIL_ABOVE = Option(
 
 @register_renderer(
     "text", document="diff", extensions=(".txt",), description="the diff as text tables",
-    options=(LIMIT, IMBALANCE, FAIL_ABOVE),
+    options=(LIMIT, IMBALANCE, FAIL_ABOVE, WIDTH),
 )
 def render_diff_text(
     diff: ProfileDiff, *, limit: int | None = None, imbalance: Sequence[ImbalanceChange] | None = None,
-    fail_above: float | None = None,
+    fail_above: float | None = None, width: int | None = None,
 ) -> str:
-    """:func:`render_diff`, then the changes in imbalance and the verdict when given."""
-    text = render_diff(diff, limit=limit)
+    """:func:`render_diff`, then the changes in imbalance and the verdict when given,
+    all fitted to ``width`` when given."""
+    text = render_diff(diff, limit=limit, width=width)
     if imbalance is not None:
-        text += "".join(line + "\n" for line in imbalance_lines(list(imbalance), limit=limit))
+        text += "".join(line + "\n" for line in imbalance_lines(list(imbalance), limit=limit, width=width))
     if fail_above is not None:
-        text += f"\n{regressions_line(diff.regressions(fail_above), fail_above)}\n"
+        verdict = regressions_line(diff.regressions(fail_above), fail_above)
+        text += "\n" + "".join(line + "\n" for line in wrap_lines(verdict.split("\n"), width))
     return text
 
 

@@ -22,22 +22,37 @@ from layerscope.ops import (
     op_table,
     parse_group_by,
     sort_field,
+    sort_key,
 )
-from layerscope.render.options import LIMIT
-from layerscope.render.table import Column, draw
-from layerscope.render.text import _header_line
+from layerscope.render.options import LIMIT, WIDTH
+from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
+from layerscope.render.text import _header_lines
 from layerscope.tree import PHASES, Profile
 
 
 @dataclass(frozen=True)
 class OpColumn:
     """A column of the op table: ``cell`` gives a row's text (the Total row's too),
-    ``shown`` whether the table has it at all."""
+    ``shown`` whether the table has it at all.
+
+    ``priority`` decides what a width hides first (the highest number; see
+    ``table.fit``); a column showing a key the rows are grouped by (``key``) labels
+    them and is never hidden. ``min_width`` lets a width cut its long cells, at the
+    start with ``cut_start``."""
 
     header: str
     cell: Callable[[OpRow, OpTable], str]
     shown: Callable[[OpTable], bool]
     align: str = ">"
+    priority: int | None = None
+    key: str | None = None
+    min_width: int | None = None
+    cut_start: bool = False
+
+    def layout(self, table: OpTable) -> Column:
+        """How the column is laid out in ``table``: a group key's column as a label."""
+        priority = None if self.key in table.group_by else self.priority
+        return Column(self.header, self.align, priority, min_width=self.min_width, cut_start=self.cut_start)
 
 
 def _has(*names: str) -> Callable[[OpTable], bool]:
@@ -77,41 +92,51 @@ _DEVICE = _has("self_device_time_ns")
 _FLOPS = _has("flops")
 _MEMORY = _has("alloc_bytes")
 
+#: A width hides the highest priority first: MACs, then the allocator's details and
+#: FLOP/s, ...; the self times stay, then the calls and FLOPs.
 COLUMNS: list[OpColumn] = [
-    OpColumn("Name", lambda r, t: r.name, lambda t: True, "<"),
-    OpColumn("Phase", _key(lambda r: str(r.phase)), _has("phase"), "<"),
-    OpColumn("Module", _key(_module_path), _has("module"), "<"),
-    OpColumn("Type", _key(lambda r: str(r.module_type)), _has("module_type"), "<"),
-    OpColumn("Self CPU", lambda r, t: fmt.time_ns(r.self_cpu_time_ns), _TIMED),
-    OpColumn("Self CPU %", lambda r, t: fmt.percent(r.self_cpu_time_ns, t.total.self_cpu_time_ns), _TIMED),
-    OpColumn("CPU total", lambda r, t: fmt.time_ns(r.cpu_time_ns), _differs("cpu_time_ns", "self_cpu_time_ns")),
-    OpColumn("CPU avg", lambda r, t: fmt.time_ns(r.cpu_time_avg_ns), _TIMED),
-    OpColumn("Self Device", lambda r, t: fmt.time_ns(r.self_device_time_ns), _DEVICE),
+    OpColumn("Name", lambda r, t: r.name, lambda t: True, "<", key="name", min_width=24),
+    OpColumn("Phase", _key(lambda r: str(r.phase)), _has("phase"), "<", 3, key="phase"),
+    OpColumn("Module", _key(_module_path), _has("module"), "<", 3, key="module", min_width=16, cut_start=True),
+    OpColumn("Type", _key(lambda r: str(r.module_type)), _has("module_type"), "<", 7, key="module_type"),
+    OpColumn("Self CPU", lambda r, t: fmt.time_ns(r.self_cpu_time_ns), _TIMED, priority=0),
+    OpColumn("Self CPU %", lambda r, t: fmt.percent(r.self_cpu_time_ns, t.total.self_cpu_time_ns), _TIMED, priority=6),
+    OpColumn("CPU total", lambda r, t: fmt.time_ns(r.cpu_time_ns), _differs("cpu_time_ns", "self_cpu_time_ns"), priority=5),
+    OpColumn("CPU avg", lambda r, t: fmt.time_ns(r.cpu_time_avg_ns), _TIMED, priority=9),
+    OpColumn("Self Device", lambda r, t: fmt.time_ns(r.self_device_time_ns), _DEVICE, priority=0),
     OpColumn(
         "Self Device %",
         lambda r, t: fmt.percent(r.self_device_time_ns, t.total.self_device_time_ns),
-        _DEVICE,
+        _DEVICE, priority=6,
     ),
     OpColumn(
         "Device total",
         lambda r, t: fmt.time_ns(r.device_time_ns),
-        _differs("device_time_ns", "self_device_time_ns"),
+        _differs("device_time_ns", "self_device_time_ns"), priority=5,
     ),
-    OpColumn("Device avg", lambda r, t: fmt.time_ns(r.device_time_avg_ns), _DEVICE),
-    OpColumn("Calls", lambda r, t: str(r.calls), lambda t: True),
+    OpColumn("Device avg", lambda r, t: fmt.time_ns(r.device_time_avg_ns), _DEVICE, priority=9),
+    OpColumn("Calls", lambda r, t: str(r.calls), lambda t: True, priority=1),
     # Grouped by module, every row is one module: the count would always read 1.
-    OpColumn("Modules", lambda r, t: str(r.modules), lambda t: "module" not in t.group_by),
-    OpColumn("FLOPs", _flops(lambda r: r.flops), _FLOPS),
-    OpColumn("MACs", _flops(lambda r: r.macs), _FLOPS),
-    OpColumn("FLOP/s", lambda r, t: fmt.rate(r.flops, r.busy_time_ns), lambda t: _FLOPS(t) and _TIMED(t)),
-    OpColumn("Alloc", lambda r, t: fmt.nbytes(r.alloc_bytes), _MEMORY),
-    OpColumn("Self Alloc", lambda r, t: fmt.nbytes(r.self_alloc_bytes), _differs("alloc_bytes", "self_alloc_bytes")),
+    OpColumn("Modules", lambda r, t: str(r.modules), lambda t: "module" not in t.group_by, priority=10),
+    OpColumn("FLOPs", _flops(lambda r: r.flops), _FLOPS, priority=2),
+    OpColumn("MACs", _flops(lambda r: r.macs), _FLOPS, priority=13),
+    OpColumn("FLOP/s", lambda r, t: fmt.rate(r.flops, r.busy_time_ns), lambda t: _FLOPS(t) and _TIMED(t), priority=11),
+    OpColumn("Alloc", lambda r, t: fmt.nbytes(r.alloc_bytes), _MEMORY, priority=8),
+    OpColumn(
+        "Self Alloc", lambda r, t: fmt.nbytes(r.self_alloc_bytes), _differs("alloc_bytes", "self_alloc_bytes"), priority=12
+    ),
     # Frees land between ops, rarely inside one: a column of zeros would be noise.
-    OpColumn("Freed", lambda r, t: fmt.nbytes(r.freed_bytes), lambda t: _MEMORY(t) and bool(t.total.freed_bytes)),
+    OpColumn(
+        "Freed", lambda r, t: fmt.nbytes(r.freed_bytes), lambda t: _MEMORY(t) and bool(t.total.freed_bytes), priority=12
+    ),
     # Free text last, so long shapes and file paths don't push the numbers apart.
-    OpColumn("Input shapes", _key(lambda r: fmt.shape(r.input_shapes)), _has("input_shapes"), "<"),
+    OpColumn(
+        "Input shapes", _key(lambda r: fmt.shape(r.input_shapes)), _has("input_shapes"), "<", 4, key="shape", min_width=16
+    ),
     # One frame per line, innermost first, as torch.profiler prints its stacks.
-    OpColumn("Stack", _key(lambda r: "\n".join(r.stack or [])), _has("stack"), "<"),
+    OpColumn(
+        "Stack", _key(lambda r: "\n".join(r.stack or [])), _has("stack"), "<", 4, key="stack", min_width=24, cut_start=True
+    ),
 ]
 
 
@@ -119,7 +144,7 @@ def _title(table: OpTable) -> str:
     parts = [f"Ops grouped by {', '.join(table.group_by)}"]
     if table.stack_depth is not None:
         parts[0] += f" (stack: {table.stack_depth} frame{'s' if table.stack_depth != 1 else ''})"
-    parts.append(f"sorted by {table.sort_by}, descending")
+    parts.append(f"sorted by {sort_key(table.sort_by)}, descending")
     if table.module is not None:
         parts.append(f"module {table.module or table.profile.root.type}")
     if table.phase is not None:
@@ -143,21 +168,26 @@ def _footer(table: OpTable) -> list[str]:
     return lines
 
 
-@register_renderer("text", document="op-table", description="the operator table as text")
-def format_table(table: OpTable) -> str:
-    """The table as text: a title, the rows, a Total row and notes."""
+@register_renderer("text", document="op-table", description="the operator table as text", options=(WIDTH,))
+def format_table(table: OpTable, *, width: int | None = None) -> str:
+    """The table as text: a title, the rows, a Total row and notes. Given ``width``, the
+    least important columns are hidden to fit it (the notes name them) and long names,
+    paths and shapes cut."""
     columns = [c for c in COLUMNS if c.shown(table)]
     empty = None
     if not table.matched:
         recorded = any(node.ops for node in table.profile.nodes())
         empty = "(no op matches module / phase)" if recorded else "(no ops: profiled with record_ops=False)"
-    lines = draw(
-        [Column(c.header, c.align) for c in columns],
-        [[c.cell(row, table) for c in columns] for row in table.rows],
-        total=[c.cell(table.total, table) for c in columns],
-        empty=empty,
-    )
-    out = [_header_line(table.profile), _title(table), "", *lines, "", *_footer(table)]
+    layout = [c.layout(table) for c in columns]
+    rows = [[c.cell(row, table) for c in columns] for row in [*table.rows, table.total]]
+    footer = _footer(table)
+    if width is not None:
+        fitted = fit(layout, rows, width)
+        layout, rows = fitted.columns, fitted.rows
+        if fitted.hidden:
+            footer.append(hidden_line(width, [columns[i].header for i in fitted.hidden], "a wider --width shows them"))
+    lines = draw(layout, rows[:-1], total=rows[-1], empty=empty)
+    out = [*_header_lines(table.profile, width), *wrap(_title(table), width), "", *lines, "", *wrap_lines(footer, width)]
     return "\n".join(out) + "\n"
 
 
@@ -189,15 +219,16 @@ STACK_DEPTH = Option("stack_depth", "frames of the Python stack per row (group_b
 
 @register_renderer(
     "ops", description="aten ops grouped and sorted in one table, like torch.profiler's key_averages",
-    options=(SORT_BY, GROUP_BY, LIMIT, MODULE, PHASE, STACK_DEPTH),
+    options=(SORT_BY, GROUP_BY, LIMIT, MODULE, PHASE, STACK_DEPTH, WIDTH),
 )
 def render_ops(
     profile: Profile, *, sort_by: str | None = None, group_by: GroupBy | None = "name", limit: int | None = None,
-    module: str | None = None, phase: str | None = None, stack_depth: int | None = None,
+    module: str | None = None, phase: str | None = None, stack_depth: int | None = None, width: int | None = None,
 ) -> str:
-    """The operator table; the options as in ``Profile.ops`` (``limit`` 0: every row)."""
+    """The operator table; the options as in ``Profile.ops`` (``limit`` 0: every row),
+    fitted to ``width`` as :func:`format_table` does."""
     table = op_table(
         profile, sort_by=sort_by, group_by=group_by, limit=limit or None, module=module, phase=phase,
         stack_depth=stack_depth,
     )
-    return format_table(table)
+    return format_table(table, width=width)

@@ -24,3 +24,8 @@ METRIC = Option(
     "metric", "what stacks are weighed by (default: time, or flops for an untimed count)", choices=("time", "flops")
 )
 TITLE = Option("title", "the picture's title", metavar="TEXT")
+WIDTH = Option(
+    "width", "fit the output to N characters: the least important columns are hidden first (a "
+    "note under the table names them), long names and shapes cut with an ellipsis, notes wrapped "
+    "(default: the terminal's width on a terminal, else no limit)", parse=count, metavar="N",
+)

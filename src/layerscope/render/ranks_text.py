@@ -14,8 +14,8 @@ from layerscope import fmt
 from layerscope.diff import display_path
 from layerscope.formats import register_renderer
 from layerscope.ranks import MergedRun, Spread
-from layerscope.render.options import DEPTH, INDENT, LIMIT
-from layerscope.render.table import draw, from_headers
+from layerscope.render.options import DEPTH, INDENT, LIMIT, WIDTH
+from layerscope.render.table import Column, draw, draw_fitted, from_headers, wrap_lines
 
 #: Up to this many ranks, the rank table has a column per rank.
 MAX_RANK_COLUMNS = 8
@@ -61,7 +61,12 @@ def _ranges(ranks: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
-def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
+def _module() -> Column:
+    """The column of module paths: long ones lose their start to fit a width."""
+    return Column("Module", "<", min_width=16, cut_start=True)
+
+
+def _rank_table(run: MergedRun, depth: int | None, width: int | None) -> list[str]:
     shapes = {shape.path: shape for shape in run.nodes}
     rows = [
         row for row in run.spreads()
@@ -71,7 +76,13 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
     ranks = run.rank_numbers
     if len(ranks) <= MAX_RANK_COLUMNS:
         title = "Time per rank (each node's total in the phase), median, slowest rank and max / median:"
-        header = ["Module", "Phase", *(f"rank {r}" for r in ranks), "Median", "Max", "Slowest", "Imbalance"]
+        # A width hides the ranks' own columns together, before the summary of them.
+        layout = [
+            # Indented by depth: a long path loses its end, not its indent.
+            Column("Module", "<", min_width=16), Column("Phase", "<", 3), *(Column(f"rank {r}", priority=4) for r in ranks),
+            Column("Median", priority=2), Column("Max", priority=1), Column("Slowest", priority=1),
+            Column("Imbalance", priority=0),
+        ]
         cells: list[list[str]] = []
         for row in rows:
             by_rank = {rank: value for value, rank in run.values_by_rank(row.path, row.phase, "time_ns")}
@@ -80,7 +91,7 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
                 *(fmt.time_ns(by_rank.get(r)) for r in ranks),
                 fmt.time_ns(row.median), fmt.time_ns(row.max), f"rank {row.argmax_rank}", _imbalance(row),
             ])
-        return ["", title, *draw(from_headers(header, left=2), cells)]
+        return ["", *wrap_lines([title], width), *draw_fitted(layout, cells, width)]
     floor = run.min_time_ns
     ranked = sorted(
         (row for row in rows if row.max >= floor and row.imbalance is not None),
@@ -97,15 +108,18 @@ def _rank_table(run: MergedRun, depth: int | None) -> list[str]:
             display_path(row.path), row.phase, fmt.time_ns(row.min), fmt.time_ns(row.median), fmt.time_ns(row.max),
             f"rank {row.argmax_rank}", _imbalance(row),
         ])
-    header = ["Module", "Phase", "Min", "Median", "Max", "Slowest", "Imbalance"]
-    return ["", title, *draw(from_headers(header, left=2), cells)]
+    layout = [
+        _module(), Column("Phase", "<", 3), Column("Min", priority=4), Column("Median", priority=2),
+        Column("Max", priority=1), Column("Slowest", priority=1), Column("Imbalance", priority=0),
+    ]
+    return ["", *wrap_lines([title], width), *draw_fitted(layout, cells, width)]
 
 
 def _indented(depth: int, path: str) -> str:
     return "  " * depth + display_path(path)
 
 
-def _stragglers(run: MergedRun, limit: int | None) -> list[str]:
+def _stragglers(run: MergedRun, limit: int | None, width: int | None) -> list[str]:
     found = run.stragglers()
     test = f"self time over the other ranks' median by more than {100 * run.threshold:g}% and {fmt.time_ns(run.min_time_ns)}"
     if len(run.ranks) < 2:
@@ -120,14 +134,18 @@ def _stragglers(run: MergedRun, limit: int | None) -> list[str]:
             display_path(row.path), row.phase, str(row.rank), fmt.time_ns(row.self_time_ns),
             fmt.time_ns(row.others_median_ns), "+" + fmt.time_ns(row.excess_ns), relative,
         ])
-    header = ["Module", "Phase", "Rank", "Self time", "Others' median", "Excess", "Excess %"]
-    out = ["", f"Stragglers ({test}), largest excess first:", *draw(from_headers(header, left=2), cells)]
+    layout = [
+        _module(), Column("Phase", "<", 3), Column("Rank", priority=0), Column("Self time", priority=1),
+        Column("Others' median", priority=2), Column("Excess", priority=0), Column("Excess %", priority=1),
+    ]
+    title = f"Stragglers ({test}), largest excess first:"
+    out = ["", *wrap_lines([title], width), *draw_fitted(layout, cells, width)]
     if len(shown) < len(found):
         out.append(f"{len(found) - len(shown)} more straggler rows not shown (limit {limit})")
     return out
 
 
-def _waiting(run: MergedRun) -> list[str]:
+def _waiting(run: MergedRun, width: int | None) -> list[str]:
     cells: list[list[str]] = []
     for row in run.waiting():
         cells.append([
@@ -138,20 +156,21 @@ def _waiting(run: MergedRun) -> list[str]:
         "Waiting in collectives per rank (the <communication> part); the fast ranks wait for "
         "the slow one, so a straggler shows as its peers' waiting:"
     )
-    return ["", title, *draw(from_headers(["Rank", "Step", "Waiting", "% of step"]), cells)]
+    return ["", *wrap_lines([title], width), *draw(from_headers(["Rank", "Step", "Waiting", "% of step"]), cells)]
 
 
 @register_renderer(
     "text", document="ranks", extensions=(".txt",), description="the merged ranks as a text report",
-    options=(DEPTH, LIMIT),
+    options=(DEPTH, LIMIT, WIDTH),
 )
-def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | None = 20) -> str:
+def render_ranks_text(run: MergedRun, *, depth: int | None = None, limit: int | None = 20, width: int | None = None) -> str:
     """The header, the rank table (down to ``depth``), up to ``limit`` stragglers (None:
-    all), and the waiting per rank."""
-    out = _header(run)
-    out += _rank_table(run, depth)
-    out += _stragglers(run, limit)
-    out += _waiting(run)
+    all), and the waiting per rank; given ``width``, each table fits it (a line under it
+    names the columns hidden) and the text is wrapped."""
+    out = wrap_lines(_header(run), width)
+    out += _rank_table(run, depth, width)
+    out += _stragglers(run, limit, width)
+    out += _waiting(run, width)
     return "\n".join(out) + "\n"
 
 

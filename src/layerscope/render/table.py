@@ -5,6 +5,8 @@ A caller decides which columns exist and what their cells say (strings, made by
 widest cell (or a fixed width), cells padded left or right, a separator between
 columns, a rule under the header and above a total row, and no trailing spaces. A cell
 holding newlines takes several lines, the row's other cells blank below their first.
+Given a width, :func:`fit` hides the least important columns and cuts long cells, and
+:func:`wrap` breaks the lines of text around a table.
 
 Widths count characters, as a monospace terminal shows the text layerscope prints (the
 tree's box-drawing characters and ``Δ`` are one character wide each).
@@ -14,6 +16,7 @@ Pure: no I/O, no torch; the same cells give the same lines.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,14 +29,21 @@ class Column:
     """How one column is laid out.
 
     ``align`` is ``"<"`` (left) or ``">"`` (right). ``priority`` decides which columns
-    :func:`fit` hides: the highest number first; None, never. ``width`` fixes the
+    :func:`fit` hides: the highest number first, columns of one number together (a
+    training table's forward and backward self times); None, never. ``width`` fixes the
     column's width (torch's table): its cells are padded to it, and a longer cell is
-    neither cut nor widens the column, it pushes the rest of its line right."""
+    neither cut nor widens the column, it pushes the rest of its line right.
+
+    ``min_width`` lets :func:`fit` cut the column's long cells (free text: shapes,
+    paths, a tree's names) down to that many characters, an ellipsis marking the cut:
+    at the end, or at the start with ``cut_start`` (a path's last parts say the most)."""
 
     header: str
     align: str = ">"
     priority: int | None = None
     width: int | None = None
+    min_width: int | None = None
+    cut_start: bool = False
 
 
 def from_headers(headers: Sequence[str], *, left: int = 0) -> list[Column]:
@@ -129,22 +139,109 @@ def draw(
     return out
 
 
-def fit(columns: Sequence[Column], rows: Sequence[Cells], width: int, style: Style = PIPES) -> list[int]:
-    """The indexes of the columns to keep so the table is at most ``width`` wide.
+#: What marks a cell cut to fit a width.
+ELLIPSIS = "…"
 
-    Columns with a priority are hidden one by one, the highest number first (of equal
-    ones, the one further right), until the table fits. Columns with no priority always
-    stay, and so does the most important of the others: a table that cannot fit keeps
-    them and is wider than ``width``."""
+
+def cut(text: str, width: int, *, at_start: bool = False) -> str:
+    """``text`` in at most ``width`` characters, each of its lines: a longer line loses
+    its end (or its start) to an ellipsis."""
+
+    def line(part: str) -> str:
+        if len(part) <= width:
+            return part
+        if width < 1:
+            return ""
+        return ELLIPSIS + part[len(part) - width + 1 :] if at_start else part[: width - 1] + ELLIPSIS
+
+    return "\n".join(line(part) for part in text.split("\n"))
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A table fitted to a width by :func:`fit`: the ``kept`` columns' indexes in the
+    table, those ``columns`` and ``rows`` of their cells (long ones cut), and the
+    indexes of the ``hidden`` columns."""
+
+    kept: list[int]
+    columns: list[Column]
+    rows: list[list[str]]
+    hidden: list[int]
+
+
+def fit(columns: Sequence[Column], rows: Sequence[Cells], width: int, style: Style = PIPES) -> Fitted:
+    """The table made at most ``width`` wide, in this order of means:
+
+    - columns with a priority and a ``min_width`` count at that width (their long cells
+      will be cut: they are free text, worth less whole than another column);
+    - columns with a priority are hidden, the highest number first, all columns of one
+      number at once, until the table fits; the columns of the lowest number always stay,
+      as do those without a priority;
+    - then cells are cut, as little as needed: those of columns with a priority first
+      (right to left), and only then those of columns without one (the labels).
+
+    A table that cannot fit even so is wider than ``width``. Headers are never cut."""
     widths = measure(columns, rows, style).widths
-    priorities = {i: column.priority for i, column in enumerate(columns) if column.priority is not None}
-    # Most important first; sorted() keeps equal priorities in table order.
-    hideable = sorted(priorities, key=priorities.__getitem__)
-    kept = [i for i in range(len(columns)) if i not in priorities] + hideable
+    narrowest = [
+        widths[i] if column.min_width is None else min(widths[i], max(column.min_width, len(column.header)))
+        for i, column in enumerate(columns)
+    ]
+    priorities = sorted({column.priority for column in columns if column.priority is not None})
+    kept = list(range(len(columns)))
 
-    def kept_width() -> int:
-        return Grid([columns[i] for i in kept], [widths[i] for i in kept], style).width
+    def table_width(sizes: Sequence[int]) -> int:
+        return Grid([columns[i] for i in kept], [sizes[i] for i in kept], style).width
 
-    while len(hideable) > 1 and kept_width() > width:
-        kept.remove(hideable.pop())
-    return sorted(kept)
+    early = [narrowest[i] if column.priority is not None else widths[i] for i, column in enumerate(columns)]
+    while len(priorities) > 1 and table_width(early) > width:
+        dropped = priorities.pop()
+        kept = [i for i in kept if columns[i].priority != dropped]
+    sizes = list(widths)
+    excess = table_width(sizes) - width
+    # Cut the hideable columns first, right to left, then the labels.
+    order = [i for i in reversed(kept) if columns[i].priority is not None] + [i for i in reversed(kept) if columns[i].priority is None]
+    for i in order:
+        if excess <= 0:
+            break
+        give = min(excess, sizes[i] - narrowest[i])
+        sizes[i] -= give
+        excess -= give
+    fitted_rows = [
+        [cut(cells[i], sizes[i], at_start=columns[i].cut_start) if sizes[i] < widths[i] else cells[i] for i in kept]
+        for cells in rows
+    ]
+    hidden = [i for i in range(len(columns)) if i not in kept]
+    return Fitted(kept, [columns[i] for i in kept], fitted_rows, hidden)
+
+
+def wrap(text: str, width: int | None) -> list[str]:
+    """A line of text around a table (a header, a footer note) broken to ``width``, its
+    continuation lines indented; one line without a width."""
+    if width is None:
+        return [text]
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [text]
+
+
+def wrap_lines(lines: Sequence[str], width: int | None) -> list[str]:
+    """Each of ``lines`` broken by :func:`wrap`."""
+    return [part for line in lines for part in wrap(line, width)]
+
+
+def hidden_line(width: int, names: Sequence[str], how: str) -> str:
+    """The note under a fitted table naming the columns :func:`fit` hid, and ``how`` to
+    see them."""
+    return f"Hidden to fit a width of {width}: {', '.join(names)} ({how})"
+
+
+def draw_fitted(
+    columns: Sequence[Column], rows: Sequence[Cells], width: int | None, style: Style = PIPES
+) -> list[str]:
+    """The table :func:`fit` to ``width`` (None: as wide as it needs), with a line under
+    it naming the columns it hid: for a report of several tables, each says its own."""
+    if width is None:
+        return draw(columns, rows, style=style)
+    fitted = fit(columns, rows, width, style)
+    lines = draw(fitted.columns, fitted.rows, style=style)
+    if fitted.hidden:
+        lines += wrap(hidden_line(width, [columns[i].header for i in fitted.hidden], "a wider --width shows them"), width)
+    return lines

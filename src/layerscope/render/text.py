@@ -8,7 +8,6 @@ Given a ``width``, the table fits it by hiding its lowest-priority columns, and 
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +16,8 @@ from layerscope import fmt
 from layerscope.comm import is_communication
 from layerscope.errors import RenderError
 from layerscope.formats import Option, register_renderer
-from layerscope.render.options import DEPTH, count
-from layerscope.render.table import Column, draw, fit
+from layerscope.render.options import DEPTH, WIDTH
+from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import UNATTRIBUTED_REASONS
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
@@ -40,6 +39,8 @@ class TreeColumn:
     shown: Callable[[Profile], bool] = lambda profile: True
     align: str = ">"
     hidden_why: Callable[[Profile], str] | None = None
+    #: Long cells may be cut to this many characters to fit a width (free text).
+    min_width: int | None = None
 
 
 def _has_device(profile: Profile) -> bool:
@@ -172,7 +173,7 @@ def _step_mfu(node: ModuleNode, profile: Profile) -> str:
 
 #: Columns of a forward-only profile.
 COLUMNS: list[TreeColumn] = [
-    TreeColumn("Type", "type", 4, lambda n, p: n.type, lambda o, p: "", align="<"),
+    TreeColumn("Type", "type", 6, lambda n, p: n.type, lambda o, p: "", align="<"),
     TreeColumn(
         "Self CPU", "self_cpu", 0,
         _timed(lambda n: n.forward.self_cpu_time_ns),
@@ -180,72 +181,74 @@ COLUMNS: list[TreeColumn] = [
         shown=_is_timed,
     ),
     TreeColumn(
-        "CPU total", "cpu_total", 1,
+        "CPU total", "cpu_total", 2,
         _timed(lambda n: n.forward.cpu_time_ns),
         lambda o, p: fmt.time_ns(o.cpu_time_ns),
         shown=_is_timed,
     ),
     TreeColumn(
-        "CPU %", "cpu_pct", 7,
+        "CPU %", "cpu_pct", 10,
         lambda n, p: fmt.percent(n.forward.cpu_time_ns, _whole(p)) if n.profiled else "",
         lambda o, p: fmt.percent(o.cpu_time_ns, _whole(p)),
         shown=_is_timed,
     ),
     TreeColumn(
-        "Self Device", "self_device", 3,
+        "Self Device", "self_device", 5,
         _timed(lambda n: n.forward.self_device_time_ns),
         lambda o, p: fmt.time_ns(o.self_device_time_ns),
         shown=_has_device,
     ),
     TreeColumn(
-        "Device total", "device_total", 2,
+        "Device total", "device_total", 3,
         _timed(lambda n: n.forward.device_time_ns),
         lambda o, p: fmt.time_ns(o.device_time_ns),
         shown=_has_device,
     ),
     TreeColumn(
-        "FLOPs", "flops", 2,
+        "FLOPs", "flops", 4,
         lambda n, p: fmt.count(n.forward.flops) if n.profiled else "",
         lambda o, p: fmt.count(o.flops) if o.flops is not None else "?",
         shown=_has_flops,
     ),
     TreeColumn(
-        "MACs", "macs", 11,
+        "MACs", "macs", 14,
         lambda n, p: fmt.count(n.forward.macs) if n.profiled else "",
         lambda o, p: fmt.count(o.macs) if o.macs is not None else "?",
         shown=_has_flops,
     ),
     TreeColumn(
-        "FLOP/s", "flop_rate", 8,
+        "FLOP/s", "flop_rate", 11,
         lambda n, p: fmt.rate(n.forward.flops, n.forward.busy_time_ns) if n.profiled else "",
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
     TreeColumn(
-        "MFU", "mfu", 6,
+        "MFU", "mfu", 9,
         lambda n, p: fmt.mfu(n.forward.flops, n.forward.busy_time_ns, p.meta.peak_flops_per_s) if n.profiled else "",
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.peak_flops_per_s),
         shown=_has_mfu, hidden_why=_why_no_mfu,
     ),
-    TreeColumn("Alloc", "alloc", 12, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
-    TreeColumn("Peak mem", "peak_mem", 5, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
-    TreeColumn("Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
+    TreeColumn("Alloc", "alloc", 15, _mem(lambda n: n.forward.alloc_bytes), _op_alloc, shown=_has_memory),
+    TreeColumn("Peak mem", "peak_mem", 8, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
+    TreeColumn("Activations", "activations", 13, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
     TreeColumn(
-        "Params", "params", 4, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
+        "Params", "params", 7, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
         shown=_has_params,
     ),
-    TreeColumn("Calls", "calls", 9, _calls, lambda o, p: str(o.calls)),
+    TreeColumn("Calls", "calls", 12, _calls, lambda o, p: str(o.calls)),
 ]
 
 #: Columns of a profile with backward: forward, backward (and recompute) side by side.
+#: Their self times (and recompute's time) share the lowest priority: a width hides a
+#: phase's figures only with the other phases', so no phase ever loses all its columns.
 STEP_COLUMNS: list[TreeColumn] = [
-    TreeColumn("Type", "type", 5, lambda n, p: n.type, lambda o, p: "", align="<"),
+    TreeColumn("Type", "type", 6, lambda n, p: n.type, lambda o, p: "", align="<"),
     TreeColumn("Fwd self", "fwd_self", 0, _phase_time("forward", False), _op_phase_time("forward"), shown=_is_timed),
-    TreeColumn("Fwd total", "fwd_total", 3, _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
-    TreeColumn("Bwd self", "bwd_self", 1, _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
+    TreeColumn("Fwd total", "fwd_total", 4, _phase_time("forward", True), _op_phase_time("forward"), shown=_is_timed),
+    TreeColumn("Bwd self", "bwd_self", 0, _phase_time("backward", False), _op_phase_time("backward"), shown=_is_timed),
     TreeColumn("Bwd total", "bwd_total", 4, _phase_time("backward", True), _op_phase_time("backward"), shown=_is_timed),
     TreeColumn(
-        "Recompute", "recompute", 7,
+        "Recompute", "recompute", 0,
         _phase_time("recompute", True),
         _op_phase_time("recompute"),
         shown=lambda p: _is_timed(p) and _has_recompute(p),
@@ -263,52 +266,58 @@ STEP_COLUMNS: list[TreeColumn] = [
         shown=_has_device,
     ),
     TreeColumn(
-        "Comm", "comm", 5,
+        "Comm", "comm", 8,
         lambda n, p: fmt.time_ns(sum(s.comm_time_ns or 0 for _, s in n.phases())) if n.profiled else "",
         lambda o, p: fmt.time_ns(o.cpu_time_ns) if is_communication(o.name) else "",
         shown=lambda p: _is_timed(p) and _has_comm(p),
     ),
     TreeColumn(
-        "Comm bytes", "comm_bytes", 8,
+        "Comm bytes", "comm_bytes", 10,
         _mem(lambda n: _known_sum([s.comm_bytes for _, s in n.phases()])),
         lambda o, p: fmt.nbytes(o.bytes) if is_communication(o.name) and o.bytes is not None else "",
         shown=lambda p: _has_comm(p) and any(s.comm_bytes is not None for n in p.nodes() for _, s in n.phases()),
     ),
-    TreeColumn("Fwd FLOPs", "fwd_flops", 4, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
-    TreeColumn("Bwd FLOPs", "bwd_flops", 6, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
+    TreeColumn("Fwd FLOPs", "fwd_flops", 5, _phase_flops("forward"), _op_phase_flops("forward"), shown=_has_flops),
+    TreeColumn("Bwd FLOPs", "bwd_flops", 5, _phase_flops("backward"), _op_phase_flops("backward"), shown=_has_flops),
     TreeColumn(
-        "FLOP/s", "flop_rate", 9,
+        "FLOP/s", "flop_rate", 11,
         _step_rate,
         lambda o, p: fmt.rate(o.flops, o.busy_time_ns),
         shown=lambda p: _has_flops(p) and _is_timed(p),
     ),
     TreeColumn(
-        "MFU", "mfu", 10,
+        "MFU", "mfu", 12,
         _step_mfu,
         lambda o, p: fmt.mfu(o.flops, o.busy_time_ns, p.meta.peak_flops_per_s),
         shown=_has_mfu, hidden_why=_why_no_mfu,
     ),
     TreeColumn(
-        "Activations", "activations", 10, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "",
+        "Activations", "activations", 13, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "",
         shown=lambda p: _has_memory(p) and p.root.forward.activation_bytes is not None,
     ),
-    TreeColumn("Peak mem", "peak_mem", 6, _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
+    TreeColumn("Peak mem", "peak_mem", 9, _mem(_peak_any_phase), lambda o, p: "", shown=_has_memory),
     TreeColumn(
-        "Alloc", "alloc", 12,
+        "Alloc", "alloc", 15,
         _mem(lambda n: sum(s.alloc_bytes or 0 for _, s in n.phases())),
         _op_alloc,
         shown=_has_memory,
     ),
     TreeColumn(
-        "Params", "params", 5, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
+        "Params", "params", 7, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
         shown=_has_params,
     ),
-    TreeColumn("Calls", "calls", 11, _calls, lambda o, p: str(o.calls)),
+    TreeColumn("Calls", "calls", 14, _calls, lambda o, p: str(o.calls)),
 ]
 
+#: The narrowest a width cuts the shapes (``[[2, 16, 768], [7…``) and the tree's names to.
+_SHAPES_MIN_WIDTH = 16
+_NAMES_MIN_WIDTH = 24
+
 # With --show-ops the shapes tell rows of one op apart (aten::t three times): of the
-# columns a width may hide, they go last but for Self CPU.
-_SHAPES = TreeColumn("Input shapes", "shapes", 0, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<")
+# columns a width may hide, they go last but for the self times, and long ones are cut.
+_SHAPES = TreeColumn("Input shapes", "shapes", 1, lambda n, p: fmt.shape(n.input_shapes), lambda o, p: fmt.shape(o.input_shapes), align="<",
+    min_width=_SHAPES_MIN_WIDTH,
+)
 
 
 def _rows(
@@ -339,10 +348,6 @@ def _rows(
 HEADER_INPUTS = 4
 
 
-def _header_line(profile: Profile) -> str:
-    return _HEADER_SEPARATOR.join(_header_parts(profile))
-
-
 _HEADER_SEPARATOR = "  ·  "
 
 
@@ -357,7 +362,7 @@ def _header_lines(profile: Profile, width: int | None) -> list[str]:
         if len(lines[-1]) + len(_HEADER_SEPARATOR) + len(part) <= width:
             lines[-1] += _HEADER_SEPARATOR + part
         else:
-            lines.extend(_wrap("  " + part, width))
+            lines.extend(wrap("  " + part, width))
     return lines
 
 
@@ -723,11 +728,31 @@ def column_keys() -> dict[str, list[str]]:
     }
 
 
+#: A name of the other table's, and what it means in this one: one ``--columns`` works
+#: on a forward profile and on a training step (``self_cpu``: the self time of every
+#: phase; ``fwd_self``: the forward's, which is all a forward profile has).
+_SAME_IN: dict[str, dict[str, tuple[str, ...]]] = {
+    "step": {
+        "self_cpu": ("fwd_self", "bwd_self", "recompute"),
+        "cpu_total": ("fwd_total", "bwd_total", "recompute"),
+        "cpu_pct": ("step_pct",),
+        "flops": ("fwd_flops", "bwd_flops"),
+    },
+    "forward": {"fwd_self": ("self_cpu",), "fwd_total": ("cpu_total",), "step_pct": ("cpu_pct",), "fwd_flops": ("flops",)},
+}
+
+
 def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], show_ops: bool) -> list[TreeColumn]:
-    """The columns named by ``keys``, in that order; an unknown name, or one for which
-    this profile has no data, is a :class:`RenderError` listing what it has."""
+    """The columns named by ``keys``, in that order (a name of the other table's as
+    ``_SAME_IN`` reads it); an unknown name, or one for which this profile has no
+    data, is a :class:`RenderError` listing what it has."""
     available = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
     by_key = {c.key: c for c in available}
+    same = _SAME_IN["step" if profile.has_backward else "forward"]
+    keys = list(dict.fromkeys(
+        meant for key in keys
+        for meant in ([k for k in same[key] if k in by_key] or [key] if key in same else [key])
+    ))
     missing = [key for key in keys if key not in by_key]
     if missing:
         own = {c.key: c for c in table}
@@ -738,7 +763,7 @@ def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], 
             if key == _SHAPES.key:
                 return "only with show_ops"
             if column is None:
-                return f"not in the table of {kind} profile"
+                return f"not in the table of {kind} profile" + (": it has no backward" if key.startswith("bwd_") else "")
             return column.hidden_why(profile) if column.hidden_why else "this profile has no data for it"
 
         raise RenderError(f"no column {', '.join(f'{key!r} ({why(key)})' for key in missing)}; it has: {', '.join(by_key)}")
@@ -748,10 +773,13 @@ def _chosen_columns(profile: Profile, table: list[TreeColumn], keys: list[str], 
 def parse_columns(text: str) -> list[str]:
     """``self_cpu,flops``: the column keys of ``--columns``, each one known."""
     keys = [key.strip() for key in text.split(",")]
-    known = {key for table in column_keys().values() for key in table}
-    unknown = [key for key in keys if key not in known]
+    known = list(dict.fromkeys(key for table in column_keys().values() for key in table))
+    unknown = [key for key in keys if key and key not in known]
     if unknown:
-        raise ValueError(f"unknown column {', '.join(map(repr, unknown))}; '--columns list' lists them")
+        raise ValueError(
+            f"unknown column {', '.join(map(repr, unknown))}; expected some of: {', '.join(known)} "
+            "('--columns list' says what each is)"
+        )
     if not all(keys):
         raise ValueError(f"an empty column name in {text!r}; '--columns list' lists them")
     return keys
@@ -768,6 +796,9 @@ def columns_listing() -> str:
         f"a forward pass:\n{listed(COLUMNS)}"
         f"a training step (--backward, or a Profiler block with backward):\n{listed(STEP_COLUMNS)}"
         f"with --show-ops:\n{listed([_SHAPES])}"
+        "Either table's names work on both: on a training step self_cpu, cpu_total and flops\n"
+        "show each phase's (cpu_pct: step_pct); on a forward pass fwd_self, fwd_total and\n"
+        "fwd_flops are self_cpu, cpu_total and flops.\n"
         "A column exists only when the profile has its data (device time on CUDA, MFU with\n"
         "a peak: --peak-tflops, or a GPU in the datasheet table). Without --columns every\n"
         "column is shown, and on a terminal the lowest-priority ones are hidden to fit its\n"
@@ -776,10 +807,6 @@ def columns_listing() -> str:
 
 
 SHOW_OPS = Option("show_ops", "nest each module's aten ops under it, with their input shapes", parse=None)
-WIDTH = Option(
-    "width", "fit the table to N characters by hiding its least important columns "
-    "(default: the terminal's width on a terminal, else no limit)", parse=count, metavar="N",
-)
 COLUMNS_OPTION = Option(
     "columns", "the table's columns, comma-separated, e.g. self_cpu,flops,params; '--columns list' "
     "lists them (default: all, with the least important hidden to fit a terminal's width)",
@@ -812,27 +839,22 @@ def render_text(
     else:
         shown = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
     rows = _rows(profile, shown, depth, show_ops)
-    # The tree's column has no priority: it is never hidden.
-    layout = [Column("Module", "<")] + [Column(c.header, c.align, c.priority) for c in shown]
+    # The tree's column has no priority: it is never hidden, and its names are cut last.
+    layout = [Column("Module", "<", min_width=_NAMES_MIN_WIDTH)]
+    layout += [Column(c.header, c.align, c.priority, min_width=c.min_width) for c in shown]
     hidden: list[TreeColumn] = []
     if width is not None and columns is None:
-        kept = fit(layout, rows, width)
-        hidden = [c for i, c in enumerate(shown, start=1) if i not in kept]
-        layout = [layout[i] for i in kept]
-        rows = [[row[i] for i in kept] for row in rows]
+        fitted = fit(layout, rows, width)
+        hidden = [shown[i - 1] for i in fitted.hidden]
+        layout, rows = fitted.columns, fitted.rows
 
     out = [*_header_lines(profile, width), "", *draw(layout, rows), ""]
     footer = _footer(profile)
-    if hidden:
-        footer.append(
-            f"Hidden to fit a width of {width}: {', '.join(c.key for c in hidden)} "
-            "(choose columns with --columns, or columns= in Python)"
-        )
+    if hidden and width is not None:
+        footer.append(hidden_line(width, [c.key for c in hidden], "choose columns with --columns, or columns= in Python"))
     if width is not None:
-        footer = [wrapped for text in footer for wrapped in _wrap(text, width)]
+        footer = wrap_lines(footer, width)
     out.extend(footer)
     return "\n".join(out) + "\n"
 
 
-def _wrap(text: str, width: int) -> list[str]:
-    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [text]
