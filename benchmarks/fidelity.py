@@ -19,6 +19,11 @@ For each model, in one process, rounds interleave four variants of the same work
 - *torch.profiler*: ``torch.profiler.profile(record_shapes=True, profile_memory=True)``
   around the same steps: the same detail, torch's own way.
 
+Then ``layerscope.profile`` (forward, and ``backward=True``), interleaved with the
+reference: with ops (every pass recorded with shapes and memory, the median pass shown
+whole) and with ``record_ops=False`` (module hooks alone; torch's profiler without
+shapes for a step), each module's time against the reference's.
+
 Reported per model: the median per-step wall time of each variant and its ratio to
 plain; the root's forward time per step against plain (the time a user is shown); for
 every module whose reference time is at least ``--min-us``, the ratio of each
@@ -26,7 +31,7 @@ layerscope variant's time to the reference's (forward totals; backward totals of
 modules in training steps), how many are within 15%, and the worst ones. Also the
 1000 x ``Linear(16, 16)`` forward, where instrumentation per module dominates.
 
-Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny]
+Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny] [--profile-only]
 """
 
 from __future__ import annotations
@@ -314,42 +319,63 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
     return result
 
 
-def run_profile_backward(name: str, rounds: int, steps: int, min_us: float) -> None:
-    """``layerscope.profile(backward=True)``: its backward module times (medians over its
-    timed passes) against the reference's backward spans for the same step (forward,
-    the sum of the output as the loss, backward)."""
+def run_profile(name: str, backward: bool, rounds: int, steps: int, min_us: float) -> None:
+    """``layerscope.profile``: its module times (the median pass, whole) against the
+    reference's for the same work: forward totals for a no_grad forward; backward spans
+    of leaf modules for ``backward=True`` (forward, the sum of the output as the loss,
+    backward). Both ways it runs: with ops (every pass recorded by torch's profiler with
+    shapes and memory, the default) and ``record_ops=False`` (module hooks alone for a
+    forward, torch's profiler without shapes for a step). Rounds interleave the three."""
     torch.manual_seed(0)
     model, inputs = MODELS[name]()
-    model.train()
+    model.train(backward)
 
     def step() -> None:
-        first_float(call(model, inputs)).sum().backward()
-        model.zero_grad(set_to_none=True)
+        if backward:
+            first_float(call(model, inputs)).sum().backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                call(model, inputs)
 
     for _ in range(3):
         step()
-    ref_bwd: dict[str, list[float]] = {}
-    ours: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        with Reference(model, backward=True, forward=False) as ref:
+    phase = "backward" if backward else "forward"
+    ref: dict[str, list[float]] = {}
+    ours: dict[bool, dict[str, list[float]]] = {True: {}, False: {}}
+
+    def reference() -> None:
+        with Reference(model, backward=backward, forward=not backward) as seen:
             for _ in range(steps):
                 step()
-        for path, ns in ref.backward.items():
-            ref_bwd.setdefault(path, []).append(ns / steps)
-        prof = layerscope.profile(model, inputs, backward=True, warmup=1, repeat=steps, record_ops=False)
-        for node in prof.modules():
-            if node.backward is not None:
-                ours.setdefault(node.path, []).append(node.backward.cpu_time_ns)
-    rows = []
-    for path, values in ref_bwd.items():
-        ref_ns = statistics.median(values)
-        if ref_ns >= min_us * 1e3 and path in ours:
-            rows.append((statistics.median(ours[path]) / ref_ns, path, ref_ns))
-    within = sum(1 for r, _, _ in rows if abs(r - 1) <= TOLERANCE)
-    print(f"\n{name}: profile(backward=True), {rounds} rounds x {steps} passes")
-    print(f"  backward: {within}/{len(rows)} modules of >= {min_us:g} us within {TOLERANCE:.0%} of the reference")
-    for ratio, path, ref_ns in sorted(rows, key=lambda r: -abs(r[0] - 1))[:5]:
-        print(f"    {path or '(root)':45s} ref {ref_ns / 1e3:9.1f} us   layerscope x{ratio:.3f}")
+        for path, ns in (seen.backward if backward else seen.forward).items():
+            ref.setdefault(path, []).append(ns / steps)
+
+    def ours_with(ops: bool) -> Callable[[], None]:
+        def run() -> None:
+            prof = layerscope.profile(model, inputs, backward=backward, warmup=1, repeat=steps, record_ops=ops)
+            for node in prof.modules():
+                stats = getattr(node, phase)
+                if stats is not None:
+                    ours[ops].setdefault(node.path, []).append(stats.cpu_time_ns)
+        return run
+
+    variants = [reference, ours_with(True), ours_with(False)]
+    for n in range(rounds):
+        for variant in variants[n % len(variants) :] + variants[: n % len(variants)]:
+            variant()
+    print(f"\n{name}: profile({'backward=True' if backward else 'forward'}), {rounds} rounds x {steps} passes")
+    for ops in (True, False):
+        rows = []
+        for path, values in ref.items():
+            ref_ns = statistics.median(values)
+            if ref_ns >= min_us * 1e3 and path in ours[ops]:
+                rows.append((statistics.median(ours[ops][path]) / ref_ns, path, ref_ns))
+        within = sum(1 for r, _, _ in rows if abs(r - 1) <= TOLERANCE)
+        how = "with ops (the default)" if ops else "record_ops=False"
+        print(f"  {how}: {phase} {within}/{len(rows)} modules of >= {min_us:g} us within {TOLERANCE:.0%} of the reference")
+        for ratio, path, ref_ns in sorted(rows, key=lambda r: -abs(r[0] - 1))[:3]:
+            print(f"    {path or '(root)':45s} ref {ref_ns / 1e3:9.1f} us   layerscope x{ratio:.3f}")
 
 
 def main() -> None:
@@ -360,6 +386,7 @@ def main() -> None:
     parser.add_argument("--min-us", type=float, default=50.0)
     parser.add_argument("--models", default="bert,gpt2,gpt,tiny")
     parser.add_argument("--no-train", action="store_true", help="forward only")
+    parser.add_argument("--profile-only", action="store_true", help="only layerscope.profile's rows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -367,10 +394,13 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")
     for name in args.models.split(","):
-        run_model(name, False, args.rounds, args.steps, args.min_us)
+        if not args.profile_only:
+            run_model(name, False, args.rounds, args.steps, args.min_us)
+        run_profile(name, False, args.rounds, args.steps, args.min_us)
         if not args.no_train and name != "tiny":
-            run_model(name, True, args.rounds, args.steps, args.min_us)
-            run_profile_backward(name, args.rounds, args.steps, args.min_us)
+            if not args.profile_only:
+                run_model(name, True, args.rounds, args.steps, args.min_us)
+            run_profile(name, True, args.rounds, args.steps, args.min_us)
 
 
 if __name__ == "__main__":
