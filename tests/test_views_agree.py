@@ -369,15 +369,14 @@ def _op_self_by_node(profile: Profile) -> Iterator[tuple[ModuleNode, str, int, i
             yield node, phase, ops_ns, stats.self_cpu_time_ns
 
 
-def test_a_modules_ops_lie_within_its_self_time(profile: Profile, request: pytest.FixtureRequest) -> None:
+def test_a_modules_ops_lie_within_its_self_time(profile: Profile) -> None:
     """Op rows and module times of one run: an op's range lies inside its module's and
     outside its child modules', so a node's ops add up to no more than its self time."""
     over = [(node.path, phase, ops_ns, self_ns) for node, phase, ops_ns, self_ns in _op_self_by_node(profile) if ops_ns > self_ns]
     assert not over
     if profile.trace is not None and _one_run(profile):
         # The run the op rows come from (its trace) is the run the modules were timed in.
-        if request.node.callspec.params["profile"] not in TRACES_OFF:
-            assert not _module_span_mismatches(profile)
+        assert not _module_span_mismatches(profile)
 
 
 # -- the Chrome trace -------------------------------------------------------------------
@@ -391,13 +390,6 @@ def _ns(value: Any) -> int:
     return round(float(value) * 1000)
 
 
-#: Module spans of these traces do not add up to the tree's module times: b200's
-#: TransformerBlock_0.OAIAttention_0 spans 7.049 ms, its forward is 8.392 ms (1.343 ms more,
-#: also in TransformerBlock_0 and the root); owlv2's Owlv2VisionTransformer_0 spans
-#: 132.895 ms over 5 calls, its forward is 133.194 ms. The trace reader's attribution
-#: (traces/, attribute/) gives a module time its ranges do not hold.
-TRACE_SPANS = "the trace reader gives modules time outside their ranges: b200 OAIAttention_0, owlv2 vision tower"
-TRACES_OFF = ("trace b200_gptoss_tp8_rank0", "trace h100_owlv2_inference")
 
 
 def _spans(profile: Profile) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -461,15 +453,13 @@ def _module_span_mismatches(profile: Profile) -> list[tuple[str, int, int]]:
     ]
 
 
-def test_chrome_module_spans_are_the_tree_times(profile: Profile, request: pytest.FixtureRequest) -> None:
+def test_chrome_module_spans_are_the_tree_times(profile: Profile) -> None:
     """In one run, a module's forward spans add up to its forward time. (A step part's
     spans are not its time: ``<loss>`` is drawn from the model's exit to backward's
     start, ``<other>`` not at all where no op ran.)"""
     _needs_trace(profile)
     if not _one_run(profile):
         pytest.skip("the tree sums steps the trace (the last step) does not hold; the step's relation is checked")
-    if request.node.callspec.params["profile"] in TRACES_OFF:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=TRACE_SPANS))
     assert not _module_span_mismatches(profile)
 
 

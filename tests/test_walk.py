@@ -333,3 +333,93 @@ def test_passes_that_disagree_on_a_module_s_label_leave_it_under_its_module() ->
     outside = [enter(0, ROOT), label(10, "L"), LabelExit(t_ns=15), enter(20, C), leave(30, C), leave(50, ROOT)]
     assert build(in_label, in_label, in_label)["c"].parent == "[L]"
     assert build(in_label, outside, in_label)["c"].parent == ""
+
+
+# -- the trace's spans: where the tree counts a call ----------------------------------
+
+
+def traced(stream: list[Event], modules: list[ModuleInfo] = MODULES) -> Profile:
+    """One detailed pass: its times and its spans are one run."""
+    raw = RawCapture(modules=copy.deepcopy(modules), timing_passes=[stream], detailed_passes=True)
+    return check_tree(build_profile(raw))
+
+
+def frame_spans(prof: Profile) -> dict[str, list[tuple[int, int]]]:
+    """Each node's forward spans (not its ops'), as ``(start, end)``."""
+    assert prof.trace is not None
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for span in prof.trace.spans:
+        if span.op_index == -1 and span.phase == "forward":
+            spans.setdefault(span.path, []).append((span.start_ns, span.start_ns + span.duration_ns))
+    return spans
+
+
+def assert_spans_are_the_times(prof: Profile) -> None:
+    for path, spans in frame_spans(prof).items():
+        assert sum(t1 - t0 for t0, t1 in spans) == prof[path].forward.cpu_time_ns, path
+
+
+def test_a_module_called_from_outside_its_parent_is_drawn_under_its_parent() -> None:
+    # b (a's child) runs once in a and once from c (a module shared by two callers, as
+    # vLLM's rotary embedding is by every layer's attention). The tree counts both calls
+    # under a, so the second is drawn in a span of a, cut out of c's.
+    stream = [
+        enter(0, ROOT), enter(10, A), enter(20, B), leave(30, B), leave(40, A),
+        enter(50, C), op(52, 58, "aten::mul", [[2]]), enter(60, B), op(62, 68, "aten::add", [[2]]),
+        leave(70, B), leave(90, C), leave(100, ROOT),
+    ]
+    prof = traced(stream)
+    assert cpu(prof, "a.b") == (20, 20)  # 10 + 10
+    assert cpu(prof, "a") == (20, 40)  # 40 - 10 - b's 10; + b's 20 (both calls)
+    assert cpu(prof, "c") == (30, 30)  # 90 - 50 - b's 10
+    assert cpu(prof, "") == (30, 100)  # 100 - a's 30 - c's 40
+    assert frame_spans(prof) == {
+        "": [(0, 100)],
+        "a": [(10, 40), (60, 70)],
+        "a.b": [(20, 30), (60, 70)],
+        "c": [(50, 60), (70, 90)],
+    }
+    assert_spans_are_the_times(prof)
+
+
+def test_a_module_called_from_a_label_of_another_module_cuts_the_label_too() -> None:
+    # a runs label L, which calls c, a child of the root: L and a are cut around c.
+    stream = [
+        enter(0, ROOT), enter(10, A), label(20, "L"), enter(30, C), leave(40, C), LabelExit(t_ns=50),
+        leave(60, A), leave(100, ROOT),
+    ]
+    prof = traced(stream)
+    assert frame_spans(prof) == {
+        "": [(0, 100)], "a": [(10, 30), (40, 60)], "a[L]": [(20, 30), (40, 50)], "c": [(30, 40)],
+    }
+    assert_spans_are_the_times(prof)
+
+
+# root -> blocks (a ModuleList, never called) -> blocks.0 (-> blocks.0.rope), blocks.1
+LISTED = [
+    ModuleInfo(path="", type="Root", parent=None, depth=0, params=0),
+    ModuleInfo(path="blocks", type="ModuleList", parent="", depth=1, params=0),
+    ModuleInfo(path="blocks.0", type="Block", parent="blocks", depth=2, params=0),
+    ModuleInfo(path="blocks.0.rope", type="Rope", parent="blocks.0", depth=3, params=0),
+    ModuleInfo(path="blocks.1", type="Block", parent="blocks", depth=2, params=0),
+]
+
+
+def test_a_shared_module_in_a_later_block_is_drawn_in_the_first_block() -> None:
+    # Both blocks call the one rope (the first block's child): the second call is drawn
+    # under blocks.0, cut out of blocks.1; the ModuleList, never called, has no span.
+    root, _, first, rope, second = range(5)
+    stream = [
+        enter(0, root), enter(10, first), enter(12, rope), leave(20, rope), leave(30, first),
+        enter(40, second), enter(45, rope), leave(55, rope), leave(70, second), leave(80, root),
+    ]
+    prof = traced(stream, LISTED)
+    assert cpu(prof, "blocks.0") == (12, 30)  # 20 - rope's 8; + rope's 18 (both calls)
+    assert cpu(prof, "blocks.1") == (20, 20)  # 30 - rope's 10
+    assert frame_spans(prof) == {
+        "": [(0, 80)],
+        "blocks.0": [(10, 30), (45, 55)],
+        "blocks.0.rope": [(12, 20), (45, 55)],
+        "blocks.1": [(40, 45), (55, 70)],
+    }
+    assert_spans_are_the_times(prof)

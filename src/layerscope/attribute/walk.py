@@ -140,7 +140,7 @@ class Frame:
 
     __slots__ = (
         "child_device_ns", "child_ns", "covered", "device_t_enter_ns", "key", "live_at_enter", "live_top",
-        "op_device_ns", "phase", "t_enter_ns",
+        "op_device_ns", "phase", "restore", "span_t0_ns", "t_enter_ns",
     )
 
     def __init__(self, key: Key, phase: str, t_enter_ns: int, device_t_enter_ns: int | None, live_bytes: int) -> None:
@@ -160,6 +160,12 @@ class Frame:
         #: The intervals its direct ops, backward slots and child frames took, kept only
         #: when collectives ran: its idle time during one is waiting for it.
         self.covered: list[tuple[int, int]] | None = None
+        #: Where its current span began: its entry, or where a call of a module from
+        #: outside its parent (see ``PassWalker.draw``) that cut its span ended.
+        self.span_t0_ns = t_enter_ns
+        #: A call from outside the module's parent: how many drawn entries to keep when
+        #: it closes, and the entries it cut, reopened then.
+        self.restore: tuple[int, list[Frame]] | None = None
 
 
 class PartRun(NamedTuple):
@@ -233,13 +239,21 @@ class PassWalker:
         #: on other threads: idle time during a collective is waiting for it.
         self.covered: list[tuple[int, int]] = []
         self.collectives: list[tuple[int, int]] = []
-        self.chain = BackwardChain(_ancestry(parents))
+        self.parents = parents
+        self.ancestry = _ancestry(parents)
+        self.chain = BackwardChain(self.ancestry)
         #: Backward spans end where their last op's slot ends, not at the event that closes them.
         self.last_backward_end = 0
         #: A backward op whose slot ends at the next timed record (a backward op's start).
         self.open_slot: tuple[Key, Op] | None = None
         self.part_run: PartRun | None = None
         self.trace: list[PassSpan] | None = [] if collect_ops else None
+        #: The forward spans open now, outermost first (kept with the trace): the open
+        #: frames, except where a module runs called from outside its parent (see
+        #: :meth:`draw`).
+        self.drawn: list[Frame] = []
+        #: Modules drawn around a call from outside its parent, not as frames of their own.
+        self.lent: set[Key] = set()
         if self.trace is not None:
             self.chain.closers.append(self._backward_span_closed)
         self.mem = None if memory is None else MemoryLedger(memory, self.chain, _span_rule(parents, self.result.calls))
@@ -335,7 +349,80 @@ class PassWalker:
     def _push(self, frame: Frame) -> None:
         if self.waits:
             frame.covered = []
+        if self.trace is not None:
+            self.draw(frame)
         self.frames.append(frame)
+
+    def draw(self, frame: Frame) -> None:
+        """Open ``frame``'s span. The tree counts a module's every call under its one
+        parent (a shared module: vLLM's rotary embedding, called from every layer's
+        attention; OWLv2's ``post_layernorm``, called by the detection head too), so a
+        call from elsewhere is drawn where the tree counts it: the spans open inside its
+        nearest drawn ancestor are cut at its entry, its ancestors below that one are
+        drawn around it, and at its exit the cut spans reopen. So a module's forward
+        spans add up to its forward time."""
+        drawn = self.drawn
+        key = frame.key
+        if frame.phase == "forward" and is_module(key) and self.parents is not None:
+            caller: Key | None = None
+            for entry in reversed(drawn):
+                if entry.phase != "forward":
+                    # Run from backward work: drawn where it runs.
+                    drawn.append(frame)
+                    return
+                if is_module(entry.key):
+                    caller = entry.key
+                    break
+            if self.parents[key] != caller:
+                self.draw_elsewhere(frame, caller)
+        drawn.append(frame)
+
+    def draw_elsewhere(self, frame: Frame, caller: Key | None) -> None:
+        """Draw ``frame``'s ancestors below its nearest drawn one from its entry (a
+        ``ModuleList`` between a model and its blocks too: spans of modules never called
+        are dropped at the end), first cutting the spans open below that ancestor when
+        the caller is not one (labels inside an ancestor stay open)."""
+        assert self.trace is not None
+        drawn, t = self.drawn, frame.t_enter_ns
+        ancestry = self.ancestry(frame.key)[:-1]
+        keep, start = len(drawn), 0
+        for at in range(len(drawn) - 1, -1, -1):
+            if drawn[at].key in ancestry:
+                start = ancestry.index(drawn[at].key) + 1
+                if drawn[at].key != caller:
+                    keep = at + 1
+                break
+        else:
+            if caller is not None:  # no ancestor drawn: cut from the outermost module drawn
+                keep = next(at for at, entry in enumerate(drawn) if is_module(entry.key))
+        cut = drawn[keep:]
+        del drawn[keep:]
+        for entry in reversed(cut):
+            self._span(entry, t)
+        for k in ancestry[start:]:
+            self.lent.add(k)
+            drawn.append(Frame(k, "forward", t, None, 0))
+        frame.restore = (keep, cut)
+
+    def _span(self, entry: Frame, t: int) -> None:
+        """One span of a drawn entry, from where its current span began to ``t``."""
+        assert self.trace is not None
+        if t > entry.span_t0_ns or entry.span_t0_ns == entry.t_enter_ns:  # no empty piece of a cut span
+            self.trace.append((entry.span_t0_ns, t, entry.key, entry.phase, None, None))
+
+    def undraw(self, frame: Frame, t: int) -> None:
+        """Close ``frame``'s span at ``t``, and what it drew around itself."""
+        drawn = self.drawn
+        if drawn and drawn[-1] is frame:
+            drawn.pop()
+        self._span(frame, t)
+        if frame.restore is not None:
+            keep, cut = frame.restore
+            while len(drawn) > keep:
+                self._span(drawn.pop(), t)
+            for entry in cut:
+                entry.span_t0_ns = t
+            drawn.extend(cut)
 
     def on_exit(self, event: Exit) -> None:
         # Exits match their enters (forward hooks run even when forward raises). If one
@@ -365,7 +452,7 @@ class PassWalker:
         if self.mem is not None:
             self.mem.frame_closed(frame, t, frames)
         if self.trace is not None:
-            self.trace.append((frame.t_enter_ns, t, key, phase, None, None))
+            self.undraw(frame, t)
         duration = max(0, t - frame.t_enter_ns)
         device_duration = self_device = None
         if frame.device_t_enter_ns is not None:
@@ -701,6 +788,11 @@ class PassWalker:
         if self.mem is not None:
             result.memory = self.mem.finish(t_base, self.path_of)
         if self.trace is not None:
+            uncalled = {key for key in self.lent if not result.calls.get(key)}
+            if uncalled:
+                # Drawn only around calls of their descendants (a ModuleList, a trace's
+                # root): a module never called has no spans, as everywhere else.
+                self.trace = [span for span in self.trace if span[4] is not None or span[2] not in uncalled]
             self.trace.sort(key=_span_order)
             result.trace = self.trace
             result.trace_start_ns = t_base
