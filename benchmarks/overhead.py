@@ -5,8 +5,9 @@ report gives each variant's median and its ratio to the plain forward's median.
 
 Two figures per model:
 
-- *pass*: the forward inside an already-installed layerscope timing pass (what the
-  measured passes of ``layerscope.profile`` cost), vs. a forward under
+- *pass*: the forward inside an already-installed layerscope hooks-only pass (what the
+  measured passes of ``layerscope.profile(record_ops=False)`` cost; with ops, each pass
+  is recorded as a ``Profiler`` step is: ``benchmarks/fidelity.py``), vs. a forward under
   ``torch.profiler.profile(activities=[CPU])``.
 - *total*: set-up + forward + tear-down + building the result (``layerscope.Profiler``
   with ``record_ops=False`` until its ``Profile`` exists; torch.profiler until
