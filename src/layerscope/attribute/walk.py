@@ -567,14 +567,18 @@ class PassWalker:
             return
         self.top_op = (event.t0_ns, event.t1_ns)
         run = self.part_run
+        t0 = event.t0_ns
         if run is not None and run.key == key:
-            self.part_run = run._replace(t1_ns=event.t1_ns)
+            # The part runs on between its ops (the Python of an inline loss): its time
+            # is its span's, from its first op's start to its last op's end.
+            t0 = min(t0, run.t1_ns)
+            self.part_run = run._replace(t1_ns=max(run.t1_ns, event.t1_ns))
         else:
             self.close_part_run()
             self.part_run = PartRun(key, event.t0_ns, event.t1_ns)
-        elapsed = max(0, event.t1_ns - event.t0_ns)
+        elapsed = max(0, event.t1_ns - t0)
         self.charge(key, "forward", elapsed, event.device_time_ns if self.has_device else None)
-        self.account(event.t0_ns, event.t1_ns)
+        self.account(t0, event.t1_ns)
         self.comm_op((key, "forward"), event)
         self.record_op(key, "forward", event, memory)
 
