@@ -440,7 +440,7 @@ def test_chrome_op_spans_are_the_op_rows(profile: Profile) -> None:
     assert shown == {key: ns for key, ns in rows.items() if ns or key in shown}
 
 
-def _module_span_mismatches(profile: Profile) -> list[tuple[str, int, int]]:
+def _module_span_mismatches(profile: Profile, nodes: list[ModuleNode] | None = None) -> list[tuple[str, int, int]]:
     _, spans = _spans(profile)
     shown: dict[str, int] = defaultdict(int)
     for e in spans:
@@ -448,19 +448,23 @@ def _module_span_mismatches(profile: Profile) -> list[tuple[str, int, int]]:
             shown[e["args"]["path"]] += _ns(e["dur"])
     return [
         (node.path, shown[node.path], node.forward.cpu_time_ns)
-        for node in profile.modules()
+        for node in (profile.modules() if nodes is None else nodes)
         if node.path in shown and shown[node.path] != node.forward.cpu_time_ns
     ]
 
 
 def test_chrome_module_spans_are_the_tree_times(profile: Profile) -> None:
-    """In one run, a module's forward spans add up to its forward time. (A step part's
-    spans are not its time: ``<loss>`` is drawn from the model's exit to backward's
-    start, ``<other>`` not at all where no op ran.)"""
+    """In one run, a module's forward spans add up to its forward time, and so do those
+    of the parts layerscope makes (``<loss>`` from its first op to its last, the
+    optimizer, ``zero_grad``). Not ``<other>``, the step's remainder, which has no span,
+    nor a label part: one that encloses the model (a trace's top-level annotation) is
+    drawn around it, while the model's time is the model's."""
     _needs_trace(profile)
     if not _one_run(profile):
         pytest.skip("the tree sums steps the trace (the last step) does not hold; the step's relation is checked")
     assert not _module_span_mismatches(profile)
+    parts = [node for part in profile.parts if part.kind in ("loss", "optimizer", "zero_grad") for node in part.walk()]
+    assert not _module_span_mismatches(profile, parts)
 
 
 def test_chrome_memory_lies_within_the_step(profile: Profile) -> None:
