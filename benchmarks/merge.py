@@ -16,6 +16,14 @@ totals and the step time are derived again bottom-up, and each rank gets a
 Reported: medians over rounds of each process's wall time and its peak RSS (the
 process's own ``ru_maxrss``, interpreter start and imports included), and merge / load.
 The targets: merge under 10 s and under 1 GB.
+
+With ``--traces N`` it measures instead the merge of N torch.profiler trace files, one per
+rank (copies of a real trace from ``../shared/traces`` with their ``distributedInfo`` set,
+``--trace NAME``): ``layerscope merge --jobs 1`` (one trace after another) against the
+default (the traces read in processes of their own, one per core), interleaved, each in
+a fresh process.
+
+    python -m benchmarks.merge --traces 4 [--trace h100_owlv2_inference] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -140,14 +148,62 @@ def generate(folder: str, ranks: int) -> None:
     print(json.dumps({"slow_rank": slow_rank, "slow_path": slow_path, "nodes": nodes, "torch": torch.__version__}))
 
 
+_MERGE_JOBS = r"""
+import json, sys, time
+t = time.perf_counter()
+from layerscope.cli import main
+status = main(["merge", *sys.argv[3:], "-o", sys.argv[1], *(["--jobs", sys.argv[2]] if sys.argv[2] != "0" else [])])
+assert status == 0, status
+print(json.dumps({"seconds": time.perf_counter() - t}))
+"""
+
+
+def trace_ranks(folder: str, name: str, ranks: int) -> list[str]:
+    """``ranks`` copies of the shared trace ``name``, each a rank of one run."""
+    import gzip
+
+    shared = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "traces")
+    with gzip.open(os.path.join(shared, f"{name}.json.gz"), "rt", encoding="utf-8") as handle:
+        doc = json.load(handle)
+    paths = []
+    for rank in range(ranks):
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": ranks}
+        path = os.path.join(folder, f"rank{rank}.json.gz")
+        with gzip.open(path, "wt", encoding="utf-8") as handle:
+            json.dump(doc, handle)
+        paths.append(path)
+    return paths
+
+
+def traces_part(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        paths = trace_ranks(folder, args.trace, args.traces)
+        merged = os.path.join(folder, "merged.json")
+        seconds: dict[str, list[float]] = {"--jobs 1": [], "default": []}
+        for n in range(args.rounds):  # interleaved, the order rotated
+            order = [("--jobs 1", "1"), ("default", "0")]
+            for label, jobs in order[n % 2 :] + order[: n % 2]:
+                seconds[label].append(_run(_MERGE_JOBS, merged, jobs, *paths)["seconds"])
+    one, default = statistics.median(seconds["--jobs 1"]), statistics.median(seconds["default"])
+    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs")
+    print(f"{args.traces} rank traces ({args.trace}), medians of {args.rounds} rounds, each in a fresh process:")
+    print(f"  layerscope merge --jobs 1   {one:6.2f} s")
+    print(f"  layerscope merge (default)  {default:6.2f} s   x{default / one:.2f} of --jobs 1")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--traces", type=int, default=0, help="merge this many rank traces instead (see above)")
+    parser.add_argument("--trace", default="h100_owlv2_inference", help="the shared trace copied as each rank")
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
         generate(args.generate, args.ranks)
+        return
+    if args.traces:
+        traces_part(args)
         return
     # NB: the files are made in a child process. This process stays small (no torch, no
     # model), because Linux carries ru_maxrss across fork and exec: a child forked from

@@ -467,3 +467,43 @@ def test_a_ranks_tree_from_a_merged_run_shows_what_it_dropped_as_unknown_not_zer
     assert "Communication: rank 1 of 4: bytes not known in collective calls not known" in text
     assert " 0 B" not in text and "0 collective calls" not in text
     assert "Rank 1 of a merged run: FLOPs, MACs, bytes, collective bytes and calls, op rows and the trace are not kept" in text
+
+
+def _rank_copies(shared_traces: Path, tmp_path: Path, world_size: int) -> list[Path]:
+    """The DDP trace as the files of ``world_size`` ranks (its ``distributedInfo`` set)."""
+    import gzip
+
+    doc = json.loads(gzip.decompress((shared_traces / "h100_ddp_nccl_train.json.gz").read_bytes()))
+    paths = []
+    for rank in range(world_size):
+        doc["distributedInfo"] = {**doc["distributedInfo"], "rank": rank, "world_size": world_size}
+        path = tmp_path / f"rank{rank}.json"
+        path.write_text(json.dumps(doc), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def test_rank_traces_load_in_processes_of_their_own_and_merge_as_read_here(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from layerscope.cli import _rank_items
+    from layerscope.ranks import RankRecord
+
+    paths = _rank_copies(shared_traces, tmp_path, 2)
+    args = argparse.Namespace(files=[str(p) for p in paths], model=None, config=None)
+    items = list(_rank_items(args, parallel=True))
+    # Each trace was read by a worker, which handed back its rank's record alone.
+    assert [path for path, _ in items] == args.files
+    assert all(isinstance(item, RankRecord) for _, item in items)
+    apart = merge([item for _, item in items], sources=args.files)
+    here = merge([layerscope.load(p) for p in paths], sources=args.files)
+    assert apart.rank_numbers == here.rank_numbers == [0, 1]
+    assert apart.to_dict() == here.to_dict()
+    # Without parallel (a chrome trace of the ranks needs whole profiles): read here.
+    assert [type(item).__name__ for _, item in _rank_items(args, parallel=False)] == ["Profile", "Profile"]
+    # The command merges them so.
+    run = _main(capsys, "merge", *paths, "-o", tmp_path / "merged.json")
+    assert run.returncode == 0, run.stderr
+    assert layerscope.load(tmp_path / "merged.json").to_dict() == here.to_dict()

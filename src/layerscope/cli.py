@@ -555,7 +555,9 @@ def _add_merge_parser(sub: Any) -> None:
         description="Merge the profiles a distributed job wrote, one per rank (one cycle: files of one\n"
         "step range), or merged runs of it, into one layerscope-ranks/1 document.",
     )
-    merge.add_argument("files", metavar="FILE", nargs="+", help="rank profiles (JSON) or merged runs")
+    merge.add_argument(
+        "files", metavar="FILE", nargs="+", help="rank profiles (JSON), torch.profiler traces of the ranks, or merged runs"
+    )
     _add_output_options(
         merge, ("ranks", "rank-traces"),
         format_help="json: the merged document; text: the report; html: an interactive page (heat map, "
@@ -569,6 +571,10 @@ def _add_merge_parser(sub: Any) -> None:
     merge.add_argument(
         "--min-time", metavar="TIME", default="1ms",
         help="... and by at least this much (1ms, 500us; a bare number is ns; default 1ms)",
+    )
+    merge.add_argument(
+        "--jobs", "-j", metavar="N", type=_at_least_one, default=None,
+        help="read up to N rank traces at once, each in a process of its own (default: one per core)",
     )
     _add_trace_model(merge)
     merge.add_argument("--debug", action="store_true", help="show full tracebacks")
@@ -902,7 +908,7 @@ def _merge(args: argparse.Namespace) -> int:
     """Merge rank files; a mismatch is a MergeError (exit 2)."""
     from layerscope.diff import parse_duration_ns, parse_threshold
     from layerscope.formats import format_for_path, formats
-    from layerscope.ranks import MergedRun, RankTraces, merge
+    from layerscope.ranks import MergedRun, RankRecord, RankTraces, merge
 
     try:
         threshold = parse_threshold(args.threshold)
@@ -923,16 +929,17 @@ def _merge(args: argparse.Namespace) -> int:
     files_of_rank: dict[int, str] = {}
 
     def loaded() -> Iterator[Any]:
-        # One file at a time: merge keeps what a merged run needs and drops the rest.
-        for path in args.files:
-            item = _load_profile(path, args)
+        # One file at a time: merge keeps what a merged run needs and drops the rest. Rank
+        # traces (the slow part: seconds each) load in processes of their own, each
+        # handing back only its rank's record.
+        for path, item in _rank_items(args, parallel=not traces):
             if isinstance(item, MergedRun):
                 if traces:
                     raise UsageError(
                         f"{path} is a merged run, which keeps no traces; --format chrome needs the rank files"
                     )
             else:
-                files_of_rank.setdefault(item.meta.rank, path)
+                files_of_rank.setdefault(item.rank if isinstance(item, RankRecord) else item.meta.rank, path)
             yield item
 
     run = merge(loaded(), sources=args.files, threshold=threshold, min_time_ns=floor)
@@ -940,6 +947,52 @@ def _merge(args: argparse.Namespace) -> int:
         every = RankTraces(_load_profile(files_of_rank[rank], args) for rank in run.rank_numbers)
         return _emit(every, args, fmt, options, f"the {fmt} trace of every rank")
     return _emit(run, args, fmt, options, f"the merged run ({fmt})")
+
+
+def _rank_items(args: argparse.Namespace, *, parallel: bool) -> Iterator[tuple[str, Any]]:
+    """``(path, item)`` for each of ``args.files`` in order: a saved profile or merged run
+    as read; with ``parallel`` and two or more torch.profiler traces among them, on a
+    machine of several cores, each trace read in a process of its own (as many at once
+    as ``--jobs``, default the cores), which hands back its rank's record
+    (``ranks.rank_record``), not the whole profile."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from layerscope.traces.reader import is_kineto_trace
+
+    traced = [path for path in args.files if os.path.isfile(path) and is_kineto_trace(path)]
+    workers = min(len(traced), getattr(args, "jobs", None) or os.cpu_count() or 1)
+    if not parallel or workers < 2:
+        for path in args.files:
+            yield path, _load_profile(path, args)
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_worker_context()) as pool:
+        pending = {path: pool.submit(_rank_record_of, path, args) for path in traced}
+        try:
+            for path in args.files:
+                future = pending.get(path)
+                yield path, _load_profile(path, args) if future is None else future.result()
+        finally:
+            for future in pending.values():
+                future.cancel()
+
+
+def _rank_record_of(path: str, args: argparse.Namespace) -> Any:
+    """In a worker process: the record of the rank whose trace ``path`` is."""
+    from layerscope.ranks import rank_record
+
+    return rank_record(_load_profile(path, args), path)
+
+
+def _worker_context() -> Any:
+    """Processes started by forking this one where that is safe (Linux, no other thread
+    running: torch is imported but has run nothing), else by a fresh interpreter."""
+    import multiprocessing
+    import sys
+    import threading
+
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    return multiprocessing.get_context("fork" if fork else "spawn")
 
 
 def _plot_memory(args: argparse.Namespace) -> int:

@@ -154,7 +154,9 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, allow_nan=False))
 
 
-def _record_from_profile(profile: Profile, source: str) -> RankRecord:
+def rank_record(profile: Profile, source: str) -> RankRecord:
+    """What a merged document keeps of one rank's profile: a small record, which a process
+    that loaded a rank's trace hands back instead of the whole profile."""
     meta = _plain(profile.meta.to_dict())
     rank = meta.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
@@ -547,21 +549,23 @@ def _listed(ranks: Iterable[int]) -> str:
 # -- merging -----------------------------------------------------------------------------
 
 
-def _records(item: Profile | MergedRun, source: str) -> Iterator[RankRecord]:
-    if isinstance(item, MergedRun):
+def _records(item: Profile | MergedRun | RankRecord, source: str) -> Iterator[RankRecord]:
+    if isinstance(item, RankRecord):
+        yield item
+    elif isinstance(item, MergedRun):
         for record in item.ranks:
             yield RankRecord(
                 record.rank, record.meta, record.param_bytes, record.memory, record.nodes, record.shapes,
                 f"rank {record.rank} of {source}",
             )
     elif isinstance(item, Profile):
-        yield _record_from_profile(item, source)
+        yield rank_record(item, source)
     else:
-        raise TypeError(f"merge takes Profiles and MergedRuns, got {type(item).__name__} ({source})")
+        raise TypeError(f"merge takes Profiles, MergedRuns and RankRecords, got {type(item).__name__} ({source})")
 
 
 def merge(
-    items: Iterable[Profile | MergedRun],
+    items: Iterable[Profile | MergedRun | RankRecord],
     *,
     sources: Sequence[str] | None = None,
     threshold: float = DEFAULT_THRESHOLD,
@@ -571,7 +575,8 @@ def merge(
 
     ``items`` may be lazy (a generator loading one file at a time): each profile is
     reduced to what a merged document keeps as soon as it comes, so memory does not hold
-    every rank's op rows and trace. ``sources`` names the items in messages (file names).
+    every rank's op rows and trace (a :class:`RankRecord`, :func:`rank_record`'s, is
+    taken as it is: the command line loads rank traces in processes of their own). ``sources`` names the items in messages (file names).
 
     Refused with a :class:`~layerscope.errors.MergeError` naming what differs: ranks of
     other runs (``meta.run_id``), models, world sizes or cycles (``step_range``), a
