@@ -1,7 +1,7 @@
 """Cold start of the commands that run no model: how long ``layerscope ARGS`` takes in a
 fresh process, and whether it imported torch.
 
-    python -m benchmarks.commands [--rounds 5] [--trace PATH]
+    python -m benchmarks.commands [--rounds 5] [--trace PATH] [--against OTHER/src]
 
 Each command runs ``--rounds`` times as ``python -m layerscope ARGS`` in a new process
 (rounds interleave the commands, so a busy moment of the machine is spread over all of
@@ -9,7 +9,9 @@ them); reported: the median wall time of each, its exit status, and whether ``to
 was among the modules it imported (one extra run under ``python -X importtime``). A
 saved profile (``x.json``, from ``layerscope profile zoo:mlp``) and two rank files made
 from it are written to a temporary folder first; ``--trace`` names a torch.profiler
-trace to ``show`` (skipped when the file is not there).
+trace to ``show`` (skipped when the file is not there). ``--against`` names another
+checkout's ``src`` folder (``git worktree add`` of an older commit): its layerscope runs
+each command in the same rounds, side by side with this one.
 """
 
 from __future__ import annotations
@@ -45,9 +47,14 @@ def _commands(folder: Path, trace: Path) -> list[list[str]]:
     return commands
 
 
-def _layerscope(args: list[str], folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+HERE = Path(__file__).resolve().parents[1] / "src"
+
+
+def _layerscope(args: list[str], folder: Path, *flags: str, src: Path = HERE) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
     return subprocess.run(
-        [sys.executable, *flags, "-m", "layerscope", *args], cwd=folder, capture_output=True, text=True, check=False,
+        [sys.executable, *flags, "-m", "layerscope", *args], cwd=folder, env=env, capture_output=True, text=True,
+        check=False,
     )
 
 
@@ -59,8 +66,8 @@ def _rank_files(folder: Path) -> None:
         (folder / f"rank{rank}.json").write_text(json.dumps(saved))
 
 
-def _imports_torch(args: list[str], folder: Path) -> bool:
-    lines = _layerscope(args, folder, "-X", "importtime").stderr.splitlines()
+def _imports_torch(args: list[str], folder: Path, src: Path) -> bool:
+    lines = _layerscope(args, folder, "-X", "importtime", src=src).stderr.splitlines()
     return any(line.startswith("import time:") and line.split("|")[-1].strip() == "torch" for line in lines)
 
 
@@ -68,7 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--against", type=Path, help="another checkout's src folder, run side by side")
     args = parser.parse_args()
+    sources = {"this": HERE, **({"against": args.against.resolve()} if args.against else {})}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         made = _layerscope(["profile", "zoo:mlp", "--warmup", "0", "--repeat", "1", "-o", "x.json"], folder)
@@ -76,21 +85,26 @@ def main() -> None:
             raise SystemExit(made.stderr)
         _rank_files(folder)
         commands = _commands(folder, args.trace)
-        times: dict[int, list[float]] = {i: [] for i in range(len(commands))}
-        status: dict[int, int] = {}
+        times: dict[tuple[str, int], list[float]] = {(s, i): [] for s in sources for i in range(len(commands))}
+        status: dict[tuple[str, int], int] = {}
         for _ in range(args.rounds):
             for i, command in enumerate(commands):
-                start = time.perf_counter()
-                done = _layerscope(command, folder)
-                times[i].append(time.perf_counter() - start)
-                status[i] = done.returncode
+                for source, src in sources.items():
+                    start = time.perf_counter()
+                    done = _layerscope(command, folder, src=src)
+                    times[source, i].append(time.perf_counter() - start)
+                    status[source, i] = done.returncode
         print(f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
-              f"medians of {args.rounds} cold runs")
-        print(f"{'command':<48} {'median':>8} {'exit':>4}  torch")
+              f"medians of {args.rounds} cold runs; " + ", ".join(f"{s}: {src}" for s, src in sources.items()))
+        print(f"{'command':<48} " + " ".join(f"{s:>8} {'exit':>4} {'torch':>5}" for s in sources))
         for i, command in enumerate(commands):
             shown = " ".join(Path(a).name if "/" in a else a for a in command)
-            torch = "yes" if _imports_torch(command, folder) else "no"
-            print(f"layerscope {shown:<37} {statistics.median(times[i]):>7.2f}s {status[i]:>4}  {torch}")
+            cells = [
+                f"{statistics.median(times[s, i]):>7.2f}s {status[s, i]:>4} "
+                f"{'yes' if _imports_torch(command, folder, src) else 'no':>5}"
+                for s, src in sources.items()
+            ]
+            print(f"layerscope {shown:<37} " + " ".join(cells))
 
 
 if __name__ == "__main__":
