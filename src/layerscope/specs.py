@@ -162,12 +162,13 @@ def check_callable_spec(spec: str, what: str) -> tuple[str, str]:
         return target, attr
     try:
         found = importlib.util.find_spec(target)
-    except ModuleNotFoundError as exc:
-        raise SpecError(f"{what} SPEC {spec!r}: cannot import {target!r} ({exc})") from None
-    except (ImportError, ValueError):  # a module find_spec cannot place (__main__): importing it tells
-        return target, attr
+    except (ImportError, ValueError):  # a parent not there, or a module find_spec cannot place (__main__)
+        found = None
     if found is None:
-        raise SpecError(f"{what} SPEC {spec!r}: cannot import {target!r} (No module named {target!r})")
+        try:  # it is not there (nothing of it runs): import's own words say why
+            importlib.import_module(target)
+        except ImportError as exc:
+            raise SpecError(f"{what} SPEC {spec!r}: cannot import {target!r} ({exc})") from None
     return target, attr
 
 
