@@ -715,16 +715,25 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
+    if getattr(args, "compile", False) and args.backward:
+        raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
+    # What can be refused without torch is refused first: a misspelt SPEC, option or format.
+    _check_specs(args, spec)
+    _peak_tflops(args)
+    fmt = _output_format(args, "profile")
+    format_options = _format_options(args, "profile", fmt)
+    if getattr(args, "compile", False) and fmt == "chrome":
+        raise UsageError("a compiled model's profile keeps no trace; its kernels and their times: --format kernels")
+    if args.output:
+        _check_writable(args.output)  # before a run that may take minutes
+    shapes = _input_shapes(args)
+
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
     from layerscope.specs import parse_dtype, resolve_inputs, resolve_model
 
-    if getattr(args, "compile", False) and args.backward:
-        raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
-    device = _device(args.device)
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
-    _peak_tflops(args)
-    shapes = _input_shapes(args)
+    device = _device(args.device)
 
     if not count_only and device.type == "meta":
         raise UsageError("the meta device runs no kernels, so nothing can be timed; use 'layerscope flops'")
@@ -747,12 +756,6 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
         model = torch.compile(model)
 
-    fmt = _output_format(args, "profile")
-    format_options = _format_options(args, "profile", fmt)
-    if getattr(args, "compile", False) and fmt == "chrome":
-        raise UsageError("a compiled model's profile keeps no trace; its kernels and their times: --format kernels")
-    if args.output:
-        _check_writable(args.output)  # before a run that may take minutes
     with _hinted(model, inputs), amp:
         if count_only:
             prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
@@ -765,6 +768,19 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
                 )
     prof.meta.spec = resolved.label
     return _emit(prof, args, fmt, format_options)
+
+
+def _check_specs(args: argparse.Namespace, spec: str) -> None:
+    """Refuse, before torch is imported, the model SPEC and ``--inputs`` SPEC that cannot
+    be read (an unknown zoo name, a module or file that is not there) and an unknown
+    ``--dtype`` or ``--autocast``."""
+    from layerscope.specs import check_callable_spec, check_spec, dtype_name
+
+    check_spec(spec, config=_config(args))
+    if args.inputs:
+        check_callable_spec(args.inputs, "inputs")
+    for text in filter(None, (args.dtype, args.autocast)):
+        dtype_name(text)
 
 
 def _device(text: str) -> Any:
@@ -888,6 +904,9 @@ def _trace_model(args: argparse.Namespace) -> Any:
     parameter counts are all a trace's mapping reads: no memory for weights, no run)."""
     found = getattr(args, "_trace_model", None)
     if found is None:
+        from layerscope.specs import check_spec
+
+        check_spec(args.model, config=_config(args))  # before torch, as profile's SPEC
         import torch
 
         from layerscope.specs import resolve_model
@@ -1120,6 +1139,7 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_compare(args)
     if not args.spec:
         raise UsageError("bench needs a SPEC to benchmark (e.g. zoo:mlp), or --compare BASE NEW")
+    _check_specs(args, args.spec)
 
     from layerscope.bench import benchmark
     from layerscope.formats import render

@@ -6,6 +6,10 @@
   (:func:`default_transformers_inputs`).
 - ``package.module:callable`` or ``path/to/file.py:callable``: the callable returns an
   ``nn.Module`` (for ``--inputs``, a Tensor, tuple or dict).
+
+torch is imported by the functions that build or make something, not by this module:
+:func:`check_spec` and the parsers' errors answer before torch is loaded, so a
+misspelt SPEC, dtype or shape is said at once.
 """
 
 from __future__ import annotations
@@ -19,20 +23,22 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from layerscope.errors import InputsError, SpecError
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: The dtype names the CLI takes, each to the name of its ``torch`` dtype.
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float64": torch.float64, "double": torch.float64,
-    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-    "bool": torch.bool,
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float64": "float64", "double": "float64",
+    "int64": "int64", "long": "int64", "int32": "int32", "int": "int32",
+    "bool": "bool",
 }
 
 
@@ -46,11 +52,21 @@ class Resolved:
     label: str
 
 
-def parse_dtype(text: str) -> torch.dtype:
+def dtype_name(text: str) -> str:
+    """The name of the ``torch`` dtype ``text`` names (``bf16``: ``bfloat16``), or an
+    ``InputsError`` listing the names taken; torch is not imported."""
     try:
         return _DTYPES[text.lower()]
     except KeyError:
         raise InputsError(f"unknown dtype {text!r}; expected one of: {', '.join(sorted(_DTYPES))}") from None
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    name = dtype_name(text)
+    import torch
+
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 def parse_shape(text: str) -> tuple[tuple[int, ...], torch.dtype]:
@@ -68,7 +84,7 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], torch.dtype]:
             f"cannot parse input shape {text!r}; expected sizes separated by 'x' or ',', "
             "optionally with a dtype, e.g. 1x3x224x224 or 8,128:int64"
         )
-    return dims, parse_dtype(dtype_text) if dtype_text else torch.float32
+    return dims, parse_dtype(dtype_text or "float32")
 
 
 #: Integers are drawn below this when the model names no vocabulary.
@@ -80,6 +96,8 @@ def tensor_for(
 ) -> torch.Tensor:
     """A deterministic random tensor: uniform floats, or integers in ``[0, int_limit)``
     (token ids: pass the model's :func:`vocab_size`)."""
+    import torch
+
     if dtype.is_floating_point:
         return torch.rand(shape, generator=generator).to(dtype)
     if dtype == torch.bool:
@@ -91,6 +109,8 @@ def vocab_size(model: nn.Module) -> int | None:
     """How many token ids ``model`` embeds: its config's ``vocab_size`` (the text
     config's, for a multimodal model), else the first ``nn.Embedding``'s
     ``num_embeddings``; None when it has neither."""
+    from torch import nn
+
     size = getattr(_text_config(getattr(model, "config", None)), "vocab_size", None)
     if isinstance(size, int) and size > 0:
         return size
@@ -100,19 +120,68 @@ def vocab_size(model: nn.Module) -> int | None:
     return None
 
 
-def load_callable(spec: str, what: str) -> Callable[..., Any]:
-    """The callable a ``module:callable`` or ``file.py:callable`` SPEC names (``what`` is
-    the kind of SPEC, for the error); a one-line ``SpecError`` when it cannot be read."""
+def check_spec(spec: str, *, config: dict[str, Any] | None = None) -> None:
+    """Refuse, without importing torch or the model's code, a model SPEC that cannot be
+    built: an unknown zoo name, ``transformers:`` without the package, a
+    ``module:callable`` whose module or file is not there, ``config`` for a SPEC that
+    takes none. What only building can tell (a class transformers lacks, a callable
+    that raises) is said by :func:`resolve_model`."""
+    kind, _, name = spec.partition(":")
+    if config and kind != "transformers":
+        raise SpecError(
+            f"--config sets fields of a transformers: model's config; {spec!r} is not one "
+            "(a zoo: model has a fixed size; a module:callable SPEC builds its own)"
+        )
+    if kind == "zoo":
+        from layerscope import zoo
+
+        try:
+            zoo.get(name)
+        except KeyError as exc:
+            raise SpecError(str(exc.args[0])) from None
+    elif kind == "transformers":
+        if importlib.util.find_spec("transformers") is None:
+            raise SpecError("transformers: SPECs need the 'transformers' package: pip install transformers")
+    else:
+        check_callable_spec(spec, "model")
+
+
+def check_callable_spec(spec: str, what: str) -> tuple[str, str]:
+    """A ``module:callable`` or ``file.py:callable`` SPEC's module (or file) and name, or
+    a one-line ``SpecError`` when it is malformed or its file or module is not there.
+    Only the parent packages of a dotted module are imported, as finding it needs."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise SpecError(
             f"cannot read {what} SPEC {spec!r}; expected 'package.module:callable', "
             "'path/to/file.py:callable', 'zoo:NAME' or 'transformers:ClassName'"
         )
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target)
-        if not path.is_file():
+    if _is_file(target):
+        if not Path(target).is_file():
             raise SpecError(f"{what} SPEC {spec!r}: no such file {target!r}")
+        return target, attr
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError):  # a parent not there, or a module find_spec cannot place (__main__)
+        found = None
+    if found is None:
+        try:  # it is not there (nothing of it runs): import's own words say why
+            importlib.import_module(target)
+        except ImportError as exc:
+            raise SpecError(f"{what} SPEC {spec!r}: cannot import {target!r} ({exc})") from None
+    return target, attr
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def load_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable a ``module:callable`` or ``file.py:callable`` SPEC names (``what`` is
+    the kind of SPEC, for the error); a one-line ``SpecError`` when it cannot be read."""
+    target, attr = check_callable_spec(spec, what)
+    if _is_file(target):
+        path = Path(target)
         module_name = f"_layerscope_spec_{abs(hash(str(path.resolve())))}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         if loader_spec is None or loader_spec.loader is None:
@@ -206,20 +275,16 @@ def resolve_model(
     of a ``transformers:`` model's default config (its size: ``num_hidden_layers``,
     ``hidden_size``, ...); other SPECs take none.
     """
+    check_spec(spec, config=config)
+    import torch
+    from torch import nn
+
     building = torch.device(device) if device is not None else contextlib.nullcontext()
     kind, _, name = spec.partition(":")
-    if config and kind != "transformers":
-        raise SpecError(
-            f"--config sets fields of a transformers: model's config; {spec!r} is not one "
-            "(a zoo: model has a fixed size; a module:callable SPEC builds its own)"
-        )
     if kind == "zoo":
         from layerscope import zoo
 
-        try:
-            entry = zoo.get(name)
-        except KeyError as exc:
-            raise SpecError(str(exc.args[0])) from None
+        entry = zoo.get(name)
         with building:
             model = entry.build()
         return Resolved(model, entry.example_inputs(batch_size), f"zoo:{entry.name}")
@@ -245,6 +310,8 @@ def resolve_model(
 
 def resolve_inputs(spec: str) -> Any:
     """Call the ``--inputs`` SPEC; it must return a Tensor, a tuple/list or a dict."""
+    import torch
+
     factory = load_callable(spec, "inputs")
     try:
         inputs = factory()
@@ -259,12 +326,8 @@ def resolve_inputs(spec: str) -> Any:
 
 
 def _resolve_transformers(class_name: str, batch_size: int, building: Any, overrides: dict[str, Any]) -> Resolved:
-    try:
-        import transformers
-    except ImportError:
-        raise SpecError(
-            "transformers: SPECs need the 'transformers' package: pip install transformers"
-        ) from None
+    import transformers
+    from torch import nn
     cls = getattr(transformers, class_name, None)
     if cls is None or not isinstance(cls, type) or not issubclass(cls, nn.Module):
         raise SpecError(
@@ -321,6 +384,8 @@ def default_transformers_inputs(model: nn.Module, batch_size: int, seq_len: int 
 
     Anything else raises :class:`SpecError` naming what forward takes.
     """
+    import torch
+
     config = model.config  # type: ignore[attr-defined]
     generator = torch.Generator().manual_seed(0)
     inputs: dict[str, Any] = {}

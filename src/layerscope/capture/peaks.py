@@ -6,7 +6,10 @@ dtype not listed gets no automatic peak; ``--peak-tflops`` always overrides.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is asked only for a live device: `show --peak-tflops` runs without it
+    import torch
 
 # name fragment (lower case, matched in order) -> {dtype: dense TFLOP/s}. float32 is the
 # vector (non-tensor-core) figure. The B200's is the HGX (1,000 W) board's; "MI300X"
@@ -39,6 +42,8 @@ def datasheet_tflops(device_name: str) -> dict[str, float] | None:
 
 def known_peak_flops_per_s(device: torch.device, dtype: str | None) -> int | None:
     """The datasheet peak for ``device`` at ``dtype`` in FLOP/s, or None if unknown."""
+    import torch
+
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     table = datasheet_tflops(torch.cuda.get_device_name(device)) or {}

@@ -3,6 +3,10 @@
 Every model is built with random weights from plain ``torch.nn`` so the zoo
 works offline and without torchvision, while the module layouts mirror
 torchvision's so profiles can be compared against published per-layer numbers.
+
+The built-in entries are declared here, by name and description, and their family
+modules (which define the ``nn.Module`` classes, so import torch) are imported only
+when a model is built or its inputs made: ``layerscope zoo`` lists them without torch.
 """
 
 from __future__ import annotations
@@ -10,13 +14,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["ZOO", "Builder", "ZooEntry", "get", "names", "register"]
 
-Builder = Callable[[], nn.Module]
+Builder = Callable[[], "nn.Module"]
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,32 @@ def names() -> list[str]:
     return sorted(ZOO)
 
 
-# Imported last: the family modules need ``register`` defined above, and
-# importing them is what fills the registry. import_module keeps this free of
-# lint suppressions for late and "unused" imports.
-_FAMILIES = ("alexnet", "gpt", "lenet", "mlp", "resnet", "vit")
-for _family in _FAMILIES:
-    importlib.import_module(f"{__name__}.{_family}")
-del _family
+class _Deferred:
+    """``layerscope.zoo.<family>``'s function ``attribute``, imported on first call."""
+
+    def __init__(self, family: str, attribute: str) -> None:
+        self.family = family
+        self.attribute = attribute
+
+    def __call__(self, *args: Any) -> Any:
+        module = importlib.import_module(f"{__name__}.{self.family}")
+        return getattr(module, self.attribute)(*args)
+
+    def __repr__(self) -> str:
+        return f"{__name__}.{self.family}.{self.attribute}"
+
+
+#: The built-in models: name, description, and the family module whose function of the
+#: same name builds the model and whose ``example_inputs`` makes its inputs.
+_BUILT_IN = (
+    ("alexnet", "AlexNet (torchvision layout), 3x224x224 images, 1000 classes, 61.1M params", "alexnet"),
+    ("gpt", "Small GPT decoder: 4 layers, d_model 128, 4 heads, vocab 1000, tied lm_head", "gpt"),
+    ("lenet5", "LeNet-5 (tanh, avg-pool) for 1x32x32 images, 10 classes, 61.7K params", "lenet"),
+    ("mlp", "Plain MLP 64-256-256-10 with ReLU, 85K params", "mlp"),
+    ("resnet18", "ResNet-18 (torchvision layout), 3x224x224 images, 1000 classes, 11.7M params", "resnet"),
+    ("resnet50", "ResNet-50 v1.5 (torchvision layout), 3x224x224 images, 1000 classes, 25.6M params", "resnet"),
+    ("vit_b_16", "ViT-B/16 (torchvision layout), 3x224x224 images, 1000 classes, 86.6M params", "vit"),
+)
+for _name, _description, _family in _BUILT_IN:
+    register(_name, _description, _Deferred(_family, "example_inputs"))(_Deferred(_family, _name))
+del _name, _description, _family

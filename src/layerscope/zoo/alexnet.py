@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from layerscope.zoo import register
-
 
 class AlexNet(nn.Module):
     def __init__(self, num_classes: int = 1000, dropout: float = 0.5) -> None:
@@ -46,15 +44,10 @@ class AlexNet(nn.Module):
         return self.classifier(x)
 
 
-def _example_inputs(batch_size: int) -> torch.Tensor:
+def example_inputs(batch_size: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randn(batch_size, 3, 224, 224, generator=g, dtype=torch.float32)
 
 
-@register(
-    "alexnet",
-    "AlexNet (torchvision layout), 3x224x224 images, 1000 classes, 61.1M params",
-    _example_inputs,
-)
 def alexnet() -> nn.Module:
     return AlexNet()

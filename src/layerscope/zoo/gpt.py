@@ -6,8 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layerscope.zoo import register
-
 VOCAB_SIZE = 1000
 CONTEXT_LENGTH = 64
 D_MODEL = 128
@@ -101,17 +99,12 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def _example_inputs(batch_size: int) -> torch.Tensor:
+def example_inputs(batch_size: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randint(
         0, VOCAB_SIZE, (batch_size, EXAMPLE_SEQ_LEN), generator=g, dtype=torch.long
     )
 
 
-@register(
-    "gpt",
-    "Small GPT decoder: 4 layers, d_model 128, 4 heads, vocab 1000, tied lm_head",
-    _example_inputs,
-)
 def gpt() -> nn.Module:
     return GPT()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from layerscope.zoo import register
-
 
 class LeNet5(nn.Module):
     # Tanh + average pooling keeps it faithful to the original network rather
@@ -35,15 +33,10 @@ class LeNet5(nn.Module):
         return self.classifier(x)
 
 
-def _example_inputs(batch_size: int) -> torch.Tensor:
+def example_inputs(batch_size: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randn(batch_size, 1, 32, 32, generator=g, dtype=torch.float32)
 
 
-@register(
-    "lenet5",
-    "LeNet-5 (tanh, avg-pool) for 1x32x32 images, 10 classes, 61.7K params",
-    _example_inputs,
-)
 def lenet5() -> nn.Module:
     return LeNet5()

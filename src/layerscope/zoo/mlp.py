@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from layerscope.zoo import register
-
 
 class MLP(nn.Module):
     def __init__(
@@ -25,15 +23,10 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
-def _example_inputs(batch_size: int) -> torch.Tensor:
+def example_inputs(batch_size: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randn(batch_size, 64, generator=g, dtype=torch.float32)
 
 
-@register(
-    "mlp",
-    "Plain MLP 64-256-256-10 with ReLU, 85K params",
-    _example_inputs,
-)
 def mlp() -> nn.Module:
     return MLP()

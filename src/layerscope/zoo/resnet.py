@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from layerscope.zoo import register
-
 
 def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
     # No bias: every conv is followed by BatchNorm, which has its own shift.
@@ -151,24 +149,14 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def _example_inputs(batch_size: int) -> torch.Tensor:
+def example_inputs(batch_size: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randn(batch_size, 3, 224, 224, generator=g, dtype=torch.float32)
 
 
-@register(
-    "resnet18",
-    "ResNet-18 (torchvision layout), 3x224x224 images, 1000 classes, 11.7M params",
-    _example_inputs,
-)
 def resnet18() -> nn.Module:
     return ResNet(BasicBlock, [2, 2, 2, 2])
 
 
-@register(
-    "resnet50",
-    "ResNet-50 v1.5 (torchvision layout), 3x224x224 images, 1000 classes, 25.6M params",
-    _example_inputs,
-)
 def resnet50() -> nn.Module:
     return ResNet(Bottleneck, [3, 4, 6, 3])

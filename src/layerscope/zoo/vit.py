@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from layerscope.capture._torch import symbolic_assert
-from layerscope.zoo import register
 
 
 class MLPBlock(nn.Sequential):
@@ -162,15 +161,10 @@ class VisionTransformer(nn.Module):
         return self.heads(x)
 
 
-def _example_inputs(batch_size: int) -> torch.Tensor:
+def example_inputs(batch_size: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     return torch.randn(batch_size, 3, 224, 224, generator=g, dtype=torch.float32)
 
 
-@register(
-    "vit_b_16",
-    "ViT-B/16 (torchvision layout), 3x224x224 images, 1000 classes, 86.6M params",
-    _example_inputs,
-)
 def vit_b_16() -> nn.Module:
     return VisionTransformer()
