@@ -1,0 +1,134 @@
+"""What a module boundary costs under torch's profiler, by mechanism, in one run.
+
+    python -m benchmarks.module_boundary [--rounds 9] [--layers 1000]
+
+A ``Profiler`` step marks each module call with a ``_RecordFunctionFast`` range, opened
+and closed by two global module hooks. On a model of many small modules that is most of
+what a detailed step adds to torch.profiler's own (shapes and memory). This measures the
+candidates apart, on ``Sequential`` of ``--layers`` x ``Linear(16, 16)``, batch 16, one
+torch thread, no_grad, 5 forwards per sample, rounds interleaved (order rotated), medians:
+
+- *plain*: the forwards alone;
+- *tp*: under ``torch.profiler.profile(record_shapes=True, profile_memory=True)``;
+- *tp + 2 global hooks + range*: what a ``Profiler`` step does per call;
+- *tp + per-module hooks + range*: the same hooks registered on each module;
+- *tp + forward wrapper + range*: no hook at all: each module's ``forward`` replaced, for
+  the run, by a wrapper that opens the range around the original (so calls keep torch's
+  hook-free fast path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+from torch.profiler import ProfilerActivity, profile
+
+_Fast = torch._C._profiler._RecordFunctionFast
+
+
+def _remove(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--layers", type=int, default=1000)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(args.layers)]).eval()
+    x = torch.randn(16, 16)
+    names = {id(m): f"nn.Module: {n}" for n, m in model.named_modules()}
+
+    def forwards() -> float:
+        t = time.perf_counter_ns()
+        with torch.no_grad():
+            for _ in range(5):
+                model(x)
+        return (time.perf_counter_ns() - t) / 5
+
+    def under(setup: Callable[[], Callable[[], None]] | None = None) -> Callable[[], float]:
+        def run() -> float:
+            undo = setup() if setup else None
+            try:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True):
+                    return forwards()
+            finally:
+                if undo:
+                    undo()
+        return run
+
+    def ranges() -> tuple[Callable[..., None], Callable[..., None]]:
+        opened: list[Any] = []
+
+        def pre(module: nn.Module, inputs: Any) -> None:
+            rf = _Fast(names[id(module)])
+            rf.__enter__()
+            opened.append(rf)
+
+        def post(module: nn.Module, inputs: Any, output: Any) -> None:
+            opened.pop().__exit__(None, None, None)
+
+        return pre, post
+
+    def global_hooks() -> Callable[[], None]:
+        pre, post = ranges()
+        handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post)]
+        return lambda: _remove(handles)
+
+    def module_hooks() -> Callable[[], None]:
+        pre, post = ranges()
+        handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+        return lambda: _remove(handles)
+
+    def wrappers() -> Callable[[], None]:
+        for m in model.modules():
+            original, name = m.forward, names[id(m)]
+
+            def forward(*a: Any, _original: Any = original, _name: str = name, **k: Any) -> Any:
+                with _Fast(_name):
+                    return _original(*a, **k)
+
+            m.forward = forward  # type: ignore[method-assign]
+
+        def undo() -> None:
+            for m in model.modules():
+                del m.forward
+        return undo
+
+    variants: dict[str, Callable[[], float]] = {
+        "plain": forwards,
+        "tp": under(),
+        "tp + 2 global hooks + range": under(global_hooks),
+        "tp + per-module hooks + range": under(module_hooks),
+        "tp + forward wrapper + range": under(wrappers),
+    }
+    seen: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(2):  # warm
+        for run in variants.values():
+            run()
+    for n in range(args.rounds):
+        order = list(variants)
+        for name in order[n % len(order):] + order[: n % len(order)]:
+            seen[name].append(variants[name]())
+    plain = statistics.median(seen["plain"])
+    tp = statistics.median(seen["tp"])
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {args.layers} x Linear(16, 16), {args.rounds} rounds")
+    for name, values in seen.items():
+        median = statistics.median(values)
+        extra = f"   +{(median - tp) / args.layers / 1e3:.2f} us per module call over tp" if name.startswith("tp +") else ""
+        print(f"  {name:32s} {median / 1e3:9.0f} us   x{median / plain:.2f} plain{extra}")
+
+
+if __name__ == "__main__":
+    main()
