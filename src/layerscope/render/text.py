@@ -585,7 +585,9 @@ def step_spread_lines(profile: Profile) -> list[str]:
         return []
     n = len(spread.steps)
     # profile()'s timed passes are medians' inputs; a Profiler's steps are summed.
-    unit, units, role = ("pass", "passes", "the medians") if profile.meta.mode == "profile" else ("step", "steps", "the sums above")
+    unit, units, role = (
+        ("pass", "passes", "the tree is the median pass") if profile.meta.mode == "profile" else ("step", "steps", "in the sums above")
+    )
     lines = [
         f"Step wall time over {n} {units}: min {fmt.time_ns(spread.min_ns)}, median {fmt.time_ns(spread.median_ns)}, "
         f"p90 {fmt.time_ns(spread.p90_ns)}, max {fmt.time_ns(spread.max_ns)}"
@@ -597,7 +599,7 @@ def step_spread_lines(profile: Profile) -> list[str]:
         )
         more = len(spread.outliers) - _OUTLIERS_NAMED
         lines.append(
-            f"{units.capitalize()} far from the median (x{spread.far:g} or more away, in {role}): {named}"
+            f"{units.capitalize()} far from the median (x{spread.far:g} or more away, {role}): {named}"
             + (f" and {more} more" if more > 0 else "")
         )
     return lines
