@@ -263,7 +263,8 @@ def test_profile_backward_parts_add_up_to_the_step() -> None:
     model = _chain(8, 16, 4, bias=True)
     prof = check_tree(layerscope.profile(model, torch.randn(5, 8), backward=True, warmup=1, repeat=3))
     assert prof.has_backward
-    assert [p.path for p in prof.parts] == ["<loss>", "<other>"]
+    # <layerscope>: layerscope's own work in the step (the memory notes), in no node of the user's.
+    assert [p.path for p in prof.parts] == ["<loss>", "<layerscope>", "<other>"]
     total = sum(stats.self_cpu_time_ns for node in prof.nodes() for _, stats in node.phases())
     assert prof.step_time_ns == total > 0
     assert len(prof.meta["step_times_ns"]) == 3
@@ -314,7 +315,12 @@ def test_training_step_parts_in_a_profiler_block() -> None:
         opt.zero_grad()
     check_tree(prof.profile)
     kinds = {p.path: p.kind for p in prof.parts}
-    assert kinds == {"<loss>": "loss", "<optimizer:Adam>": "optimizer", "<zero_grad>": "zero_grad", "<other>": "other"}
+    assert kinds == {
+        "<loss>": "loss", "<optimizer:Adam>": "optimizer", "<zero_grad>": "zero_grad", "<layerscope>": "overhead",
+        "<other>": "other",
+    }
+    # The notes taken in the optimizer's step hooks are layerscope's work inside it.
+    assert [n.kind for n in prof.profile["<optimizer:Adam>"].children] == ["overhead"]
     # Adam, per parameter element: exp_avg lerp (2), exp_avg_sq mul (1) and addcmul (2),
     # sqrt (1), divide by the bias correction (1), add eps (1), addcdiv (2) = 10 FLOPs,
     # plus 1 per parameter tensor for its step counter. Parameters: 8*16 + 16 + 16*4 + 4

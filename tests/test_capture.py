@@ -348,10 +348,10 @@ def test_profiler_reads_like_a_profile() -> None:
     assert isinstance(check_tree(prof.profile), Profile)
     assert prof.to_dict() == prof.profile.to_dict()
     assert prof["child"] is prof.profile["child"]
-    assert str(prof) == prof.profile.render("text")
+    assert str(prof) == prof.profile.render("text", width=120)  # not a terminal: 120 columns
     assert "child" in str(prof)
     assert [n.path for n in prof.modules()] == ["", "child"]
-    assert [n.path for n in prof.nodes()] == ["", "child", "<other>"]
+    assert [n.path for n in prof.nodes()] == ["", "child", "<layerscope>", "<other>"]
     assert prof.meta["mode"] == "context"
     assert prof["child"].input_shapes == [[2, 4]]
     assert prof["child"].output_shapes == [2, 4]

@@ -652,7 +652,7 @@ def test_profile_backward_writes_both_phases_and_the_step(tmp_path: Path) -> Non
     prof = layerscope.load(out)
     assert prof.has_backward
     assert prof["layers.0"].backward.macs > 0
-    assert [p.path for p in prof.parts] == ["<loss>", "<other>"]
+    assert [p.path for p in prof.parts] == ["<loss>", "<layerscope>", "<other>"]
     assert prof.step_time_ns == sum(
         stats.self_cpu_time_ns for node in prof.nodes() for _, stats in node.phases()
     )

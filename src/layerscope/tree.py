@@ -50,7 +50,9 @@ PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
 
 #: Node kinds: modules of the model, user labels (``record_function``/``layerscope.label``)
 #: and the parts of a training step outside the model.
-NODE_KINDS: tuple[str, ...] = ("module", "label", "loss", "optimizer", "zero_grad", "communication", "other")
+NODE_KINDS: tuple[str, ...] = (
+    "module", "label", "loss", "optimizer", "zero_grad", "communication", "overhead", "other",
+)
 
 
 @dataclass

@@ -46,6 +46,8 @@ def build_profile(raw: RawCapture) -> Profile:
     walls = [p.wall_ns for p in passes if p.wall_ns is not None]
     if walls:
         meta.step_times_ns = walls
+        # Passes are counted from 1, as the footer and the trace name the shown one.
+        meta.step_numbers = list(range(1, len(walls) + 1))
     # The median pass, an observed one (the lower of two middles): every figure is that
     # run's, so the tree adds up to a measured time, op rows add up within their
     # modules and the trace is the tree's run.
@@ -403,7 +405,7 @@ def _nest(nodes: list[ModuleNode]) -> ModuleNode:
     return root
 
 
-_PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "communication": 4, "other": 5}
+_PART_RANK = {"label": 0, "loss": 1, "optimizer": 2, "zero_grad": 3, "communication": 4, "overhead": 5, "other": 6}
 
 
 def _part_order(node: ModuleNode) -> int:

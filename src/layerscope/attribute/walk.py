@@ -247,6 +247,8 @@ class PassWalker:
         #: A backward op whose slot ends at the next timed record (a backward op's start).
         self.open_slot: tuple[Key, Op] | None = None
         self.part_run: PartRun | None = None
+        #: An overhead label left out of the tree (see ``on_label_enter``) is open.
+        self.skipped_label = False
         self.trace: list[PassSpan] | None = [] if collect_ops else None
         #: The forward spans open now, outermost first (kept with the trace): the open
         #: frames, except where a module runs called from outside its parent (see
@@ -313,6 +315,11 @@ class PassWalker:
 
     def on_label_enter(self, event: LabelEnter) -> None:
         frames = self.frames
+        if event.kind == "overhead" and not frames and self.t_first is None:
+            # layerscope's own work outside the model in a pass with no step marks (a
+            # forward pass has no parts): in no node, as the rest outside the model.
+            self.skipped_label = True
+            return
         # A hook of an autograd node (FSDP's pre-backward, its reduce-scatter) is backward
         # work of the module whose forward created the node, under that module.
         hooked: Key | None = None
@@ -432,6 +439,9 @@ class PassWalker:
         self._close_through(lambda frame: frame.key == module, event)
 
     def on_label_exit(self, event: LabelExit) -> None:
+        if self.skipped_label:  # an overhead label holds no frame: this is its exit
+            self.skipped_label = False
+            return
         self._close_through(lambda frame: is_made(frame.key), event)
 
     def _close_through(self, is_target: Callable[[Frame], bool], event: Exit | LabelExit) -> None:

@@ -111,6 +111,8 @@ STEP_NAME = "layerscope.step"
 #: A zero-length range marking when a note of layerscope's (memory live before the step,
 #: activations saved by a forward, optimizer state) was taken: ``layerscope.note#K``.
 NOTE_PREFIX = "layerscope.note#"
+#: The step part holding layerscope's own work inside a step (its notes): ``<layerscope>``.
+OVERHEAD_NAME = "layerscope"
 #: A zero-length range marking that a checkpoint stopped recomputing in a module's
 #: forward (in a detailed window).
 RAISED_NAME = "layerscope.raised"
@@ -446,10 +448,14 @@ class _Converter:
         elif kind == "raised":
             self.on_raised()
         elif kind == "note":
-            # A note's items are kept by the window that took it; a trace file of the
-            # same session has the mark without them.
+            # layerscope's own work inside the step (reading what Python knows for the
+            # memory figures): a part of its own, <layerscope>, wherever it ran. A note's
+            # items are kept by the window that took it; a trace file of the same
+            # session has the mark without them.
+            self.put(event.start_time_ns, LabelEnter(event.start_time_ns, OVERHEAD_NAME, "overhead", None, None, in_backward, grad))
             if self.detail is not None and int(event.name[len(NOTE_PREFIX) :]) < len(self.detail.notes):
                 self.put(event.start_time_ns, _Note(event.start_time_ns, int(event.name[len(NOTE_PREFIX) :])))  # type: ignore[arg-type]
+            self.put(event.end_time_ns, LabelExit(event.end_time_ns, None, None, in_backward))
         elif kind == "memory":
             if self.detail is not None:
                 self.on_memory_outside_ops(event, grad)
@@ -1127,46 +1133,55 @@ class KinetoWindow:
         return activities
 
     # -- notes: what Python knows, placed on the profiler's clock ------------------------
-    def _note(self, items: list[tuple[Any, ...]]) -> None:
-        if not items:
-            return
+    def _note(self, items: list[tuple[Any, ...]] | Callable[[], list[tuple[Any, ...]]]) -> None:
+        """A note of what Python knows (``items``, or a function making them: its work,
+        layerscope's own inside the user's step, is inside the note's range, so its time
+        is the ``<layerscope>`` part's and no node of the user's)."""
         rf = _Range(f"{NOTE_PREFIX}{len(self._notes)}")
-        self._notes.append(items)
         rf.__enter__()
-        rf.__exit__(None, None, None)
+        try:
+            self._notes.append(items() if callable(items) else items)
+        finally:
+            rf.__exit__(None, None, None)
 
     def _note_step_start(self) -> None:
         """Memory live when the step begins: the model's state, gradients, inputs."""
         if self._constant is None:
             # The model's own storages keep their sizes while a window runs: read once.
             self._constant = ("constant", _storage_sizes(self._state_tensors), "parameters")
-        items: list[tuple[Any, ...]] = [self._constant]
-        grads = [p.grad for p, _ in self._owners if p.grad is not None]
-        items += _adopt(grads, "gradients", since_start=True)
-        items += _adopt(self.inputs, "other", since_start=True)
+        constant = self._constant
+
+        def items() -> list[tuple[Any, ...]]:
+            grads = [p.grad for p, _ in self._owners if p.grad is not None]
+            return [constant, *_adopt(grads, "gradients", since_start=True), *_adopt(self.inputs, "other", since_start=True)]
+
         self._note(items)
 
     def _note_grads(self) -> None:
         """Each parameter's gradient and its owner, once per step (before an optimizer
         step, and at the step's end: one of them sees them before a ``zero_grad``)."""
-        items: list[tuple[Any, ...]] = []
-        for param, owner in self._owners:
-            grad = param.grad
-            if grad is None:
-                continue
-            at = _storage_at(grad)
-            if at is None or at[0] in self._grads_noted:
-                continue
-            self._grads_noted.add(at[0])
-            items.append(("grad", at[0], owner, param.numel() * param.element_size()))
+
+        def items() -> list[tuple[Any, ...]]:
+            found: list[tuple[Any, ...]] = []
+            for param, owner in self._owners:
+                grad = param.grad
+                if grad is None:
+                    continue
+                at = _storage_at(grad)
+                if at is None or at[0] in self._grads_noted:
+                    continue
+                self._grads_noted.add(at[0])
+                found.append(("grad", at[0], owner, param.numel() * param.element_size()))
+            return found
+
         self._note(items)
 
     def _optimizer_pre(self, optimizer: Any) -> None:
         self._note_grads()
-        self._note(_adopt(list(optimizer_state_tensors(optimizer)), "optimizer_state", since_start=True))
+        self._note(lambda: _adopt(list(optimizer_state_tensors(optimizer)), "optimizer_state", since_start=True))
 
     def _optimizer_post(self, optimizer: Any) -> None:
-        self._note([("optim", type(optimizer).__name__, optimizer_state_bytes(optimizer), id(optimizer))])
+        self._note(lambda: [("optim", type(optimizer).__name__, optimizer_state_bytes(optimizer), id(optimizer))])
 
     def _hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
         names_get = self._names.get
@@ -1212,7 +1227,7 @@ class KinetoWindow:
             if key == root_id and root_seqs and tid == owner and task() == -1:
                 since = root_seqs.pop()
                 if torch.is_grad_enabled():
-                    note([("saved", saved_storages(_grad_fns(output), since)), ("forward", since, _next_seq())])
+                    note(lambda: [("saved", saved_storages(_grad_fns(output), since)), ("forward", since, _next_seq())])
 
         return pre, post
 
