@@ -10,13 +10,11 @@ import glob
 import json
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from processes import Done, run_layerscope
+from processes import Done, run_layerscope, run_python
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ROOT = README.parent
@@ -59,20 +57,18 @@ def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             exec(compile(block, str(path), "exec"), {"__name__": "__docs__"})
 
 
-#: Runs each block given on stdin (a JSON list) in order, in one process, each in a fresh
-#: namespace as a script of its own; a traceback names the doc and the block.
+#: Runs each block given as its second argument (a JSON list) in order, in one process,
+#: each in a fresh namespace as a script of its own; a traceback names the doc and the block.
 _BLOCKS_DRIVER = """
 import json, sys
-for n, block in enumerate(json.loads(sys.stdin.read()), 1):
+for n, block in enumerate(json.loads(sys.argv[2]), 1):
     exec(compile(block, f"{sys.argv[1]}, Python block {n}", "exec"), {"__name__": "__main__"})
 """
 
 
-def _run_python_blocks(doc: str, blocks: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _BLOCKS_DRIVER, f"docs/{doc}"], input=json.dumps(blocks),
-        cwd=cwd, capture_output=True, text=True, timeout=300,
-    )
+def _run_python_blocks(doc: str, blocks: list[str], cwd: Path) -> Done:
+    """The blocks in a process of their own, forked from the warm interpreter (``processes.py``)."""
+    return run_python(["-c", _BLOCKS_DRIVER, f"docs/{doc}", json.dumps(blocks)], cwd)
 
 
 def _cli_lines(text: str | None = None, lang: str = "bash") -> list[list[str]]:
@@ -95,17 +91,15 @@ def _command(argv: list[str], cwd: Path) -> list[str]:
 
 
 def _run_line(argv: list[str], cwd: Path) -> Done:
-    """The line run in ``cwd``: ``layerscope`` as its own process (``processes.py``),
+    """The line run in ``cwd`` as its own process (``processes.py``): ``layerscope``, or
     ``torchrun`` as this Python's ``torch.distributed.run``."""
     words = _command(argv, cwd)
     if argv[0] != "torchrun":
         return run_layerscope(words, cwd)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *words], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
-    return Done(done.returncode, done.stdout, done.stderr)
+    return run_python(["-m", "torch.distributed.run", *words], cwd)
 
 
-def _assert_ran(result: Done | subprocess.CompletedProcess[str], what: object) -> None:
+def _assert_ran(result: Done, what: object) -> None:
     assert result.returncode == 0, (what, result.stderr[-2000:])
     assert "Traceback" not in result.stderr, (what, result.stderr[-2000:])
 
@@ -238,8 +232,7 @@ def test_distributed_doc_profiler_loop_runs(tmp_path: Path) -> None:
     loops = [body for lang, body in _fences(_doc("distributed.md")) if body.startswith("with layerscope.Profiler(")]
     assert len(loops) == 1
     script = DDP_LOOP_SETUP + loops[0] + DDP_LOOP_TEARDOWN
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    _assert_ran(result, "docs/distributed.md's training loop")
+    _assert_ran(run_python(["-c", script], tmp_path), "docs/distributed.md's training loop")
     # 10 steps, schedule(wait=1, warmup=1, active=3): two cycles, steps 2-4 and 7-9.
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "layerscope_steps2-4_rank0.json", "layerscope_steps7-9_rank0.json"
@@ -254,7 +247,7 @@ def test_traces_doc_lines_run(tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 3
     for block in blocks:
-        result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        result = run_python(["-c", block], tmp_path)
         assert result.returncode == 0, (block[:200], result.stderr[-2000:])
     lines = _cli_lines(text)
     assert len(lines) >= 5
@@ -296,9 +289,7 @@ def test_traces_doc_overview_lines_run(tmp_path: Path, shared_traces: Path) -> N
         ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "diff"],
         ["layerscope", "merge"],
     ]
-    recorded = subprocess.run(
-        [sys.executable, "-c", RECORD_RESNET18], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    recorded = run_python(["-c", RECORD_RESNET18], tmp_path)
     assert recorded.returncode == 0, recorded.stderr[-2000:]
     (tmp_path / "h100.json.gz").symlink_to(shared_traces / "h100_bert_small_inference.json.gz")
     (tmp_path / "mi300x.json.gz").symlink_to(shared_traces / "mi300x_bert_small_inference.json.gz")
@@ -395,12 +386,9 @@ def test_benchmarks_doc_commands_run_small(argv: list[str]) -> None:
         assert module in BENCHMARK_SMOKE, f"{module}: give it small values in BENCHMARK_SMOKE, or a reason in BENCHMARK_HELP_ONLY"
         options.update(BENCHMARK_SMOKE[module])
         args = [word for option, value in options.items() for word in ([option] if value is None else [option, value])]
-        result = subprocess.run(
-            [sys.executable, *entry, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
-        _assert_ran(result, [module, *args])
+        _assert_ran(run_python([*entry, *args], ROOT), [module, *args])
         return
-    result = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_python([*entry, "--help"], ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     missing = [option for option in options if option not in result.stdout]
     assert not missing, f"{module} --help has no {missing}"
