@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -25,6 +25,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-golden", action="store_true", default=False,
         help="rewrite tests/golden/*.out from the current output instead of comparing",
     )
+
+
+class ZooProfile(NamedTuple):
+    """A zoo model in eval mode, its example inputs at batch 1 and its profile."""
+
+    model: Any
+    inputs: Any
+    profile: Any
+
+
+@pytest.fixture(scope="session")
+def zoo_profile() -> Iterator[Callable[[str], ZooProfile]]:
+    """``zoo_profile(name)``: the zoo model ``name`` (built after ``manual_seed(0)``, in
+    eval mode), its example inputs at batch 1 and ``layerscope.profile(model, inputs,
+    warmup=0, repeat=2)``, made once per session: the big models (ResNet-50, ViT-B/16)
+    take seconds a pass here. For tests that only read them."""
+    import torch
+
+    import layerscope
+    from layerscope import zoo
+
+    made: dict[str, ZooProfile] = {}
+
+    def get(name: str) -> ZooProfile:
+        if name not in made:
+            entry = zoo.get(name)
+            torch.manual_seed(0)
+            model = entry.build().eval()
+            inputs = entry.example_inputs(1)
+            made[name] = ZooProfile(model, inputs, layerscope.profile(model, inputs, warmup=0, repeat=2))
+        return made[name]
+
+    yield get
+    made.clear()
 
 
 class FakeClock:
