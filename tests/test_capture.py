@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import layerscope
+from conftest import tiered
 from layerscope import zoo
 from layerscope.check import InvariantError, check_tree
 from layerscope.documents import profile_from_dict
@@ -160,7 +161,7 @@ X = torch.ones(2, 4)
 
 # -- real models: invariants and parameter counts --------------------------------------
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", tiered(zoo.names()))
 def test_zoo_models_give_sound_trees(name: str, zoo_profile: Any) -> None:
     model, _, prof = zoo_profile(name)
     check_tree(prof)

@@ -20,9 +20,10 @@ from layerscope.check import check_tree
 from processes import run_layerscope
 
 WORKER = Path(__file__).with_name("dist_worker.py")
-pytestmark = pytest.mark.skipif(
-    not __import__("torch").distributed.is_available(), reason="needs torch.distributed"
-)
+pytestmark = [
+    pytest.mark.skipif(not __import__("torch").distributed.is_available(), reason="needs torch.distributed"),
+    pytest.mark.slow,  # torchrun jobs of two ranks
+]
 
 #: Parameters of layerscope.examples.ddp_train.model: Linear(64, 128) and Linear(128, 10).
 GRAD_BYTES = ((64 * 128 + 128) + (128 * 10 + 10)) * 4

@@ -13,6 +13,7 @@ from processes import run_python
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_in_its_cpu_smoke_mode(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     done = run_python([str(ROOT / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--device", "cpu", "--quick"], ROOT, timeout=600)

@@ -35,6 +35,7 @@ def _fences(text: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = _blocks("python")
     assert blocks, "the README has no Python example"
@@ -44,6 +45,7 @@ def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "alexnet.json").exists()
 
 
+@pytest.mark.slow
 def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Python blocks of the docs that start no profiler of torch's (flops.md: the op
     pass and a custom op's formula), in this process. memory.md's and migrating.md's run
@@ -111,6 +113,7 @@ def shell_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("readme_shell")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", _cli_lines(), ids=lambda argv: " ".join(argv))
 def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     result = _run_line(argv, shell_dir)
@@ -118,6 +121,7 @@ def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_memory_doc_runs(tmp_path: Path) -> None:
     """docs/memory.md in one folder: its Python example (a ``Profiler`` around a training
     step, saved as profile.json) in a process of its own, then its command line draws
@@ -133,6 +137,7 @@ def test_memory_doc_runs(tmp_path: Path) -> None:
     assert (tmp_path / "memory.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_migrating_doc_python_blocks_run(tmp_path: Path) -> None:
     """docs/migrating.md's drop-ins (torchprof, DeepSpeed, the torch.profiler recipe), in
     order in one process of their own: the recipe's ``Profiler`` blocks start torch's
@@ -160,6 +165,7 @@ def batch_of(batch_size):
 '''
 
 
+@pytest.mark.slow
 def test_bench_doc_lines_run(tmp_path: Path) -> None:
     """docs/bench.md's command lines, in order in one folder. The reader's own files are
     stood in for: ``mymodels.py`` (MYMODELS), and the two saved runs that ``--compare``
@@ -185,6 +191,7 @@ def test_bench_doc_lines_run(tmp_path: Path) -> None:
     assert (tmp_path / "mlp.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_distributed_doc_lines_run(tmp_path: Path) -> None:
     """docs/distributed.md's command lines, in order, in one folder: the example job
     under torchrun, then merging, showing and diffing its files."""
@@ -225,6 +232,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_distributed_doc_profiler_loop_runs(tmp_path: Path) -> None:
     """docs/distributed.md's training loop (the untagged block under "Profiling a torchrun
     job") runs as written, with DDP_LOOP_SETUP's names, and writes a file per cycle under
@@ -239,6 +247,7 @@ def test_distributed_doc_profiler_loop_runs(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_traces_doc_lines_run(tmp_path: Path) -> None:
     """docs/traces.md: each Python example in a process of its own (each runs torch's
     profiler, as a user's script would, once); then its command lines read the trace the
@@ -276,6 +285,7 @@ prof.export_chrome_trace("run.pt.trace.json.gz")
 """
 
 
+@pytest.mark.slow
 def test_traces_doc_overview_lines_run(tmp_path: Path, shared_traces: Path) -> None:
     """The command lines at the top of docs/traces.md (a ``text`` block), in one folder,
     on stand-ins for the reader's files: run.pt.trace.json.gz a zoo resnet18 trace
@@ -373,6 +383,7 @@ def _options(words: list[str]) -> dict[str, str | None]:
     return options
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", _benchmark_commands(), ids=lambda argv: " ".join(argv[1:]))
 def test_benchmarks_doc_commands_run_small(argv: list[str]) -> None:
     """Each benchmark command of docs/benchmarks.md, with BENCHMARK_SMOKE's values, exits
