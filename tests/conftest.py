@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -25,6 +25,59 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-golden", action="store_true", default=False,
         help="rewrite tests/golden/*.out from the current output instead of comparing",
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A browser test is a slow one: it drives chromium. The fast tier (``-m "not slow"``)
+    leaves out every test marked ``slow`` (pyproject.toml lists what those are)."""
+    for item in items:
+        if item.get_closest_marker("browser") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+#: The models and traces whose tests take seconds each here: their cases are in the slow
+#: tier only (``tiered``); the fast tier keeps the smaller ones.
+BIG = ("resnet50", "vit_b_16", "h100_owlv2_inference")
+
+
+def tiered(names: Iterable[str], slow: Iterable[str] = BIG) -> list[Any]:
+    """``names`` for ``parametrize``, those in ``slow`` marked ``slow``."""
+    slow = set(slow)
+    return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in names]
+
+
+class ZooProfile(NamedTuple):
+    """A zoo model in eval mode, its example inputs at batch 1 and its profile."""
+
+    model: Any
+    inputs: Any
+    profile: Any
+
+
+@pytest.fixture(scope="session")
+def zoo_profile() -> Iterator[Callable[[str], ZooProfile]]:
+    """``zoo_profile(name)``: the zoo model ``name`` (built after ``manual_seed(0)``, in
+    eval mode), its example inputs at batch 1 and ``layerscope.profile(model, inputs,
+    warmup=0, repeat=2)``, made once per session: the big models (ResNet-50, ViT-B/16)
+    take seconds a pass here. For tests that only read them."""
+    import torch
+
+    import layerscope
+    from layerscope import zoo
+
+    made: dict[str, ZooProfile] = {}
+
+    def get(name: str) -> ZooProfile:
+        if name not in made:
+            entry = zoo.get(name)
+            torch.manual_seed(0)
+            model = entry.build().eval()
+            inputs = entry.example_inputs(1)
+            made[name] = ZooProfile(model, inputs, layerscope.profile(model, inputs, warmup=0, repeat=2))
+        return made[name]
+
+    yield get
+    made.clear()
 
 
 class FakeClock:

@@ -1,4 +1,5 @@
-"""``python -m layerscope ARGS`` as a process of its own, started from a warm interpreter.
+"""``python -m layerscope ARGS`` (or another ``python`` command: a module, ``-c`` code, a
+script) as a process of its own, started from a warm interpreter.
 
 A command's process spends most of its life importing torch (2 to 4 s on a small
 machine, torch's dynamo included: its fake tensors, which count shapes, import it), and
@@ -11,8 +12,7 @@ environment, ``sys.argv``, ``sys.path`` (the folder first, as ``-m`` puts it, th
 top level (a traceback and exit 1, ``SystemExit``'s code, death by SIGINT on an unhandled
 Ctrl-C), and its exit status is read as ``subprocess`` reads one.
 
-``LAYERSCOPE_TEST_COLD=1`` runs every command as a plain ``python -m layerscope``
-subprocess instead; ``test_cli.py`` runs a few commands both ways and compares them.
+``LAYERSCOPE_TEST_COLD=1`` runs every command as a plain ``python`` subprocess instead; ``test_cli.py`` runs a few commands both ways and compares them.
 """
 
 from __future__ import annotations
@@ -64,11 +64,21 @@ sys.stdin = open(0, closefd=False)
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
-sys.path[0] = request["cwd"]
 sys.path[1:1] = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-sys.argv = ["-m", *request["args"]]
 import runpy
-runpy.run_module("layerscope", run_name="__main__", alter_sys=True)
+words = request["python"]  # after the interpreter's name: -m MODULE ARGS, -c CODE ARGS or SCRIPT ARGS
+if words[0] == "-m":
+    sys.path[0] = request["cwd"]
+    sys.argv = ["-m", *words[2:]]
+    runpy.run_module(words[1], run_name="__main__", alter_sys=True)
+elif words[0] == "-c":
+    sys.path[0] = ""
+    sys.argv = ["-c", *words[2:]]
+    exec(compile(words[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+else:
+    sys.path[0] = os.path.dirname(os.path.abspath(words[0]))
+    sys.argv = words
+    runpy.run_path(words[0], run_name="__main__")
 """
 
 
@@ -119,13 +129,14 @@ class _Warm:
         reply: dict[str, int] = json.loads(line)
         return reply
 
-    def run(self, args: list[str], cwd: Path, env: dict[str, str], stdout: Path | None, timeout: float) -> Done:
+    def run(self, python: list[str], cwd: Path, env: dict[str, str], stdout: Path | None, timeout: float) -> Done:
+        """``python``: the command's words after the interpreter's name."""
         with self._lock:
             process = self._start()
             assert process.stdin is not None
             with tempfile.TemporaryDirectory(dir=self._folder.name) as folder:
                 out, err = stdout or Path(folder) / "stdout", Path(folder) / "stderr"
-                request = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+                request = {"python": python, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
                 process.stdin.write(json.dumps(request) + "\n")
                 process.stdin.flush()
                 try:
@@ -138,7 +149,7 @@ class _Warm:
                 except TimeoutError:
                     os.kill(pid, signal.SIGKILL)
                     self._reply(process, 60)
-                    raise subprocess.TimeoutExpired(["layerscope", *args], timeout) from None
+                    raise subprocess.TimeoutExpired(["python", *python], timeout) from None
                 return Done(
                     os.waitstatus_to_exitcode(status),
                     "" if stdout is not None else out.read_text(encoding="utf-8"),
@@ -167,15 +178,24 @@ def run_layerscope(
     its stdout captured, or written to the file ``stdout`` (then ``Done.stdout`` is
     empty). ``warm`` (default: unless ``LAYERSCOPE_TEST_COLD`` is set) forks it from
     the warm interpreter; otherwise it is a plain subprocess."""
+    return run_python(["-m", "layerscope", *args], cwd, env, stdout, timeout, warm)
+
+
+def run_python(
+    python: list[str], cwd: Path, env: dict[str, str] | None = None, stdout: Path | None = None,
+    timeout: float = 300, warm: bool | None = None,
+) -> Done:
+    """``python PYTHON...`` (``-m MODULE ARGS``, ``-c CODE ARGS`` or ``SCRIPT ARGS``), as
+    ``run_layerscope`` runs ``-m layerscope``: a script's path is relative to ``cwd``."""
     env = dict(os.environ if env is None else env)
     if warm is None:
         warm = not cold()
     if warm:
-        return _warm.run(list(args), Path(cwd).resolve(), env, None if stdout is None else Path(stdout).resolve(), timeout)
+        return _warm.run(list(python), Path(cwd).resolve(), env, None if stdout is None else Path(stdout).resolve(), timeout)
     with contextlib.ExitStack() as stack:
         sink = subprocess.PIPE if stdout is None else stack.enter_context(open(stdout, "wb"))
         result = subprocess.run(
-            [sys.executable, "-m", "layerscope", *args], cwd=cwd, env=env, stdout=sink, stderr=subprocess.PIPE,
+            [sys.executable, *python], cwd=cwd, env=env, stdout=sink, stderr=subprocess.PIPE,
             text=True, timeout=timeout, check=False,
         )
     return Done(result.returncode, result.stdout or "", result.stderr)

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 import layerscope
+from conftest import tiered
 from layerscope import check_tree
 from layerscope.capture.training import loss_of
 from layerscope.tree import Profile
@@ -37,6 +38,8 @@ from test_flops_agreement import BUILDERS, CUSTOM_MAPPING
 # The heaviest zoo models take seconds per module alone; they are covered forward-only
 # elsewhere and by the same code path here through the smaller ones.
 BACKWARD_MODELS = [name for name in sorted(BUILDERS) if name not in ("resnet50", "vit_b_16")]
+#: Those whose backward takes 5 s or more here: in the slow tier only.
+BACKWARD_SLOW = ("alexnet", "resnet18", "t5")
 
 
 def _call(model: nn.Module, inputs: Any) -> Any:
@@ -137,7 +140,7 @@ def stepped() -> Any:
     cache.clear()
 
 
-@pytest.mark.parametrize("name", BACKWARD_MODELS)
+@pytest.mark.parametrize("name", tiered(BACKWARD_MODELS, slow=BACKWARD_SLOW))
 def test_backward_macs_agree_with_flop_counter_per_module(stepped: Any, name: str) -> None:
     model, inputs, prof = stepped(name)
     check_tree(prof)
@@ -159,7 +162,7 @@ def test_backward_macs_agree_with_flop_counter_per_module(stepped: Any, name: st
     assert prof.root.backward.macs > prof.root.forward.macs
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "resnet18", "gpt"])
+@pytest.mark.parametrize("name", tiered(["bert", "gpt2", "llama", "t5", "resnet18", "gpt"], slow=BACKWARD_SLOW))
 def test_whole_step_total_agrees_with_flop_counter(stepped: Any, name: str) -> None:
     model, inputs, prof = stepped(name)
     counter = FlopCounterMode(display=False, custom_mapping=CUSTOM_MAPPING)

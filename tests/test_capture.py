@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import layerscope
+from conftest import tiered
 from layerscope import zoo
 from layerscope.check import InvariantError, check_tree
 from layerscope.documents import profile_from_dict
@@ -160,16 +161,9 @@ X = torch.ones(2, 4)
 
 # -- real models: invariants and parameter counts --------------------------------------
 
-BATCH = {"resnet50": 1, "vit_b_16": 1}
-
-
-@pytest.mark.parametrize("name", zoo.names())
-def test_zoo_models_give_sound_trees(name: str) -> None:
-    entry = zoo.get(name)
-    torch.manual_seed(0)
-    model = entry.build()
-    inputs = entry.example_inputs(BATCH.get(name, 2))
-    prof = layerscope.profile(model, inputs, warmup=1, repeat=2)
+@pytest.mark.parametrize("name", tiered(zoo.names()))
+def test_zoo_models_give_sound_trees(name: str, zoo_profile: Any) -> None:
+    model, _, prof = zoo_profile(name)
     check_tree(prof)
 
     params = unique_params(model)

@@ -135,6 +135,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
     ids=["flops", "model-raises", "usage-error", "help"],
 )
+@pytest.mark.slow  # each starts a cold interpreter
 def test_a_command_forked_warm_reads_as_a_cold_python_m_layerscope(args: list[str], workdir: Path) -> None:
     """The suite forks its commands from a warm interpreter (``processes.py``); the same
     command started cold, as a user's shell starts it, gives the same exit code, stdout

@@ -4,21 +4,19 @@ between GPUs): every part runs or says why it was skipped, and the report is wri
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from processes import run_python
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_in_its_cpu_smoke_mode(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--device", "cpu", "--quick"],
-        capture_output=True, text=True, timeout=600,
-    )
+    done = run_python([str(ROOT / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--device", "cpu", "--quick"], ROOT, timeout=600)
     report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
     parts = report["parts"]
     failed = {name: part.get("error") for name, part in parts.items() if part["status"] == "failed"}

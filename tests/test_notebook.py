@@ -189,6 +189,7 @@ def test_the_quickstart_is_stored_without_outputs() -> None:
     assert set(DISPLAYED) <= {cell.get("id") for cell in code}
 
 
+@pytest.mark.slow
 def test_the_quickstart_runs_in_this_pythons_kernel(executed: Any) -> None:
     assert executed.cells[-1].outputs[0]["text"].strip() == sys.executable
     outputs = [output for cell in executed.cells if cell.cell_type == "code" for output in cell.outputs]
@@ -201,6 +202,7 @@ def test_the_quickstart_runs_in_this_pythons_kernel(executed: Any) -> None:
         assert _frame_attributes(result["data"]["text/html"])["sandbox"] == "allow-scripts", cell_id
 
 
+@pytest.mark.slow
 def test_the_quickstarts_progress_bars_end_full(executed: Any) -> None:
     """The bars are one output each, updated in place: the saved notebook holds the last
     state, every stage done."""

@@ -10,13 +10,11 @@ import glob
 import json
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from processes import Done, run_layerscope
+from processes import Done, run_layerscope, run_python
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ROOT = README.parent
@@ -37,6 +35,7 @@ def _fences(text: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = _blocks("python")
     assert blocks, "the README has no Python example"
@@ -46,6 +45,7 @@ def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "alexnet.json").exists()
 
 
+@pytest.mark.slow
 def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Python blocks of the docs that start no profiler of torch's (flops.md: the op
     pass and a custom op's formula), in this process. memory.md's and migrating.md's run
@@ -59,20 +59,18 @@ def test_docs_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             exec(compile(block, str(path), "exec"), {"__name__": "__docs__"})
 
 
-#: Runs each block given on stdin (a JSON list) in order, in one process, each in a fresh
-#: namespace as a script of its own; a traceback names the doc and the block.
+#: Runs each block given as its second argument (a JSON list) in order, in one process,
+#: each in a fresh namespace as a script of its own; a traceback names the doc and the block.
 _BLOCKS_DRIVER = """
 import json, sys
-for n, block in enumerate(json.loads(sys.stdin.read()), 1):
+for n, block in enumerate(json.loads(sys.argv[2]), 1):
     exec(compile(block, f"{sys.argv[1]}, Python block {n}", "exec"), {"__name__": "__main__"})
 """
 
 
-def _run_python_blocks(doc: str, blocks: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _BLOCKS_DRIVER, f"docs/{doc}"], input=json.dumps(blocks),
-        cwd=cwd, capture_output=True, text=True, timeout=300,
-    )
+def _run_python_blocks(doc: str, blocks: list[str], cwd: Path) -> Done:
+    """The blocks in a process of their own, forked from the warm interpreter (``processes.py``)."""
+    return run_python(["-c", _BLOCKS_DRIVER, f"docs/{doc}", json.dumps(blocks)], cwd)
 
 
 def _cli_lines(text: str | None = None, lang: str = "bash") -> list[list[str]]:
@@ -95,17 +93,15 @@ def _command(argv: list[str], cwd: Path) -> list[str]:
 
 
 def _run_line(argv: list[str], cwd: Path) -> Done:
-    """The line run in ``cwd``: ``layerscope`` as its own process (``processes.py``),
+    """The line run in ``cwd`` as its own process (``processes.py``): ``layerscope``, or
     ``torchrun`` as this Python's ``torch.distributed.run``."""
     words = _command(argv, cwd)
     if argv[0] != "torchrun":
         return run_layerscope(words, cwd)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *words], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
-    return Done(done.returncode, done.stdout, done.stderr)
+    return run_python(["-m", "torch.distributed.run", *words], cwd)
 
 
-def _assert_ran(result: Done | subprocess.CompletedProcess[str], what: object) -> None:
+def _assert_ran(result: Done, what: object) -> None:
     assert result.returncode == 0, (what, result.stderr[-2000:])
     assert "Traceback" not in result.stderr, (what, result.stderr[-2000:])
 
@@ -117,6 +113,7 @@ def shell_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("readme_shell")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", _cli_lines(), ids=lambda argv: " ".join(argv))
 def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     result = _run_line(argv, shell_dir)
@@ -124,6 +121,7 @@ def test_readme_cli_lines_run(argv: list[str], shell_dir: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_memory_doc_runs(tmp_path: Path) -> None:
     """docs/memory.md in one folder: its Python example (a ``Profiler`` around a training
     step, saved as profile.json) in a process of its own, then its command line draws
@@ -139,6 +137,7 @@ def test_memory_doc_runs(tmp_path: Path) -> None:
     assert (tmp_path / "memory.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_migrating_doc_python_blocks_run(tmp_path: Path) -> None:
     """docs/migrating.md's drop-ins (torchprof, DeepSpeed, the torch.profiler recipe), in
     order in one process of their own: the recipe's ``Profiler`` blocks start torch's
@@ -166,6 +165,7 @@ def batch_of(batch_size):
 '''
 
 
+@pytest.mark.slow
 def test_bench_doc_lines_run(tmp_path: Path) -> None:
     """docs/bench.md's command lines, in order in one folder. The reader's own files are
     stood in for: ``mymodels.py`` (MYMODELS), and the two saved runs that ``--compare``
@@ -191,6 +191,7 @@ def test_bench_doc_lines_run(tmp_path: Path) -> None:
     assert (tmp_path / "mlp.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_distributed_doc_lines_run(tmp_path: Path) -> None:
     """docs/distributed.md's command lines, in order, in one folder: the example job
     under torchrun, then merging, showing and diffing its files."""
@@ -231,6 +232,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_distributed_doc_profiler_loop_runs(tmp_path: Path) -> None:
     """docs/distributed.md's training loop (the untagged block under "Profiling a torchrun
     job") runs as written, with DDP_LOOP_SETUP's names, and writes a file per cycle under
@@ -238,14 +240,14 @@ def test_distributed_doc_profiler_loop_runs(tmp_path: Path) -> None:
     loops = [body for lang, body in _fences(_doc("distributed.md")) if body.startswith("with layerscope.Profiler(")]
     assert len(loops) == 1
     script = DDP_LOOP_SETUP + loops[0] + DDP_LOOP_TEARDOWN
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    _assert_ran(result, "docs/distributed.md's training loop")
+    _assert_ran(run_python(["-c", script], tmp_path), "docs/distributed.md's training loop")
     # 10 steps, schedule(wait=1, warmup=1, active=3): two cycles, steps 2-4 and 7-9.
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "layerscope_steps2-4_rank0.json", "layerscope_steps7-9_rank0.json"
     ]
 
 
+@pytest.mark.slow
 def test_traces_doc_lines_run(tmp_path: Path) -> None:
     """docs/traces.md: each Python example in a process of its own (each runs torch's
     profiler, as a user's script would, once); then its command lines read the trace the
@@ -254,7 +256,7 @@ def test_traces_doc_lines_run(tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 3
     for block in blocks:
-        result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        result = run_python(["-c", block], tmp_path)
         assert result.returncode == 0, (block[:200], result.stderr[-2000:])
     lines = _cli_lines(text)
     assert len(lines) >= 5
@@ -283,6 +285,7 @@ prof.export_chrome_trace("run.pt.trace.json.gz")
 """
 
 
+@pytest.mark.slow
 def test_traces_doc_overview_lines_run(tmp_path: Path, shared_traces: Path) -> None:
     """The command lines at the top of docs/traces.md (a ``text`` block), in one folder,
     on stand-ins for the reader's files: run.pt.trace.json.gz a zoo resnet18 trace
@@ -296,9 +299,7 @@ def test_traces_doc_overview_lines_run(tmp_path: Path, shared_traces: Path) -> N
         ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "diff"],
         ["layerscope", "merge"],
     ]
-    recorded = subprocess.run(
-        [sys.executable, "-c", RECORD_RESNET18], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    recorded = run_python(["-c", RECORD_RESNET18], tmp_path)
     assert recorded.returncode == 0, recorded.stderr[-2000:]
     (tmp_path / "h100.json.gz").symlink_to(shared_traces / "h100_bert_small_inference.json.gz")
     (tmp_path / "mi300x.json.gz").symlink_to(shared_traces / "mi300x_bert_small_inference.json.gz")
@@ -382,6 +383,7 @@ def _options(words: list[str]) -> dict[str, str | None]:
     return options
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", _benchmark_commands(), ids=lambda argv: " ".join(argv[1:]))
 def test_benchmarks_doc_commands_run_small(argv: list[str]) -> None:
     """Each benchmark command of docs/benchmarks.md, with BENCHMARK_SMOKE's values, exits
@@ -395,12 +397,9 @@ def test_benchmarks_doc_commands_run_small(argv: list[str]) -> None:
         assert module in BENCHMARK_SMOKE, f"{module}: give it small values in BENCHMARK_SMOKE, or a reason in BENCHMARK_HELP_ONLY"
         options.update(BENCHMARK_SMOKE[module])
         args = [word for option, value in options.items() for word in ([option] if value is None else [option, value])]
-        result = subprocess.run(
-            [sys.executable, *entry, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
-        _assert_ran(result, [module, *args])
+        _assert_ran(run_python([*entry, *args], ROOT), [module, *args])
         return
-    result = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_python([*entry, "--help"], ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     missing = [option for option in options if option not in result.stdout]
     assert not missing, f"{module} --help has no {missing}"

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import REAL_TRACES
+from conftest import REAL_TRACES, tiered
 from layerscope.errors import SchemaError
 from layerscope.traces.reader import FloatText, is_kineto_trace, open_trace, us_to_ns
 
@@ -69,7 +69,7 @@ def schema_error(path: Path, chunk_bytes: int = 1 << 20) -> str:
 # -- the real traces ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", REAL_TRACES)
+@pytest.mark.parametrize("name", tiered(REAL_TRACES))
 def test_a_real_trace_reads_as_json_load_reads_it(shared_traces: Path, name: str) -> None:
     path = shared_traces / f"{name}.json.gz"
     events, meta = read(path)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import layerscope
-from conftest import REAL_TRACES
+from conftest import REAL_TRACES, tiered
 from layerscope import fmt as text_fmt
 from layerscope.check import tree_problems
 from layerscope.comm import is_communication
@@ -66,7 +66,7 @@ def _node_named(profile: Any, instance: str) -> Any:
     return next(n for n in profile.modules() if n.path.rsplit(".", 1)[-1] == instance)
 
 
-@pytest.mark.parametrize("name", REAL_TRACES)
+@pytest.mark.parametrize("name", tiered(REAL_TRACES))
 def test_every_real_trace_loads_and_its_tree_holds(shared_traces: Path, name: str) -> None:
     profile = _trace(shared_traces, name)
     assert tree_problems(profile) == []
@@ -217,7 +217,7 @@ def test_collectives_per_module_on_ranked_traces(shared_traces: Path, name: str)
     assert 0 < profile.device.overlap_ns <= profile.device.comm_ns or name.startswith("b200")
 
 
-@pytest.mark.parametrize("name", REAL_TRACES)
+@pytest.mark.parametrize("name", tiered(REAL_TRACES))
 def test_every_device_nanosecond_of_a_real_trace_is_in_one_place(shared_traces: Path, name: str) -> None:
     """Busy = the nodes' self device time + what no node holds, by a named reason; the
     footer says so, and its device total is the table's root row."""
@@ -366,7 +366,7 @@ def _same_flops(model: torch.nn.Module, inputs: Any, path: Path) -> None:
             assert mine.backward is not None and mine.backward.flops == node.backward.flops, node.path
 
 
-@pytest.mark.parametrize("name", ["mlp", "lenet5", "resnet18", "gpt", "vit_b_16"])
+@pytest.mark.parametrize("name", tiered(["mlp", "lenet5", "resnet18", "gpt", "vit_b_16"], slow=("resnet18", "vit_b_16")))
 def test_zoo_traces_recorded_here_match_count_flops(name: str, tmp_path: Path) -> None:
     from layerscope import zoo
 
