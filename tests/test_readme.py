@@ -323,6 +323,7 @@ def test_traces_doc_overview_lines_run(tmp_path: Path, shared_traces: Path) -> N
 #: A flag is given as None.
 BENCHMARK_SMOKE: dict[str, dict[str, str | None]] = {
     "benchmarks.overhead": {"--rounds": "1", "--models": "mlp"},
+    "benchmarks.module_boundary": {"--rounds": "1", "--layers": "10"},
     "benchmarks.flops": {"--rounds": "1", "--models": "mlp", "--no-llama": None},
     # gpt: the zoo's, no transformers; forward, training step and profile(backward=True).
     "benchmarks.fidelity": {"--rounds": "1", "--steps": "1", "--models": "gpt"},
