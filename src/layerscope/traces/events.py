@@ -75,6 +75,9 @@ MATRIX_OPS = frozenset({
 #: no sequence number or inputs): shared, as the conversion only reads them.
 _NO_FIELDS = RangeFields()
 _LABEL_FIELDS = RangeFields(scope=USER_SCOPE)
+#: A module call's: the same values as :data:`_NO_FIELDS`, another object (which tells
+#: a module's range from an op's in ``_rank``).
+_MODULE_FIELDS = RangeFields()
 #: The children of a range with none, and the inputs of an allocation: shared, for the
 #: same reason (``_Builder.finish`` gives a range its own list at its first child).
 _NONE: list[Any] = []
@@ -132,9 +135,9 @@ class TraceEvents:
 class _Builder:
     def __init__(self) -> None:
         self.out = TraceEvents()
-        #: Host events per thread, unnested: (start, -end, rank, order, range or launch).
-        self.by_thread: dict[int, list[tuple[int, int, int, int, Any]]] = {}
-        self.order = 0
+        #: Host events per thread, unnested, in the file's order: ranges, and launches as
+        #: (start, end, correlation).
+        self.by_thread: dict[int, list[Any]] = {}
         self.next_id = 1
         self.live_alloc: dict[int, int] = {}  # address -> allocation id
         self.tensors: dict[tuple[Any, ...], TensorInput] = {}
@@ -178,9 +181,8 @@ class _Builder:
         start = us_to_ns(event["ts"])
         return start, start + max(0, us_to_ns(event.get("dur", 0)))
 
-    def _push(self, tid: int, start: int, end: int, rank: int, item: Any) -> None:
-        self.order += 1
-        self.by_thread.setdefault(tid, []).append((start, -end, rank, self.order, item))
+    def _push(self, tid: int, item: Any) -> None:
+        self.by_thread.setdefault(tid, []).append(item)
 
     def step_mark(self, tid: int, start: int, end: int, number: int) -> None:
         rng = Range(STEP_NAME, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
@@ -222,7 +224,7 @@ class _Builder:
                 shared = self.fields_of[id(inputs)] = RangeFields(inputs=inputs)
             fields = shared
         rng = Range(name, start, end, tid, self._id(), _NONE, fields, overload)
-        self._push(tid, start, end, 3, rng)
+        self._push(tid, rng)
 
     def annotation(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
@@ -237,7 +239,7 @@ class _Builder:
             self.step_mark(tid, start, end, int(step.group(1)))
             return
         rng = Range(name, start, end, tid, self._id(), _NONE, _LABEL_FIELDS)
-        self._push(tid, start, end, 2, rng)
+        self._push(tid, rng)
 
     def python(self, event: dict[str, Any]) -> None:
         args = event.get("args") or {}
@@ -254,9 +256,9 @@ class _Builder:
         if tid is None or tid == 0:
             return  # a Python-only thread's frame: no op of the trace ran on it
         start, end = self._span(event)
-        rng = Range(name, start, end, tid, self._id(), _NONE, _NO_FIELDS)
+        rng = Range(name, start, end, tid, self._id(), _NONE, _MODULE_FIELDS)
         self.out.modules.append(ModuleCall(name[len(MODULE_EVENT) :], rng, ident, parent))
-        self._push(tid, start, end, 1, rng)
+        self._push(tid, rng)
 
     def memory(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
@@ -282,7 +284,7 @@ class _Builder:
             total_reserved=_int(args.get("Total Reserved"), 0),
             device="cpu" if _int(args.get("Device Type"), 0) == 0 else "cuda",
         )
-        self._push(tid, t, t, 4, Range("[memory]", t, t, tid, 0, _NONE, fields))
+        self._push(tid, Range("[memory]", t, t, tid, 0, _NONE, fields))
 
     def launch(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
@@ -290,7 +292,7 @@ class _Builder:
         if tid is None or correlation is None:
             return
         start, end = self._span(event)
-        self._push(tid, start, end, 5, correlation)
+        self._push(tid, (start, end, correlation))
 
     def device(self, event: dict[str, Any]) -> None:
         args = event.get("args") or {}
@@ -360,17 +362,25 @@ class _Builder:
     def finish(self) -> TraceEvents:
         out = self.out
         for tid, items in self.by_thread.items():
-            items.sort(key=lambda item: item[:4])
+            # By start, then the longer first, then modules, labels, ops, allocations,
+            # launches, then the file's order: three stable sorts keyed by what each item
+            # holds already (one key tuple per event would double the read's memory).
+            items.sort(key=_rank)
+            items.sort(key=_end, reverse=True)
+            items.sort(key=_start)
             roots: list[Range] = []
             stack: list[Range] = []
-            for start, neg_end, _, _, item in items:
-                end = -neg_end
+            for item in items:
+                if type(item) is tuple:  # a launch: its device events belong to the range open now
+                    start, _, correlation = item
+                    while stack and stack[-1].end_time_ns <= start:
+                        stack.pop()
+                    out.launched_in[correlation] = stack[-1].correlation_id if stack else 0
+                    out.launched_at[correlation] = start
+                    continue
+                start, end = item.start_time_ns, item.end_time_ns
                 while stack and stack[-1].end_time_ns <= start:
                     stack.pop()
-                if type(item) is int:  # a launch: its device events belong to the range open now
-                    out.launched_in[item] = stack[-1].correlation_id if stack else 0
-                    out.launched_at[item] = start
-                    continue
                 if not stack:
                     roots.append(item)
                 else:
@@ -402,6 +412,27 @@ def read_events(events: Iterable[dict[str, Any]]) -> TraceEvents:
         if isinstance(event, dict):
             builder.add(event)
     return builder.finish()
+
+
+def _start(item: Any) -> int:
+    return item[0] if type(item) is tuple else item.start_time_ns
+
+
+def _end(item: Any) -> int:
+    return item[1] if type(item) is tuple else item.end_time_ns
+
+
+def _rank(item: Any) -> int:
+    """Which of a thread's items that start and end together holds the others: a module
+    call (1), a label (2), an op (3), an allocation (4), a launch (5)."""
+    if type(item) is tuple:
+        return 5
+    fields = item.extra_fields
+    if fields is _MODULE_FIELDS:
+        return 1
+    if fields is _LABEL_FIELDS:
+        return 2
+    return 3 if fields.device is None else 4
 
 
 def module_of_frames(calls: list[ModuleCall]) -> dict[int, str]:
