@@ -83,6 +83,50 @@ _MODULE_FIELDS = RangeFields()
 _NONE: list[Any] = []
 
 
+class Allocation:
+    """An allocation or free (a ``[memory]`` instant) as the conversion reads a
+    :class:`Range` with its :class:`RangeFields`, in one object: what every allocation
+    has alike (its name, no children, no inputs) is the class's. A trace holds about one
+    per op."""
+
+    __slots__ = (
+        "alloc_size",
+        "allocation_id",
+        "device",
+        "end_time_ns",
+        "ptr",
+        "start_tid",
+        "start_time_ns",
+        "total_allocated",
+        "total_reserved",
+    )
+    name = "[memory]"
+    correlation_id = 0
+    children: list[Any] = _NONE
+    overload_name = ""
+    stack = None
+    sequence_number = -1
+    scope = None
+    inputs: list[Any] = _NONE
+
+    def __init__(
+        self, t: int, tid: int, ptr: int, alloc_size: int, allocation_id: int, total_allocated: int,
+        total_reserved: int, device: str,
+    ) -> None:
+        self.start_time_ns = self.end_time_ns = t
+        self.start_tid = tid
+        self.ptr = ptr
+        self.alloc_size = alloc_size
+        self.allocation_id = allocation_id
+        self.total_allocated = total_allocated
+        self.total_reserved = total_reserved
+        self.device = device
+
+    @property
+    def extra_fields(self) -> Allocation:
+        return self
+
+
 @dataclass
 class DeviceEvent:
     """A kernel, copy or memset on the device, and what launched it."""
@@ -275,16 +319,10 @@ class _Builder:
             ident = self.live_alloc[ptr] = self._id()
         else:
             ident = self.live_alloc.pop(ptr, None) or self._id()
-        fields = RangeFields(
-            inputs=_NONE,
-            ptr=ptr,
-            alloc_size=size,
-            allocation_id=ident,
-            total_allocated=_int(args.get("Total Allocated"), 0),
-            total_reserved=_int(args.get("Total Reserved"), 0),
-            device="cpu" if _int(args.get("Device Type"), 0) == 0 else "cuda",
-        )
-        self._push(tid, Range("[memory]", t, t, tid, 0, _NONE, fields))
+        self._push(tid, Allocation(
+            t, tid, ptr, size, ident, _int(args.get("Total Allocated"), 0), _int(args.get("Total Reserved"), 0),
+            "cpu" if _int(args.get("Device Type"), 0) == 0 else "cuda",
+        ))
 
     def launch(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
