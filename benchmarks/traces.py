@@ -37,12 +37,19 @@ Four measurements, in one run:
    and what layerscope finds in it (module nodes: the trace has ``nn.Module`` events only
    with ``with_stack``; the step's FLOPs: counted only from recorded shapes).
 
+With ``--tile EVENTS``, **2b.** the OWLv2 trace tiled to that many events (4,050,000 make
+about 1 GB of JSON), loaded ``--tile-rounds`` times without the baseline (``json.load``
+would need several GB). Target: 1.5 GB peak RSS. With ``--against OTHER/src``, each load
+is also run by another checkout's layerscope, in the same rounds (before and after a
+change, side by side).
+
 Medians over ``--rounds`` rounds; ratios are to the baseline measured in the same run.
 A target missed is printed as NOT met. MB and GB in targets are 10^6 and 10^9 bytes;
 tables are in MiB.
 
 Usage: python benchmarks/traces.py [--rounds 5] [--loads 7] [--quick]
-       [--no-million] [--no-browser] [--no-recording]
+       [--no-million] [--no-browser] [--no-recording] [--against OTHER/src]
+       [--tile EVENTS] [--tile-rounds 1]
 """
 
 from __future__ import annotations
@@ -125,15 +132,17 @@ print(json.dumps(out))
 
 BASELINE = "json.load"
 LOAD = "load_trace"
+#: The same load by another checkout's layerscope (``--against``).
+AGAINST = "load_trace, --against"
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+def _env(src: Path = ROOT / "src") -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(src)}
 
 
-def _child(kind: str, path: Path) -> dict[str, float]:
+def _child(kind: str, path: Path, src: Path = ROOT / "src") -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path)], capture_output=True, text=True,
-                          timeout=900, check=False, env=_env())
+                          timeout=1800, check=False, env=_env(src))
     if done.returncode != 0:
         raise RuntimeError(f"{kind} on {path.name} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -144,20 +153,26 @@ def _rotated(items: list[Any], round_index: int) -> list[Any]:
     return items[shift:] + items[:shift]
 
 
-def loads(path: Path, rounds: int) -> dict[str, dict[str, float]]:
+def loads(path: Path, rounds: int, against: Path | None = None, *, baseline: bool = True) -> dict[str, dict[str, float]]:
     """Each variant's medians over rounds (every figure its own median), interleaved,
-    the order rotated each round."""
+    the order rotated each round: ``json.load`` (unless not ``baseline``), this
+    checkout's load, and another's (``against``: its ``src`` folder)."""
     # Linux carries the spawning process's peak RSS into the child's ru_maxrss (execve
     # keeps the old address space's high-water mark), so the spawner must stay small.
     parent_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if parent_mib > PARENT_LIMIT_MIB:
         raise RuntimeError(f"this process's peak RSS is {parent_mib:.0f} MiB: it would count in every child's peak; "
                            "measure the loads before importing torch here")
-    kinds = {BASELINE: "json", LOAD: "layerscope"}
+    kinds = {BASELINE: ("json", ROOT / "src"), LOAD: ("layerscope", ROOT / "src")}
+    if not baseline:
+        del kinds[BASELINE]
+    if against is not None:
+        kinds[AGAINST] = ("layerscope", against)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
     for index in range(rounds):
         for name in _rotated(list(kinds), index):
-            runs[name].append(_child(kinds[name], path))
+            kind, src = kinds[name]
+            runs[name].append(_child(kind, path, src))
     medians = {}
     for name, results in runs.items():
         medians[name] = {key: statistics.median(r[key] for r in results) for key in results[0]}
@@ -169,28 +184,56 @@ def _verdict(met: bool) -> str:
     return "met" if met else "**NOT met**"
 
 
-def load_table(title: str, results: dict[str, dict[str, float]], target_s: float, target_bytes: float) -> list[str]:
-    base, mine = results[BASELINE], results[LOAD]
-    met = mine["seconds"] <= target_s and mine["peak_mib"] * MIB <= target_bytes
-    read_s = mine["seconds"] - mine["build_seconds"]
+def load_table(title: str, results: dict[str, dict[str, float]], target_s: float | None, target_bytes: float) -> list[str]:
+    """The loads' table (``json.load``'s row and ratios where it was measured), and the
+    verdict on this checkout's load (no time target: ``target_s`` None)."""
+    base, mine = results.get(BASELINE), results[LOAD]
+    met = (target_s is None or mine["seconds"] <= target_s) and mine["peak_mib"] * MIB <= target_bytes
+    events = f"{base['count']:,} events; " if base else ""
     rows = [
-        f"**{title}**: {base['count']:,} events; the load's tree has {mine['count']:,} nodes.",
+        f"**{title}**: {events}the load's tree has {mine['count']:,} nodes.",
         "",
         "| variant | median s | x json.load | read s | build s | RSS after imports MiB | peak after read MiB "
         "| peak RSS MiB | added by the load MiB | peak x json.load |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| `json.load(gzip.open(path))` (parse only) | {base['seconds']:.2f} | 1.00 | | | {base['imports_mib']:.0f} "
-        f"| | {base['peak_mib']:,.0f} | {base['peak_mib'] - base['imports_mib']:,.0f} | 1.00 |",
-        f"| `load_trace(path)` (to a `Profile`) | {mine['seconds']:.2f} | {mine['seconds'] / base['seconds']:.2f} "
-        f"| {read_s:.2f} | {mine['build_seconds']:.2f} | {mine['imports_mib']:.0f} | {mine['read_peak_mib']:,.0f} "
-        f"| {mine['peak_mib']:,.0f} | {mine['peak_mib'] - mine['imports_mib']:,.0f} "
-        f"| {mine['peak_mib'] / base['peak_mib']:.2f} |",
+    ]
+    if base:
+        rows.append(
+            f"| `json.load(gzip.open(path))` (parse only) | {base['seconds']:.2f} | 1.00 | | | {base['imports_mib']:.0f} "
+            f"| | {base['peak_mib']:,.0f} | {base['peak_mib'] - base['imports_mib']:,.0f} | 1.00 |"
+        )
+    for name, label in ((LOAD, "`load_trace(path)` (to a `Profile`)"), (AGAINST, "the same, `--against` checkout")):
+        load = results.get(name)
+        if load is None:
+            continue
+        rows.append(
+            f"| {label} | {load['seconds']:.2f} | {_ratio(load['seconds'], base, 'seconds')} "
+            f"| {load['seconds'] - load['build_seconds']:.2f} | {load['build_seconds']:.2f} | {load['imports_mib']:.0f} "
+            f"| {load['read_peak_mib']:,.0f} | {load['peak_mib']:,.0f} | {load['peak_mib'] - load['imports_mib']:,.0f} "
+            f"| {_ratio(load['peak_mib'], base, 'peak_mib')} |"
+        )
+    time_target = "" if target_s is None else f"at most {target_s:g} s and "
+    rows += [
         "",
-        f"Target: at most {target_s:g} s and {target_bytes / 1e6:,.0f} MB ({target_bytes / MIB:,.0f} MiB) peak RSS: "
+        f"Target: {time_target}{target_bytes / 1e6:,.0f} MB ({target_bytes / MIB:,.0f} MiB) peak RSS: "
         f"{_verdict(met)} ({mine['seconds']:.2f} s, {mine['peak_mib']:,.0f} MiB).",
         "",
     ]
     return rows
+
+
+def _ratio(value: float, base: dict[str, float] | None, key: str) -> str:
+    return f"{value / base[key]:.2f}" if base else ""
+
+
+def _uncompressed_bytes(path: Path) -> int:
+    import gzip
+
+    total = 0
+    with gzip.open(path, "rb") as stream:
+        while chunk := stream.read(1 << 24):
+            total += len(chunk)
+    return total
 
 
 def browser_ready(html: Path, loads_n: int) -> tuple[str, list[float], list[float]] | str:
@@ -352,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-million", action="store_true", help="skip the 1,000,000-event trace (2.)")
     parser.add_argument("--no-browser", action="store_true", help="skip the HTML report in Chromium (3.)")
     parser.add_argument("--no-recording", action="store_true", help="skip the cost of recording (4.)")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout's src folder: its load_trace runs in the same rounds, side by side")
+    parser.add_argument("--tile", type=int, metavar="EVENTS",
+                        help="also load the OWLv2 trace tiled to EVENTS events (4,050,000: about 1 GB of JSON), "
+                             "--tile-rounds times, without json.load (it would need several GB); target 1.5 GB peak RSS")
+    parser.add_argument("--tile-rounds", type=int, default=1, help="rounds of the --tile loads (default 1)")
     args = parser.parse_args(argv)
     if not OWLV2.exists():
         parser.error(f"the real traces are not here (expected {OWLV2}; see ../shared/traces/README.md)")
@@ -362,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {platform.python_version()}, torch {importlib.metadata.version('torch')}, {os.cpu_count()} CPUs, "
           f"{args.rounds} rounds, medians\n")
     lines = ["## 1. Loading the OWLv2 trace", ""]
-    lines += load_table(f"`{OWLV2.name}`", loads(OWLV2, args.rounds), 3, 400e6)
+    against = args.against.resolve() if args.against else None
+    lines += load_table(f"`{OWLV2.name}`", loads(OWLV2, args.rounds, against), 3, 400e6)
     print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -371,7 +421,16 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_tile.py"), str(OWLV2), str(big),
                             "--events", "1000000"], check=True, capture_output=True, env=_env())
             lines = ["## 2. A 1,000,000-event trace (the OWLv2 trace tiled)", ""]
-            lines += load_table(f"{big.stat().st_size / MIB:.0f} MiB gzipped", loads(big, args.rounds), 15, 1e9)
+            lines += load_table(f"{big.stat().st_size / MIB:.0f} MiB gzipped", loads(big, args.rounds, against), 15, 1e9)
+            print("\n".join(lines), flush=True)
+        if args.tile:
+            tiled = folder / "tiled.json.gz"
+            subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_tile.py"), str(OWLV2), str(tiled),
+                            "--events", str(args.tile)], check=True, capture_output=True, env=_env())
+            lines = [f"## 2b. A {args.tile:,}-event trace (the OWLv2 trace tiled)", ""]
+            title = (f"{tiled.stat().st_size / MIB:.0f} MiB gzipped, {_uncompressed_bytes(tiled) / 1e9:.2f} GB of JSON, "
+                     f"{args.tile:,} events")
+            lines += load_table(title, loads(tiled, args.tile_rounds, against, baseline=False), None, 1.5e9)
             print("\n".join(lines), flush=True)
         if not args.no_browser:
             from layerscope.traces.load import load_trace

@@ -19,7 +19,7 @@ float's precision in ns).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,10 +71,60 @@ MATRIX_OPS = frozenset({
 })
 
 
-#: The fields of ranges that carry none of their own (labels, modules, steps): shared,
-#: as the conversion only reads them.
+#: The fields of ranges that carry none of their own (labels, modules, steps, ops with
+#: no sequence number or inputs): shared, as the conversion only reads them.
 _NO_FIELDS = RangeFields()
 _LABEL_FIELDS = RangeFields(scope=USER_SCOPE)
+#: A module call's: the same values as :data:`_NO_FIELDS`, another object (which tells
+#: a module's range from an op's in ``_rank``).
+_MODULE_FIELDS = RangeFields()
+#: The children of a range with none, and the inputs of an allocation: shared, for the
+#: same reason (``_Builder.finish`` gives a range its own list at its first child).
+_NONE: list[Any] = []
+
+
+class Allocation:
+    """An allocation or free (a ``[memory]`` instant) as the conversion reads a
+    :class:`Range` with its :class:`RangeFields`, in one object: what every allocation
+    has alike (its name, no children, no inputs) is the class's. A trace holds about one
+    per op."""
+
+    __slots__ = (
+        "alloc_size",
+        "allocation_id",
+        "device",
+        "end_time_ns",
+        "ptr",
+        "start_tid",
+        "start_time_ns",
+        "total_allocated",
+        "total_reserved",
+    )
+    name = "[memory]"
+    correlation_id = 0
+    children: list[Any] = _NONE
+    overload_name = ""
+    stack = None
+    sequence_number = -1
+    scope = None
+    inputs: list[Any] = _NONE
+
+    def __init__(
+        self, t: int, tid: int, ptr: int, alloc_size: int, allocation_id: int, total_allocated: int,
+        total_reserved: int, device: str,
+    ) -> None:
+        self.start_time_ns = self.end_time_ns = t
+        self.start_tid = tid
+        self.ptr = ptr
+        self.alloc_size = alloc_size
+        self.allocation_id = allocation_id
+        self.total_allocated = total_allocated
+        self.total_reserved = total_reserved
+        self.device = device
+
+    @property
+    def extra_fields(self) -> Allocation:
+        return self
 
 
 @dataclass
@@ -112,8 +162,11 @@ class TraceEvents:
     launched_in: dict[int, int] = field(default_factory=dict)
     launched_at: dict[int, int] = field(default_factory=dict)
     modules: list[ModuleCall] = field(default_factory=list)
-    #: Each Python tracer frame's parent frame (``Python id`` -> ``Python parent id``).
+    #: Each Python tracer frame's parent frame (``Python id`` -> ``Python parent id``),
+    #: for the frames on a module call's chain up to its caller's module.
     python_parent: dict[int, int | None] = field(default_factory=dict)
+    #: Whether the trace holds Python tracer frames with ids (``with_stack=True``).
+    has_stack: bool = False
     #: ``ProfilerStep#N`` ranges: the step's range and ``N`` (not in ``roots``).
     steps: list[tuple[Range, int]] = field(default_factory=list)
     has_shapes: bool = False
@@ -126,12 +179,18 @@ class TraceEvents:
 class _Builder:
     def __init__(self) -> None:
         self.out = TraceEvents()
-        #: Host events per thread, unnested: (start, -end, rank, order, range or launch).
-        self.by_thread: dict[int, list[tuple[int, int, int, int, Any]]] = {}
-        self.order = 0
+        #: Host events per thread, unnested, in the file's order: ranges, and launches as
+        #: (start, end, correlation).
+        self.by_thread: dict[int, list[Any]] = {}
         self.next_id = 1
         self.live_alloc: dict[int, int] = {}  # address -> allocation id
         self.tensors: dict[tuple[Any, ...], TensorInput] = {}
+        # One object per distinct value read from many events: names, thread ids, inputs
+        # (keyed by their recorded text) and the fields of ops without a sequence number.
+        self.strings: dict[str, str] = {}
+        self.tids: dict[int, int] = {}
+        self.inputs_of: dict[tuple[Any, ...], list[Any]] = {}
+        self.fields_of: dict[int, RangeFields] = {}
         self.own_steps = 0  # layerscope's step ranges seen so far
 
     def add(self, event: dict[str, Any]) -> None:
@@ -156,15 +215,18 @@ class _Builder:
     # -- one method per kind of event ---------------------------------------------------
     def _tid(self, event: dict[str, Any]) -> int | None:
         tid = event.get("tid")
-        return tid if type(tid) is int else None
+        return self.tids.setdefault(tid, tid) if type(tid) is int else None
+
+    def _name(self, event: dict[str, Any]) -> str:
+        name = str(event.get("name", ""))
+        return self.strings.setdefault(name, name)
 
     def _span(self, event: dict[str, Any]) -> tuple[int, int]:
         start = us_to_ns(event["ts"])
         return start, start + max(0, us_to_ns(event.get("dur", 0)))
 
-    def _push(self, tid: int, start: int, end: int, rank: int, item: Any) -> None:
-        self.order += 1
-        self.by_thread.setdefault(tid, []).append((start, -end, rank, self.order, item))
+    def _push(self, tid: int, item: Any) -> None:
+        self.by_thread.setdefault(tid, []).append(item)
 
     def step_mark(self, tid: int, start: int, end: int, number: int) -> None:
         rng = Range(STEP_NAME, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
@@ -182,53 +244,65 @@ class _Builder:
             self.own_steps += 1
             return
         args = event.get("args") or {}
-        fields = RangeFields(sequence_number=_int(args.get("Sequence number"), -1))
-        name = str(event.get("name", ""))
+        sequence_number = _int(args.get("Sequence number"), -1)
+        inputs = _NONE
+        name = self._name(event)
         overload = ""
         types = args.get("Input type")
         if isinstance(types, list):
             self.out.has_shapes = True
-            fields.inputs = self.inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
+            inputs = self.shared_inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
             overload = self.overload(name, types)
             if name in MATRIX_OPS:
                 dtype = next((_DTYPES[t] for t in types if t in _DTYPES), None)
                 if dtype is not None:
                     key = dtype_name(dtype)
                     self.out.matrix_dtypes[key] = self.out.matrix_dtypes.get(key, 0) + 1
-        rng = Range(name, start, end, tid, self._id(), extra_fields=fields, overload_name=overload)
-        self._push(tid, start, end, 3, rng)
+        if sequence_number != -1:
+            fields = RangeFields(sequence_number=sequence_number, inputs=inputs)
+        elif inputs is _NONE:
+            fields = _NO_FIELDS
+        else:
+            shared = self.fields_of.get(id(inputs))
+            if shared is None:
+                shared = self.fields_of[id(inputs)] = RangeFields(inputs=inputs)
+            fields = shared
+        rng = Range(name, start, end, tid, self._id(), _NONE, fields, overload)
+        self._push(tid, rng)
 
     def annotation(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
         if tid is None:
             return
         start, end = self._span(event)
-        name = str(event.get("name", ""))
+        name = self._name(event)
         step = _STEP.match(name)
         if step is not None:
             # Steps are marks on the timeline, not ranges the others nest in: a
             # framework may step the profiler in the middle of a range of its own.
             self.step_mark(tid, start, end, int(step.group(1)))
             return
-        rng = Range(name, start, end, tid, self._id(), extra_fields=_LABEL_FIELDS)
-        self._push(tid, start, end, 2, rng)
+        rng = Range(name, start, end, tid, self._id(), _NONE, _LABEL_FIELDS)
+        self._push(tid, rng)
 
     def python(self, event: dict[str, Any]) -> None:
         args = event.get("args") or {}
         ident = _int(args.get("Python id"), None)
         parent = _int(args.get("Python parent id"), None)
         if ident is not None:
+            self.out.has_stack = True
             self.out.python_parent[ident] = parent
         name = str(event.get("name", ""))
         if not name.startswith(MODULE_EVENT):
             return
+        name = self.strings.setdefault(name, name)
         tid = self._tid(event)
         if tid is None or tid == 0:
             return  # a Python-only thread's frame: no op of the trace ran on it
         start, end = self._span(event)
-        rng = Range(name, start, end, tid, self._id(), extra_fields=_NO_FIELDS)
+        rng = Range(name, start, end, tid, self._id(), _NONE, _MODULE_FIELDS)
         self.out.modules.append(ModuleCall(name[len(MODULE_EVENT) :], rng, ident, parent))
-        self._push(tid, start, end, 1, rng)
+        self._push(tid, rng)
 
     def memory(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
@@ -245,15 +319,10 @@ class _Builder:
             ident = self.live_alloc[ptr] = self._id()
         else:
             ident = self.live_alloc.pop(ptr, None) or self._id()
-        fields = RangeFields(
-            ptr=ptr,
-            alloc_size=size,
-            allocation_id=ident,
-            total_allocated=_int(args.get("Total Allocated"), 0),
-            total_reserved=_int(args.get("Total Reserved"), 0),
-            device="cpu" if _int(args.get("Device Type"), 0) == 0 else "cuda",
-        )
-        self._push(tid, t, t, 4, Range("[memory]", t, t, tid, 0, extra_fields=fields))
+        self._push(tid, Allocation(
+            t, tid, ptr, size, ident, _int(args.get("Total Allocated"), 0), _int(args.get("Total Reserved"), 0),
+            "cpu" if _int(args.get("Device Type"), 0) == 0 else "cuda",
+        ))
 
     def launch(self, event: dict[str, Any]) -> None:
         tid = self._tid(event)
@@ -261,20 +330,34 @@ class _Builder:
         if tid is None or correlation is None:
             return
         start, end = self._span(event)
-        self._push(tid, start, end, 5, correlation)
+        self._push(tid, (start, end, correlation))
 
     def device(self, event: dict[str, Any]) -> None:
         args = event.get("args") or {}
         correlation = _int(args.get("correlation"), None)
         start, end = self._span(event)
-        self.out.device_events.append(
-            DeviceEvent(str(event.get("name", "")), str(event.get("cat")), start, end, correlation or 0, args.get("stream"))
-        )
+        category = str(event.get("cat"))
+        self.out.device_events.append(DeviceEvent(
+            self._name(event), self.strings.setdefault(category, category), start, end, correlation or 0,
+            args.get("stream"),
+        ))
 
     # -- helpers ------------------------------------------------------------------------
     def _id(self) -> int:
         self.next_id += 1
         return self.next_id
+
+    def shared_inputs(self, types: list[Any], dims: list[Any], concrete: list[Any]) -> list[Any]:
+        """:meth:`inputs`, one list for each distinct recorded text (the conversion only
+        reads them): most ops of a model are called many times with the same inputs."""
+        try:
+            key = (tuple(types), _frozen(dims), tuple(concrete))
+            found = self.inputs_of.get(key)
+        except TypeError:  # a value that is not JSON's own (unhashable): not shared
+            return self.inputs(types, dims, concrete)
+        if found is None:
+            found = self.inputs_of[key] = self.inputs(types, dims, concrete)
+        return found
 
     def inputs(self, types: list[Any], dims: list[Any], concrete: list[Any]) -> list[Any]:
         """Each recorded input as the conversion reads it: tensors as :class:`TensorInput`,
@@ -317,25 +400,41 @@ class _Builder:
     def finish(self) -> TraceEvents:
         out = self.out
         for tid, items in self.by_thread.items():
-            items.sort(key=lambda item: item[:4])
+            # By start, then the longer first, then modules, labels, ops, allocations,
+            # launches, then the file's order: three stable sorts keyed by what each item
+            # holds already (one key tuple per event would double the read's memory).
+            items.sort(key=_rank)
+            items.sort(key=_end, reverse=True)
+            items.sort(key=_start)
             roots: list[Range] = []
             stack: list[Range] = []
-            for start, neg_end, _, _, item in items:
-                end = -neg_end
+            for item in items:
+                if type(item) is tuple:  # a launch: its device events belong to the range open now
+                    start, _, correlation = item
+                    while stack and stack[-1].end_time_ns <= start:
+                        stack.pop()
+                    out.launched_in[correlation] = stack[-1].correlation_id if stack else 0
+                    out.launched_at[correlation] = start
+                    continue
+                start, end = item.start_time_ns, item.end_time_ns
                 while stack and stack[-1].end_time_ns <= start:
                     stack.pop()
-                if type(item) is int:  # a launch: its device events belong to the range open now
-                    out.launched_in[item] = stack[-1].correlation_id if stack else 0
-                    out.launched_at[item] = start
-                    continue
-                if stack and end > stack[-1].end_time_ns:
-                    # Ends after the range it starts in (clocks of two recorders): kept inside.
-                    item.end_time_ns = max(item.start_time_ns, stack[-1].end_time_ns)
-                (stack[-1].children if stack else roots).append(item)
+                if not stack:
+                    roots.append(item)
+                else:
+                    parent = stack[-1]
+                    if end > parent.end_time_ns:
+                        # Ends after the range it starts in (clocks of two recorders): kept inside.
+                        item.end_time_ns = max(item.start_time_ns, parent.end_time_ns)
+                    if parent.children is _NONE:
+                        parent.children = [item]
+                    else:
+                        parent.children.append(item)
                 if item.name != "[memory]":
                     stack.append(item)
             out.roots[tid] = roots
         self.by_thread = {}
+        out.python_parent = _chains(out.python_parent, out.modules)
         for event in out.device_events:
             link = out.launched_in.get(event.correlation, 0)
             stream = event.stream if type(event.stream) is int else 0
@@ -351,6 +450,78 @@ def read_events(events: Iterable[dict[str, Any]]) -> TraceEvents:
         if isinstance(event, dict):
             builder.add(event)
     return builder.finish()
+
+
+def _start(item: Any) -> int:
+    return item[0] if type(item) is tuple else item.start_time_ns
+
+
+def _end(item: Any) -> int:
+    return item[1] if type(item) is tuple else item.end_time_ns
+
+
+def _rank(item: Any) -> int:
+    """Which of a thread's items that start and end together holds the others: a module
+    call (1), a label (2), an op (3), an allocation (4), a launch (5)."""
+    if type(item) is tuple:
+        return 5
+    fields = item.extra_fields
+    if fields is _MODULE_FIELDS:
+        return 1
+    if fields is _LABEL_FIELDS:
+        return 2
+    return 3 if fields.device is None else 4
+
+
+def module_of_frames(calls: list[ModuleCall]) -> dict[int, str]:
+    """Each module call's Python tracer frame, and the instance it called (the latest
+    call's, where frames repeat)."""
+    module_of: dict[int, str] = {}
+    for call in sorted(calls, key=lambda c: c.range.start_time_ns):
+        if call.python_id is not None:
+            module_of[call.python_id] = call.instance
+    return module_of
+
+
+def caller_module(
+    up: int | None, name: str, module_of: dict[int, str], parent_of: Callable[[int], int | None]
+) -> str | None:
+    """The nearest module instance other than ``name`` up the Python call chain from
+    frame ``up`` (``parent_of``: a frame's parent frame); None when there is none (the
+    walk is bounded: a damaged chain may loop)."""
+    for _ in range(10_000):
+        if up is None:
+            return None
+        owner = module_of.get(up)
+        if owner is not None and owner != name:
+            return owner
+        up = parent_of(up)
+    return None
+
+
+def _chains(python_parent: dict[int, int | None], calls: list[ModuleCall]) -> dict[int, int | None]:
+    """``python_parent`` cut to the frames ``modules.instances`` looks up: each
+    instance's first call's chain, up to the frame of another instance's call."""
+    module_of = module_of_frames(calls)
+    kept: dict[int, int | None] = {}
+
+    def parent_of(frame: int) -> int | None:
+        parent = kept[frame] = python_parent.get(frame)
+        return parent
+
+    seen: set[str] = set()
+    for call in sorted(calls, key=lambda c: c.range.start_time_ns):
+        if call.instance not in seen:
+            seen.add(call.instance)
+            caller_module(call.python_parent, call.instance, module_of, parent_of)
+    return kept
+
+
+def _frozen(value: Any) -> Any:
+    """A JSON value's lists as tuples, for a key."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def _int(value: Any, default: Any) -> Any:

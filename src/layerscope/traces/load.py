@@ -68,7 +68,9 @@ def load_trace(path: str | os.PathLike[str], *, model: nn.Module | None = None) 
 def profile_of_events(
     events: TraceEvents, file_meta: dict[str, Any], *, model: nn.Module | None = None, source: str = "trace"
 ) -> Profile:
-    """The profile of a trace's events (``read_events``) and its top-level keys."""
+    """The profile of a trace's events (``read_events``) and its top-level keys. The
+    events' ranges are spent: ``events.roots``, ``modules``, ``steps`` and ``kernels`` are
+    emptied once converted."""
     found = instances(events.modules, events.python_parent)
     param_bytes: int | None
     if model is not None:
@@ -98,14 +100,21 @@ def profile_of_events(
     numbers = _steps(events, roots)
     has_device = bool(events.device_events)
     detail = Detail(stacks=None) if events.has_shapes else None
+    windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
     streams = convert(roots, events.kernels, has_device=has_device, detail=detail)
+    # The ranges are spent once converted: released before the walk, as each step's
+    # stream is once summed (most of a large trace's memory).
+    roots.clear()
+    for kept in (events.roots, events.modules, events.steps, events.kernels):
+        kept.clear()
 
     cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
-    for number, stream in zip(numbers, streams):
-        # A step that ran nothing is kept when it is the trace's only one (a block's last
-        # step mark, opened after its last step() and closed at its exit, is not).
-        cycle.add(stream, number, warmup=False, keep_empty=len(streams) == 1, has_device=has_device)
-    windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
+    # A step that ran nothing is kept when it is the trace's only one (a block's last
+    # step mark, opened after its last step() and closed at its exit, is not).
+    keep_empty = len(streams) == 1
+    streams.reverse()
+    for number in numbers[: len(streams)]:
+        cycle.add(streams.pop(), number, warmup=False, keep_empty=keep_empty, has_device=has_device)
     meta = _meta(file_meta, events, source, how, model, windows, infos[0].type)
     if numbers:
         meta.step_range = [min(numbers), max(numbers)]
@@ -293,7 +302,7 @@ def _meta(
             "schema_version": file_meta.get("schemaVersion"),
             "record_shapes": _flag(file_meta.get("record_shapes"), events.has_shapes),
             "profile_memory": _flag(file_meta.get("profile_memory"), events.has_memory),
-            "with_stack": _flag(file_meta.get("with_stack"), bool(events.python_parent)),
+            "with_stack": _flag(file_meta.get("with_stack"), events.has_stack),
         },
         modules_from=how,
         times_from="trace",

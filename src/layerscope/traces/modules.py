@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope.raw import ModuleInfo
-from layerscope.traces.events import MODULE_EVENT, ModuleCall
+from layerscope.traces.events import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
 
 
 @dataclass
@@ -59,10 +59,7 @@ def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> 
     """The trace's module instances, each with its parent instance and its children in
     the order they were first called; in the order each was first called."""
     found: dict[str, Instance] = {}
-    module_of: dict[int, str] = {}
-    for call in sorted(calls, key=lambda c: c.range.start_time_ns):
-        if call.python_id is not None:
-            module_of[call.python_id] = call.instance
+    module_of = module_of_frames(calls)
     for call in sorted(calls, key=lambda c: c.range.start_time_ns):
         name = call.instance
         if name in found:
@@ -71,16 +68,7 @@ def instances(calls: list[ModuleCall], python_parent: dict[int, int | None]) -> 
         dtypes: dict[tuple[int, ...], Any] = {}
         shapes, ops = _own_inputs(call.range, dtypes)
         instance = found[name] = Instance(name, kind, call.range.start_time_ns, shapes=shapes, ops=ops, dtypes=dtypes)
-        # The nearest module up the Python call chain (bounded: a damaged chain may loop).
-        up = call.python_parent
-        for _ in range(10_000):
-            if up is None:
-                break
-            owner = module_of.get(up)
-            if owner is not None and owner != name:
-                instance.parent = owner
-                break
-            up = python_parent.get(up)
+        instance.parent = caller_module(call.python_parent, name, module_of, python_parent.get)
     # Parents first seen after their child (a recompute's chain) or missing: top level.
     for instance in found.values():
         parent = instance.parent
