@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import asdict
 from typing import Any
 
+import pytest
 import torch
 
 import layerscope
@@ -141,6 +142,7 @@ def test_a_recorded_block_replays_as_the_same_profile(tmp_path: Any) -> None:
     assert replay.replay(replay.load(path)).to_dict() == live.to_dict()
 
 
+@pytest.mark.slow  # records a block and torch's trace of it, then reads the trace back: 7 s
 def test_torchs_own_trace_of_the_same_session_reads_back_as_the_block() -> None:
     with tempfile.TemporaryDirectory() as folder:
         model, live, recorder = _gpt_block(folder)

@@ -42,6 +42,7 @@ def gpu_step(shared_traces: Path) -> layerscope.Profile:
     return layerscope.load(shared_traces / "h100_gpt2_adamw_train.json.gz")
 
 
+@pytest.mark.slow  # runs every table command on real traces: 5 s
 def test_every_command_fits_its_width(shared_traces: Path, tmp_path: Path) -> None:
     train = str(shared_traces / "h100_gpt2_adamw_train.json.gz")
     ckpt = str(shared_traces / "h100_gpt2_ckpt_train.json.gz")
