@@ -186,6 +186,7 @@ def whole_block(name: str, rounds: int, block_steps: int) -> None:
     ours: list[float] = []
     theirs: list[float] = []
     finalize: list[float] = []
+    stops: list[float] = []
     one_step: list[float] = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -203,16 +204,25 @@ def whole_block(name: str, rounds: int, block_steps: int) -> None:
         ours.append(t1 - t0)
         finalize.append(t1 - t_exit)
         t0 = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as tprof:
-            for _ in range(block_steps):
-                step()
-                tprof.step()
+        tprof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)
+        tprof.__enter__()
+        for _ in range(block_steps):
+            step()
+            tprof.step()
+        t_stop = time.perf_counter()
+        tprof.__exit__(None, None, None)
+        stops.append(time.perf_counter() - t_stop)
         tprof.key_averages()
         theirs.append(time.perf_counter() - t0)
     a, b = statistics.median(ours), statistics.median(theirs)
     f, s = statistics.median(finalize), statistics.median(one_step[1:] or one_step)
+    stop = statistics.median(stops)
     print(f"  whole block of {block_steps} steps: layerscope {a * 1e3:.1f} ms, torch.profiler {b * 1e3:.1f} ms   x{a / b:.2f}")
     print(f"  layerscope finalize {f * 1e3:.2f} ms against a recorded step's {s * 1e3:.2f} ms   x{f / s:.2f}")
+    print(
+        f"  exit: layerscope's {f * 1e3:.2f} ms against torch.profiler's own stop (its __exit__, shapes and "
+        f"memory, the same {block_steps} steps) {stop * 1e3:.2f} ms   x{f / stop:.2f}"
+    )
 
 
 def memory(steps: int, torch_steps: int) -> None:
