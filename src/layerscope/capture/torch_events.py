@@ -77,9 +77,11 @@ def read_flat(result: Any, *, kernels: bool, wanted: set[int]) -> tuple[list[Ker
     found: list[KernelSpan] = []
     concrete: dict[int, list[Any]] = {}
     asking = bool(wanted)
+    if not kernels and not asking:
+        return found, concrete
     for e in result.events():
-        if e.device_type() != cpu:
-            if kernels and not e.is_user_annotation():
+        if kernels and e.device_type() != cpu:
+            if not e.is_user_annotation():
                 name = e.name()
                 if name != MEMORY:
                     found.append(KernelSpan(
@@ -87,9 +89,12 @@ def read_flat(result: Any, *, kernels: bool, wanted: set[int]) -> tuple[list[Ker
                     ))
             continue
         if not asking:
+            if not kernels:
+                break
             continue
+        # Every call into an event costs: the id first (most events are not wanted).
         correlation = e.correlation_id()
-        if correlation not in wanted:
+        if correlation not in wanted or (not kernels and e.device_type() != cpu):
             continue
         try:
             values = _torch.concrete_inputs(e)
@@ -115,8 +120,10 @@ def _input(value: Any) -> Any:
 
 
 class _Reader:
-    def __init__(self, deep: bool, detail: bool, stacks: bool) -> None:
+    def __init__(self, deep: bool, detail: bool, stacks: bool, kernels: bool) -> None:
         self.deep = deep
+        #: Whether device work is read (by the correlation id of the op that launched it).
+        self.kernels = kernels
         self.detail = detail
         self.stacks = stacks
         #: Ops whose concrete inputs are to be read (an int list among their inputs).
@@ -169,8 +176,24 @@ class _Reader:
         )
         if self.deep or "::" not in name or not op_like(name):
             leaf = in_leaf or (self.detail and _leaf(name, overload))
-            rng.children = self.ranges(event.children, frames, leaf)
+            if leaf and not self.kernels:
+                # Without device work a leaf's nested ops are read for their
+                # allocations alone: those, in the order they happened, are its children.
+                rng.children = self.allocations(event.children, [])
+            else:
+                rng.children = self.ranges(event.children, frames, leaf)
         return rng
+
+    def allocations(self, events: list[Any], out: list[Range]) -> list[Range]:
+        """The allocations under ``events``, depth first (in the order they happened)."""
+        for event in events:
+            if event.tag == _ALLOCATION:
+                out.append(self.allocation(event))
+            else:
+                children = event.children
+                if children:
+                    self.allocations(children, out)
+        return out
 
     def allocation(self, event: Any) -> Range:
         ef = event.extra_fields
@@ -193,7 +216,7 @@ def read_window(
     """A stopped profiler's result as a :class:`WindowCapture`: every thread's root op
     ranges (the roots of torch's event tree that are ops, Python frames seen through),
     the device work, and with ``detail`` the notes and concrete inputs."""
-    reader = _Reader(deep=has_device or detail, detail=detail, stacks=with_stack and detail)
+    reader = _Reader(deep=has_device or detail, detail=detail, stacks=with_stack and detail, kernels=has_device)
     roots = [r for r in reader.ranges(_torch.event_tree(result), ()) if r.name != MEMORY]
     kernels, concrete = read_flat(result, kernels=has_device, wanted=reader.wanted)
     found = WindowCapture(roots, kernels, has_device)
