@@ -408,7 +408,7 @@ def _kernels_per_step(window: dict[str, Any]) -> list[int]:
     """The union of the device work (kernels, memcpys, memsets) inside each recorded
     ``layerscope.step`` range of the owner thread: the step's device busy time, read
     straight from the recorded events (not through layerscope's conversion)."""
-    from layerscope.capture.kineto import STEP_NAME
+    from layerscope.convert.ranges import STEP_NAME
     from layerscope.intervals import union_ns
 
     result = window["result"]

@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from layerscope.attribute import parent_indices  # noqa: E402
 from layerscope.attribute.cycle import Cycle  # noqa: E402
 from layerscope.capture import replay  # noqa: E402
-from layerscope.capture.kineto import NOTE_PREFIX, STEP_NAME, paused_gc, streams_of  # noqa: E402
+from layerscope.capture.kineto import paused_gc, streams_of  # noqa: E402
 from layerscope.capture.torch_events import ReplayedResult  # noqa: E402
+from layerscope.convert.ranges import NOTE_PREFIX, STEP_NAME  # noqa: E402
 from layerscope.raw import ModuleInfo  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "data" / "captures" / "gpt2_adamw_train.json.gz"

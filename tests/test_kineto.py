@@ -6,8 +6,18 @@ by correlation id, as torch's profiler reports them.
 
 from __future__ import annotations
 
-from layerscope.capture.kineto import MODULE_PREFIX, PART_PREFIX, STEP_NAME, convert, union_ns
-from layerscope.capture.window import USER_SCOPE, KernelSpan, Range, RangeFields
+from layerscope.capture.op_args import CATALOG
+from layerscope.convert.ranges import (
+    MODULE_PREFIX,
+    PART_PREFIX,
+    STEP_NAME,
+    USER_SCOPE,
+    KernelSpan,
+    Range,
+    RangeFields,
+)
+from layerscope.convert.streams import convert
+from layerscope.intervals import union_ns
 from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 EVAL = "autograd::engine::evaluate_function: "
@@ -280,7 +290,7 @@ def _alloc(t: int, ident: int, size: int, ptr: int) -> Range:
 
 def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> None:
     from layerscope.attribute import walk_pass
-    from layerscope.capture.kineto import Detail
+    from layerscope.convert.ranges import Detail
 
     # A module's aten::linear (a composite) over t and addmm; addmm allocates its output
     # (id 7, 32 B) and a temporary it frees itself (id 8). Outside the model, a second
@@ -301,7 +311,7 @@ def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> N
     )
     tree = [step(0, 500, module(0, 10, 100, linear), loss)]
     kernels = [KernelSpan(2, 1000, 1020), KernelSpan(4, 2000, 2010)]
-    (stream,) = convert(tree, kernels, has_device=True, detail=Detail())
+    (stream,) = convert(tree, kernels, has_device=True, detail=Detail(), ops=CATALOG)
     ops = [e for e in stream if isinstance(e, Op)]
     # Rows: t and addmm twice; linear never (its parts count its work); one nameless
     # record holds the outer linear's time and its parts' kernels.
@@ -327,7 +337,7 @@ def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> N
 
 
 def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counter_alone() -> None:
-    from layerscope.capture.kineto import Detail
+    from layerscope.convert.ranges import Detail
 
     # On a GPU, backward runs on autograd's device thread (tid 3): a checkpoint's node
     # recomputes module 1 there. Its ops are recompute work of module 1 (not dropped as
@@ -343,7 +353,7 @@ def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counte
             module(1, 120, 160, Range("aten::relu", 125, 150, 3, 0, [], RangeFields(0, inputs=[relu])), tid=3),
         ], RangeFields(2)),
     ]
-    (stream,) = convert(tree, detail=Detail())
+    (stream,) = convert(tree, detail=Detail(), ops=CATALOG)
     recomputed = [e for e in stream if isinstance(e, Op) and e.name == "aten::relu" and e.tid == 3]
     assert len(recomputed) == 1 and recomputed[0].flops == 8
     exits = [e for e in stream if isinstance(e, Exit) and not e.in_backward]
@@ -424,9 +434,9 @@ def test_a_custom_ops_own_kernels_are_its_frames():
     tree = [step(0, 500, module(0, 10, 200, op("vllm::moe_forward", 20, 150, op("aten::mm", 30, 40, corr=6), corr=5)))]
     kernels = [KernelSpan(5, 1000, 1040, "fused_moe_kernel", 7), KernelSpan(6, 1100, 1110, "gemm", 7)]
     from layerscope.attribute import walk_pass
-    from layerscope.capture.kineto import Detail
+    from layerscope.convert.ranges import Detail
 
-    (stream,) = convert(tree, kernels, has_device=True, detail=Detail())
+    (stream,) = convert(tree, kernels, has_device=True, detail=Detail(), ops=CATALOG)
     result = walk_pass(stream, [""], has_device=True, collect_ops=True)
     assert result.self_dev[(0, "forward")] == 40 + 10
 
@@ -444,7 +454,7 @@ def _gradient_allocated_again(device: str) -> tuple[list[Event], int]:
     allocation events sized as the device's allocator sizes them; its stream, and its
     growth (peak - baseline)."""
     from layerscope.attribute import walk_pass
-    from layerscope.capture.kineto import NOTE_PREFIX, Detail
+    from layerscope.convert.ranges import NOTE_PREFIX, Detail
 
     block = 512 if device == "cuda" else 256
     # Live before the step: two parameters (1,024 B and a 256-byte bias) and the gradient.
@@ -453,7 +463,7 @@ def _gradient_allocated_again(device: str) -> tuple[list[Event], int]:
         ("adopt", 0x500, 256, "gradients", True, device),
     ]]
     tree = [step(0, 100, Range(f"{NOTE_PREFIX}0", 1, 1), _memory(10, 3, -block, 0x500, device), _memory(20, 4, block, 0x600, device))]
-    (stream,) = convert(tree, detail=Detail(notes=notes))
+    (stream,) = convert(tree, detail=Detail(notes=notes), ops=CATALOG)
     memory = walk_pass(stream, [""]).memory
     assert memory is not None
     return stream, memory.peak_bytes - memory.baseline_bytes
@@ -479,7 +489,7 @@ def test_memory_live_before_a_step_is_sized_by_the_rule_of_the_steps_allocations
 
 
 def test_the_cuda_allocators_block_rule() -> None:
-    from layerscope.capture.kineto import held_bytes
+    from layerscope.convert.memory import held_bytes
 
     # round_size: below 512 B one block; above, up to the next multiple of 512.
     assert [held_bytes(n, "cuda") for n in (1, 256, 512, 513, 1024, 5000)] == [512, 512, 512, 1024, 1024, 5120]

@@ -3,12 +3,12 @@ to the one data model and the files below it.
 
     app        session, block, cli, compat, handlers, integrations, bench.measure, the package
     capture    capture/*, flops/*, zoo, specs, traces/*
-    render     render/*, plot               attribute   attribute/*
+    render     render/*, plot               attribute   attribute/*       convert   convert/*
     model      tree, sidedocs, compile_info, ops, check, schema, transforms, diff, ranks, documents, bench.result
     base       errors, fmt, io, formats (the output registry), comm, raw, runfacts, schedule, stats, intervals,
                traces.reader
 
-A module imports its own layer or lower ones; render and attribute never each other, and
+A module imports its own layer or lower ones; render, attribute and convert never each other, and
 capture never render. The four lower layers are pure: none imports torch, so a tree can
 be attributed, checked and rendered from events or files alone. Every import counts, the
 ones inside functions too (``if TYPE_CHECKING`` blocks aside): a document's
@@ -33,16 +33,17 @@ LAYERS = {
         "tree", "sidedocs", "compile_info", "ops", "check", "schema", "transforms", "diff", "ranks", "documents",
         "bench.result",
     ),
+    "convert": ("convert",),
     "attribute": ("attribute",),
     "render": ("render", "plot"),
     "capture": ("capture", "flops", "zoo", "specs", "traces"),
     "app": ("session", "block", "cli", "__main__", "compat", "handlers", "integrations", "bench", "examples", ""),
 }
-RANK = {"base": 0, "model": 1, "attribute": 2, "render": 2, "capture": 3, "app": 4}
+RANK = {"base": 0, "model": 1, "convert": 2, "attribute": 2, "render": 2, "capture": 3, "app": 4}
 #: Lower-ranked pairs that still must not import each other (importer, imported).
 APART = {("capture", "render")}
 #: The layers that run without torch.
-PURE = ("base", "model", "attribute", "render")
+PURE = ("base", "model", "convert", "attribute", "render")
 
 #: ``Profile.ops()`` builds the op table, a view of the same tree that needs the tree's
 #: phases: the one cycle, inside the model.

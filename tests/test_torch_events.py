@@ -9,7 +9,6 @@ session reads back as it."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import asdict
 from typing import Any
@@ -20,8 +19,8 @@ import torch
 import layerscope
 from layerscope import zoo
 from layerscope.capture import replay
-from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME
 from layerscope.capture.torch_events import RECORD_FORMAT, ReplayedResult, read_window
+from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME
 from layerscope.raw import ModuleInfo
 
 MS = 1_000_000
@@ -155,18 +154,3 @@ def test_torchs_own_trace_of_the_same_session_reads_back_as_the_block() -> None:
             mine, theirs = getattr(node, phase), getattr(other, phase)
             assert mine.self_cpu_time_ns == theirs.self_cpu_time_ns, (node.path, phase)
         assert node.calls == other.calls
-
-
-def test_a_windows_records_save_and_read_back_as_the_same_streams() -> None:
-    """layerscope's own records of a window (the H100 GPT-2 capture's) are plain data:
-    saved as JSON and read back, they convert to the same typed streams."""
-    from pathlib import Path
-
-    from layerscope.capture.kineto import convert_window
-    from layerscope.capture.window import WindowCapture
-
-    data = replay.load(Path(__file__).parent / "data" / "captures" / "gpt2_adamw_train.json.gz")
-    (window,) = replay.windows(data)
-    again = WindowCapture.from_dict(json.loads(json.dumps(window.to_dict())))
-    assert again.kernels == window.kernels and len(again.roots) == len(window.roots)
-    assert convert_window(again) == convert_window(window)

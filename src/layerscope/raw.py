@@ -28,6 +28,7 @@ device timeline (``None`` when nothing ran on an accelerator).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -73,14 +74,16 @@ class Op(NamedTuple):
 
     t0_ns: int
     t1_ns: int
-    name: str
+    #: None for a nameless record: time or memory of a frame's that is no op row (a
+    #: composite's own slot, an autograd node's, an allocation outside every op).
+    name: str | None
     input_shapes: Any = None
     device_time_ns: int | None = None
     flops: int | None = None
     macs: int | None = None
     bytes: int = 0
     grad: tuple[int | None, int | None] | None = None
-    allocs: list[tuple[int, int]] | None = None
+    allocs: Sequence[tuple[int, int]] | None = None
     stack: tuple[str, ...] | None = None
     fwd_seq: int | None = None
     tid: int | None = None
@@ -180,7 +183,7 @@ class Collective(NamedTuple):
 
 class DeviceBusy(NamedTuple):
     """The step's device work (kernels, copies, memsets) on every stream, each instant
-    counted once (``capture/kineto.py`` gives each instant to one kernel: compute before
+    counted once (``convert/device.py`` gives each instant to one kernel: compute before
     a collective's, then the earliest started; a kernel is its launch's step, whole):
     ``busy_ns`` what the step's work holds; ``compute_ns`` what its work that is not a
     collective's holds, ``comm_ns`` the time its collectives' kernels ran, ``overlap_ns``

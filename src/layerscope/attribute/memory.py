@@ -18,7 +18,7 @@ whose backward is running) and charges allocations and frees there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -180,7 +180,7 @@ class MemoryLedger:
             self.result.peak_t_ns = t
             self.result.peak_categories = dict(self.cat_live)
 
-    def allocate(self, allocs: list[tuple[int, int]], site: Site | None, t: int, frames: list[Frame]) -> int:
+    def allocate(self, allocs: Sequence[tuple[int, int]], site: Site | None, t: int, frames: list[Frame]) -> int:
         """An op at ``site`` allocated ``allocs``; returns their bytes."""
         facts = self.facts
         total = 0

@@ -74,18 +74,6 @@ def _meta(value: Any) -> Any:
     return value
 
 
-def input_shapes(inputs: list[Any]) -> tuple[Any, ...]:
-    """One shape per tensor input (a tuple per list of tensors), as the op rows show them."""
-    shapes: list[Any] = []
-    for value in inputs:
-        sizes = getattr(value, "sizes", None)
-        if sizes is not None:
-            shapes.append(tuple(sizes))
-        elif isinstance(value, list) and value and getattr(value[0], "sizes", None) is not None:
-            shapes.append(tuple(tuple(t.sizes) for t in value if getattr(t, "sizes", None) is not None))
-    return tuple(shapes)
-
-
 def _hashable(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
@@ -229,3 +217,21 @@ def overload_for(name: str, kinds: tuple[str, ...]) -> str:
         if best is None or rank < best:
             best = rank
     return "" if best is None else best[2]
+
+
+class TorchOps:
+    """The op catalog of the torch running here, as the conversion asks it
+    (``layerscope.convert.streams.OpCatalog``)."""
+
+    def is_dispatcher_op(self, name: str) -> bool:
+        return is_dispatcher_op(name)
+
+    def is_composite(self, name: str, overload: str) -> bool:
+        return is_composite(name, overload)
+
+    def counts(self, name: str, overload: str, inputs: list[Any], concrete: list[Any] | None) -> tuple[Any, Counts]:
+        key, values = recorded_call(name, overload, inputs, concrete)
+        return key, count_call(key, name, overload, values)
+
+
+CATALOG = TorchOps()

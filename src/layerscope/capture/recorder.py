@@ -40,6 +40,7 @@ from layerscope.capture._torch import graph_task_id as _graph_task
 from layerscope.capture._torch import next_sequence_nr as _next_seq
 from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.capture.memory import StorageTracker, optimizer_hooks, storage_bytes
+from layerscope.convert.ranges import label_kind
 from layerscope.errors import ProfilerStateError
 from layerscope.flops import count_op
 from layerscope.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
@@ -51,19 +52,6 @@ _FRESH = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
 
 #: Records that carry a CUDA mark in ``device_t_ns`` until the pass ends.
 _MARKED = (Enter, Exit, LabelEnter, LabelExit)
-
-_OPTIMIZER_STEP = "Optimizer.step#"
-_OPTIMIZER_ZERO_GRAD = "Optimizer.zero_grad#"
-
-
-def label_kind(name: str) -> tuple[str, str]:
-    """``(kind, name)`` of a ``record_function`` range: torch's optimizers label their
-    ``step`` and ``zero_grad`` (``"Optimizer.step#Adam.step"``); the rest are labels."""
-    if name.startswith(_OPTIMIZER_STEP):
-        return "optimizer", name[len(_OPTIMIZER_STEP) :].split(".", 1)[0]
-    if name.startswith(_OPTIMIZER_ZERO_GRAD):
-        return "zero_grad", "zero_grad"
-    return "label", name
 
 # Models a recorder is attached to right now, by id; nesting two on one model would
 # make each see the other's hooks and double-count, so it is refused.

@@ -18,22 +18,38 @@ A recording (``layerscope-capture/1``, gzipped JSON) holds:
 
 from __future__ import annotations
 
+import gzip
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from layerscope.attribute import parent_indices
 from layerscope.attribute.cycle import Cycle
-from layerscope.capture.kineto import WINDOW_OBSERVERS, convert_window
+from layerscope.capture.kineto import WINDOW_OBSERVERS
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import module_table
+from layerscope.capture.op_args import CATALOG
 from layerscope.capture.torch_events import ReplayedResult, dump_result, read_window
-from layerscope.capture.window import WindowCapture, load_json, save_json
+from layerscope.convert.ranges import WindowCapture
+from layerscope.convert.streams import convert_window
+from layerscope.io import write_atomic
 from layerscope.raw import ModuleInfo, RawCapture
 from layerscope.runfacts import RunFacts
 from layerscope.tree import Profile
 
 FORMAT = "layerscope-capture/1"
+
+
+def save_json(data: dict[str, Any], path: str | Path) -> None:
+    """Write ``data`` as JSON, gzipped when ``path`` ends in ``.gz`` (atomically)."""
+    text = json.dumps(data, separators=(",", ":")).encode()
+    write_atomic(Path(path), gzip.compress(text, mtime=0) if str(path).endswith(".gz") else text)
+
+
+def load_json(path: str | Path) -> Any:
+    raw = Path(path).read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
 class WindowRecorder:
@@ -138,7 +154,7 @@ def replay(data: dict[str, Any]) -> Profile:
     has_device = False
     for window in windows(data):
         has_device = has_device or window.has_device
-        for events in convert_window(window):
+        for events in convert_window(window, CATALOG):
             cycle.add(events, number, warmup=False, keep_empty=False, has_device=window.has_device)
             number += 1
     raw = RawCapture(

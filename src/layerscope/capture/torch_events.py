@@ -1,5 +1,5 @@
 """The live adapter: torch's profiler result (its event tree and its flat Kineto events)
-turned into layerscope's own records (``capture/window.py``), once, when a window
+turned into layerscope's own records (``convert/ranges.py``), once, when a window
 stops. This is the only module that reads torch's profiler events; the conversion reads
 the records, so a recorded window replays through it without torch's profiler.
 
@@ -30,8 +30,10 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from layerscope.capture import _torch, op_args
-from layerscope.capture.window import (
+from layerscope.convert.ranges import (
     MEMORY,
     USER_SCOPE,
     Detail,
@@ -41,8 +43,6 @@ from layerscope.capture.window import (
     TensorInput,
     WindowCapture,
     op_like,
-    value_from_json,
-    value_to_json,
 )
 
 _TORCH_OP: Any = _torch.EVENT_TORCH_OP
@@ -242,6 +242,31 @@ def _leaf(name: str, overload: str) -> bool:
 # concrete inputs. A replayed result answers the same calls with the same values.
 
 RECORD_FORMAT = "layerscope-torch-events/1"
+
+
+def value_to_json(value: Any) -> Any:
+    """A recorded input as JSON: a tensor as ``{"t": sizes, "d": dtype, "v": device}``
+    (and ``"a"``, its allocation id, when known); lists as lists; other values as they
+    are, or None where JSON has no form for them."""
+    if isinstance(value, TensorInput):
+        found: dict[str, Any] = {"t": list(value.sizes), "d": str(value.dtype).removeprefix("torch."), "v": str(value.device)}
+        if value.allocation_id is not None:
+            found["a"] = value.allocation_id
+        return found
+    if isinstance(value, (list, tuple)):
+        return [value_to_json(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return None
+
+
+def value_from_json(value: Any) -> Any:
+    """What :func:`value_to_json` wrote, read back (tensors as :class:`TensorInput`)."""
+    if isinstance(value, dict):
+        return TensorInput(tuple(value["t"]), getattr(torch, value["d"]), torch.device(value["v"]), value.get("a"))
+    if isinstance(value, list):
+        return [value_from_json(v) for v in value]
+    return value
 
 
 def dump_result(result: Any) -> dict[str, Any]:

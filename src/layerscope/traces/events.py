@@ -27,8 +27,7 @@ import torch
 
 from layerscope.capture import op_args
 from layerscope.capture.inputs import dtype_name
-from layerscope.capture.kineto import STEP_NAME
-from layerscope.capture.window import USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
+from layerscope.convert.ranges import STEP_NAME, USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
 from layerscope.traces.reader import us_to_ns
 
 #: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.

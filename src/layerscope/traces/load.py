@@ -5,7 +5,7 @@ The file's events become the range trees torch's profiler hands the live capture
 (``events.py``): ``ProfilerStep#N`` ranges are steps, ``nn.Module: ClassName_k`` calls
 module ranges (``modules.py`` gives each instance its place), other ``user_annotation``
 ranges labels, ``cpu_op`` events ops with their recorded inputs. From there it is the
-live path: ``capture.kineto.convert`` makes one typed stream per step, and the walker
+live path: ``convert.streams.convert`` makes one typed stream per step, and the walker
 (``attribute.cycle``) sums the steps into the tree. Nothing here attributes anything.
 """
 
@@ -22,9 +22,11 @@ from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
 from layerscope.capture import _torch
-from layerscope.capture.kineto import MODULE_PREFIX, STEP_NAME, Detail, Range, convert
 from layerscope.capture.modules import module_table
+from layerscope.capture.op_args import CATALOG
 from layerscope.capture.peaks import datasheet_tflops
+from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
+from layerscope.convert.streams import convert
 from layerscope.errors import LayerscopeWarning, SchemaError, TraceModelError
 from layerscope.intervals import union_ns
 from layerscope.raw import RawCapture
@@ -101,7 +103,7 @@ def profile_of_events(
     has_device = bool(events.device_events)
     detail = Detail(stacks=None) if events.has_shapes else None
     windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
-    streams = convert(roots, events.kernels, has_device=has_device, detail=detail)
+    streams = convert(roots, events.kernels, has_device=has_device, detail=detail, ops=CATALOG)
     # The ranges are spent once converted: released before the walk, as each step's
     # stream is once summed (most of a large trace's memory).
     roots.clear()
