@@ -209,7 +209,7 @@ def test_memory_from_events_equals_the_dispatch_modes_on_cuda() -> None:
 
 
 def test_mfu_peak_is_the_datasheets_or_unknown_with_the_device_named() -> None:
-    from layerscope.capture.peaks import known_peak_flops_per_s
+    from layerscope.capture.modules import known_peak_flops_per_s
 
     model = _chain_on_cuda()
     prof = layerscope.profile(model, torch.randn(8, 64, device="cuda"), warmup=1, repeat=2)

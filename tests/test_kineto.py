@@ -6,7 +6,6 @@ by correlation id, as torch's profiler reports them.
 
 from __future__ import annotations
 
-from layerscope.capture.op_args import CATALOG
 from layerscope.convert.ranges import (
     MODULE_PREFIX,
     PART_PREFIX,
@@ -17,6 +16,7 @@ from layerscope.convert.ranges import (
     RangeFields,
 )
 from layerscope.convert.streams import convert
+from layerscope.flops.recorded import CATALOG
 from layerscope.intervals import union_ns
 from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 

@@ -6,7 +6,7 @@ to the one data model and the files below it.
     render     render/*, plot               attribute   attribute/*       convert   convert/*
     model      tree, sidedocs, compile_info, ops, check, schema, transforms, diff, ranks, documents, bench.result
     base       errors, fmt, io, formats (the output registry), comm, raw, runfacts, schedule, stats, intervals,
-               traces.reader
+               peaks, traces.reader
 
 A module imports its own layer or lower ones; render, attribute and convert never each other, and
 capture never render. The four lower layers are pure: none imports torch, so a tree can
@@ -27,7 +27,7 @@ SRC = Path(layerscope.__file__).parent
 
 LAYERS = {
     "base": (
-        "errors", "fmt", "io", "formats", "comm", "raw", "runfacts", "schedule", "stats", "intervals", "traces.reader",
+        "errors", "fmt", "io", "formats", "comm", "raw", "runfacts", "schedule", "stats", "intervals", "traces.reader", "peaks",
     ),
     "model": (
         "tree", "sidedocs", "compile_info", "ops", "check", "schema", "transforms", "diff", "ranks", "documents",

@@ -609,7 +609,7 @@ def test_model_is_refused_for_a_saved_profile(tmp_path: Path) -> None:
 
 
 def test_overloads_are_told_from_the_recorded_input_kinds() -> None:
-    from layerscope.capture.op_args import overload_for
+    from layerscope.flops.recorded import overload_for
 
     assert overload_for("aten::add", ("tensor", "tensor", "scalar")) == "Tensor"
     assert overload_for("aten::add", ("tensor", "scalar", "scalar")) == "Scalar"
@@ -665,7 +665,7 @@ def test_the_peak_of_a_trace_is_its_gpus_datasheet_figure_at_the_dtype_its_matri
         return layerscope.load(path).meta
 
     # Three of the four matrix products ran in bfloat16: the A100's dense bf16 figure,
-    # 312 TFLOP/s (capture/peaks.py), not its float32 one.
+    # 312 TFLOP/s (peaks.py), not its float32 one.
     meta = load("NVIDIA A100-SXM4-80GB", ["c10::BFloat16", "float", "c10::BFloat16", "c10::BFloat16"])
     assert meta.peak_flops_per_s == 312 * 10**12
     assert meta.peak_from == (
@@ -684,7 +684,7 @@ def test_the_peak_of_a_trace_is_its_gpus_datasheet_figure_at_the_dtype_its_matri
 
 
 def test_the_api_gives_a_real_traces_peak(shared_traces: Path) -> None:
-    # BERT-base in fp32 on an H100: its dense fp32 figure, 67 TFLOP/s (capture/peaks.py).
+    # BERT-base in fp32 on an H100: its dense fp32 figure, 67 TFLOP/s (peaks.py).
     meta = layerscope.load(shared_traces / "h100_bert_base_fwd.json.gz").meta
     assert meta.peak_flops_per_s == 67 * 10**12
     assert "dense float32 figure" in (meta.peak_from or "")

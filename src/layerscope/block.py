@@ -25,13 +25,14 @@ from layerscope.capture.modules import (
     model_dtype,
     module_table,
     note_raising_module,
+    peak_flops_per_s,
     refuse_compiled,
     refuse_meta_timing,
     require_module,
 )
-from layerscope.capture.peaks import check_peak_tflops, peak_flops_per_s
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.errors import ProfilerStateError
+from layerscope.peaks import check_peak_tflops
 from layerscope.raw import Event, RawCapture
 from layerscope.schedule import Action
 from layerscope.session import meta_of

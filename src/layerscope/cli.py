@@ -255,7 +255,7 @@ def _peak_tflops(args: argparse.Namespace) -> float | None:
     peak = getattr(args, "peak_tflops", None)
     if peak is None:
         return None
-    from layerscope.capture.peaks import check_peak_tflops
+    from layerscope.peaks import check_peak_tflops
 
     try:
         return check_peak_tflops(peak)
@@ -703,7 +703,7 @@ def _show(args: argparse.Namespace) -> int:
     if peak is not None:
         if document == "ranks":
             raise UsageError(f"--peak-tflops: MFU is per profile; {hint.removeprefix('; ')}")
-        from layerscope.capture.peaks import given_peak_flops_per_s
+        from layerscope.peaks import given_peak_flops_per_s
 
         doc.meta.peak_flops_per_s = given_peak_flops_per_s(peak)
         doc.meta.peak_from = f"given (--peak-tflops {peak:g})"

@@ -32,7 +32,11 @@ def load(path: str | os.PathLike[str], *, model: Any = None) -> Profile | Merged
     if is_kineto_trace(path) or _is_gzip(path):
         from layerscope.traces.load import load_trace
 
-        return load_trace(path, model=model)
+        if model is None:
+            return load_trace(path)
+        from layerscope.capture.modules import traced_model
+
+        return load_trace(path, model=traced_model(model))
     if model is not None:
         raise ValueError(
             f"model= maps the modules of a torch.profiler trace file; {os.fspath(path)!r} is not one "

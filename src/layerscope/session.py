@@ -30,11 +30,11 @@ from layerscope.capture.modules import (
     model_dtype,
     module_table,
     note_raising_module,
+    peak_flops_per_s,
     refuse_compiled,
     refuse_meta_timing,
     require_module,
 )
-from layerscope.capture.peaks import peak_flops_per_s
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.errors import ModelError

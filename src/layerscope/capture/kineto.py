@@ -21,7 +21,7 @@ turned into the same typed records (``layerscope.raw``) the dispatch backend wri
 
 How the records are derived is the conversion's (``layerscope.convert.streams``), which
 reads the window's ranges as the live adapter (``capture/torch_events.py``) wrote them,
-asking torch's op catalog (``capture/op_args.py``) what only torch knows of an op.
+asking torch's op catalog (``flops/recorded.py``) what only torch knows of an op.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from layerscope.capture.memory import (
     saved_storages,
     tensors_in,
 )
-from layerscope.capture.op_args import CATALOG
 from layerscope.capture.torch_events import read_window
 from layerscope.convert.ranges import (
     MODULE_PREFIX,
@@ -64,6 +63,7 @@ from layerscope.convert.ranges import (
 )
 from layerscope.convert.streams import convert_window
 from layerscope.errors import ProfilerStateError
+from layerscope.flops.recorded import CATALOG
 from layerscope.raw import Event
 
 _Range = _torch.FastRange

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -13,7 +13,11 @@ from torch import nn
 from layerscope.capture import _torch
 from layerscope.capture.inputs import dtype_name
 from layerscope.errors import ModelError
+from layerscope.peaks import datasheet_tflops, given_peak_flops_per_s
 from layerscope.raw import ModuleInfo
+
+if TYPE_CHECKING:
+    from layerscope.traces.modules import ModelTable
 
 
 def require_module(model: object) -> nn.Module:
@@ -57,6 +61,27 @@ def _parent_path(path: str) -> str | None:
     if path == "":
         return None
     return path.rsplit(".", 1)[0] if "." in path else ""
+
+
+def traced_model(model: nn.Module) -> ModelTable:
+    """What a trace's modules are matched against, read from ``model`` (never run): its
+    modules, each one's own parameters by name and shape, and each parameter once (tied
+    ones at their first module) with its size and dtype."""
+    from layerscope.traces.modules import ModelTable
+
+    modules, infos, _ = module_table(model)
+    params = [[(name, tuple(p.shape)) for name, p in m.named_parameters(recurse=False)] for m in modules]
+    seen: set[int] = set()
+    tensors: list[list[tuple[tuple[int, ...], int, Any]]] = []
+    for module in modules:
+        mine = []
+        for p in _torch.own_parameters(module):
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            mine.append((tuple(p.shape), p.numel(), p.dtype))
+        tensors.append(mine)
+    return ModelTable(type(model).__name__, infos, params, tensors)
 
 
 def module_table(
@@ -216,3 +241,20 @@ def note_raising_module(exc: BaseException, model: nn.Module) -> None:
         tb = tb.tb_next
     if found is not None:
         exc.add_note(RAISED_NOTE.format(path=found[0] or "(the model)", type=type(found[1]).__name__))
+
+
+def known_peak_flops_per_s(device: torch.device, dtype: str | None) -> int | None:
+    """The datasheet peak for ``device`` at ``dtype`` in FLOP/s, or None if unknown."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    table = datasheet_tflops(torch.cuda.get_device_name(device)) or {}
+    tflops = table.get(dtype or "float32")
+    return int(tflops * 1e12) if tflops else None
+
+
+def peak_flops_per_s(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
+    """The peak for MFU in FLOP/s: the user's ``peak_tflops`` (checked: a positive
+    number), else the datasheet's for ``device`` at ``dtype``, else None (unknown)."""
+    if peak_tflops is not None:
+        return given_peak_flops_per_s(peak_tflops)
+    return known_peak_flops_per_s(device, dtype)

@@ -29,10 +29,10 @@ from layerscope.attribute.cycle import Cycle
 from layerscope.capture.kineto import WINDOW_OBSERVERS
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import module_table
-from layerscope.capture.op_args import CATALOG
 from layerscope.capture.torch_events import ReplayedResult, dump_result, read_window
 from layerscope.convert.ranges import WindowCapture
 from layerscope.convert.streams import convert_window
+from layerscope.flops.recorded import CATALOG
 from layerscope.io import write_atomic
 from layerscope.raw import ModuleInfo, RawCapture
 from layerscope.runfacts import RunFacts

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from layerscope.capture import _torch, op_args
+from layerscope.capture import _torch
 from layerscope.convert.ranges import (
     MEMORY,
     USER_SCOPE,
@@ -44,6 +44,7 @@ from layerscope.convert.ranges import (
     WindowCapture,
     op_like,
 )
+from layerscope.flops import recorded
 
 _TORCH_OP: Any = _torch.EVENT_TORCH_OP
 _ALLOCATION: Any = _torch.EVENT_ALLOCATION
@@ -229,7 +230,7 @@ def _leaf(name: str, overload: str) -> bool:
     """Whether the conversion reads an op as one row, never the ops nested in it: a
     dispatcher op that is not a composite. Inside one only the nested ops' kernels and
     allocations are read, so their inputs are not copied."""
-    return "::" in name and op_args.is_dispatcher_op(name) and not op_args.is_composite(name, overload)
+    return "::" in name and recorded.is_dispatcher_op(name) and not recorded.is_composite(name, overload)
 
 
 # -- recording torch's events as the adapter reads them, and replaying them --------------

@@ -4,7 +4,7 @@ step (``Step`` ... ``Step``), which the walker in ``layerscope.attribute`` attri
 
 Pure: what only torch knows of an op (whether a name is an op of its dispatcher, whether
 an overload is a composite whose work its nested ops do, its FLOPs, MACs and bytes) is
-asked of the :class:`OpCatalog` the caller hands in; ``capture/op_args.py`` is torch's.
+asked of the :class:`OpCatalog` the caller hands in; ``flops/recorded.py`` is torch's.
 
 How the records are derived:
 
@@ -79,7 +79,7 @@ Counts = tuple[int | None, int | None, int]
 
 
 class OpCatalog(Protocol):
-    """What the conversion asks of the torch that recorded the ops (``capture/op_args.py``)."""
+    """What the conversion asks of the torch that recorded the ops (``flops/recorded.py``)."""
 
     def is_dispatcher_op(self, name: str) -> bool:
         """Whether ``name`` is an op of torch's dispatcher (``aten::mm``), not a range of

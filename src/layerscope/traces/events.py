@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
-from layerscope.capture import op_args
-from layerscope.capture.inputs import dtype_name
 from layerscope.convert.ranges import STEP_NAME, USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
+from layerscope.flops import recorded
 from layerscope.traces.reader import us_to_ns
 
 #: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.
@@ -56,7 +55,7 @@ for _name in ("Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnu
     _found = getattr(torch, _name.lower(), None)
     if isinstance(_found, torch.dtype):
         _DTYPES[f"c10::{_name}"] = _found
-_KINDS = {"TensorList": op_args.TENSORS, "Scalar": op_args.SCALAR, "ScalarList": op_args.SCALARS}
+_KINDS = {"TensorList": recorded.TENSORS, "Scalar": recorded.SCALAR, "ScalarList": recorded.SCALARS}
 #: The ops that run on the matrix units a datasheet's peak is for (matrix products,
 #: convolutions, attention): the dtype of their inputs says which peak the trace's
 #: model ran against. Nested ones (``aten::linear`` over ``aten::addmm``) each count.
@@ -255,7 +254,7 @@ class _Builder:
             if name in MATRIX_OPS:
                 dtype = next((_DTYPES[t] for t in types if t in _DTYPES), None)
                 if dtype is not None:
-                    key = dtype_name(dtype)
+                    key = str(dtype).removeprefix("torch.")
                     self.out.matrix_dtypes[key] = self.out.matrix_dtypes.get(key, 0) + 1
         if sequence_number != -1:
             fields = RangeFields(sequence_number=sequence_number, inputs=inputs)
@@ -384,9 +383,9 @@ class _Builder:
         if "::" not in name:
             return ""
         kinds = tuple(
-            op_args.TENSOR if t in _DTYPES else _KINDS.get(t, op_args.UNKNOWN) for t in types
+            recorded.TENSOR if t in _DTYPES else _KINDS.get(t, recorded.UNKNOWN) for t in types
         )
-        return op_args.overload_for(name, kinds)
+        return recorded.overload_for(name, kinds)
 
     def tensor(self, shape: Any, dtype: torch.dtype) -> TensorInput:
         key = (tuple(shape) if isinstance(shape, list) else (), dtype)

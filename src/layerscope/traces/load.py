@@ -16,24 +16,21 @@ import os
 import warnings
 from typing import Any
 
-from torch import nn
-
 from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
-from layerscope.capture import _torch
-from layerscope.capture.modules import module_table
-from layerscope.capture.op_args import CATALOG
-from layerscope.capture.peaks import datasheet_tflops
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
 from layerscope.convert.streams import convert
 from layerscope.errors import LayerscopeWarning, SchemaError, TraceModelError
+from layerscope.flops.recorded import CATALOG
 from layerscope.intervals import union_ns
+from layerscope.peaks import datasheet_tflops
 from layerscope.raw import RawCapture
 from layerscope.runfacts import RunFacts
 from layerscope.traces.events import _NO_FIELDS, TraceEvents, read_events
 from layerscope.traces.modules import (
     Instance,
+    ModelTable,
     instances,
     map_to_model,
     misfit_evidence,
@@ -47,12 +44,13 @@ from layerscope.tree import Profile
 _EVALUATE = "autograd::engine::evaluate_function: "
 
 
-def load_trace(path: str | os.PathLike[str], *, model: nn.Module | None = None) -> Profile:
+def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None) -> Profile:
     """The profile of a torch.profiler (Kineto) trace file, ``.json`` or ``.json.gz``.
 
     Without ``model`` the modules are the trace's instances (``BertModel_0``), their
-    parameters unknown; with it, each instance is matched to its path in the model
-    (``meta.modules_from`` says how). The model is only read, never run or changed.
+    parameters unknown; with it (the model's table, read from it by the caller:
+    ``capture.modules.traced_model``), each instance is matched to its path in the model
+    (``meta.modules_from`` says how).
     """
     name = os.fspath(path)
     try:
@@ -68,7 +66,7 @@ def load_trace(path: str | os.PathLike[str], *, model: nn.Module | None = None) 
 
 
 def profile_of_events(
-    events: TraceEvents, file_meta: dict[str, Any], *, model: nn.Module | None = None, source: str = "trace"
+    events: TraceEvents, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace"
 ) -> Profile:
     """The profile of a trace's events (``read_events``) and its top-level keys. The
     events' ranges are spent: ``events.roots``, ``modules``, ``steps`` and ``kernels`` are
@@ -76,10 +74,9 @@ def profile_of_events(
     found = instances(events.modules, events.python_parent)
     param_bytes: int | None
     if model is not None:
-        modules, infos, param_bytes = module_table(model)
-        params = [[(name, tuple(p.shape)) for name, p in m.named_parameters(recurse=False)] for m in modules]
-        index, how = _mapped(found, infos, params, events.has_shapes, source, type(model).__name__)
-        param_bytes = _traced_param_bytes(modules, found, index)
+        infos = model.infos
+        index, how = _mapped(found, infos, model.params, events.has_shapes, source, model.name)
+        param_bytes = _traced_param_bytes(model, found, index)
     else:
         infos, index = table_without_model(found)
         param_bytes = None
@@ -132,7 +129,7 @@ def profile_of_events(
     return cycle.build(raw)
 
 
-def _traced_param_bytes(modules: list[nn.Module], found: dict[str, Instance], index: dict[str, int]) -> int:
+def _traced_param_bytes(model: ModelTable, found: dict[str, Instance], index: dict[str, int]) -> int:
     """The parameters' bytes in the dtype the trace's ops were given them in (a model
     built from its config is float32; the traced one may have run in bf16): the dtype
     its own module's ops first gave its shape, else any module's ops' (a parameter one
@@ -143,16 +140,11 @@ def _traced_param_bytes(modules: list[nn.Module], found: dict[str, Instance], in
     for instance in found.values():
         for shape, dtype in instance.dtypes.items():
             anywhere.setdefault(shape, dtype)
-    seen: set[int] = set()
     total = 0
-    for at, module in enumerate(modules):
-        for p in _torch.own_parameters(module):
-            if p is None or id(p) in seen:
-                continue
-            seen.add(id(p))
-            shape = tuple(p.shape)
-            dtype = own.get(at, {}).get(shape) or anywhere.get(shape) or p.dtype
-            total += p.numel() * dtype.itemsize
+    for at, tensors in enumerate(model.tensors):
+        for shape, numel, own_dtype in tensors:
+            dtype = own.get(at, {}).get(shape) or anywhere.get(shape) or own_dtype
+            total += numel * dtype.itemsize
     return total
 
 
@@ -278,7 +270,7 @@ def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
 
 
 def _meta(
-    file_meta: dict[str, Any], events: TraceEvents, source: str, how: dict[str, Any], model: nn.Module | None,
+    file_meta: dict[str, Any], events: TraceEvents, source: str, how: dict[str, Any], model: ModelTable | None,
     windows: list[tuple[int, int]], model_type: str,
 ) -> RunFacts:
     devices = file_meta.get("deviceProperties") or []
@@ -293,7 +285,7 @@ def _meta(
 
     outside = [e for e in events.device_events if e.correlation in events.launched_in and not in_a_step(e.correlation)]
     meta = RunFacts(
-        model=type(model).__name__ if model is not None else model_type,
+        model=model.name if model is not None else model_type,
         layerscope_version=__version__,
         device="cuda" if events.device_events else "cpu",
         mode="trace",
@@ -332,7 +324,7 @@ def _meta(
 
 def _peak(device_names: list[str], matrix_dtypes: dict[str, int], has_shapes: bool) -> tuple[int | None, str]:
     """The peak FLOP/s MFU divides by, and where it came from: the datasheet's dense
-    figure (``capture.peaks``, as a live profile's) for the GPU the trace names, at the
+    figure (``peaks``, as a live profile's) for the GPU the trace names, at the
     dtype most of its matrix ops ran in (a trace names no parameters to take it from).
     None, and why, where either is not known."""
     if not device_names:

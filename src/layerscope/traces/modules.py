@@ -35,6 +35,23 @@ from layerscope.raw import ModuleInfo
 from layerscope.traces.events import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
 
 
+@dataclass(frozen=True)
+class ModelTable:
+    """The model a trace is read with, as the matching reads it (the caller reads it from
+    the model, ``capture.modules.traced_model``; the model is never run or changed)."""
+
+    #: The model's class.
+    name: str
+    #: Its modules, as a profile's tree has them.
+    infos: list[ModuleInfo]
+    #: Each module's own parameters, ``(name, shape)``.
+    params: list[list[tuple[str, tuple[int, ...]]]]
+    #: Each module's own parameters counted once (tied ones at their first module):
+    #: ``(shape, elements, dtype)``.
+    tensors: list[list[tuple[tuple[int, ...], int, Any]]]
+
+
+
 @dataclass
 class Instance:
     """A module instance of the trace."""

@@ -1,15 +1,11 @@
 """Peak dense FLOP/s of common accelerators, for MFU (% of peak) when the user gives none.
+The live device's peak is read in ``capture/modules.py`` (``peak_flops_per_s``).
 
 Vendor datasheet figures for dense math (no structured sparsity), per dtype. A device or
 dtype not listed gets no automatic peak; ``--peak-tflops`` always overrides.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # torch is asked only for a live device: `show --peak-tflops` runs without it
-    import torch
 
 # name fragment (lower case, matched in order) -> {dtype: dense TFLOP/s}. float32 is the
 # vector (non-tensor-core) figure. The B200's is the HGX (1,000 W) board's; "MI300X"
@@ -40,33 +36,17 @@ def datasheet_tflops(device_name: str) -> dict[str, float] | None:
     return None
 
 
-def known_peak_flops_per_s(device: torch.device, dtype: str | None) -> int | None:
-    """The datasheet peak for ``device`` at ``dtype`` in FLOP/s, or None if unknown."""
-    import torch
-
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    table = datasheet_tflops(torch.cuda.get_device_name(device)) or {}
-    tflops = table.get(dtype or "float32")
-    return int(tflops * 1e12) if tflops else None
-
-
-def peak_flops_per_s(peak_tflops: float | None, device: torch.device, dtype: str | None) -> int | None:
-    """The peak for MFU in FLOP/s: the user's ``peak_tflops`` (checked: a positive
-    number), else the datasheet's for ``device`` at ``dtype``, else None (unknown)."""
-    if peak_tflops is not None:
-        return given_peak_flops_per_s(peak_tflops)
-    return known_peak_flops_per_s(device, dtype)
-
-
 def given_peak_flops_per_s(peak_tflops: float) -> int:
     """The user's ``peak_tflops`` in FLOP/s, checked (a positive number)."""
     check_peak_tflops(peak_tflops)
     return int(peak_tflops * 1e12)
 
 
-def check_peak_tflops(peak_tflops: float | None) -> float | None:
-    """``peak_tflops`` as given, or a ValueError saying what was expected."""
-    if peak_tflops is not None and not (isinstance(peak_tflops, (int, float)) and peak_tflops > 0):
+def check_peak_tflops(peak_tflops: object) -> float | None:
+    """``peak_tflops`` as given (a user's value, any type), or a ValueError saying what
+    was expected."""
+    if peak_tflops is None:
+        return None
+    if isinstance(peak_tflops, bool) or not (isinstance(peak_tflops, (int, float)) and peak_tflops > 0):
         raise ValueError(f"peak_tflops must be a positive number of TFLOP/s (an H100's bf16: 989), got {peak_tflops!r}")
     return peak_tflops
