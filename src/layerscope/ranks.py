@@ -35,6 +35,7 @@ from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import MemorySummary
+from layerscope.stats import median_floor, median_floor_without, observed_median_index
 from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, PhaseStats, Profile
 
 __all__ = [
@@ -313,8 +314,8 @@ class MergedRun(NotebookDisplay):
     def median_rank(self) -> int:
         """The rank of the median step time (the lower median for an even number of
         ranks; ties by rank): an observed rank, whose tree stands for the run."""
-        ordered = sorted(self.ranks, key=lambda r: (self.step_time_ns(r), r.rank))
-        return ordered[(len(ordered) - 1) // 2].rank
+        by_rank = sorted(self.ranks, key=lambda r: r.rank)
+        return by_rank[observed_median_index([self.step_time_ns(r) for r in by_rank])].rank
 
     def rank_profile(self, rank: int) -> Profile:
         """Rank ``rank``'s profile rebuilt from the merged document (no op rows, FLOPs or
@@ -429,7 +430,7 @@ class MergedRun(NotebookDisplay):
                     continue
                 ordered = [value for value, _ in values]
                 for index, (value, rank) in enumerate(values):
-                    median = _median_without(ordered, index)
+                    median = median_floor_without(ordered, index)
                     excess = value - median
                     if excess >= floor and excess > ratio * median and excess > 0:
                         found.append(Straggler(shape.path, phase, rank, value, median))
@@ -510,29 +511,6 @@ def _self_time(stats: PhaseStats, time_metric: str) -> int:
     if time_metric == "device":
         return stats.self_device_time_ns or 0
     return max(0, stats.self_cpu_time_ns - (stats.self_comm_time_ns or 0))
-
-
-def median_floor(values: Sequence[int]) -> int:
-    # statistics.median of whole numbers (the middle pair averaged), rounded down: ns
-    # and bytes stay whole.
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) // 2
-
-
-def _median_without(ordered: list[int], index: int) -> int:
-    """The median (as :func:`median_floor`) of sorted ``ordered`` without its item at ``index``,
-    by position: no copy per rank, so stragglers cost O(ranks log ranks) per node."""
-    size = len(ordered) - 1
-
-    def at(k: int) -> int:
-        return ordered[k if k < index else k + 1]
-
-    if size % 2:
-        return at(size // 2)
-    return (at(size // 2 - 1) + at(size // 2)) // 2
 
 
 def _spread(path: str, phase: str, metric: str, values: list[tuple[int, int]]) -> Spread:

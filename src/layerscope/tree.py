@@ -20,7 +20,7 @@ from layerscope import formats
 from layerscope.compile_info import CompileInfo
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import DeviceLedger, MemorySummary, Trace
-from layerscope.stats import spread
+from layerscope.stats import observed_median, percentile_floor, spread
 
 if TYPE_CHECKING:
     from layerscope.ops import OpTable
@@ -259,7 +259,9 @@ class StepSpread:
     """The recorded steps' wall times: ``steps`` as ``(step number, ns)`` in order, and
     ``outliers``, the steps ``far`` times the median or more away from it (longer or
     shorter), farthest first: a step that did one-off work (an optimizer creating its
-    state) stands out here instead of vanishing in a sum."""
+    state) stands out here instead of vanishing in a sum. ``median_ns`` is an observed
+    step's (:func:`~layerscope.stats.observed_median`: ``profile()``'s median pass, the
+    one shown); ``p10_ns`` and ``p90_ns`` are :func:`~layerscope.stats.percentile`'s."""
 
     steps: list[tuple[int, int]]
     min_ns: int
@@ -397,14 +399,15 @@ class Profile(NotebookDisplay):
         if len(numbers) != len(times):
             numbers = list(range(len(times)))
         ordered = sorted(times)
-        median = ordered[(len(ordered) - 1) // 2]
+        # The median step is an observed one: profile()'s median pass, the one shown.
+        median = observed_median(ordered)
         outliers = [
             (n, t) for n, t in zip(numbers, times) if median and (t > median * far or t * far < median)
         ]
         outliers.sort(key=lambda item: -abs(item[1] - median))
         return StepSpread(
             steps=list(zip(numbers, times)), min_ns=ordered[0], median_ns=median, max_ns=ordered[-1],
-            p10_ns=ordered[-(-len(ordered) // 10) - 1], p90_ns=ordered[-(-9 * len(ordered) // 10) - 1],
+            p10_ns=percentile_floor(ordered, 10), p90_ns=percentile_floor(ordered, 90),
             outliers=outliers, far=far,
         )
 
