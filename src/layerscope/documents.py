@@ -1,5 +1,5 @@
-"""Reading saved documents back: the strict reader of a ``layerscope/1`` profile, and
-:func:`load`, which reads a profile or a merged run by its schema.
+"""The strict reader of a saved ``layerscope/1`` profile (``layerscope.load`` reads every
+document kind by its schema: :mod:`layerscope.loading`).
 
 Every field is type-checked (:mod:`layerscope.schema`) and the tree's invariants are
 checked (:mod:`layerscope.check`) before anything is built, so a damaged or hostile file
@@ -8,15 +8,11 @@ is refused with the place it went wrong.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from layerscope.check import summarize, tree_problems
 from layerscope.compile_info import CompileInfo
 from layerscope.errors import SchemaError
-from layerscope.io import read_json
-from layerscope.ranks import SCHEMA as RANKS_SCHEMA
-from layerscope.ranks import MergedRun, ranks_from_dict
 from layerscope.runfacts import RunFacts
 from layerscope.schema import document_problems
 from layerscope.sidedocs import DeviceLedger, MemorySummary, Trace
@@ -92,13 +88,3 @@ def _node_from_dict(entry: dict[str, Any]) -> ModuleNode:
         input_shapes=entry.get("input_shapes"),
         output_shapes=entry.get("output_shapes"),
     )
-
-
-def load(path: str | os.PathLike[str]) -> Profile | MergedRun:
-    """Read a profile saved as JSON (a :class:`~layerscope.tree.Profile`), or a merged run
-    of ranks (``layerscope-ranks/1``, a :class:`~layerscope.ranks.MergedRun`); a clear
-    :class:`SchemaError` for anything else."""
-    doc, name = read_json(path, "profile")
-    if isinstance(doc, dict) and doc.get("schema") == RANKS_SCHEMA:
-        return ranks_from_dict(doc, source=repr(name))
-    return profile_from_dict(doc, source=repr(name))

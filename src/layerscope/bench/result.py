@@ -16,7 +16,6 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import SchemaError
-from layerscope.io import read_json
 from layerscope.stats import percentile
 from layerscope.tree import NotebookDisplay
 
@@ -355,12 +354,6 @@ def from_dict(doc: Any, source: str = "document") -> BenchResult:
         max_batch_size=_int_or_none(doc.get("max_batch_size"), "'max_batch_size'", source),
         input_shapes=doc.get("input_shapes"), input_dtypes=doc.get("input_dtypes"),
     )
-
-
-def load(path: str | os.PathLike[str]) -> BenchResult:
-    """Read a benchmark saved as JSON (``BenchResult.save``, ``layerscope bench -o``)."""
-    doc, name = read_json(path, "benchmark")
-    return from_dict(doc, source=repr(name))
 
 
 @dataclass
