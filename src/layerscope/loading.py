@@ -15,13 +15,12 @@ from typing import Any, TypeVar
 
 from layerscope.bench.result import SCHEMA as BENCH_SCHEMA
 from layerscope.bench.result import BenchResult
-from layerscope.bench.result import from_dict as bench_from_dict
 from layerscope.documents import profile_from_dict
 from layerscope.errors import SchemaError
 from layerscope.formats import DOCUMENTS
 from layerscope.io import read_json
 from layerscope.ranks import SCHEMA as RANKS_SCHEMA
-from layerscope.ranks import MergedRun, ranks_from_dict
+from layerscope.ranks import MergedRun
 from layerscope.traces.reader import is_kineto_trace
 from layerscope.tree import SCHEMA as PROFILE_SCHEMA
 from layerscope.tree import Profile
@@ -30,11 +29,12 @@ from layerscope.tree import Profile
 Document = Profile | MergedRun | BenchResult
 _Kind = TypeVar("_Kind", Profile, MergedRun, BenchResult)
 
-#: The reader of each saved document kind, by the schema its file names.
+#: The reader of each saved document kind, by the schema its file names: each type's own
+#: ``from_dict`` (a profile's with its checks, which sit above the tree: documents.py).
 READERS: dict[str, Callable[[Any, str], Document]] = {
     PROFILE_SCHEMA: profile_from_dict,
-    RANKS_SCHEMA: ranks_from_dict,
-    BENCH_SCHEMA: bench_from_dict,
+    RANKS_SCHEMA: MergedRun.from_dict,
+    BENCH_SCHEMA: BenchResult.from_dict,
 }
 
 

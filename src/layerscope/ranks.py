@@ -478,6 +478,62 @@ class MergedRun(NotebookDisplay):
             },
         }
 
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "document") -> MergedRun:
+        """Rebuild a :class:`MergedRun` from a ``layerscope-ranks/1`` dict: the type of every
+        field it reads is checked, and every rank's tree is rebuilt and checked; the
+        ``summary`` is derived again from the ranks, never read."""
+        from layerscope.check import summarize
+        from layerscope.schema import check_value
+
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            found = doc.get("schema") if isinstance(doc, dict) else None
+            raise SchemaError(f"{source} has schema {found!r}; a merged run has {SCHEMA!r}")
+        problems = check_value(doc, _rank_spec())
+        if problems:
+            raise SchemaError(f"{source} is a damaged merged run: {summarize(problems)}")
+        try:
+            shapes = {entry["path"]: NodeShape(**{f.name: entry[f.name] for f in fields(NodeShape)}) for entry in doc["nodes"]}
+            if len(shapes) != len(doc["nodes"]):
+                raise ValueError("a node path is listed twice")
+            union = list(shapes.values())
+            records = []
+            for entry in doc["ranks"]:
+                nodes: dict[str, NodeFigures] = {}
+                for shape in union:  # the rank's own order: the union's, restricted to it
+                    data = entry["nodes"].get(shape.path)
+                    if data is not None:
+                        phases = {p: PhaseStats.from_dict(data[p]) for p in PHASES if data.get(p) is not None}
+                        nodes[shape.path] = NodeFigures(data["calls"], data["profiled"], phases)
+                unknown = set(entry["nodes"]) - set(nodes)
+                if unknown:
+                    raise ValueError(f"rank {entry['rank']} has node {sorted(unknown)[0]!r}, which 'nodes' lacks")
+                records.append(RankRecord(
+                    entry["rank"], dict(entry["meta"]), entry["param_bytes"],
+                    None if entry.get("memory") is None else dict(entry["memory"]), nodes,
+                    {path: shapes[path] for path in nodes}, f"rank {entry['rank']} of {source}",
+                ))
+            if not records:
+                raise ValueError("it holds no ranks")
+            run = doc["run"]
+            merged = merge(
+                [cls(nodes=[], ranks=records)], sources=[source],
+                threshold=float(run.get("straggler_threshold", DEFAULT_THRESHOLD)),
+                min_time_ns=int(run.get("straggler_min_time_ns", DEFAULT_MIN_TIME_NS)),
+            )
+            for record in merged.ranks:
+                try:
+                    merged.rank_profile(record.rank)  # every rank's invariants, at the door
+                except SchemaError as exc:
+                    raise SchemaError(f"{source}: {exc}") from None
+        except SchemaError:
+            raise
+        except MergeError as exc:
+            raise SchemaError(f"{source} is an inconsistent merged run: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise SchemaError(f"{source} is a damaged merged run: {type(exc).__name__}: {exc}") from None
+        return merged
+
     def render(self, fmt: str = "text", **options: Any) -> str:
         """The merged run in a registered format (``layerscope.formats.formats("ranks")``)."""
         return formats.render(self, fmt, **options)
@@ -715,7 +771,7 @@ def imbalance_changes(base: MergedRun, new: MergedRun) -> list[ImbalanceChange]:
     return rows
 
 
-# -- reading -----------------------------------------------------------------------------
+# -- the merged document's field types (MergedRun.from_dict checks them) -----------------
 
 
 def _rank_spec() -> Any:
@@ -742,58 +798,5 @@ def _rank_spec() -> Any:
     )
 
 
-def ranks_from_dict(doc: Any, source: str = "document") -> MergedRun:
-    """Rebuild a :class:`MergedRun` from a ``layerscope-ranks/1`` dict: the type of every
-    field it reads is checked, and every rank's tree is rebuilt and checked; the
-    ``summary`` is derived again from the ranks, never read."""
-    from layerscope.check import summarize
-    from layerscope.schema import check_value
-
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else None
-        raise SchemaError(f"{source} has schema {found!r}; a merged run has {SCHEMA!r}")
-    problems = check_value(doc, _rank_spec())
-    if problems:
-        raise SchemaError(f"{source} is a damaged merged run: {summarize(problems)}")
-    try:
-        shapes = {entry["path"]: NodeShape(**{f.name: entry[f.name] for f in fields(NodeShape)}) for entry in doc["nodes"]}
-        if len(shapes) != len(doc["nodes"]):
-            raise ValueError("a node path is listed twice")
-        union = list(shapes.values())
-        records = []
-        for entry in doc["ranks"]:
-            nodes: dict[str, NodeFigures] = {}
-            for shape in union:  # the rank's own order: the union's, restricted to it
-                data = entry["nodes"].get(shape.path)
-                if data is not None:
-                    phases = {p: PhaseStats.from_dict(data[p]) for p in PHASES if data.get(p) is not None}
-                    nodes[shape.path] = NodeFigures(data["calls"], data["profiled"], phases)
-            unknown = set(entry["nodes"]) - set(nodes)
-            if unknown:
-                raise ValueError(f"rank {entry['rank']} has node {sorted(unknown)[0]!r}, which 'nodes' lacks")
-            records.append(RankRecord(
-                entry["rank"], dict(entry["meta"]), entry["param_bytes"],
-                None if entry.get("memory") is None else dict(entry["memory"]), nodes,
-                {path: shapes[path] for path in nodes}, f"rank {entry['rank']} of {source}",
-            ))
-        if not records:
-            raise ValueError("it holds no ranks")
-        run = doc["run"]
-        merged = merge(
-            [MergedRun(nodes=[], ranks=records)], sources=[source],
-            threshold=float(run.get("straggler_threshold", DEFAULT_THRESHOLD)),
-            min_time_ns=int(run.get("straggler_min_time_ns", DEFAULT_MIN_TIME_NS)),
-        )
-        for record in merged.ranks:
-            try:
-                merged.rank_profile(record.rank)  # every rank's invariants, at the door
-            except SchemaError as exc:
-                raise SchemaError(f"{source}: {exc}") from None
-    except SchemaError:
-        raise
-    except MergeError as exc:
-        raise SchemaError(f"{source} is an inconsistent merged run: {exc}") from None
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise SchemaError(f"{source} is a damaged merged run: {type(exc).__name__}: {exc}") from None
-    return merged
-
+#: The same as :meth:`MergedRun.from_dict`, under its older name.
+ranks_from_dict = MergedRun.from_dict

@@ -249,6 +249,35 @@ class ModuleNode:
             "extra_repr": self.extra_repr,
         }
 
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> ModuleNode:
+        """The node of its :meth:`to_dict` entry, without children (:func:`link` and
+        :meth:`Profile.from_dict` fill them)."""
+
+        def phase(name: str) -> PhaseStats | None:
+            data = entry.get(name)
+            return None if data is None else PhaseStats.from_dict(data)
+
+        return cls(
+            path=entry["path"],
+            type=entry["type"],
+            parent=entry["parent"],
+            depth=entry["depth"],
+            calls=entry["calls"],
+            params=entry["params"],
+            params_total=entry["params_total"],
+            profiled=entry.get("profiled", True),
+            forward=PhaseStats.from_dict(entry["forward"]),
+            backward=phase("backward"),
+            recompute=phase("recompute"),
+            kind=str(entry.get("kind") or "module"),
+            ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
+            unsupported_ops=dict(entry.get("unsupported_ops") or {}),
+            extra_repr=str(entry.get("extra_repr") or ""),
+            input_shapes=entry.get("input_shapes"),
+            output_shapes=entry.get("output_shapes"),
+        )
+
 
 #: A step is far from the median when it takes this many times as long, or as short.
 STEP_FAR = 1.5
@@ -483,6 +512,36 @@ class Profile(NotebookDisplay):
             "trace": None if self.trace is None else self.trace.to_dict(),
             **({} if self.device is None else {"device": self.device.to_dict()}),
         }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Profile:
+        """The profile of its :meth:`to_dict` document, as given: it raises KeyError,
+        TypeError or ValueError on a damaged one. A file is read through
+        ``layerscope.load`` (``documents.profile_from_dict``), which checks every field's
+        type (``schema.py``) before this and the tree's invariants (``check.py``) after
+        it, the two modules that read the tree and so sit above it."""
+        root = link([ModuleNode.from_dict(entry) for entry in doc["modules"]])
+        parts: list[ModuleNode] = []
+        by_path: dict[str, ModuleNode] = {}
+        for entry in doc.get("parts") or []:
+            node = ModuleNode.from_dict(entry)
+            if node.parent is None:
+                parts.append(node)
+            else:
+                by_path[node.parent].children.append(node)
+            by_path[node.path] = node
+        meta = dict(doc.get("meta") or {})
+        compiled = meta.pop("compile", None)
+        return cls(
+            root=root,
+            meta=RunFacts.from_dict(meta),
+            param_bytes=doc["totals"]["param_bytes"],
+            parts=parts,
+            memory=None if doc.get("memory") is None else MemorySummary.from_dict(doc["memory"]),
+            trace=None if doc.get("trace") is None else Trace.from_dict(doc["trace"]),
+            compiled=None if compiled is None else CompileInfo.from_dict(compiled),
+            device=None if doc.get("device") is None else DeviceLedger.from_dict(doc["device"]),
+        )
 
     DOCUMENT = "profile"  # its table in the output registry
 
