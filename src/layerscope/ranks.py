@@ -36,7 +36,7 @@ from layerscope.errors import MergeError, SchemaError
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import MemorySummary
 from layerscope.stats import median_floor, median_floor_without, observed_median_index
-from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, PhaseStats, Profile
+from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_TIME_NS",
@@ -254,7 +254,7 @@ class Waiting:
 
 
 @dataclass
-class MergedRun(NotebookDisplay):
+class MergedRun(formats.NotebookDisplay):
     """The ranks of one run (one cycle of a ``Profiler`` schedule), merged.
 
     ``ranks`` are sorted by rank; ``nodes`` is the union of their node structure, in an

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from html import escape as escape_html
 from typing import TYPE_CHECKING, Any
 
 from layerscope import formats
@@ -302,53 +301,8 @@ class StepSpread:
     far: float
 
 
-#: The height of a report's frame in a notebook: the report scrolls inside it, and the
-#: frame's lower edge can be dragged.
-NOTEBOOK_FRAME_HEIGHT_PX = 600
-
-
-def notebook_frame(page: str, height_px: int = NOTEBOOK_FRAME_HEIGHT_PX) -> str:
-    """``page``, a whole HTML document, as a notebook output: an ``<iframe>`` with the
-    page escaped into ``srcdoc`` and sandboxed to run its own script only.
-
-    The report is a page with its own Content-Security-Policy and one inline script. Put
-    into the notebook's DOM, its policy would not apply, its ids and styles would mix with
-    the notebook's (and with another report's in the same notebook), and front ends that
-    sanitize HTML would drop its script. In ``srcdoc`` it is a document of its own, so its
-    policy holds and nothing is fetched; ``sandbox="allow-scripts"`` without
-    ``allow-same-origin`` gives it an opaque origin: it cannot reach the notebook, its
-    storage or its kernel, open windows or navigate the notebook away."""
-    return (
-        '<iframe class="layerscope-report" title="layerscope report" sandbox="allow-scripts" '
-        f'style="width: 100%; height: {height_px}px; border: 1px solid #d0d7de; resize: vertical; overflow: auto" '
-        f'srcdoc="{escape_html(page, quote=True)}"></iframe>'
-    )
-
-
-class NotebookDisplay:
-    """How a document with an ``html`` format shows itself in Jupyter (IPython's display
-    protocol): :class:`Profile`, ``ProfileDiff``, ``MergedRun`` and ``BenchResult``.
-
-    ``_repr_html_`` is its interactive report in a sandboxed frame (:func:`notebook_frame`);
-    the ``text/plain`` of ``_repr_mimebundle_`` its text rendering, what ``print`` shows,
-    for front ends that show text only (IPython's terminal, a notebook exported as text).
-    Each is made when a front end asks for it, never before, and neither changes the
-    document. They are two methods, not one bundle, because IPython's terminal calls
-    ``_repr_mimebundle_`` too, and would build a page it then throws away, while it never
-    asks for ``_repr_html_``; and not ``_repr_pretty_``, which IPython skips for a class
-    with a ``__repr__`` of its own, as a dataclass has."""
-
-    __slots__ = ()
-
-    def _repr_html_(self) -> str:
-        return notebook_frame(formats.render(self, "html"))
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
-        return {"text/plain": str(self)}
-
-
 @dataclass
-class Profile(NotebookDisplay):
+class Profile(formats.NotebookDisplay):
     """A profiled model: ``meta`` (what was run, how) and the module tree."""
 
     root: ModuleNode

@@ -17,7 +17,6 @@ from typing import Any
 from layerscope import formats
 from layerscope.errors import SchemaError
 from layerscope.stats import percentile
-from layerscope.tree import NotebookDisplay
 
 SCHEMA = "layerscope-bench/1"
 
@@ -163,7 +162,7 @@ class BatchResult:
 
 
 @dataclass
-class BenchResult(NotebookDisplay):
+class BenchResult(formats.NotebookDisplay):
     """A model-level benchmark: the model's size and cost, then latency, throughput and
     peak memory per batch size, with the settings and the machine it ran on.
 
