@@ -2,7 +2,7 @@
 between torch's profiler and the conversion (``capture/kineto.py`` ``convert``).
 
 Two adapters write these records: the live one (``capture/torch_events.py``, from
-torch's in-memory events) and the trace import (``traces/events.py``, from a Kineto JSON
+torch's in-memory events) and the trace import (``traces/ranges.py``, from a Kineto JSON
 file). The conversion reads nothing else, so a window recorded on a GPU and saved
 (:meth:`WindowCapture.to_dict`) replays through the same conversion on a machine
 without one: that is how the CUDA path is checked on every commit.
