@@ -291,6 +291,9 @@ def test_bench_load_is_a_deprecated_alias_that_reads_benchmarks_only(tmp_path: P
         assert layerscope.bench.load(tmp_path / "bench.json").to_dict() == mlp_result.to_dict()
     with pytest.warns(DeprecationWarning), pytest.raises(SchemaError, match="not a layerscope benchmark: it is a profile"):
         layerscope.bench.load(tmp_path / "prof.json")
+    (tmp_path / "trace.json").write_text('{"traceEvents": []}')
+    with pytest.warns(DeprecationWarning), pytest.raises(SchemaError, match="not a layerscope benchmark \\(no 'schema'"):
+        layerscope.bench.load(tmp_path / "trace.json")
 
 
 def test_golden_table(golden: Any) -> None:

@@ -67,16 +67,17 @@ def read_saved(path: str | os.PathLike[str], what: str = "profile") -> Document:
     those), by its schema; ``what`` names the file in the errors of reading it ("no such
     profile file")."""
     doc, name = read_json(path, what)
-    return from_document(doc, source=repr(name))
+    return from_document(doc, source=repr(name), what=what)
 
 
-def from_document(doc: Any, source: str = "document") -> Document:
-    """The document a saved file's JSON ``doc`` holds, read by its schema's reader."""
+def from_document(doc: Any, source: str = "document", what: str = "profile") -> Document:
+    """The document a saved file's JSON ``doc`` holds, read by its schema's reader;
+    ``what`` names what was expected where ``doc`` names no schema."""
     schema = doc.get("schema") if isinstance(doc, dict) else None
     reader = READERS.get(schema) if isinstance(schema, str) else None
     if reader is None:
         if schema is None:
-            raise SchemaError(f"{source} is not a layerscope profile (no 'schema' field)")
+            raise SchemaError(f"{source} is not a layerscope {what} (no 'schema' field)")
         raise SchemaError(f"{source} has schema {schema!r}; this layerscope reads {', '.join(map(repr, READERS))}")
     return reader(doc, source)
 
