@@ -12,7 +12,7 @@ Four measurements, in one run:
    for a load, ``import json, gzip`` for the baseline) and its peak RSS at the end
    (``ru_maxrss``), so the table shows what the load itself adds. A load's time is split
    into *read* (the file to events: decompressing, decoding, the range trees) and *build*
-   (``profile_of_events``: the live capture's conversion, the attribution walk and the
+   (``profile_of_ranges``: the live capture's conversion, the attribution walk and the
    tree); *peak after read* is the child's peak RSS when the build begins.
    Targets: at most 3 s and 400 MB peak RSS.
 2. **A 1,000,000-event trace**, the OWLv2 trace tiled by ``benchmarks/trace_tile.py`` into
@@ -98,10 +98,10 @@ if kind == "layerscope":
     import layerscope, torch
     from layerscope.traces import load as trace_load
     out["imports_mib"] = rss_mib()
-    real_build = trace_load.profile_of_events
+    real_build = trace_load.profile_of_ranges
     build_s = []
 
-    # load_trace reads the file into events, then hands them to profile_of_events:
+    # load_trace reads the file into events, then hands them to profile_of_ranges:
     # timing that call (looked up in the module at each load) splits the load in two.
     def timed_build(*args, **kwargs):
         out["read_peak_mib"] = peak_mib()
@@ -111,12 +111,12 @@ if kind == "layerscope":
         finally:
             build_s.append(time.perf_counter() - start)
 
-    trace_load.profile_of_events = timed_build
+    trace_load.profile_of_ranges = timed_build
     start = time.perf_counter()
     profile = trace_load.load_trace(path)
     out["seconds"] = time.perf_counter() - start
     if len(build_s) != 1:
-        sys.exit(f"load_trace called profile_of_events {len(build_s)} times, not once: update the split")
+        sys.exit(f"load_trace called profile_of_ranges {len(build_s)} times, not once: update the split")
     out["build_seconds"] = build_s[0]
     out["count"] = sum(1 for _ in profile.nodes())
 else:

@@ -15,7 +15,7 @@ from torch import nn
 
 import layerscope
 from layerscope import zoo
-from layerscope.bench import BatchResult, BenchResult, compare, from_dict, load
+from layerscope.bench import BatchResult, BenchResult, compare, from_dict
 from layerscope.bench.measure import batch_of, time_runs
 from layerscope.errors import InputsError, SchemaError
 from test_cli import assert_usage_error, run_cli
@@ -269,7 +269,7 @@ def test_statistics_by_hand() -> None:
 def test_json_round_trip_and_schema_errors(tmp_path: Path, mlp_result: BenchResult) -> None:
     path = tmp_path / "bench.json"
     mlp_result.save(path)
-    again = load(path)
+    again = layerscope.load(path)
     assert again.to_dict() == mlp_result.to_dict() and again.render() == mlp_result.render()
     doc = json.loads(path.read_text())
     assert doc["schema"] == "layerscope-bench/1" and doc["batches"][0]["summary"]["p50_ns"] == mlp_result.batches[0].p50_ns
@@ -281,7 +281,19 @@ def test_json_round_trip_and_schema_errors(tmp_path: Path, mlp_result: BenchResu
         from_dict({**doc, "batches": [{"batch_size": 1, "status": "ok", "times_ns": []}]})
     (tmp_path / "cut.json").write_text(path.read_text()[:50])
     with pytest.raises(SchemaError, match="not valid JSON"):
-        load(tmp_path / "cut.json")
+        layerscope.load(tmp_path / "cut.json")
+
+
+def test_bench_load_is_a_deprecated_alias_that_reads_benchmarks_only(tmp_path: Path, mlp_result: BenchResult) -> None:
+    mlp_result.save(tmp_path / "bench.json")
+    layerscope.count_flops(nn.Linear(2, 2), torch.randn(1, 2)).save(tmp_path / "prof.json")
+    with pytest.warns(DeprecationWarning, match="use layerscope.load"):
+        assert layerscope.bench.load(tmp_path / "bench.json").to_dict() == mlp_result.to_dict()
+    with pytest.warns(DeprecationWarning), pytest.raises(SchemaError, match="not a layerscope benchmark: it is a profile"):
+        layerscope.bench.load(tmp_path / "prof.json")
+    (tmp_path / "trace.json").write_text('{"traceEvents": []}')
+    with pytest.warns(DeprecationWarning), pytest.raises(SchemaError, match="not a layerscope benchmark \\(no 'schema'"):
+        layerscope.bench.load(tmp_path / "trace.json")
 
 
 def test_golden_table(golden: Any) -> None:
@@ -312,7 +324,7 @@ def test_cli_bench_json_plot_and_compare(tmp_path: Path) -> None:
                   "-o", "r.json", "--plot", "r.png", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "zoo:mlp: inference, float32, cpu" in run.stdout and "samples/s" in run.stdout
-    result = load(tmp_path / "r.json")
+    result = layerscope.load(tmp_path / "r.json")
     assert [b.batch_size for b in result.batches] == [1, 4] and result.model == "zoo:mlp"
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     same = run_cli("bench", "--compare", "r.json", "r.json", "--fail-above", "10%", cwd=tmp_path)
@@ -329,6 +341,9 @@ def test_cli_bench_bad_input(tmp_path: Path) -> None:
     layerscope.count_flops(nn.Linear(2, 2), torch.randn(1, 2)).save(tmp_path / "prof.json")
     line = assert_usage_error(run_cli("bench", "--compare", "prof.json", "prof.json", cwd=tmp_path))
     assert "not a layerscope benchmark" in line and "layerscope show" in line
+    made(BASE).save(tmp_path / "bench.json")
+    line = assert_usage_error(run_cli("show", "bench.json", cwd=tmp_path))
+    assert "not a layerscope profile or merged run of ranks: it is a benchmark" in line and "bench --compare" in line
     line = assert_usage_error(run_cli("bench", "zoo:mlp", "--input", "64", cwd=tmp_path))
     assert "size 64 at dim 0" in line and "--inputs" in line
     assert "no such benchmark file" in assert_usage_error(run_cli("bench", "--compare", "a.json", "b.json", cwd=tmp_path))
@@ -420,7 +435,7 @@ def test_flops_it_could_not_count_are_unknown_not_zero(tmp_path: Path) -> None:
     assert result.flops is None and result.macs is None and result.flops_per_sample is None
     assert "per sample   ? MACs, ? FLOPs (unknown: the count ran out of memory)" in result.render()
     result.save(tmp_path / "bench.json")
-    assert load(tmp_path / "bench.json").flops is None
+    assert layerscope.load(tmp_path / "bench.json").flops is None
 
 
 @torch.library.custom_op("layerscope_test::mystery", mutates_args=())
@@ -447,7 +462,7 @@ def test_ops_with_no_formula_are_listed_not_counted_as_zero(tmp_path: Path) -> N
     assert result.macs == 8 * 4  # the linear's count stands
     assert "ops with no FLOP formula (not counted in FLOPs): layerscope_test::mystery x1" in result.render()
     result.save(tmp_path / "bench.json")
-    assert load(tmp_path / "bench.json").unsupported_ops == {"layerscope_test::mystery": 1}
+    assert layerscope.load(tmp_path / "bench.json").unsupported_ops == {"layerscope_test::mystery": 1}
 
 
 def test_an_interrupted_benchmark_keeps_the_batch_sizes_that_finished(tmp_path: Path) -> None:
@@ -475,9 +490,7 @@ def test_an_interrupted_benchmark_keeps_the_batch_sizes_that_finished(tmp_path: 
     assert result.best_batch_size == fastest
     assert f"best throughput: batch size {fastest}," in text
     result.save(tmp_path / "partial.json")
-    from layerscope.bench import load
-
-    again = load(tmp_path / "partial.json")
+    again = layerscope.load(tmp_path / "partial.json")
     assert [b.status for b in again.batches] == ["ok", "ok", "interrupted", "interrupted"]
 
 

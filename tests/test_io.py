@@ -540,3 +540,10 @@ def test_a_benchmark_saved_to_a_device_leaves_the_device(char_device: Any) -> No
 def test_write_atomic_to_a_folder(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match="it is a folder"):
         layerscope.io.write_atomic(tmp_path, "{}")
+
+
+def test_a_profile_s_codec_is_its_own_inverse(saved: Path) -> None:
+    # Profile.from_dict beside to_dict (tree.py); the strict reader checks and then builds the same.
+    doc = json.loads(saved.read_text())
+    again = Profile.from_dict(doc)
+    assert again.to_dict() == doc == layerscope.load(saved).to_dict()

@@ -27,7 +27,7 @@ import pytest
 
 from layerscope import formats
 from layerscope.progress import StageBars, progress_bar, snapshot
-from layerscope.tree import NOTEBOOK_FRAME_HEIGHT_PX
+from layerscope.render.notebook import NOTEBOOK_FRAME_HEIGHT_PX
 from test_pages import bench_result, hostile_diff, hostile_ranks, hostile_run
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
@@ -89,6 +89,13 @@ def test_each_document_shows_its_page_in_a_sandboxed_frame(kind: str) -> None:
     # The plain-text fallback is the text rendering, what print() shows; repr() stays.
     assert doc._repr_mimebundle_() == {"text/plain": str(doc)}
     assert repr(doc).startswith(type(doc).__name__ + "(")
+
+
+def test_one_notebook_frame_is_registered_by_the_renderers() -> None:
+    # The model reaches the frame through the registry (render/notebook.py fills it), as
+    # render() and save() reach the renderers; a second frame is refused.
+    with pytest.raises(ValueError, match="a notebook frame is already registered"):
+        formats.register_notebook_frame(lambda page: page)
 
 
 def test_the_page_is_built_only_when_a_front_end_shows_html(monkeypatch: pytest.MonkeyPatch) -> None:

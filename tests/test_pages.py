@@ -113,7 +113,7 @@ def test_the_registry_renders_as_the_documents_did(monkeypatch: pytest.MonkeyPat
 def test_save_follows_the_extension(tmp_path: Path) -> None:
     result = bench_result()
     result.save(tmp_path / "b.json")
-    assert layerscope.bench.load(tmp_path / "b.json") == result
+    assert layerscope.load(tmp_path / "b.json") == result
     result.save(tmp_path / "b.html")
     assert (tmp_path / "b.html").read_text(encoding="utf-8") == result.render("html")
     diff = hostile_diff()

@@ -574,8 +574,9 @@ def test_warmup_steps_are_dropped_when_every_step_is_detailed(fake_clock: Any) -
 
 def test_step_spread_names_the_steps_far_from_the_median() -> None:
     # Five steps, numbered 3 to 7; step 6 did one-off work. By hand: sorted 90, 100, 105,
-    # 110, 400 -> median (the lower middle) 105, p10 90, p90 400 (nearest rank). Far is
-    # 1.5 x away: 400 > 157.5 is; 90 (x0.86) is not.
+    # 110, 400 -> median (an observed step, the middle one) 105; interpolated (stats.py's
+    # rule): p10 at position 0.4 = 90 + 0.4 * 10 = 94, p90 at 3.6 = 110 + 0.6 * 290 = 284.
+    # Far is 1.5 x away: 400 > 157.5 is; 90 (x0.86) is not.
     model = nn.Linear(2, 2)
     with layerscope.Profiler(model) as prof:
         for _ in range(2):
@@ -585,11 +586,11 @@ def test_step_spread_names_the_steps_far_from_the_median() -> None:
     profile.meta.step_times_ns, profile.meta.step_numbers = [100, 110, 90, 400, 105], [3, 4, 5, 6, 7]
     spread = profile.step_spread()
     assert spread is not None
-    assert (spread.min_ns, spread.median_ns, spread.p10_ns, spread.p90_ns, spread.max_ns) == (90, 105, 90, 400, 400)
+    assert (spread.min_ns, spread.median_ns, spread.p10_ns, spread.p90_ns, spread.max_ns) == (90, 105, 94, 284, 400)
     assert spread.outliers == [(6, 400)]
     assert spread.steps == [(3, 100), (4, 110), (5, 90), (6, 400), (7, 105)]
     text = profile.render("text")
-    assert "Step wall time over 5 steps: min 90ns, median 105ns, p90 400ns, max 400ns" in text
+    assert "Step wall time over 5 steps: min 90ns, median 105ns, p90 284ns, max 400ns" in text
     assert "Steps far from the median (x1.5 or more away, in the sums above): step 6 400ns (x3.8)" in text
     profile.meta.step_times_ns = [100]
     assert profile.step_spread() is None

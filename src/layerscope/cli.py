@@ -884,7 +884,10 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
     import os
 
     import layerscope
+    from layerscope.loading import expect
+    from layerscope.ranks import MergedRun
     from layerscope.traces.reader import is_kineto_trace
+    from layerscope.tree import Profile
 
     model = None
     if args is not None and getattr(args, "config", None) and not getattr(args, "model", None):
@@ -892,7 +895,7 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
     if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
         model = _trace_model(args)
     try:
-        return layerscope.load(path, model=model)
+        return expect(layerscope.load(path, model=model), repr(path), Profile, MergedRun)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:  # a folder, no permission
@@ -1105,10 +1108,11 @@ def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def _load_bench(path: str) -> Any:
-    from layerscope.bench import load
+    from layerscope.bench import BenchResult
+    from layerscope.loading import expect, read_saved
 
     try:
-        return load(path)
+        return expect(read_saved(path, "benchmark"), repr(path), BenchResult)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from layerscope import fmt, formats
-from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, OpStats, PhaseStats, Profile
+from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_DEVICE_TIME_NS",
@@ -318,7 +318,7 @@ def display_path(path: str | None) -> str:
 
 
 @dataclass
-class ProfileDiff(NotebookDisplay):
+class ProfileDiff(formats.NotebookDisplay):
     """What changed between ``base`` and ``new``; see :func:`diff`.
 
     ``rows`` are the nodes and ``op_rows`` the ops, both largest change in ``metric``

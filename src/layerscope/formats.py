@@ -224,6 +224,50 @@ def display_text(doc: Any, **options: Any) -> str:
     return str(render(doc, "text", **options))
 
 
+#: How an ``html`` page shows in a notebook, ``fn(page) -> markup``: the one
+#: ``render/notebook.py`` registers (:func:`register_notebook_frame`).
+_NOTEBOOK_FRAMES: list[Callable[[str], str]] = []
+
+
+def register_notebook_frame(fn: Callable[[str], str]) -> Callable[[str], str]:
+    """Register ``fn(page) -> markup`` as the frame :func:`display_html` puts a document's
+    page in; a second one is an error."""
+    if _NOTEBOOK_FRAMES:
+        raise ValueError(f"a notebook frame is already registered ({_NOTEBOOK_FRAMES[0].__qualname__})")
+    _NOTEBOOK_FRAMES.append(fn)
+    return fn
+
+
+def display_html(doc: Any) -> str:
+    """``doc`` as a notebook shows it: its ``html`` format in the registered frame."""
+    if not _NOTEBOOK_FRAMES:
+        raise RuntimeError("no notebook frame is registered: import layerscope.render")
+    return _NOTEBOOK_FRAMES[0](str(render(doc, "html")))
+
+
+class NotebookDisplay:
+    """How a document with an ``html`` format shows itself in Jupyter (IPython's display
+    protocol): ``Profile``, ``ProfileDiff``, ``MergedRun`` and ``BenchResult``. Like their
+    ``render()``/``save()``, it delegates here, and the renderers do the work.
+
+    ``_repr_html_`` is its interactive report in a sandboxed frame (:func:`display_html`,
+    ``render/notebook.py``); the ``text/plain`` of ``_repr_mimebundle_`` its text
+    rendering, what ``print`` shows, for front ends that show text only (IPython's
+    terminal, a notebook exported as text). Each is made when a front end asks for it,
+    never before, and neither changes the document. They are two methods, not one bundle,
+    because IPython's terminal calls ``_repr_mimebundle_`` too, and would build a page it
+    then throws away, while it never asks for ``_repr_html_``; and not ``_repr_pretty_``,
+    which IPython skips for a class with a ``__repr__`` of its own, as a dataclass has."""
+
+    __slots__ = ()
+
+    def _repr_html_(self) -> str:
+        return display_html(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
+        return {"text/plain": str(self)}
+
+
 def render_chunks(doc: Any, fmt: str = "text", **options: Any) -> Iterator[str | bytes]:
     """The rendering in pieces: a chunked renderer's own, else the whole as one. The
     options are checked at the call, before the first piece is asked for."""

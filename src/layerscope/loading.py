@@ -1,30 +1,51 @@
-"""``layerscope.load``: any file layerscope reads, told by its content.
+"""``layerscope.load``: every file layerscope reads, told by its content.
 
-A saved profile (``layerscope/1``) or a merged run (``layerscope-ranks/1``) is read by
-:mod:`layerscope.documents`; a torch.profiler trace (Kineto's Chrome-trace JSON, plain or
-gzip) is turned into a profile by :mod:`layerscope.traces` (which imports torch, so only
-when the file is one).
+A document layerscope saved names its schema, and :data:`READERS` holds the one reader
+of each: a profile (``layerscope/1``), a merged run of ranks (``layerscope-ranks/1``), a
+benchmark (``layerscope-bench/1``). A torch.profiler trace (Kineto's Chrome-trace JSON,
+plain or gzip) is turned into a profile by :mod:`layerscope.traces` (which imports
+torch, so only when the file is one).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from layerscope import documents
+from layerscope.bench.result import SCHEMA as BENCH_SCHEMA
+from layerscope.bench.result import BenchResult
+from layerscope.documents import profile_from_dict
+from layerscope.errors import SchemaError
+from layerscope.formats import DOCUMENTS
+from layerscope.io import read_json
+from layerscope.ranks import SCHEMA as RANKS_SCHEMA
+from layerscope.ranks import MergedRun
 from layerscope.traces.reader import is_kineto_trace
+from layerscope.tree import SCHEMA as PROFILE_SCHEMA
+from layerscope.tree import Profile
 
-if TYPE_CHECKING:
-    from layerscope.ranks import MergedRun
-    from layerscope.tree import Profile
+#: A document layerscope saves and reads back.
+Document = Profile | MergedRun | BenchResult
+_Kind = TypeVar("_Kind", Profile, MergedRun, BenchResult)
+
+#: The reader of each saved document kind, by the schema its file names: each type's own
+#: ``from_dict`` (a profile's with its checks, which sit above the tree: documents.py).
+READERS: dict[str, Callable[[Any, str], Document]] = {
+    PROFILE_SCHEMA: profile_from_dict,
+    RANKS_SCHEMA: MergedRun.from_dict,
+    BENCH_SCHEMA: BenchResult.from_dict,
+}
 
 
-def load(path: str | os.PathLike[str], *, model: Any = None) -> Profile | MergedRun:
-    """Read a profile saved as JSON (a :class:`~layerscope.tree.Profile`), a merged run of
-    ranks (``layerscope-ranks/1``, a :class:`~layerscope.ranks.MergedRun`), or a
-    torch.profiler trace file (``.json`` or ``.json.gz``, as Kineto writes it) as a
-    profile; a clear :class:`~layerscope.errors.SchemaError` for anything else (a gzip
-    file is read as a trace, so a damaged one is said to be a damaged trace).
+def load(path: str | os.PathLike[str], *, model: Any = None) -> Document:
+    """Read any file layerscope reads: a profile saved as JSON (a
+    :class:`~layerscope.tree.Profile`), a merged run of ranks (a
+    :class:`~layerscope.ranks.MergedRun`), a benchmark (a
+    :class:`~layerscope.bench.BenchResult`), or a torch.profiler trace file (``.json``
+    or ``.json.gz``, as Kineto writes it) as a profile; a clear
+    :class:`~layerscope.errors.SchemaError` for anything else (a gzip file is read as a
+    trace, so a damaged one is said to be a damaged trace).
 
     ``model`` (an ``nn.Module``, only read, never run) gives a trace's modules their paths
     in it and their parameters; a saved profile has both already (docs/traces.md).
@@ -42,7 +63,42 @@ def load(path: str | os.PathLike[str], *, model: Any = None) -> Profile | Merged
             f"model= maps the modules of a torch.profiler trace file; {os.fspath(path)!r} is not one "
             "(a saved layerscope profile has its module paths already)"
         )
-    return documents.load(path)
+    return read_saved(path)
+
+
+def read_saved(path: str | os.PathLike[str], what: str = "profile") -> Document:
+    """The document layerscope saved at ``path`` (no trace files: :func:`load` reads
+    those), by its schema; ``what`` names the file in the errors of reading it ("no such
+    profile file")."""
+    doc, name = read_json(path, what)
+    return from_document(doc, source=repr(name), what=what)
+
+
+def from_document(doc: Any, source: str = "document", what: str = "profile") -> Document:
+    """The document a saved file's JSON ``doc`` holds, read by its schema's reader;
+    ``what`` names what was expected where ``doc`` names no schema."""
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    reader = READERS.get(schema) if isinstance(schema, str) else None
+    if reader is None:
+        if schema is None:
+            raise SchemaError(f"{source} is not a layerscope {what} (no 'schema' field)")
+        raise SchemaError(f"{source} has schema {schema!r}; this layerscope reads {', '.join(map(repr, READERS))}")
+    return reader(doc, source)
+
+
+#: What to do with a document of another kind, said after it is refused.
+_USE = {"profile": "'layerscope show' shows it", "ranks": "'layerscope show' shows it",
+        "bench": "'layerscope bench --compare' compares two"}
+
+
+def expect(doc: Document, source: str, *kinds: type[_Kind]) -> _Kind:
+    """``doc`` when it is one of ``kinds``; else a :class:`SchemaError` saying what it is
+    and what reads it."""
+    if isinstance(doc, kinds):
+        return doc
+    wanted = " or ".join(DOCUMENTS[kind.DOCUMENT].removeprefix("a ") for kind in kinds)
+    found = doc.DOCUMENT
+    raise SchemaError(f"{source} is not a layerscope {wanted}: it is {DOCUMENTS[found]} ({_USE[found]})")
 
 
 def _is_gzip(path: str | os.PathLike[str]) -> bool:

@@ -114,9 +114,9 @@ def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
 def draw_bench(fig: Any, result: Any, *, title: str | None = None) -> list[Any]:
     """Draw a benchmark on ``fig``; returns its axes: latency, throughput, and peak memory
     per batch size when the benchmark measured it."""
-    from layerscope.bench.result import BenchResult, from_dict
+    from layerscope.bench.result import BenchResult
 
-    bench = result if isinstance(result, BenchResult) else from_dict(result)
+    bench = result if isinstance(result, BenchResult) else BenchResult.from_dict(result)
     ok = sorted(bench.measured, key=lambda b: b.batch_size)
     sizes = [b.batch_size for b in ok]
     unit, scale = _time_unit(max((b.p90_ns for b in ok), default=0.0))

@@ -35,7 +35,8 @@ from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import MemorySummary
-from layerscope.tree import PHASES, ModuleNode, NotebookDisplay, PhaseStats, Profile
+from layerscope.stats import median_floor, median_floor_without, observed_median_index
+from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_TIME_NS",
@@ -253,7 +254,7 @@ class Waiting:
 
 
 @dataclass
-class MergedRun(NotebookDisplay):
+class MergedRun(formats.NotebookDisplay):
     """The ranks of one run (one cycle of a ``Profiler`` schedule), merged.
 
     ``ranks`` are sorted by rank; ``nodes`` is the union of their node structure, in an
@@ -313,8 +314,8 @@ class MergedRun(NotebookDisplay):
     def median_rank(self) -> int:
         """The rank of the median step time (the lower median for an even number of
         ranks; ties by rank): an observed rank, whose tree stands for the run."""
-        ordered = sorted(self.ranks, key=lambda r: (self.step_time_ns(r), r.rank))
-        return ordered[(len(ordered) - 1) // 2].rank
+        by_rank = sorted(self.ranks, key=lambda r: r.rank)
+        return by_rank[observed_median_index([self.step_time_ns(r) for r in by_rank])].rank
 
     def rank_profile(self, rank: int) -> Profile:
         """Rank ``rank``'s profile rebuilt from the merged document (no op rows, FLOPs or
@@ -429,7 +430,7 @@ class MergedRun(NotebookDisplay):
                     continue
                 ordered = [value for value, _ in values]
                 for index, (value, rank) in enumerate(values):
-                    median = _median_without(ordered, index)
+                    median = median_floor_without(ordered, index)
                     excess = value - median
                     if excess >= floor and excess > ratio * median and excess > 0:
                         found.append(Straggler(shape.path, phase, rank, value, median))
@@ -477,6 +478,62 @@ class MergedRun(NotebookDisplay):
             },
         }
 
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "document") -> MergedRun:
+        """Rebuild a :class:`MergedRun` from a ``layerscope-ranks/1`` dict: the type of every
+        field it reads is checked, and every rank's tree is rebuilt and checked; the
+        ``summary`` is derived again from the ranks, never read."""
+        from layerscope.check import summarize
+        from layerscope.schema import check_value
+
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            found = doc.get("schema") if isinstance(doc, dict) else None
+            raise SchemaError(f"{source} has schema {found!r}; a merged run has {SCHEMA!r}")
+        problems = check_value(doc, _rank_spec())
+        if problems:
+            raise SchemaError(f"{source} is a damaged merged run: {summarize(problems)}")
+        try:
+            shapes = {entry["path"]: NodeShape(**{f.name: entry[f.name] for f in fields(NodeShape)}) for entry in doc["nodes"]}
+            if len(shapes) != len(doc["nodes"]):
+                raise ValueError("a node path is listed twice")
+            union = list(shapes.values())
+            records = []
+            for entry in doc["ranks"]:
+                nodes: dict[str, NodeFigures] = {}
+                for shape in union:  # the rank's own order: the union's, restricted to it
+                    data = entry["nodes"].get(shape.path)
+                    if data is not None:
+                        phases = {p: PhaseStats.from_dict(data[p]) for p in PHASES if data.get(p) is not None}
+                        nodes[shape.path] = NodeFigures(data["calls"], data["profiled"], phases)
+                unknown = set(entry["nodes"]) - set(nodes)
+                if unknown:
+                    raise ValueError(f"rank {entry['rank']} has node {sorted(unknown)[0]!r}, which 'nodes' lacks")
+                records.append(RankRecord(
+                    entry["rank"], dict(entry["meta"]), entry["param_bytes"],
+                    None if entry.get("memory") is None else dict(entry["memory"]), nodes,
+                    {path: shapes[path] for path in nodes}, f"rank {entry['rank']} of {source}",
+                ))
+            if not records:
+                raise ValueError("it holds no ranks")
+            run = doc["run"]
+            merged = merge(
+                [cls(nodes=[], ranks=records)], sources=[source],
+                threshold=float(run.get("straggler_threshold", DEFAULT_THRESHOLD)),
+                min_time_ns=int(run.get("straggler_min_time_ns", DEFAULT_MIN_TIME_NS)),
+            )
+            for record in merged.ranks:
+                try:
+                    merged.rank_profile(record.rank)  # every rank's invariants, at the door
+                except SchemaError as exc:
+                    raise SchemaError(f"{source}: {exc}") from None
+        except SchemaError:
+            raise
+        except MergeError as exc:
+            raise SchemaError(f"{source} is an inconsistent merged run: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise SchemaError(f"{source} is a damaged merged run: {type(exc).__name__}: {exc}") from None
+        return merged
+
     def render(self, fmt: str = "text", **options: Any) -> str:
         """The merged run in a registered format (``layerscope.formats.formats("ranks")``)."""
         return formats.render(self, fmt, **options)
@@ -510,29 +567,6 @@ def _self_time(stats: PhaseStats, time_metric: str) -> int:
     if time_metric == "device":
         return stats.self_device_time_ns or 0
     return max(0, stats.self_cpu_time_ns - (stats.self_comm_time_ns or 0))
-
-
-def median_floor(values: Sequence[int]) -> int:
-    # statistics.median of whole numbers (the middle pair averaged), rounded down: ns
-    # and bytes stay whole.
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) // 2
-
-
-def _median_without(ordered: list[int], index: int) -> int:
-    """The median (as :func:`median_floor`) of sorted ``ordered`` without its item at ``index``,
-    by position: no copy per rank, so stragglers cost O(ranks log ranks) per node."""
-    size = len(ordered) - 1
-
-    def at(k: int) -> int:
-        return ordered[k if k < index else k + 1]
-
-    if size % 2:
-        return at(size // 2)
-    return (at(size // 2 - 1) + at(size // 2)) // 2
 
 
 def _spread(path: str, phase: str, metric: str, values: list[tuple[int, int]]) -> Spread:
@@ -737,7 +771,7 @@ def imbalance_changes(base: MergedRun, new: MergedRun) -> list[ImbalanceChange]:
     return rows
 
 
-# -- reading -----------------------------------------------------------------------------
+# -- the merged document's field types (MergedRun.from_dict checks them) -----------------
 
 
 def _rank_spec() -> Any:
@@ -764,58 +798,5 @@ def _rank_spec() -> Any:
     )
 
 
-def ranks_from_dict(doc: Any, source: str = "document") -> MergedRun:
-    """Rebuild a :class:`MergedRun` from a ``layerscope-ranks/1`` dict: the type of every
-    field it reads is checked, and every rank's tree is rebuilt and checked; the
-    ``summary`` is derived again from the ranks, never read."""
-    from layerscope.check import summarize
-    from layerscope.schema import check_value
-
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else None
-        raise SchemaError(f"{source} has schema {found!r}; a merged run has {SCHEMA!r}")
-    problems = check_value(doc, _rank_spec())
-    if problems:
-        raise SchemaError(f"{source} is a damaged merged run: {summarize(problems)}")
-    try:
-        shapes = {entry["path"]: NodeShape(**{f.name: entry[f.name] for f in fields(NodeShape)}) for entry in doc["nodes"]}
-        if len(shapes) != len(doc["nodes"]):
-            raise ValueError("a node path is listed twice")
-        union = list(shapes.values())
-        records = []
-        for entry in doc["ranks"]:
-            nodes: dict[str, NodeFigures] = {}
-            for shape in union:  # the rank's own order: the union's, restricted to it
-                data = entry["nodes"].get(shape.path)
-                if data is not None:
-                    phases = {p: PhaseStats.from_dict(data[p]) for p in PHASES if data.get(p) is not None}
-                    nodes[shape.path] = NodeFigures(data["calls"], data["profiled"], phases)
-            unknown = set(entry["nodes"]) - set(nodes)
-            if unknown:
-                raise ValueError(f"rank {entry['rank']} has node {sorted(unknown)[0]!r}, which 'nodes' lacks")
-            records.append(RankRecord(
-                entry["rank"], dict(entry["meta"]), entry["param_bytes"],
-                None if entry.get("memory") is None else dict(entry["memory"]), nodes,
-                {path: shapes[path] for path in nodes}, f"rank {entry['rank']} of {source}",
-            ))
-        if not records:
-            raise ValueError("it holds no ranks")
-        run = doc["run"]
-        merged = merge(
-            [MergedRun(nodes=[], ranks=records)], sources=[source],
-            threshold=float(run.get("straggler_threshold", DEFAULT_THRESHOLD)),
-            min_time_ns=int(run.get("straggler_min_time_ns", DEFAULT_MIN_TIME_NS)),
-        )
-        for record in merged.ranks:
-            try:
-                merged.rank_profile(record.rank)  # every rank's invariants, at the door
-            except SchemaError as exc:
-                raise SchemaError(f"{source}: {exc}") from None
-    except SchemaError:
-        raise
-    except MergeError as exc:
-        raise SchemaError(f"{source} is an inconsistent merged run: {exc}") from None
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise SchemaError(f"{source} is a damaged merged run: {type(exc).__name__}: {exc}") from None
-    return merged
-
+#: The same as :meth:`MergedRun.from_dict`, under its older name.
+ranks_from_dict = MergedRun.from_dict

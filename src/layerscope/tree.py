@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from html import escape as escape_html
 from typing import TYPE_CHECKING, Any
 
 from layerscope import formats
 from layerscope.compile_info import CompileInfo
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import DeviceLedger, MemorySummary, Trace
-from layerscope.stats import spread
+from layerscope.stats import observed_median, percentile_floor, spread
 
 if TYPE_CHECKING:
     from layerscope.ops import OpTable
@@ -249,6 +248,35 @@ class ModuleNode:
             "extra_repr": self.extra_repr,
         }
 
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> ModuleNode:
+        """The node of its :meth:`to_dict` entry, without children (:func:`link` and
+        :meth:`Profile.from_dict` fill them)."""
+
+        def phase(name: str) -> PhaseStats | None:
+            data = entry.get(name)
+            return None if data is None else PhaseStats.from_dict(data)
+
+        return cls(
+            path=entry["path"],
+            type=entry["type"],
+            parent=entry["parent"],
+            depth=entry["depth"],
+            calls=entry["calls"],
+            params=entry["params"],
+            params_total=entry["params_total"],
+            profiled=entry.get("profiled", True),
+            forward=PhaseStats.from_dict(entry["forward"]),
+            backward=phase("backward"),
+            recompute=phase("recompute"),
+            kind=str(entry.get("kind") or "module"),
+            ops=[OpStats.from_dict(op) for op in entry.get("ops", [])],
+            unsupported_ops=dict(entry.get("unsupported_ops") or {}),
+            extra_repr=str(entry.get("extra_repr") or ""),
+            input_shapes=entry.get("input_shapes"),
+            output_shapes=entry.get("output_shapes"),
+        )
+
 
 #: A step is far from the median when it takes this many times as long, or as short.
 STEP_FAR = 1.5
@@ -259,7 +287,9 @@ class StepSpread:
     """The recorded steps' wall times: ``steps`` as ``(step number, ns)`` in order, and
     ``outliers``, the steps ``far`` times the median or more away from it (longer or
     shorter), farthest first: a step that did one-off work (an optimizer creating its
-    state) stands out here instead of vanishing in a sum."""
+    state) stands out here instead of vanishing in a sum. ``median_ns`` is an observed
+    step's (:func:`~layerscope.stats.observed_median`: ``profile()``'s median pass, the
+    one shown); ``p10_ns`` and ``p90_ns`` are :func:`~layerscope.stats.percentile`'s."""
 
     steps: list[tuple[int, int]]
     min_ns: int
@@ -271,53 +301,8 @@ class StepSpread:
     far: float
 
 
-#: The height of a report's frame in a notebook: the report scrolls inside it, and the
-#: frame's lower edge can be dragged.
-NOTEBOOK_FRAME_HEIGHT_PX = 600
-
-
-def notebook_frame(page: str, height_px: int = NOTEBOOK_FRAME_HEIGHT_PX) -> str:
-    """``page``, a whole HTML document, as a notebook output: an ``<iframe>`` with the
-    page escaped into ``srcdoc`` and sandboxed to run its own script only.
-
-    The report is a page with its own Content-Security-Policy and one inline script. Put
-    into the notebook's DOM, its policy would not apply, its ids and styles would mix with
-    the notebook's (and with another report's in the same notebook), and front ends that
-    sanitize HTML would drop its script. In ``srcdoc`` it is a document of its own, so its
-    policy holds and nothing is fetched; ``sandbox="allow-scripts"`` without
-    ``allow-same-origin`` gives it an opaque origin: it cannot reach the notebook, its
-    storage or its kernel, open windows or navigate the notebook away."""
-    return (
-        '<iframe class="layerscope-report" title="layerscope report" sandbox="allow-scripts" '
-        f'style="width: 100%; height: {height_px}px; border: 1px solid #d0d7de; resize: vertical; overflow: auto" '
-        f'srcdoc="{escape_html(page, quote=True)}"></iframe>'
-    )
-
-
-class NotebookDisplay:
-    """How a document with an ``html`` format shows itself in Jupyter (IPython's display
-    protocol): :class:`Profile`, ``ProfileDiff``, ``MergedRun`` and ``BenchResult``.
-
-    ``_repr_html_`` is its interactive report in a sandboxed frame (:func:`notebook_frame`);
-    the ``text/plain`` of ``_repr_mimebundle_`` its text rendering, what ``print`` shows,
-    for front ends that show text only (IPython's terminal, a notebook exported as text).
-    Each is made when a front end asks for it, never before, and neither changes the
-    document. They are two methods, not one bundle, because IPython's terminal calls
-    ``_repr_mimebundle_`` too, and would build a page it then throws away, while it never
-    asks for ``_repr_html_``; and not ``_repr_pretty_``, which IPython skips for a class
-    with a ``__repr__`` of its own, as a dataclass has."""
-
-    __slots__ = ()
-
-    def _repr_html_(self) -> str:
-        return notebook_frame(formats.render(self, "html"))
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
-        return {"text/plain": str(self)}
-
-
 @dataclass
-class Profile(NotebookDisplay):
+class Profile(formats.NotebookDisplay):
     """A profiled model: ``meta`` (what was run, how) and the module tree."""
 
     root: ModuleNode
@@ -397,14 +382,15 @@ class Profile(NotebookDisplay):
         if len(numbers) != len(times):
             numbers = list(range(len(times)))
         ordered = sorted(times)
-        median = ordered[(len(ordered) - 1) // 2]
+        # The median step is an observed one: profile()'s median pass, the one shown.
+        median = observed_median(ordered)
         outliers = [
             (n, t) for n, t in zip(numbers, times) if median and (t > median * far or t * far < median)
         ]
         outliers.sort(key=lambda item: -abs(item[1] - median))
         return StepSpread(
             steps=list(zip(numbers, times)), min_ns=ordered[0], median_ns=median, max_ns=ordered[-1],
-            p10_ns=ordered[-(-len(ordered) // 10) - 1], p90_ns=ordered[-(-9 * len(ordered) // 10) - 1],
+            p10_ns=percentile_floor(ordered, 10), p90_ns=percentile_floor(ordered, 90),
             outliers=outliers, far=far,
         )
 
@@ -480,6 +466,36 @@ class Profile(NotebookDisplay):
             "trace": None if self.trace is None else self.trace.to_dict(),
             **({} if self.device is None else {"device": self.device.to_dict()}),
         }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Profile:
+        """The profile of its :meth:`to_dict` document, as given: it raises KeyError,
+        TypeError or ValueError on a damaged one. A file is read through
+        ``layerscope.load`` (``documents.profile_from_dict``), which checks every field's
+        type (``schema.py``) before this and the tree's invariants (``check.py``) after
+        it, the two modules that read the tree and so sit above it."""
+        root = link([ModuleNode.from_dict(entry) for entry in doc["modules"]])
+        parts: list[ModuleNode] = []
+        by_path: dict[str, ModuleNode] = {}
+        for entry in doc.get("parts") or []:
+            node = ModuleNode.from_dict(entry)
+            if node.parent is None:
+                parts.append(node)
+            else:
+                by_path[node.parent].children.append(node)
+            by_path[node.path] = node
+        meta = dict(doc.get("meta") or {})
+        compiled = meta.pop("compile", None)
+        return cls(
+            root=root,
+            meta=RunFacts.from_dict(meta),
+            param_bytes=doc["totals"]["param_bytes"],
+            parts=parts,
+            memory=None if doc.get("memory") is None else MemorySummary.from_dict(doc["memory"]),
+            trace=None if doc.get("trace") is None else Trace.from_dict(doc["trace"]),
+            compiled=None if compiled is None else CompileInfo.from_dict(compiled),
+            device=None if doc.get("device") is None else DeviceLedger.from_dict(doc["device"]),
+        )
 
     DOCUMENT = "profile"  # its table in the output registry
 

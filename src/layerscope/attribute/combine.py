@@ -10,12 +10,6 @@ from layerscope.attribute.walk import PassResult, add_busy, merge_enclosing
 from layerscope.tree import OpStats
 
 
-def median_pass(times: list[int]) -> int:
-    """The index of the pass whose time is the lower median of ``times`` (the first of
-    equals): the pass a profile shows whole."""
-    return sorted(range(len(times)), key=lambda n: (times[n], n))[(len(times) - 1) // 2]
-
-
 class Accumulator:
     """Sums training steps into one running total, so a long run keeps no raw events."""
 

@@ -25,7 +25,6 @@ op rows, FLOPs, memory) and these self times, totals summed as for any profile.
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ from layerscope.raw import (
     GraphNode,
     RawCapture,
 )
+from layerscope.stats import median, median_floor
 from layerscope.tree import Profile
 
 #: How a kernel call's time is split, as profiles and reports state it.
@@ -171,7 +171,7 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
         per_pass.append(times)
         kernel_totals.append(in_kernels)
     paths = {path for times in per_pass for path in times}
-    self_ns = {path: round(statistics.median(times.get(path, 0.0) for times in per_pass)) for path in sorted(paths)}
+    self_ns = {path: round(median(times.get(path, 0.0) for times in per_pass)) for path in sorted(paths)}
     step_ns = sum(self_ns.values())
     kernels = []
     for key, graph in graphs.items():
@@ -184,8 +184,8 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
                     modules[target] = modules.get(target, 0.0) + share
                 # Shares as saved (6 places): a loaded profile's kernels equal these.
                 shares_saved = {path: round(share, 6) for path, share in modules.items()}
-                kernels.append(KernelTime(key, call, round(statistics.median(samples)), shares_saved))
-    return CompiledTimes(self_ns, step_ns, kernels, int(statistics.median(kernel_totals)) if kernel_totals else 0)
+                kernels.append(KernelTime(key, call, median_floor(samples), shares_saved))
+    return CompiledTimes(self_ns, step_ns, kernels, median_floor(kernel_totals) if kernel_totals else 0)
 
 
 def with_ops(raw: RawCapture, ops: PassResult) -> set[str]:

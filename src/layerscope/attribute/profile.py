@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from layerscope.attribute.chain import Key, key_path
-from layerscope.attribute.combine import Accumulator, median_pass
+from layerscope.attribute.combine import Accumulator
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import Dynamic, PassResult, merge_enclosing, parent_indices, walk_pass
 from layerscope.comm import is_communication
@@ -15,6 +15,7 @@ from layerscope.compile_info import CompileInfo
 from layerscope.raw import DeviceBusy, RawCapture
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import DeviceLedger, Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
+from layerscope.stats import observed_median_index
 from layerscope.tree import (
     ADDITIVE_PHASE_METRICS,
     PHASES,
@@ -51,7 +52,7 @@ def build_profile(raw: RawCapture) -> Profile:
     # The median pass, an observed one (the lower of two middles): every figure is that
     # run's, so the tree adds up to a measured time, op rows add up within their
     # modules and the trace is the tree's run.
-    shown = median_pass([p.wall_ns if p.wall_ns is not None else p.top_level_ns for p in passes])
+    shown = observed_median_index([p.wall_ns if p.wall_ns is not None else p.top_level_ns for p in passes])
     meta.shown_pass = shown
     if not raw.detailed_passes:
         return assemble(raw, passes[shown], op_walk(raw), meta)

@@ -13,7 +13,6 @@ import copy
 import gc
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import model_device, model_dtype, modes_restored, require_module
 from layerscope.capture.training import loss_of
 from layerscope.errors import InputsError
+from layerscope.stats import median_floor
 
 #: ``progress(stage, done, total)``, as ``layerscope.profile``'s.
 Progress = Callable[[str, int, int], None]
@@ -231,7 +231,7 @@ def _transfer_ns(value: Any, device: torch.device, repeat: int = 5) -> int:
         tree_map(lambda t: t.to(device, non_blocking=False) if isinstance(t, torch.Tensor) else t, value)
         torch.cuda.synchronize()
         times.append(time.perf_counter_ns() - start)
-    return int(statistics.median(times))
+    return median_floor(times)
 
 
 def _peak_bytes_tracked(runner: _Runner, batch: Any) -> tuple[int | None, Any]:

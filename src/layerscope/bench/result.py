@@ -16,9 +16,7 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import SchemaError
-from layerscope.io import read_json
 from layerscope.stats import percentile
-from layerscope.tree import NotebookDisplay
 
 SCHEMA = "layerscope-bench/1"
 
@@ -143,9 +141,28 @@ class BatchResult:
             }
         return doc
 
+    @classmethod
+    def from_dict(cls, entry: Any, source: str = "document") -> BatchResult:
+        """A batch size's figures from its :meth:`to_dict` entry (the derived ``summary``
+        is not read: it is computed again); a one-line :class:`SchemaError` naming what is
+        wrong for anything else."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("batch_size"), int):
+            raise SchemaError(f"{source}: each entry of 'batches' must be an object with an integer 'batch_size'")
+        where = f"batch size {entry['batch_size']}"
+        status = entry.get("status", "ok")
+        if status not in STATUSES:
+            raise SchemaError(f"{source}: {where} has status {status!r}; expected one of {', '.join(STATUSES)}")
+        times = entry.get("times_ns", [])
+        if not isinstance(times, list) or not all(isinstance(t, int) and t >= 0 for t in times):
+            raise SchemaError(f"{source}: {where}: 'times_ns' must be a list of whole numbers of nanoseconds")
+        if status == "ok" and not times:
+            raise SchemaError(f"{source}: {where} has status 'ok' but no timed runs in 'times_ns'")
+        optional = {name: _int_or_none(entry.get(name), f"{where}: {name!r}", source) for name in _BATCH_FIELDS}
+        return cls(batch_size=entry["batch_size"], status=status, times_ns=times, **optional)
+
 
 @dataclass
-class BenchResult(NotebookDisplay):
+class BenchResult(formats.NotebookDisplay):
     """A model-level benchmark: the model's size and cost, then latency, throughput and
     peak memory per batch size, with the settings and the machine it ran on.
 
@@ -268,6 +285,35 @@ class BenchResult(NotebookDisplay):
             "batches": [b.to_dict() for b in self.batches],
         }
 
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "document") -> BenchResult:
+        """A :class:`BenchResult` from its ``to_dict()``; a one-line :class:`SchemaError`
+        naming what is wrong for anything else."""
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+            hint = " (a profile: use 'layerscope show')" if found == "layerscope/1" else ""
+            raise SchemaError(f"{source} is not a layerscope benchmark: expected schema {SCHEMA!r}, found {found!r}{hint}")
+        for key, kind in _REQUIRED.items():
+            if not isinstance(doc.get(key), kind):
+                raise SchemaError(f"{source}: {key!r} is missing or not a {kind.__name__}")
+        unsupported = doc.get("unsupported_ops") or {}
+        if not isinstance(unsupported, dict) or not all(_is_count(calls) for calls in unsupported.values()):
+            raise SchemaError(f"{source}: 'unsupported_ops' must map op names to numbers of calls")
+        return cls(
+            model=doc["model"], mode=doc["mode"], device=doc["device"], dtype=doc["dtype"],
+            params=doc["params"], trainable_params=doc["trainable_params"],
+            model_bytes_by_dtype=dict(doc["model_bytes_by_dtype"]),
+            flops=_int_or_none(doc.get("flops"), "'flops'", source), macs=_int_or_none(doc.get("macs"), "'macs'", source),
+            unsupported_ops=dict(unsupported),
+            count_batch_size=doc["count_batch_size"],
+            batches=[BatchResult.from_dict(b, source) for b in doc["batches"]],
+            settings=dict(doc.get("settings") or {}), machine=dict(doc.get("machine") or {}),
+            autocast=doc.get("autocast"), compiled=bool(doc.get("compiled", False)),
+            compile_time_ns=_int_or_none(doc.get("compile_time_ns"), "'compile_time_ns'", source),
+            max_batch_size=_int_or_none(doc.get("max_batch_size"), "'max_batch_size'", source),
+            input_shapes=doc.get("input_shapes"), input_dtypes=doc.get("input_dtypes"),
+        )
+
     def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
         """Write the result atomically: as JSON (``layerscope-bench/1``), or in the format
         ``path``'s extension names (``.html``, ``.txt``, ``.png``), or ``fmt``."""
@@ -306,61 +352,13 @@ def _int_or_none(value: Any, what: str, source: str) -> int | None:
     raise SchemaError(f"{source}: {what} must be a whole number or null, got {value!r}")
 
 
-def _batch_from_dict(entry: Any, source: str) -> BatchResult:
-    if not isinstance(entry, dict) or not isinstance(entry.get("batch_size"), int):
-        raise SchemaError(f"{source}: each entry of 'batches' must be an object with an integer 'batch_size'")
-    where = f"batch size {entry['batch_size']}"
-    status = entry.get("status", "ok")
-    if status not in STATUSES:
-        raise SchemaError(f"{source}: {where} has status {status!r}; expected one of {', '.join(STATUSES)}")
-    times = entry.get("times_ns", [])
-    if not isinstance(times, list) or not all(isinstance(t, int) and t >= 0 for t in times):
-        raise SchemaError(f"{source}: {where}: 'times_ns' must be a list of whole numbers of nanoseconds")
-    if status == "ok" and not times:
-        raise SchemaError(f"{source}: {where} has status 'ok' but no timed runs in 'times_ns'")
-    optional = {name: _int_or_none(entry.get(name), f"{where}: {name!r}", source) for name in _BATCH_FIELDS}
-    return BatchResult(batch_size=entry["batch_size"], status=status, times_ns=times, **optional)
-
-
 _REQUIRED = {
     "model": str, "mode": str, "device": str, "dtype": str, "params": int, "trainable_params": int,
     "model_bytes_by_dtype": dict, "count_batch_size": int, "batches": list,
 }
 
-
-def from_dict(doc: Any, source: str = "document") -> BenchResult:
-    """A :class:`BenchResult` from its ``to_dict()``; a one-line :class:`SchemaError`
-    naming what is wrong for anything else."""
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        hint = " (a profile: use 'layerscope show')" if found == "layerscope/1" else ""
-        raise SchemaError(f"{source} is not a layerscope benchmark: expected schema {SCHEMA!r}, found {found!r}{hint}")
-    for key, kind in _REQUIRED.items():
-        if not isinstance(doc.get(key), kind):
-            raise SchemaError(f"{source}: {key!r} is missing or not a {kind.__name__}")
-    unsupported = doc.get("unsupported_ops") or {}
-    if not isinstance(unsupported, dict) or not all(_is_count(calls) for calls in unsupported.values()):
-        raise SchemaError(f"{source}: 'unsupported_ops' must map op names to numbers of calls")
-    return BenchResult(
-        model=doc["model"], mode=doc["mode"], device=doc["device"], dtype=doc["dtype"],
-        params=doc["params"], trainable_params=doc["trainable_params"],
-        model_bytes_by_dtype=dict(doc["model_bytes_by_dtype"]),
-        flops=_int_or_none(doc.get("flops"), "'flops'", source), macs=_int_or_none(doc.get("macs"), "'macs'", source),
-        unsupported_ops=dict(unsupported),
-        count_batch_size=doc["count_batch_size"],
-        batches=[_batch_from_dict(b, source) for b in doc["batches"]],
-        settings=dict(doc.get("settings") or {}), machine=dict(doc.get("machine") or {}),
-        autocast=doc.get("autocast"), compiled=bool(doc.get("compiled", False)),
-        compile_time_ns=_int_or_none(doc.get("compile_time_ns"), "'compile_time_ns'", source),
-        max_batch_size=_int_or_none(doc.get("max_batch_size"), "'max_batch_size'", source),
-        input_shapes=doc.get("input_shapes"), input_dtypes=doc.get("input_dtypes"),
-    )
-
-
-def load(path: str | os.PathLike[str]) -> BenchResult:
-    """Read a benchmark saved as JSON (``BenchResult.save``, ``layerscope bench -o``)."""
-    doc, name = read_json(path, "benchmark")
-    return from_dict(doc, source=repr(name))
+#: ``layerscope.bench.from_dict``: the same as :meth:`BenchResult.from_dict`.
+from_dict = BenchResult.from_dict
 
 
 @dataclass

@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from layerscope.compat.events import EventList, OpEvent
+from layerscope.compat.op_records import EventList, OpEvent
 from layerscope.ops import TORCH_SORT_KEYS, OpTableError
 from layerscope.schedule import Schedule, schedule
 from layerscope.tree import Profile
@@ -122,7 +122,7 @@ def _on_device(profile: Profile) -> bool:
 
 
 class KeyAverages(EventList):
-    """``key_averages()``: one :class:`~layerscope.compat.events.OpEvent` per op name
+    """``key_averages()``: one :class:`~layerscope.compat.op_records.OpEvent` per op name
     (and input shapes, and stack), from ``Profile.ops()``; ``table(sort_by=...,
     row_limit=...)`` takes torch's sort keys and sorts through ``Profile.ops()`` too."""
 

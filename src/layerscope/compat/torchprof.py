@@ -31,7 +31,7 @@ from torch import nn
 from layerscope.block import Profiler
 from layerscope.capture.modules import require_module
 from layerscope.capture.recorder import Clock
-from layerscope.compat.events import EventList, OpEvent
+from layerscope.compat.op_records import EventList, OpEvent
 from layerscope.sidedocs import Spans
 from layerscope.tree import OpStats
 from layerscope.tree import Profile as LayerscopeProfile
@@ -169,7 +169,7 @@ class Profile:
     def raw(self) -> tuple[tuple[Trace, ...], dict[TorchprofPath, list[EventList]]] | None:
         """``(traces, events_by_path)`` as torchprof returned them (None before the block
         ends): every module as a :class:`Trace`, and for each measured module's path one
-        :class:`~layerscope.compat.events.EventList` per call, its aten ops in the order
+        :class:`~layerscope.compat.op_records.EventList` per call, its aten ops in the order
         they ran (the ops of its submodules included, as torchprof's were)."""
         if not self.exited:
             return None

@@ -3,7 +3,7 @@ seam between the two adapters that write them and the conversion that reads them
 (:mod:`layerscope.convert.streams`).
 
 Two adapters write these records: the live one (``capture/torch_events.py``, from
-torch's in-memory events) and the trace import (``traces/events.py``, from a Kineto JSON
+torch's in-memory events) and the trace import (``traces/ranges.py``, from a Kineto JSON
 file). The conversion reads nothing else, so torch's events recorded on a GPU
 (``capture/replay.py``) replay through the same adapter and conversion on a machine
 without one: that is how the CUDA path is checked on every commit.

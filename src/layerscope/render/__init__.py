@@ -58,4 +58,5 @@ from layerscope.render import (  # noqa: F401, I001
     bench_text,
     bench_html,
     png,
+    notebook,
 )

@@ -16,8 +16,8 @@ from typing import Any
 
 from layerscope.formats import register_renderer
 from layerscope.ranks import MergedRun
-from layerscope.ranks import median_floor as median  # the spreads' own median (to the ns)
 from layerscope.render.html import html_page
+from layerscope.stats import median_floor
 from layerscope.tree import PHASES, ModuleNode
 
 SCHEMA = "layerscope-ranks-html/1"
@@ -46,7 +46,7 @@ def ranks_data(run: MergedRun) -> dict[str, Any]:
                 for value, rank in found:
                     values[column[rank]] = value
                 row[key] = values
-                row[key + "_median"] = median([value for value, _ in found])
+                row[key + "_median"] = median_floor([value for value, _ in found])
             else:
                 if phase == "forward" or any(row["time"]):  # not a phase no rank spent time in
                     heat.append(row)

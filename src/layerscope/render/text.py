@@ -20,6 +20,7 @@ from layerscope.render.options import DEPTH, WIDTH
 from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
 from layerscope.runfacts import RunFacts
 from layerscope.sidedocs import UNATTRIBUTED_REASONS
+from layerscope.stats import observed_median
 from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
@@ -472,7 +473,7 @@ def _footer(profile: Profile) -> list[str]:
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
             f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
-            f"median {fmt.time_ns(passes[(len(passes) - 1) // 2])}, max {fmt.time_ns(passes[-1])}"
+            f"median {fmt.time_ns(observed_median(passes))}, max {fmt.time_ns(passes[-1])}"
             + _shown_pass(profile)
         )
     unsupported = profile.unsupported_ops()

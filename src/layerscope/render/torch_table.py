@@ -6,7 +6,7 @@ rules of dashes, a name column as wide as the longest name (at most
 time, device columns when any op has device time, memory columns when memory was
 tracked, ``Input Shapes`` when grouped by shape and ``Source Location`` (one frame per
 line) when grouped by stack, then ``Self CPU time total``. The rows come from
-``layerscope.compat``'s :class:`~layerscope.compat.events.OpEvent` (the tree's op rows
+``layerscope.compat``'s :class:`~layerscope.compat.op_records.OpEvent` (the tree's op rows
 under torch's names); this file only draws them. Lines carry no trailing spaces.
 """
 
@@ -19,7 +19,7 @@ from layerscope import fmt
 from layerscope.render.table import Column, Style, measure
 
 if TYPE_CHECKING:
-    from layerscope.compat.events import OpEvent
+    from layerscope.compat.op_records import OpEvent
 
 _FIGURE_WIDTH = 12
 #: Two spaces between columns, on the rules too.

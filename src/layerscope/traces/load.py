@@ -2,7 +2,7 @@
 capture's own conversion and attribution.
 
 The file's events become the range trees torch's profiler hands the live capture
-(``events.py``): ``ProfilerStep#N`` ranges are steps, ``nn.Module: ClassName_k`` calls
+(``ranges.py``): ``ProfilerStep#N`` ranges are steps, ``nn.Module: ClassName_k`` calls
 module ranges (``modules.py`` gives each instance its place), other ``user_annotation``
 ranges labels, ``cpu_op`` events ops with their recorded inputs. From there it is the
 live path: ``convert.streams.convert`` makes one typed stream per step, and the walker
@@ -27,7 +27,6 @@ from layerscope.intervals import union_ns
 from layerscope.peaks import datasheet_tflops
 from layerscope.raw import RawCapture
 from layerscope.runfacts import RunFacts
-from layerscope.traces.events import _NO_FIELDS, TraceEvents, read_events
 from layerscope.traces.modules import (
     Instance,
     ModelTable,
@@ -38,6 +37,7 @@ from layerscope.traces.modules import (
     table_without_model,
     uncalled,
 )
+from layerscope.traces.ranges import _NO_FIELDS, TraceRanges, read_ranges
 from layerscope.traces.reader import open_trace
 from layerscope.tree import Profile
 
@@ -55,9 +55,9 @@ def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None)
     name = os.fspath(path)
     try:
         with open_trace(name) as reader:
-            events = read_events(reader.events())
+            ranges = read_ranges(reader.events())
             file_meta = dict(reader.meta)
-        return profile_of_events(events, file_meta, model=model, source=os.path.basename(name))
+        return profile_of_ranges(ranges, file_meta, model=model, source=os.path.basename(name))
     except MemoryError:
         raise SchemaError(
             f"{name!r} is too large a trace for this machine's memory; record fewer steps "
@@ -65,17 +65,17 @@ def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None)
         ) from None
 
 
-def profile_of_events(
-    events: TraceEvents, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace"
+def profile_of_ranges(
+    ranges: TraceRanges, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace"
 ) -> Profile:
-    """The profile of a trace's events (``read_events``) and its top-level keys. The
-    events' ranges are spent: ``events.roots``, ``modules``, ``steps`` and ``kernels`` are
+    """The profile of a trace's ranges (``read_ranges``) and its top-level keys. The
+    ranges are spent: ``ranges.roots``, ``modules``, ``steps`` and ``kernels`` are
     emptied once converted."""
-    found = instances(events.modules, events.python_parent)
+    found = instances(ranges.modules, ranges.python_parent)
     param_bytes: int | None
     if model is not None:
         infos = model.infos
-        index, how = _mapped(found, infos, model.params, events.has_shapes, source, model.name)
+        index, how = _mapped(found, infos, model.params, ranges.has_shapes, source, model.name)
         param_bytes = _traced_param_bytes(model, found, index)
     else:
         infos, index = table_without_model(found)
@@ -87,24 +87,24 @@ def profile_of_events(
             "unmatched": [],
         }
     dropped: set[int] = set()
-    for call in events.modules:
+    for call in ranges.modules:
         at = index.get(call.instance)
         if at is None:
             dropped.add(id(call.range))
         else:
             call.range.name = f"{MODULE_PREFIX}{at}"
     roots: list[Range] = []
-    for tid_roots in events.roots.values():
+    for tid_roots in ranges.roots.values():
         roots.extend(_spliced(tid_roots, dropped))
-    numbers = _steps(events, roots)
-    has_device = bool(events.device_events)
-    detail = Detail(stacks=None) if events.has_shapes else None
+    numbers = _steps(ranges, roots)
+    has_device = bool(ranges.device_events)
+    detail = Detail(stacks=None) if ranges.has_shapes else None
     windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
-    streams = convert(roots, events.kernels, has_device=has_device, detail=detail, ops=CATALOG)
+    streams = convert(roots, ranges.kernels, has_device=has_device, detail=detail, ops=CATALOG)
     # The ranges are spent once converted: released before the walk, as each step's
     # stream is once summed (most of a large trace's memory).
     roots.clear()
-    for kept in (events.roots, events.modules, events.steps, events.kernels):
+    for kept in (ranges.roots, ranges.modules, ranges.steps, ranges.kernels):
         kept.clear()
 
     cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
@@ -114,12 +114,12 @@ def profile_of_events(
     streams.reverse()
     for number in numbers[: len(streams)]:
         cycle.add(streams.pop(), number, warmup=False, keep_empty=keep_empty, has_device=has_device)
-    meta = _meta(file_meta, events, source, how, model, windows, infos[0].type)
+    meta = _meta(file_meta, ranges, source, how, model, windows, infos[0].type)
     if numbers:
         meta.step_range = [min(numbers), max(numbers)]
     raw = RawCapture(
         modules=infos, has_device_time=has_device, param_bytes=param_bytes, meta=meta, memory_notes=False,
-        counts_known=events.has_shapes,
+        counts_known=ranges.has_shapes,
     )
     if cycle.empty:
         raise SchemaError(
@@ -221,7 +221,7 @@ def _spliced(ranges: list[Range], dropped: set[int]) -> list[Range]:
     return out
 
 
-def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
+def _steps(ranges: TraceRanges, roots: list[Range]) -> list[int]:
     """Put the owner thread's roots into steps, in ``roots``; the step numbers, in order.
 
     ``ProfilerStep#N`` ranges mark where steps begin. A range that runs past its step's
@@ -229,8 +229,8 @@ def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
     that step, and the next begins where it ends: each root is in the step it began in,
     whole. A trace without them is one step (numbered 0) around everything the busiest
     thread did."""
-    if events.steps:
-        marks = sorted(events.steps, key=lambda s: s[0].start_time_ns)
+    if ranges.steps:
+        marks = sorted(ranges.steps, key=lambda s: s[0].start_time_ns)
         owner = marks[0][0].start_tid
         marks = [(rng, n) for rng, n in marks if rng.start_tid == owner]
     else:
@@ -270,44 +270,44 @@ def _steps(events: TraceEvents, roots: list[Range]) -> list[int]:
 
 
 def _meta(
-    file_meta: dict[str, Any], events: TraceEvents, source: str, how: dict[str, Any], model: ModelTable | None,
+    file_meta: dict[str, Any], ranges: TraceRanges, source: str, how: dict[str, Any], model: ModelTable | None,
     windows: list[tuple[int, int]], model_type: str,
 ) -> RunFacts:
     devices = file_meta.get("deviceProperties") or []
     names = sorted({str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")})
     distributed = _distributed(file_meta.get("distributedInfo"))
-    all_device = union_ns([(e.start_ns, e.end_ns) for e in events.device_events])
-    orphans = [e for e in events.device_events if e.correlation not in events.launched_in]
+    all_device = union_ns([(e.start_ns, e.end_ns) for e in ranges.device_events])
+    orphans = [e for e in ranges.device_events if e.correlation not in ranges.launched_in]
 
     def in_a_step(correlation: int) -> bool:
-        at = events.launched_at[correlation]
-        return bool(events.launched_in[correlation]) and any(s <= at <= e for s, e in windows)
+        at = ranges.launched_at[correlation]
+        return bool(ranges.launched_in[correlation]) and any(s <= at <= e for s, e in windows)
 
-    outside = [e for e in events.device_events if e.correlation in events.launched_in and not in_a_step(e.correlation)]
+    outside = [e for e in ranges.device_events if e.correlation in ranges.launched_in and not in_a_step(e.correlation)]
     meta = RunFacts(
         model=model.name if model is not None else model_type,
         layerscope_version=__version__,
-        device="cuda" if events.device_events else "cpu",
+        device="cuda" if ranges.device_events else "cpu",
         mode="trace",
         source={
             "kind": "torch.profiler trace",
             "file": source,
             "device_names": names,
             "schema_version": file_meta.get("schemaVersion"),
-            "record_shapes": _flag(file_meta.get("record_shapes"), events.has_shapes),
-            "profile_memory": _flag(file_meta.get("profile_memory"), events.has_memory),
-            "with_stack": _flag(file_meta.get("with_stack"), events.has_stack),
+            "record_shapes": _flag(file_meta.get("record_shapes"), ranges.has_shapes),
+            "profile_memory": _flag(file_meta.get("profile_memory"), ranges.has_memory),
+            "with_stack": _flag(file_meta.get("with_stack"), ranges.has_stack),
         },
         modules_from=how,
         times_from="trace",
         ops_from="trace",
     )
-    if not events.has_shapes:
+    if not ranges.has_shapes:
         meta.flops_unknown = "the trace recorded no input shapes (record_shapes=False)"
-    meta.peak_flops_per_s, meta.peak_from = _peak(names, events.matrix_dtypes, events.has_shapes)
-    if events.device_events:
+    meta.peak_flops_per_s, meta.peak_from = _peak(names, ranges.matrix_dtypes, ranges.has_shapes)
+    if ranges.device_events:
         meta.device_events = {
-            "events": len(events.device_events),
+            "events": len(ranges.device_events),
             "time_ns": all_device,
             "outside_steps": len(outside),
             "outside_steps_time_ns": union_ns([(e.start_ns, e.end_ns) for e in outside]),

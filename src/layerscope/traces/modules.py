@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope.raw import ModuleInfo
-from layerscope.traces.events import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
+from layerscope.traces.ranges import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What ``traces/events.read_events`` keeps of a trace's events, on hand-built events:
+"""What ``traces/ranges.read_ranges`` keeps of a trace's events, on hand-built events:
 one object for what repeats, allocations as ranges with their own fields, and of the
 Python tracer's frames those a module instance's parent is looked up through."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from layerscope.traces.events import read_events
 from layerscope.traces.modules import instances
+from layerscope.traces.ranges import read_ranges
 
 
 def _op(name: str, ts: int, dur: int, **args: Any) -> dict[str, Any]:
@@ -23,7 +23,7 @@ def _frame(name: str, ts: int, dur: int, ident: int, parent: int | None) -> dict
 
 def test_ops_called_alike_share_their_inputs_and_fields() -> None:
     recorded = {"Input type": ["float", "float"], "Input Dims": [[2, 3], [3, 4]], "Concrete Inputs": ["", ""]}
-    events = read_events([
+    events = read_ranges([
         _op("aten::mm", 0, 10, **recorded),
         _op("aten::mm", 20, 10, **recorded),
         _op("aten::mm", 40, 10, **recorded, **{"Sequence number": 5}),
@@ -42,7 +42,7 @@ def test_ops_called_alike_share_their_inputs_and_fields() -> None:
 def test_an_allocation_is_a_range_that_is_its_own_fields() -> None:
     memory = {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 5, "tid": 7,
               "args": {"Bytes": 64, "Addr": 1000, "Total Allocated": 64, "Total Reserved": 128, "Device Type": 0}}
-    events = read_events([_op("aten::empty", 5, 10), memory])
+    events = read_ranges([_op("aten::empty", 5, 10), memory])
     (op,) = events.roots[7]
     (alloc,) = op.children
     assert alloc.name == "[memory]" and alloc.children == [] and alloc.extra_fields is alloc
@@ -68,7 +68,7 @@ def test_the_python_frames_kept_find_each_instance_s_parent() -> None:
         _frame("other.py(1): f", 200, 10, 10, None),
         _frame("other.py(2): g", 201, 5, 11, 10),
     ]
-    events = read_events(frames)
+    events = read_ranges(frames)
     full = {f["args"]["Python id"]: f["args"]["Python parent id"] for f in frames}
     assert events.has_stack
     assert set(events.python_parent) <= set(full) and 10 not in events.python_parent and 11 not in events.python_parent

@@ -148,7 +148,7 @@ class ModuleCall:
 
 
 @dataclass
-class TraceEvents:
+class TraceRanges:
     """What a trace holds, as the live conversion reads it."""
 
     #: Each thread's root ranges (steps, modules, labels, ops), by thread id.
@@ -176,7 +176,7 @@ class TraceEvents:
 
 class _Builder:
     def __init__(self) -> None:
-        self.out = TraceEvents()
+        self.out = TraceRanges()
         #: Host events per thread, unnested, in the file's order: ranges, and launches as
         #: (start, end, correlation).
         self.by_thread: dict[int, list[Any]] = {}
@@ -395,7 +395,7 @@ class _Builder:
         return found
 
     # -- nesting ------------------------------------------------------------------------
-    def finish(self) -> TraceEvents:
+    def finish(self) -> TraceRanges:
         out = self.out
         for tid, items in self.by_thread.items():
             # By start, then the longer first, then modules, labels, ops, allocations,
@@ -440,7 +440,7 @@ class _Builder:
         return out
 
 
-def read_events(events: Iterable[dict[str, Any]]) -> TraceEvents:
+def read_ranges(events: Iterable[dict[str, Any]]) -> TraceRanges:
     """The trace's events (dicts, as the file holds them) as host range trees per thread,
     device events linked to the ranges that launched them, and module calls."""
     builder = _Builder()
