@@ -113,17 +113,21 @@ def assemble(
     compiled: CompileInfo | None = None,
 ) -> Profile:
     """Nodes from per-node self figures, totals derived bottom-up; ``compiled``: the
-    run of a compiled model whose times these are."""
+    run of a compiled model whose times these are. A new profile: what it is given
+    (``times``, ``op_result``, ``meta``) is left as it was."""
     has_device = raw.has_device_time
     counted = op_result is not None
     counts = counted and raw.counts_known
     memory = op_result.memory if op_result is not None else None
     phases = set(times.phases) | (op_result.phases if op_result is not None else set())
+    # The made nodes and enclosing labels of both walks (the timed one's first).
+    dynamic = dict(times.dynamic)
+    enclosing = dict(times.enclosing)
     if op_result is not None:
         for path, dyn in op_result.dynamic.items():
-            times.dynamic.setdefault(path, dyn)
+            dynamic.setdefault(path, dyn)
         if op_result is not times:
-            merge_enclosing(times.enclosing, op_result.enclosing)
+            merge_enclosing(enclosing, op_result.enclosing)
 
     ops_by_key: dict[Key, list[OpStats]] = {}
     op_index: dict[tuple[Any, ...], int] = {}
@@ -220,13 +224,16 @@ def assemble(
     dynamic_nodes: dict[str, ModuleNode] = {}
     parts: list[ModuleNode] = []
     model_labels: set[str] = set()
-    pending = list(times.dynamic.values())
+    # Each made node's parent; an orphan's is None (below).
+    made_parents: dict[str, Key | None] = {path: dyn.parent for path, dyn in dynamic.items()}
+    pending = list(dynamic.values())
     while pending:
         waiting = []
         for dyn in pending:
             parent_path = None
-            if dyn.parent is not None:
-                parent_path = key_path(dyn.parent, paths)
+            parent = made_parents[dyn.path]
+            if parent is not None:
+                parent_path = key_path(parent, paths)
             parent_node = None
             if parent_path is not None:
                 parent_node = model_nodes.get(parent_path) or dynamic_nodes.get(parent_path)
@@ -252,19 +259,23 @@ def assemble(
                 parent_node.children.append(node)
         if len(waiting) == len(pending):  # orphans (a walk never makes them): top level
             for dyn in waiting:
-                dyn.parent = None
+                made_parents[dyn.path] = None
         pending = waiting
     # A module whose every call ran directly in one label of its parent module (the
     # label enclosed it) sits under that label; its path stays the model's.
     for index, info in enumerate(raw.modules):
-        label = times.enclosing.get(index)
-        if label is not None and info.parent is not None and label in model_labels and _label_owner(label, times.dynamic, paths) == info.parent:
+        label = enclosing.get(index)
+        if (
+            label is not None and info.parent is not None and label in model_labels
+            and _label_owner(label, dynamic, made_parents, paths) == info.parent
+        ):
             nodes[index].parent = label
     root = _nest(nodes)
     parts.sort(key=_part_order)
     for tree in [root, *parts]:
         _sum_up(tree)
 
+    meta = meta.copy()  # the profile's own
     meta.unattributed_ops = times.outside_ops if op_result is None else op_result.outside_ops
     if parts and meta.timed is not False:
         meta.step_time_ns = sum(
@@ -365,12 +376,16 @@ def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[st
     )
 
 
-def _label_owner(label: str, dynamic: dict[str, Dynamic], paths: list[str]) -> str | None:
+def _label_owner(
+    label: str, dynamic: dict[str, Dynamic], parents: dict[str, Key | None], paths: list[str]
+) -> str | None:
     """The path of the module a label (or the labels it ran in) ran in; None for a label
-    outside the model or a step part."""
+    outside the model or a step part. ``parents``: each made node's parent."""
     dyn = dynamic.get(label)
-    while dyn is not None and dyn.kind == "label" and dyn.parent is not None:
-        up = dyn.parent
+    while dyn is not None and dyn.kind == "label":
+        up = parents[dyn.path]
+        if up is None:
+            return None
         if isinstance(up, int):  # a module's index
             return paths[up]
         dyn = dynamic.get(up)
