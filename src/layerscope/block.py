@@ -2,12 +2,13 @@
 capture backend (torch's profiler recording shapes and memory; a dispatch mode where it
 cannot run; module hooks alone with ``record_ops=False``). Each cycle of a schedule is
 folded as its steps are read (``attribute/cycle.py``) and delivered as a ``Profile``.
-The torch.profiler names it answers to are ``compat/torch_profiler.py``'s."""
+
+``layerscope.Profiler`` is this block with torch.profiler's names on top
+(``compat/torch_profiler.py``): this module knows none of them."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,11 +82,6 @@ class Profiler:
     it is known from the datasheet. If the
     block raises, what was captured up to then is kept, marked
     ``meta.complete = False``.
-
-    torch.profiler's arguments (``activities``, ``record_shapes``, ``profile_memory``,
-    ``on_trace_ready``, ``schedule=torch.profiler.schedule(...)``) and reading calls
-    (``key_averages``, ``export_chrome_trace``, ``export_stacks``, ``step_num``) work
-    too, with their meanings: see ``layerscope.compat.torch_profiler``.
     """
 
     def __init__(
@@ -99,21 +95,10 @@ class Profiler:
         clock: Clock | None = None,
         schedule: Callable[[int], Any] | None = None,
         on_ready: Callable[[Profile], Any] | None = None,
-        activities: Sequence[Any] | None = None,
-        record_shapes: bool | None = None,
-        profile_memory: bool | None = None,
-        on_trace_ready: Callable[[Profiler], Any] | None = None,
         peak_tflops: float | None = None,
     ) -> None:
         self.model = require_module(model)
         self._peak_tflops = check_peak_tflops(peak_tflops)
-        # torch.profiler's arguments, with their meanings: see layerscope.compat.torch_profiler.
-        from layerscope.compat import torch_profiler
-
-        memory, schedule, on_ready = torch_profiler.options(
-            self, memory=memory, schedule=schedule, on_ready=on_ready, activities=activities,
-            record_shapes=record_shapes, profile_memory=profile_memory, on_trace_ready=on_trace_ready,
-        )
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):
@@ -199,6 +184,7 @@ class Profiler:
     def _action(self, step: int) -> Action:
         if self._schedule is None:
             return Action.RECORD
+        # Another enum of the same names (torch.profiler's ProfilerAction) is read by name.
         action = self._schedule(step)
         return Action[action.name] if not isinstance(action, Action) else action
 
@@ -364,27 +350,3 @@ class Profiler:
             return self.profile._repr_mimebundle_(include, exclude, **kwargs)
         except ProfilerStateError as exc:
             return {"text/plain": str(exc)}
-
-    # -- torch.profiler's names (layerscope.compat.torch_profiler) ----------------------
-    @property
-    def step_num(self) -> int:
-        """How many steps ``step()`` has ended (torch.profiler's name)."""
-        return self._step
-
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
-        """The ops averaged by name (and shapes, and stack), printed by ``.table(sort_by=...)``."""
-        from layerscope.compat import torch_profiler
-
-        return torch_profiler.key_averages(self.profile, group_by_input_shape, group_by_stack_n)
-
-    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
-        """The Chrome trace of the profile (its last step)."""
-        from layerscope.compat import torch_profiler
-
-        torch_profiler.export_chrome_trace(self.profile, path)
-
-    def export_stacks(self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total") -> None:
-        """Folded stacks for flamegraph.pl, in whole microseconds of ``metric``."""
-        from layerscope.compat import torch_profiler
-
-        torch_profiler.export_stacks(self.profile, path, metric)
