@@ -9,9 +9,11 @@ folded as its steps are read (``attribute/cycle.py``) and delivered as a ``Profi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -36,11 +38,29 @@ from layerscope.errors import ProfilerStateError
 from layerscope.raw import Event, RawCapture
 from layerscope.schedule import Action
 from layerscope.session import meta_of
-from layerscope.tree import Profile
+from layerscope.tree import STEP_FAR, ModuleNode, Profile
+
+if TYPE_CHECKING:
+    from layerscope.ops import OpTable
+    from layerscope.runfacts import RunFacts
+    from layerscope.sidedocs import MemorySummary, Trace
+    from layerscope.tree import StepSpread
 
 #: Steps read back from torch's profiler at a time: its events stay in C++ until it
 #: stops, so a long run stops (at a step boundary, after the step's work) every so often.
 WINDOW_STEPS = 32
+
+#: The names a finished block answers for its profile (``prof.render(...)``); any other
+#: name of a Profile is read from ``prof.profile`` (the AttributeError says so).
+PROFILE_NAMES = (
+    "root", "meta", "parts", "memory", "trace", "param_bytes", "step_time_ns",
+    "node", "nodes", "modules", "ops", "unsupported_ops", "step_spread", "render", "save", "show", "to_dict",
+)
+
+#: Every public name of a Profile: those the block does not answer name ``prof.profile``.
+_ALL_PROFILE_NAMES = frozenset(
+    name for name in {*dir(Profile), *(f.name for f in dataclasses.fields(Profile))} if not name.startswith("_")
+)
 
 
 class Profiler:
@@ -82,6 +102,10 @@ class Profiler:
     it is known from the datasheet. If the
     block raises, what was captured up to then is kept, marked
     ``meta.complete = False``.
+
+    After the block, ``prof.profile`` is the :class:`~layerscope.tree.Profile`; the
+    block answers the reading calls users make on it (``PROFILE_NAMES``: ``prof.render(...)``,
+    ``prof.save(...)``, ``prof["encoder"]``, ``print(prof)``, ...) as one-line delegates.
     """
 
     def __init__(
@@ -314,7 +338,7 @@ class Profiler:
                     warnings.warn(f"layerscope: on_ready failed while the block was raising: {exc!r}", stacklevel=2)
         return False
 
-    # -- the Profile reading API ------------------------------------------------------
+    # -- reading the profile ------------------------------------------------------------
     @property
     def profile(self) -> Profile:
         """The last profile built: the whole block, or the last cycle with a schedule."""
@@ -328,17 +352,87 @@ class Profiler:
             raise ProfilerStateError(f"the Profiler is {state}; read it after its with-block ends")
         return self._profile
 
-    def __getattr__(self, name: str) -> Any:
-        # Reading methods (to_dict, save, render, node, ...) are the Profile's own.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.profile, name)
+    # The Profile's reading calls users make on the block (PROFILE_NAMES), as delegates.
+    @property
+    def root(self) -> ModuleNode:
+        return self.profile.root
 
-    def __getitem__(self, path: str) -> Any:
+    @property
+    def meta(self) -> RunFacts:
+        return self.profile.meta
+
+    @property
+    def parts(self) -> list[ModuleNode]:
+        return self.profile.parts
+
+    @property
+    def memory(self) -> MemorySummary | None:
+        return self.profile.memory
+
+    @property
+    def trace(self) -> Trace | None:
+        return self.profile.trace
+
+    @property
+    def param_bytes(self) -> int | None:
+        return self.profile.param_bytes
+
+    @property
+    def step_time_ns(self) -> int | None:
+        return self.profile.step_time_ns
+
+    def node(self, path: str) -> ModuleNode:
+        return self.profile.node(path)
+
+    def nodes(self) -> Iterator[ModuleNode]:
+        return self.profile.nodes()
+
+    def modules(self) -> Iterator[ModuleNode]:
+        return self.profile.modules()
+
+    def ops(
+        self,
+        *,
+        sort_by: str | None = None,
+        group_by: str | Sequence[str] | None = "name",
+        limit: int | None = None,
+        module: str | None = None,
+        phase: str | None = None,
+        stack_depth: int | None = None,
+    ) -> OpTable:
+        return self.profile.ops(
+            sort_by=sort_by, group_by=group_by, limit=limit, module=module, phase=phase, stack_depth=stack_depth,
+        )
+
+    def unsupported_ops(self) -> dict[str, int]:
+        return self.profile.unsupported_ops()
+
+    def step_spread(self, far: float = STEP_FAR) -> StepSpread | None:
+        return self.profile.step_spread(far)
+
+    def render(self, fmt: str = "text", **options: Any) -> Any:
+        return self.profile.render(fmt, **options)
+
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
+        self.profile.save(path, fmt, **options)
+
+    def show(self, **options: Any) -> None:
+        self.profile.show(**options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.profile.to_dict()
+
+    def __getitem__(self, path: str) -> ModuleNode:
         return self.profile[path]
 
     def __str__(self) -> str:
         return str(self.profile)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for a name the block lacks: a Profile's other names are read from
+        # the profile, and the error says so.
+        where = f"; read it from the profile: prof.profile.{name}" if name in _ALL_PROFILE_NAMES else ""
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{where}", name=name, obj=self)
 
     # A cell ending in ``prof`` after the block shows the profile's report, as ``prof.profile``
     # does; before there is one, the text says why (still running, not started).
