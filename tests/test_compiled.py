@@ -4,6 +4,7 @@ and a model with a graph break (Inductor on the CPU)."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from pathlib import Path
@@ -185,7 +186,11 @@ def test_a_compiled_profile_is_built_once_from_both_captures() -> None:
     raw, run = _hand_run()
     ops = op_walk(raw)
     assert ops is not None and with_ops(raw, ops) == {"fc", "act"}
+    given = copy.deepcopy((raw, ops, run))
     prof = check_tree(build_compiled(raw, ops, run))
+    # Built anew: the eager pass's walk keeps its op times and its trace.
+    assert (raw, ops, run) == given
+    assert ops.trace is not None and all(op.cpu_time_ns is not None for op in ops.ops.values())
     # fc: median(300, 400, 200); act: median(100, 50, 150); the root keeps the rest of
     # the median call (1000), and its total is the call: summed as any tree's.
     assert [(n.path, n.forward.self_cpu_time_ns, n.forward.cpu_time_ns) for n in prof.root.walk()] == [

@@ -418,7 +418,7 @@ def _container_sizes(prof: Any) -> dict[str, int]:
     accumulator and the accumulator's running totals."""
     owners = {
         "prof": prof,
-        "recorder": prof._recorder,
+        "recorder": prof._capture.recorder,
         "steps": prof._cycle.steps,
         "total": prof._cycle.steps.total,
     }

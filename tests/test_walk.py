@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from layerscope.attribute import build_profile, walk_pass
+from layerscope.attribute import build_profile, parent_indices, walk_pass
+from layerscope.attribute.profile import assemble
+from layerscope.attribute.walk import Dynamic
 from layerscope.check import check_tree
 from layerscope.raw import Enter, Event, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
 from layerscope.tree import Profile
@@ -333,6 +335,28 @@ def test_passes_that_disagree_on_a_module_s_label_leave_it_under_its_module() ->
     outside = [enter(0, ROOT), label(10, "L"), LabelExit(t_ns=15), enter(20, C), leave(30, C), leave(50, ROOT)]
     assert build(in_label, in_label, in_label)["c"].parent == "[L]"
     assert build(in_label, outside, in_label)["c"].parent == ""
+
+
+def test_assemble_leaves_what_it_is_given_as_it_was() -> None:
+    # A timed pass and an op pass of their own, which disagree on c's label (their made
+    # nodes and enclosing labels are merged), and a made node whose parent is no node
+    # (an orphan, drawn at the top level): the profile is new, and its inputs unchanged.
+    in_label = [enter(0, ROOT), label(10, "L"), enter(20, C), leave(30, C), LabelExit(t_ns=40), leave(50, ROOT)]
+    outside = [
+        enter(0, ROOT), label(10, "M"), LabelExit(t_ns=15), enter(20, C), op(22, 28, "aten::relu", [[2]]),
+        leave(30, C), leave(50, ROOT),
+    ]
+    paths = [info.path for info in MODULES]
+    times = walk_pass(in_label, paths, has_device=False)
+    ops = walk_pass(outside, paths, has_device=False, collect_ops=True, parents=parent_indices(MODULES))
+    times.dynamic["[lost]"] = Dynamic(path="[lost]", parent="[nowhere]", kind="label", name="lost")
+    raw = RawCapture(modules=copy.deepcopy(MODULES), meta={"model": "Root"})
+    given = copy.deepcopy((raw, times, ops))
+    prof = check_tree(assemble(raw, times, ops, raw.meta))
+    assert (raw, times, ops) == given
+    assert [part.path for part in prof.parts] == ["[lost]"]
+    assert [child.path for child in prof.root.children] == ["a", "c", "[L]", "[M]"]  # c's label: in one pass only
+    assert prof.meta is not raw.meta and prof.meta.unattributed_ops == 0 and raw.meta.unattributed_ops is None
 
 
 # -- the trace's spans: where the tree counts a call ----------------------------------

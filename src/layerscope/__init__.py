@@ -52,8 +52,8 @@ from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 if TYPE_CHECKING:
     from layerscope.bench.measure import benchmark
-    from layerscope.block import Profiler
     from layerscope.capture.label import label
+    from layerscope.compat.torch_profiler import Profiler
     from layerscope.flops import register_flops
     from layerscope.session import count_flops, profile
 
@@ -66,7 +66,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(session, name)
     if name == "Profiler":
-        from layerscope.block import Profiler
+        # The block with torch.profiler's names too: the one users import.
+        from layerscope.compat.torch_profiler import Profiler
 
         return Profiler
     if name == "benchmark":

@@ -2,15 +2,18 @@
 capture backend (torch's profiler recording shapes and memory; a dispatch mode where it
 cannot run; module hooks alone with ``record_ops=False``). Each cycle of a schedule is
 folded as its steps are read (``attribute/cycle.py``) and delivered as a ``Profile``.
-The torch.profiler names it answers to are ``compat/torch_profiler.py``'s."""
+
+``layerscope.Profiler`` is this block with torch.profiler's names on top
+(``compat/torch_profiler.py``): this module knows none of them."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -33,14 +36,64 @@ from layerscope.capture.modules import (
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.errors import ProfilerStateError
 from layerscope.peaks import check_peak_tflops
-from layerscope.raw import Event, RawCapture
+from layerscope.raw import Event, ModuleInfo, RawCapture
 from layerscope.schedule import Action
 from layerscope.session import meta_of
-from layerscope.tree import Profile
+from layerscope.tree import STEP_FAR, ModuleNode, Profile
+
+if TYPE_CHECKING:
+    import torch
+
+    from layerscope.ops import OpTable
+    from layerscope.runfacts import RunFacts
+    from layerscope.sidedocs import MemorySummary, Trace
+    from layerscope.tree import StepSpread
 
 #: Steps read back from torch's profiler at a time: its events stay in C++ until it
 #: stops, so a long run stops (at a step boundary, after the step's work) every so often.
 WINDOW_STEPS = 32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+    """What a block records, fixed when it is made (``Profiler``'s arguments, checked)."""
+
+    paths: Sequence[str] | None
+    record_ops: bool
+    #: Memory and stacks come from op recording: off without it.
+    memory: bool
+    with_stack: bool
+    clock: Clock | None
+    schedule: Callable[[int], Any] | None
+    peak_tflops: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Capture:
+    """What entering the block found and set up, which every cycle's profile is built
+    with: the module table and the recorder over it, the model's device, the process's
+    identity (rank, world size, host, run id) and why the times are not from torch's
+    profiler, when they are not."""
+
+    recorder: Recorder
+    infos: list[ModuleInfo]
+    param_bytes: int
+    device: torch.device
+    identity: dict[str, Any]
+    times_from: str | None
+
+
+#: The names a finished block answers for its profile (``prof.render(...)``); any other
+#: name of a Profile is read from ``prof.profile`` (the AttributeError says so).
+PROFILE_NAMES = (
+    "root", "meta", "parts", "memory", "trace", "param_bytes", "step_time_ns",
+    "node", "nodes", "modules", "ops", "unsupported_ops", "step_spread", "render", "save", "show", "to_dict",
+)
+
+#: Every public name of a Profile: those the block does not answer name ``prof.profile``.
+_ALL_PROFILE_NAMES = frozenset(
+    name for name in {*dir(Profile), *(f.name for f in dataclasses.fields(Profile))} if not name.startswith("_")
+)
 
 
 class Profiler:
@@ -83,10 +136,9 @@ class Profiler:
     block raises, what was captured up to then is kept, marked
     ``meta.complete = False``.
 
-    torch.profiler's arguments (``activities``, ``record_shapes``, ``profile_memory``,
-    ``on_trace_ready``, ``schedule=torch.profiler.schedule(...)``) and reading calls
-    (``key_averages``, ``export_chrome_trace``, ``export_stacks``, ``step_num``) work
-    too, with their meanings: see ``layerscope.compat.torch_profiler``.
+    After the block, ``prof.profile`` is the :class:`~layerscope.tree.Profile`; the
+    block answers the reading calls users make on it (``PROFILE_NAMES``: ``prof.render(...)``,
+    ``prof.save(...)``, ``prof["encoder"]``, ``print(prof)``, ...) as one-line delegates.
     """
 
     def __init__(
@@ -100,50 +152,39 @@ class Profiler:
         clock: Clock | None = None,
         schedule: Callable[[int], Any] | None = None,
         on_ready: Callable[[Profile], Any] | None = None,
-        activities: Sequence[Any] | None = None,
-        record_shapes: bool | None = None,
-        profile_memory: bool | None = None,
-        on_trace_ready: Callable[[Profiler], Any] | None = None,
         peak_tflops: float | None = None,
     ) -> None:
         self.model = require_module(model)
-        self._peak_tflops = check_peak_tflops(peak_tflops)
-        # torch.profiler's arguments, with their meanings: see layerscope.compat.torch_profiler.
-        from layerscope.compat import torch_profiler
-
-        memory, schedule, on_ready = torch_profiler.options(
-            self, memory=memory, schedule=schedule, on_ready=on_ready, activities=activities,
-            record_shapes=record_shapes, profile_memory=profile_memory, on_trace_ready=on_trace_ready,
-        )
+        peak_tflops = check_peak_tflops(peak_tflops)
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):
             raise TypeError(f"on_ready must be a callable taking a Profile, got {on_ready!r}")
-        self._paths = paths
-        self._record_ops = record_ops
-        self._memory = memory and record_ops
-        self._with_stack = with_stack and record_ops
-        self._clock = clock
-        self._schedule = schedule
+        self._options = _Options(
+            paths=paths, record_ops=record_ops, memory=memory and record_ops, with_stack=with_stack and record_ops,
+            clock=clock, schedule=schedule, peak_tflops=peak_tflops,
+        )
+        #: Where each cycle's profile goes.
         self._on_ready = on_ready
+        # The block's state: entered (a capture and an exit stack), the running step, and
+        # the steps read so far; each cycle is folded into `_cycle`, built into `_profile`.
+        self._capture: _Capture | None = None
+        #: Set while the block runs: what leaving it closes.
         self._stack: contextlib.ExitStack | None = None
-        self._recorder: Recorder | None = None
         self._backend: Backend | None = None
         #: Whether steps are read back in windows (torch's profiler), not one by one.
         self._windowed = False
-        #: Why the times are not from torch's profiler, when they are not.
-        self._times_from: str | None = None
+        #: The backend while a step records (None between steps and in idle steps).
         self._running: Backend | None = None
-        #: Steps recorded in the profiler's current window: (step number, action).
-        self._window_steps: list[tuple[int, Action]] = []
-        self._infos: list[Any] = []
-        self._param_bytes = 0
-        self._profile: Profile | None = None
-        self._cycle: Cycle | None = None
+        #: The step running now (steps ended so far) and what the schedule asked of it.
         self._step = 0
         self._step_action = Action.NONE
+        #: Steps recorded in the profiler's current window: (step number, action).
+        self._window_steps: list[tuple[int, Action]] = []
+        self._cycle: Cycle | None = None
+        self._profile: Profile | None = None
+        #: Cycles delivered so far.
         self._delivered = 0
-        self._identity: dict[str, Any] = {}
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -151,18 +192,17 @@ class Profiler:
             raise ProfilerStateError("this Profiler has already run; use a new one for each block")
         refuse_compiled(self.model)
         refuse_meta_timing(self.model)
-        modules, self._infos, self._param_bytes = module_table(
-            self.model, self._paths, with_repr=self._record_ops
-        )
-        self._device = model_device(self.model)
-        selected = [i.selected for i in self._infos]
-        self._recorder = Recorder(
+        options = self._options
+        modules, infos, param_bytes = module_table(self.model, options.paths, with_repr=options.record_ops)
+        device = model_device(self.model)
+        selected = [i.selected for i in infos]
+        recorder = Recorder(
             modules,
             selected,
-            device=self._device,
-            clock=self._clock,
-            memory=self._memory,
-            with_stack=self._with_stack,
+            device=device,
+            clock=options.clock,
+            memory=options.memory,
+            with_stack=options.with_stack,
         )
         stack = contextlib.ExitStack()
         try:
@@ -175,20 +215,24 @@ class Profiler:
             # times are not faithful (meta.times_from says so). record_ops=False is the
             # leanest timing: module hooks on a clock, forward only.
             backend: Backend | None = None
-            if self._record_ops and self._clock is None and stack.enter_context(profiler_session(bounded=False)):
+            times_from = None
+            if options.record_ops and options.clock is None and stack.enter_context(profiler_session(bounded=False)):
                 backend = detailed_steps(
-                    self.model, self._recorder, modules, selected, self._device, memory=self._memory,
-                    with_stack=self._with_stack,
+                    self.model, recorder, modules, selected, device, memory=options.memory,
+                    with_stack=options.with_stack,
                 )
             if backend is None:
-                backend = RecorderSteps(self._recorder, detailed=self._record_ops)
-                if self._record_ops and self._clock is None:  # a given clock times by design
-                    self._times_from = "dispatch mode"
+                backend = RecorderSteps(recorder, detailed=options.record_ops)
+                if options.record_ops and options.clock is None:  # a given clock times by design
+                    times_from = "dispatch mode"
             self._backend = backend
             self._windowed = isinstance(backend, KinetoSteps)
+            self._capture = _Capture(
+                recorder, infos, param_bytes, device,
+                # Rank, world size, host and the run id (agreed with the other ranks once).
+                identity=distributed.identity(), times_from=times_from,
+            )
             self._cycle = self._new_cycle()
-            # Rank, world size, host and the run id (agreed with the other ranks once).
-            self._identity = distributed.identity()
             self._stack = stack
             self._begin_step()
         except BaseException:
@@ -198,9 +242,11 @@ class Profiler:
         return self
 
     def _action(self, step: int) -> Action:
-        if self._schedule is None:
+        schedule = self._options.schedule
+        if schedule is None:
             return Action.RECORD
-        action = self._schedule(step)
+        # Another enum of the same names (torch.profiler's ProfilerAction) is read by name.
+        action = schedule(step)
         return Action[action.name] if not isinstance(action, Action) else action
 
     def _begin_step(self) -> None:
@@ -241,13 +287,15 @@ class Profiler:
                 self._add_step(events, number, action)
 
     def _new_cycle(self) -> Cycle:
-        return Cycle(self._infos, parent_indices(self._infos), collect_ops=self._record_ops)
+        assert self._capture is not None
+        infos = self._capture.infos
+        return Cycle(infos, parent_indices(infos), collect_ops=self._options.record_ops)
 
     def _add_step(self, events: list[Event], number: int, action: Action) -> None:
         assert self._cycle is not None and self._backend is not None
         # A lone step is kept even if it ran nothing, so such a block still has a profile.
         self._cycle.add(
-            events, number, warmup=action is Action.WARMUP, keep_empty=number == 0 and self._schedule is None,
+            events, number, warmup=action is Action.WARMUP, keep_empty=number == 0 and self._options.schedule is None,
             has_device=self._backend.has_device_time,
         )
 
@@ -284,24 +332,25 @@ class Profiler:
         return profile
 
     def _build(self, *, complete: bool) -> Profile:
-        assert self._recorder is not None and self._cycle is not None
+        capture, options = self._capture, self._options
+        assert capture is not None and self._cycle is not None
         raw = RawCapture(
-            modules=self._infos,
-            module_shapes=self._recorder.module_shapes,
-            has_device_time=self._recorder.has_device_time,
-            param_bytes=self._param_bytes,
-            memory_static=model_memory(self.model) if self._memory else {},
+            modules=capture.infos,
+            module_shapes=capture.recorder.module_shapes,
+            has_device_time=capture.recorder.has_device_time,
+            param_bytes=capture.param_bytes,
+            memory_static=model_memory(self.model) if options.memory else {},
             meta=meta_of(
                 self.model,
-                self._device,
+                capture.device,
                 mode="context",
-                paths=None if self._paths is None else list(self._paths),
+                paths=None if options.paths is None else list(options.paths),
                 step_range=[self._cycle.first, self._cycle.last],
                 complete=complete,
-                schedule=None if self._schedule is None else str(self._schedule),
-                peak_flops_per_s=peak_flops_per_s(self._peak_tflops, self._device, model_dtype(self.model)),
-                **self._identity,
-                times_from=self._times_from,
+                schedule=None if options.schedule is None else str(options.schedule),
+                peak_flops_per_s=peak_flops_per_s(options.peak_tflops, capture.device, model_dtype(self.model)),
+                **capture.identity,
+                times_from=capture.times_from,
             ),
         )
         return self._cycle.build(raw)
@@ -320,7 +369,7 @@ class Profiler:
                 self._stack = None
                 # Without a schedule the block is one cycle; with one, steps recorded
                 # since the last delivered cycle are a cycle cut short.
-                complete = not failed and self._schedule is None
+                complete = not failed and self._options.schedule is None
                 try:
                     self._deliver(complete=complete)
                 except Exception as exc:
@@ -329,31 +378,101 @@ class Profiler:
                     warnings.warn(f"layerscope: on_ready failed while the block was raising: {exc!r}", stacklevel=2)
         return False
 
-    # -- the Profile reading API ------------------------------------------------------
+    # -- reading the profile ------------------------------------------------------------
     @property
     def profile(self) -> Profile:
         """The last profile built: the whole block, or the last cycle with a schedule."""
         if self._profile is None:
             if self._stack is not None:
                 state = "still running"
-            elif self._recorder is not None:
+            elif self._capture is not None:
                 state = "finished without recording a step (the schedule never reached an active step)"
             else:
                 state = "not started"
             raise ProfilerStateError(f"the Profiler is {state}; read it after its with-block ends")
         return self._profile
 
-    def __getattr__(self, name: str) -> Any:
-        # Reading methods (to_dict, save, render, node, ...) are the Profile's own.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.profile, name)
+    # The Profile's reading calls users make on the block (PROFILE_NAMES), as delegates.
+    @property
+    def root(self) -> ModuleNode:
+        return self.profile.root
 
-    def __getitem__(self, path: str) -> Any:
+    @property
+    def meta(self) -> RunFacts:
+        return self.profile.meta
+
+    @property
+    def parts(self) -> list[ModuleNode]:
+        return self.profile.parts
+
+    @property
+    def memory(self) -> MemorySummary | None:
+        return self.profile.memory
+
+    @property
+    def trace(self) -> Trace | None:
+        return self.profile.trace
+
+    @property
+    def param_bytes(self) -> int | None:
+        return self.profile.param_bytes
+
+    @property
+    def step_time_ns(self) -> int | None:
+        return self.profile.step_time_ns
+
+    def node(self, path: str) -> ModuleNode:
+        return self.profile.node(path)
+
+    def nodes(self) -> Iterator[ModuleNode]:
+        return self.profile.nodes()
+
+    def modules(self) -> Iterator[ModuleNode]:
+        return self.profile.modules()
+
+    def ops(
+        self,
+        *,
+        sort_by: str | None = None,
+        group_by: str | Sequence[str] | None = "name",
+        limit: int | None = None,
+        module: str | None = None,
+        phase: str | None = None,
+        stack_depth: int | None = None,
+    ) -> OpTable:
+        return self.profile.ops(
+            sort_by=sort_by, group_by=group_by, limit=limit, module=module, phase=phase, stack_depth=stack_depth,
+        )
+
+    def unsupported_ops(self) -> dict[str, int]:
+        return self.profile.unsupported_ops()
+
+    def step_spread(self, far: float = STEP_FAR) -> StepSpread | None:
+        return self.profile.step_spread(far)
+
+    def render(self, fmt: str = "text", **options: Any) -> Any:
+        return self.profile.render(fmt, **options)
+
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
+        self.profile.save(path, fmt, **options)
+
+    def show(self, **options: Any) -> None:
+        self.profile.show(**options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.profile.to_dict()
+
+    def __getitem__(self, path: str) -> ModuleNode:
         return self.profile[path]
 
     def __str__(self) -> str:
         return str(self.profile)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for a name the block lacks: a Profile's other names are read from
+        # the profile, and the error says so.
+        where = f"; read it from the profile: prof.profile.{name}" if name in _ALL_PROFILE_NAMES else ""
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{where}", name=name, obj=self)
 
     # A cell ending in ``prof`` after the block shows the profile's report, as ``prof.profile``
     # does; before there is one, the text says why (still running, not started).
@@ -365,27 +484,3 @@ class Profiler:
             return self.profile._repr_mimebundle_(include, exclude, **kwargs)
         except ProfilerStateError as exc:
             return {"text/plain": str(exc)}
-
-    # -- torch.profiler's names (layerscope.compat.torch_profiler) ----------------------
-    @property
-    def step_num(self) -> int:
-        """How many steps ``step()`` has ended (torch.profiler's name)."""
-        return self._step
-
-    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> Any:
-        """The ops averaged by name (and shapes, and stack), printed by ``.table(sort_by=...)``."""
-        from layerscope.compat import torch_profiler
-
-        return torch_profiler.key_averages(self.profile, group_by_input_shape, group_by_stack_n)
-
-    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
-        """The Chrome trace of the profile (its last step)."""
-        from layerscope.compat import torch_profiler
-
-        torch_profiler.export_chrome_trace(self.profile, path)
-
-    def export_stacks(self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total") -> None:
-        """Folded stacks for flamegraph.pl, in whole microseconds of ``metric``."""
-        from layerscope.compat import torch_profiler
-
-        torch_profiler.export_stacks(self.profile, path, metric)

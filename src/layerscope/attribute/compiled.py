@@ -24,6 +24,7 @@ op rows, FLOPs, memory) and these self times, totals summed as for any profile.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -198,7 +199,8 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
     """A compiled model's profile, built once: the tree, op rows, FLOPs and memory of
     the eager pass ``raw`` (walked into ``ops``), each node's forward self time from
     ``run``'s kernels (:func:`attribute`), totals summed as for any profile. The op
-    rows' times are None (the eager ops never ran compiled) and there is no trace."""
+    rows' times are None (the eager ops never ran compiled) and there is no trace: the
+    profile's op rows are copies, ``ops`` is left as it was."""
     paths = [info.path for info in raw.modules]
     index = {path: n for n, path in enumerate(paths)}
     times = attribute(run.graphs, run.passes, set(paths) | set(ops.dynamic))
@@ -207,12 +209,13 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
         calls=dict(ops.calls), dynamic=dict(ops.dynamic), phases=set(ops.phases),
         enclosing=dict(ops.enclosing),
     )
-    for op in ops.ops.values():
-        op.cpu_time_ns = op.self_cpu_time_ns = None
-    ops.trace = None
+    untimed = dataclasses.replace(
+        ops, trace=None,
+        ops={key: dataclasses.replace(op, cpu_time_ns=None, self_cpu_time_ns=None) for key, op in ops.ops.items()},
+    )
     info = CompileInfo(
         backend="inductor", rule=RULE, compile_time_ns=run.compile_time_ns, frames=run.frames,
         graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels,
     )
-    return assemble(raw, result, ops, raw.meta.copy(), compiled=info)
+    return assemble(raw, result, untimed, raw.meta, compiled=info)

@@ -114,83 +114,18 @@ def assemble(
     compiled: CompileInfo | None = None,
 ) -> Profile:
     """Nodes from per-node self figures, totals derived bottom-up; ``compiled``: the
-    run of a compiled model whose times these are."""
-    has_device = raw.has_device_time
-    counted = op_result is not None
-    counts = counted and raw.counts_known
-    memory = op_result.memory if op_result is not None else None
+    run of a compiled model whose times these are. A new profile: what it is given
+    (``times``, ``op_result``, ``meta``) is left as it was."""
     phases = set(times.phases) | (op_result.phases if op_result is not None else set())
+    # The made nodes and enclosing labels of both walks (the timed one's first).
+    dynamic = dict(times.dynamic)
+    enclosing = dict(times.enclosing)
     if op_result is not None:
         for path, dyn in op_result.dynamic.items():
-            times.dynamic.setdefault(path, dyn)
+            dynamic.setdefault(path, dyn)
         if op_result is not times:
-            merge_enclosing(times.enclosing, op_result.enclosing)
-
-    ops_by_key: dict[Key, list[OpStats]] = {}
-    op_index: dict[tuple[Any, ...], int] = {}
-    if op_result is not None:
-        for table_key, op in op_result.ops.items():
-            listed = ops_by_key.setdefault(table_key[0], [])
-            op_index[table_key] = len(listed)
-            listed.append(op)
-
-    # Communication figures exist only where a collective ran (timed, or in the op rows).
-    has_comm = bool(times.self_comm) or any(is_communication(op.name) for op in (op_result.ops.values() if op_result else ()))
-
-    def phase_stats(key: Key, phase: str, selected: bool) -> PhaseStats | None:
-        if phase != "forward" and phase not in phases:
-            return None
-        own_ops = [op for op in ops_by_key.get(key, []) if op.phase == phase] if selected else []
-        comm: _CommFigures = {}
-        if has_comm:
-            comm_ops = [op for op in own_ops if is_communication(op.name)]
-            comm = {
-                "self_comm_time_ns": times.self_comm.get((key, phase), 0) if selected else 0,
-                "self_comm_bytes": sum(op.bytes or 0 for op in comm_ops) if counted else None,
-            }
-            own_ops = [op for op in own_ops if not is_communication(op.name)] if comm_ops else own_ops
-        self_dev = times.self_dev.get((key, phase), 0) if has_device and selected else None
-        mem: _MemoryFigures = {}
-        if memory is not None:
-            site = (key, phase)
-            mem = {
-                "self_alloc_bytes": memory.alloc.get(site, 0),
-                "alloc_bytes": 0,
-                "self_freed_bytes": memory.freed.get(site, 0),
-                "freed_bytes": 0,
-                "peak_bytes": memory.peak.get(site, 0),
-                "self_activation_bytes": memory.activation.get(site, 0),
-                "activation_bytes": 0,
-                "self_grad_bytes": memory.grad.get(site, 0),
-                "grad_bytes": 0,
-            }
-            if not raw.memory_notes:
-                mem.update({"self_activation_bytes": None, "activation_bytes": None, "self_grad_bytes": None, "grad_bytes": None})
-        return PhaseStats(
-            **mem,
-            **comm,
-            self_cpu_time_ns=times.self_cpu.get((key, phase), 0) if selected else 0,
-            self_device_time_ns=self_dev,
-            device_time_ns=0 if has_device else None,
-            self_flops=sum(op.flops or 0 for op in own_ops) if counts else None,
-            self_macs=sum(op.macs or 0 for op in own_ops) if counts else None,
-            self_bytes=sum(op.bytes or 0 for op in own_ops) if counts else None,
-        )
-
-    def make(key: Key, **fields: Any) -> ModuleNode:
-        selected = fields.pop("selected", True)
-        ops = ops_by_key.get(key, []) if selected else []
-        node = ModuleNode(
-            calls=times.calls.get(key, 0) if selected else 0,
-            profiled=selected,
-            forward=phase_stats(key, "forward", selected) or PhaseStats(),
-            backward=phase_stats(key, "backward", selected),
-            recompute=phase_stats(key, "recompute", selected),
-            ops=ops,
-            unsupported_ops=_unsupported(ops) if counts else {},
-            **fields,
-        )
-        return node
+            merge_enclosing(enclosing, op_result.enclosing)
+    maker = _NodeMaker(raw, times, op_result, phases)
 
     # Counts are known for every module or for none (a module table read from a trace
     # recorded without the model): one unknown makes the whole profile's unknown, so a
@@ -201,7 +136,7 @@ def assemble(
     for index, info in enumerate(raw.modules):
         shapes = raw.module_shapes.get(index, (None, None))
         nodes.append(
-            make(
+            maker.node(
                 index,
                 selected=info.selected,
                 path=info.path,
@@ -221,20 +156,23 @@ def assemble(
     dynamic_nodes: dict[str, ModuleNode] = {}
     parts: list[ModuleNode] = []
     model_labels: set[str] = set()
-    pending = list(times.dynamic.values())
+    # Each made node's parent; an orphan's is None (below).
+    made_parents: dict[str, Key | None] = {path: dyn.parent for path, dyn in dynamic.items()}
+    pending = list(dynamic.values())
     while pending:
         waiting = []
         for dyn in pending:
             parent_path = None
-            if dyn.parent is not None:
-                parent_path = key_path(dyn.parent, paths)
+            parent = made_parents[dyn.path]
+            if parent is not None:
+                parent_path = key_path(parent, paths)
             parent_node = None
             if parent_path is not None:
                 parent_node = model_nodes.get(parent_path) or dynamic_nodes.get(parent_path)
                 if parent_node is None:
                     waiting.append(dyn)
                     continue
-            node = make(
+            node = maker.node(
                 dyn.path,
                 path=dyn.path,
                 type=dyn.name if dyn.kind == "optimizer" else dyn.kind,
@@ -253,19 +191,23 @@ def assemble(
                 parent_node.children.append(node)
         if len(waiting) == len(pending):  # orphans (a walk never makes them): top level
             for dyn in waiting:
-                dyn.parent = None
+                made_parents[dyn.path] = None
         pending = waiting
     # A module whose every call ran directly in one label of its parent module (the
     # label enclosed it) sits under that label; its path stays the model's.
     for index, info in enumerate(raw.modules):
-        label = times.enclosing.get(index)
-        if label is not None and info.parent is not None and label in model_labels and _label_owner(label, times.dynamic, paths) == info.parent:
+        label = enclosing.get(index)
+        if (
+            label is not None and info.parent is not None and label in model_labels
+            and _label_owner(label, dynamic, made_parents, paths) == info.parent
+        ):
             nodes[index].parent = label
     root = _nest(nodes)
     parts.sort(key=_part_order)
     for tree in [root, *parts]:
         _sum_up(tree)
 
+    meta = meta.copy()  # the profile's own
     meta.unattributed_ops = times.outside_ops if op_result is None else op_result.outside_ops
     if parts and meta.timed is not False:
         meta.step_time_ns = sum(
@@ -276,11 +218,97 @@ def assemble(
         meta=meta,
         param_bytes=raw.param_bytes if params_known else None,
         parts=parts,
-        memory=_memory_summary(raw, memory, paths),
-        trace=_trace(op_result, op_index, paths),
+        memory=_memory_summary(raw, maker.memory, paths),
+        trace=_trace(op_result, maker.op_index, paths),
         compiled=compiled,
-        device=device_ledger(times.device_busy, [root, *parts]) if has_device else None,
+        device=device_ledger(times.device_busy, [root, *parts]) if raw.has_device_time else None,
     )
+
+
+class _NodeMaker:
+    """The tree's nodes from the walks' self figures, one node at a time: times and calls
+    from the timed walk (``times``), op rows, FLOPs, bytes and memory from the op walk
+    (``op_result``; None: no op rows, and those figures unknown)."""
+
+    def __init__(self, raw: RawCapture, times: PassResult, op_result: PassResult | None, phases: set[str]) -> None:
+        self.times = times
+        self.phases = phases
+        self.has_device = raw.has_device_time
+        self.counted = op_result is not None
+        self.counts = self.counted and raw.counts_known
+        self.memory = op_result.memory if op_result is not None else None
+        self.memory_notes = raw.memory_notes
+        #: Each node's op rows, in the op walk's order, and each row's place in its node's.
+        self.ops_by_key: dict[Key, list[OpStats]] = {}
+        self.op_index: dict[tuple[Any, ...], int] = {}
+        for table_key, op in (op_result.ops.items() if op_result is not None else ()):
+            listed = self.ops_by_key.setdefault(table_key[0], [])
+            self.op_index[table_key] = len(listed)
+            listed.append(op)
+        # Communication figures exist only where a collective ran (timed, or in the op rows).
+        self.has_comm = bool(times.self_comm) or any(
+            is_communication(op.name) for op in (op_result.ops.values() if op_result else ())
+        )
+
+    def node(self, key: Key, *, selected: bool = True, **fields: Any) -> ModuleNode:
+        """The node of ``key`` (a module's index or a made node's path); one not
+        ``selected`` (outside ``paths``) has no figures of its own."""
+        ops = self.ops_by_key.get(key, []) if selected else []
+        return ModuleNode(
+            calls=self.times.calls.get(key, 0) if selected else 0,
+            profiled=selected,
+            forward=self.phase_stats(key, "forward", selected) or PhaseStats(),
+            backward=self.phase_stats(key, "backward", selected),
+            recompute=self.phase_stats(key, "recompute", selected),
+            ops=ops,
+            unsupported_ops=_unsupported(ops) if self.counts else {},
+            **fields,
+        )
+
+    def phase_stats(self, key: Key, phase: str, selected: bool) -> PhaseStats | None:
+        """The node's own figures in ``phase``; None for a phase the run did not have."""
+        if phase != "forward" and phase not in self.phases:
+            return None
+        times, site = self.times, (key, phase)
+        own_ops = [op for op in self.ops_by_key.get(key, []) if op.phase == phase] if selected else []
+        comm: _CommFigures = {}
+        if self.has_comm:
+            comm_ops = [op for op in own_ops if is_communication(op.name)]
+            comm = {
+                "self_comm_time_ns": times.self_comm.get(site, 0) if selected else 0,
+                "self_comm_bytes": sum(op.bytes or 0 for op in comm_ops) if self.counted else None,
+            }
+            own_ops = [op for op in own_ops if not is_communication(op.name)] if comm_ops else own_ops
+        counts = self.counts
+        return PhaseStats(
+            **self._memory_figures(site),
+            **comm,
+            self_cpu_time_ns=times.self_cpu.get(site, 0) if selected else 0,
+            self_device_time_ns=times.self_dev.get(site, 0) if self.has_device and selected else None,
+            device_time_ns=0 if self.has_device else None,
+            self_flops=sum(op.flops or 0 for op in own_ops) if counts else None,
+            self_macs=sum(op.macs or 0 for op in own_ops) if counts else None,
+            self_bytes=sum(op.bytes or 0 for op in own_ops) if counts else None,
+        )
+
+    def _memory_figures(self, site: tuple[Key, str]) -> _MemoryFigures:
+        """A node's own memory in a phase; none without memory tracked, and activations
+        and gradients unknown without notes (a trace file's capture)."""
+        memory = self.memory
+        if memory is None:
+            return {}
+        notes = self.memory_notes
+        return {
+            "self_alloc_bytes": memory.alloc.get(site, 0),
+            "alloc_bytes": 0,
+            "self_freed_bytes": memory.freed.get(site, 0),
+            "freed_bytes": 0,
+            "peak_bytes": memory.peak.get(site, 0),
+            "self_activation_bytes": memory.activation.get(site, 0) if notes else None,
+            "activation_bytes": 0 if notes else None,
+            "self_grad_bytes": memory.grad.get(site, 0) if notes else None,
+            "grad_bytes": 0 if notes else None,
+        }
 
 
 def device_ledger(busy: DeviceBusy | None, trees: list[ModuleNode]) -> DeviceLedger | None:
@@ -366,12 +394,16 @@ def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[st
     )
 
 
-def _label_owner(label: str, dynamic: dict[str, Dynamic], paths: list[str]) -> str | None:
+def _label_owner(
+    label: str, dynamic: dict[str, Dynamic], parents: dict[str, Key | None], paths: list[str]
+) -> str | None:
     """The path of the module a label (or the labels it ran in) ran in; None for a label
-    outside the model or a step part."""
+    outside the model or a step part. ``parents``: each made node's parent."""
     dyn = dynamic.get(label)
-    while dyn is not None and dyn.kind == "label" and dyn.parent is not None:
-        up = dyn.parent
+    while dyn is not None and dyn.kind == "label":
+        up = parents[dyn.path]
+        if up is None:
+            return None
         if isinstance(up, int):  # a module's index
             return paths[up]
         dyn = dynamic.get(up)

@@ -6,7 +6,8 @@
   table and ``raw()``.
 - :mod:`layerscope.compat.torch_profiler`: the ``torch.profiler`` recipe's calls
   (``key_averages().table()``, ``export_chrome_trace``, ``export_stacks``, ``step_num``,
-  ``on_trace_ready``), also reachable as methods of ``layerscope.Profiler``.
+  ``on_trace_ready``): its ``Profiler`` is ``layerscope.Profiler``, the block with
+  torch.profiler's names.
 
 Each prints what its users know, from layerscope's own measurements, and hands over the
 layerscope :class:`~layerscope.tree.Profile` behind it for everything else (backward,

@@ -1,4 +1,6 @@
-"""The torch.profiler recipe's calls, on ``layerscope.Profiler``.
+"""torch.profiler's names on layerscope's ``Profiler`` block: ``layerscope.Profiler`` is
+this module's :class:`Profiler`, the block (``layerscope.block.Profiler``) with
+torch.profiler's arguments and reading calls added.
 
 Change the import, keep the code::
 
@@ -15,8 +17,7 @@ The only other change: the model is the Profiler's first argument (it profiles a
 module by module). ``schedule=torch.profiler.schedule(...)``, ``on_trace_ready``,
 ``step()`` and ``step_num`` work as in torch; ``activities``, ``record_shapes``,
 ``profile_memory`` and ``with_stack`` are accepted with their meanings (see
-:func:`options`). The Profiler's methods delegate here; everything reads the one
-profile the block built.
+:class:`Profiler`). Everything reads the one profile the block built.
 
 Differences (docs/migrating.md): ops are the aten ops seen below autograd (no nesting,
 so an op's total equals its self time), ``record_function`` ranges are nodes of the tree
@@ -28,16 +29,19 @@ empty or malformed: pytorch#100253, #73556).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from layerscope import block
 from layerscope.compat.op_records import EventList, OpEvent
 from layerscope.ops import TORCH_SORT_KEYS, OpTableError
 from layerscope.schedule import Schedule, schedule
 from layerscope.tree import Profile
 
 if TYPE_CHECKING:
-    from layerscope.block import Profiler
+    from torch import nn
+
+    from layerscope.capture.recorder import Clock
 
 #: ``ProfilerActivity`` names layerscope knows. CPU time is always measured; device time
 #: whenever the model runs on a GPU.
@@ -73,48 +77,6 @@ def _activity_names(activities: Iterable[Any]) -> list[str]:
             raise ValueError(f"unknown profiler activity {activity!r}; expected torch.profiler.ProfilerActivity members")
         names.append(name)
     return names
-
-
-def options(
-    profiler: Profiler,
-    *,
-    memory: bool,
-    schedule: Callable[[int], Any] | None,
-    on_ready: Callable[[Profile], Any] | None,
-    activities: Iterable[Any] | None,
-    record_shapes: bool | None,
-    profile_memory: bool | None,
-    on_trace_ready: Callable[[Any], Any] | None,
-) -> tuple[bool, Callable[[int], Any] | None, Callable[[Profile], Any] | None]:
-    """``(memory, schedule, on_ready)`` for a Profiler given torch.profiler's arguments.
-
-    - ``profile_memory`` sets ``memory`` when given (torch's default leaves it off; here
-      memory is tracked unless asked not to).
-    - ``schedule`` may be ``torch.profiler.schedule(...)``.
-    - ``on_trace_ready(profiler)`` is called where ``on_ready(profile)`` would be, with the
-      Profiler itself, as torch calls it: ``p.key_averages()``, ``p.step_num`` and
-      ``p.export_chrome_trace(...)`` read the cycle just delivered.
-    - ``activities`` are checked: CPU time is always measured, device time whenever the
-      model runs on a GPU.
-    - ``record_shapes`` changes nothing: input shapes are always recorded (torch's
-      profiler keeps them as plain lists, never the tensors).
-    """
-    del record_shapes  # shapes are always recorded
-    if activities is not None:
-        _activity_names(activities)
-    if profile_memory is not None:
-        memory = bool(profile_memory)
-    if on_trace_ready is not None:
-        if on_ready is not None:
-            raise TypeError("give on_ready or on_trace_ready (torch.profiler's name), not both")
-        if not callable(on_trace_ready):
-            raise TypeError(f"on_trace_ready must be a callable taking the profiler, got {on_trace_ready!r}")
-        handler = on_trace_ready
-
-        def on_ready(profile: Profile) -> Any:
-            return handler(profiler)
-
-    return memory, as_schedule(schedule), on_ready
 
 
 def _on_device(profile: Profile) -> bool:
@@ -177,3 +139,83 @@ def export_stacks(profile: Profile, path: str | os.PathLike[str], metric: str = 
     except KeyError:
         raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(STACK_METRICS)}") from None
     profile.save(os.fspath(path), fmt="folded", metric=chosen)
+
+
+class Profiler(block.Profiler):
+    """layerscope's ``Profiler`` block (:class:`layerscope.block.Profiler`: its arguments
+    and its reading of the profile) that also answers to torch.profiler's names, so the
+    torch.profiler recipe runs with the import changed and the model given first.
+
+    torch.profiler's arguments, with their meanings here:
+
+    - ``profile_memory`` sets ``memory`` when given (torch's default leaves it off; here
+      memory is tracked unless asked not to).
+    - ``schedule`` may be ``torch.profiler.schedule(...)`` (:func:`as_schedule`).
+    - ``on_trace_ready(profiler)`` is called where ``on_ready(profile)`` would be, with the
+      Profiler itself, as torch calls it: ``p.key_averages()``, ``p.step_num`` and
+      ``p.export_chrome_trace(...)`` read the cycle just delivered.
+    - ``activities`` are checked: CPU time is always measured, device time whenever the
+      model runs on a GPU.
+    - ``record_shapes`` changes nothing: input shapes are always recorded (torch's
+      profiler keeps them as plain lists, never the tensors).
+
+    and its reading calls: ``key_averages``, ``export_chrome_trace``, ``export_stacks``
+    and ``step_num``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        paths: Sequence[str] | None = None,
+        record_ops: bool = True,
+        memory: bool = True,
+        with_stack: bool = False,
+        clock: Clock | None = None,
+        schedule: Callable[[int], Any] | None = None,
+        on_ready: Callable[[Profile], Any] | None = None,
+        activities: Iterable[Any] | None = None,
+        record_shapes: bool | None = None,
+        profile_memory: bool | None = None,
+        on_trace_ready: Callable[[Profiler], Any] | None = None,
+        peak_tflops: float | None = None,
+    ) -> None:
+        del record_shapes  # shapes are always recorded
+        if activities is not None:
+            _activity_names(activities)
+        if profile_memory is not None:
+            memory = bool(profile_memory)
+        if on_trace_ready is not None:
+            if on_ready is not None:
+                raise TypeError("give on_ready or on_trace_ready (torch.profiler's name), not both")
+            if not callable(on_trace_ready):
+                raise TypeError(f"on_trace_ready must be a callable taking the profiler, got {on_trace_ready!r}")
+            handler = on_trace_ready
+
+            def hand_over(profile: Profile) -> Any:
+                return handler(self)  # torch hands its handler the profiler, which reads `profile`
+
+            on_ready = hand_over
+        super().__init__(
+            model, paths=paths, record_ops=record_ops, memory=memory, with_stack=with_stack, clock=clock,
+            schedule=as_schedule(schedule), on_ready=on_ready, peak_tflops=peak_tflops,
+        )
+
+    @property
+    def step_num(self) -> int:
+        """How many steps ``step()`` has ended (torch.profiler's name)."""
+        return self._step
+
+    def key_averages(self, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> KeyAverages:
+        """The ops averaged by name (and shapes, and stack), printed by ``.table(sort_by=...)``:
+        :func:`key_averages` of the profile."""
+        return key_averages(self.profile, group_by_input_shape, group_by_stack_n)
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
+        """The Chrome trace of the profile (its last step): :func:`export_chrome_trace`."""
+        export_chrome_trace(self.profile, path)
+
+    def export_stacks(self, path: str | os.PathLike[str], metric: str = "self_cpu_time_total") -> None:
+        """Folded stacks for flamegraph.pl, in whole microseconds of ``metric``: :func:`export_stacks`."""
+        export_stacks(self.profile, path, metric)
+

@@ -39,7 +39,9 @@ class TrainingRun:
         rank: int | None,
         delivered: list[str],
     ) -> None:
-        from layerscope.block import Profiler
+        # layerscope.Profiler, as the callbacks document: a torch.profiler.schedule(...)
+        # given to one is read as the same layerscope schedule.
+        from layerscope.compat.torch_profiler import Profiler
 
         save = save_json(folder)
 
