@@ -65,7 +65,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import layerscope  # noqa: E402
-from layerscope.io import write_atomic  # noqa: E402
+from layerscope.base.io import write_atomic  # noqa: E402
 
 #: Whether torch's own traces of recorded sessions are kept in OUT (--keep-traces).
 KEEP_TRACES = False
@@ -332,7 +332,7 @@ def _progress(case: str, stage: str, started: float) -> None:
 
 
 def _problems(prof: layerscope.Profile) -> list[str]:
-    from layerscope.check import tree_problems
+    from layerscope.model.check import tree_problems
 
     return [str(p) for p in tree_problems(prof)][:5]
 
@@ -408,8 +408,8 @@ def _kernels_per_step(window: dict[str, Any]) -> list[int]:
     """The union of the device work (kernels, memcpys, memsets) inside each recorded
     ``layerscope.step`` range of the owner thread: the step's device busy time, read
     straight from the recorded events (not through layerscope's conversion)."""
+    from layerscope.base.intervals import union_ns
     from layerscope.convert.ranges import STEP_NAME
-    from layerscope.intervals import union_ns
 
     result = window["result"]
     steps = sorted((n[2], n[3]) for n in result["tree"] if n[1] == STEP_NAME)

@@ -31,7 +31,7 @@ from layerscope.capture import replay  # noqa: E402
 from layerscope.capture.kineto import paused_gc, streams_of  # noqa: E402
 from layerscope.capture.torch_events import ReplayedResult  # noqa: E402
 from layerscope.convert.ranges import NOTE_PREFIX, STEP_NAME  # noqa: E402
-from layerscope.raw import ModuleInfo  # noqa: E402
+from layerscope.model.raw import ModuleInfo  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "data" / "captures" / "gpt2_adamw_train.json.gz"
 

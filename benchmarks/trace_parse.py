@@ -41,7 +41,7 @@ IMPORTS_ONLY = "(imports only)"
 
 _CHILD = r"""
 import gzip, json, resource, sys, time
-from layerscope.traces.reader import FloatText, open_trace
+from layerscope.base.kineto_json import FloatText, open_trace
 
 variant, path, chunk_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 start = time.perf_counter()

@@ -40,8 +40,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.io import write_atomic
-from layerscope.traces.reader import FloatText, open_trace, us_to_ns
+from layerscope.base.io import write_atomic
+from layerscope.base.kineto_json import FloatText, open_trace, us_to_ns
 
 #: ``args`` keys whose integer values link events; moved per copy.
 LINK_ARGS = ("correlation", "External id", "Python id", "Python parent id", "Sequence number")

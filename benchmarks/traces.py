@@ -363,7 +363,7 @@ def _step_flops(profile: Any) -> int | None:
 
 def recording_table(medians: dict[str, float], files: dict[str, dict[str, Any]]) -> list[str]:
     plain = medians["plain (no profiler)"]
-    from layerscope import fmt
+    from layerscope.base import fmt
 
     rows = [
         "| variant | median step ms | x plain | one step's trace, gzipped | `load_trace`: modules | `load_trace`: step FLOPs |",

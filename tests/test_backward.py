@@ -32,7 +32,7 @@ import layerscope
 from conftest import tiered
 from layerscope import check_tree
 from layerscope.capture.training import loss_of
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 from test_flops_agreement import BUILDERS, CUSTOM_MAPPING
 
 # The heaviest zoo models take seconds per module alone; they are covered forward-only

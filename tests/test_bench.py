@@ -15,9 +15,9 @@ from torch import nn
 
 import layerscope
 from layerscope import zoo
+from layerscope.base.errors import InputsError, SchemaError
 from layerscope.bench import BatchResult, BenchResult, compare, from_dict
 from layerscope.bench.measure import batch_of, time_runs
-from layerscope.errors import InputsError, SchemaError
 from test_cli import assert_usage_error, run_cli
 from test_no_side_effects import assert_unchanged, snapshot
 
@@ -352,7 +352,7 @@ def test_cli_bench_bad_input(tmp_path: Path) -> None:
 
 def test_plot_bench_from_a_dict(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from layerscope.plot import plot_bench
+    from layerscope.render.plot import plot_bench
 
     plot_bench(made(BASE).to_dict(), tmp_path / "b.png")
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
@@ -362,7 +362,7 @@ def test_bench_plot_draws_peak_memory_per_batch_size() -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from layerscope.plot import draw_bench
+    from layerscope.render.plot import draw_bench
 
     axes = draw_bench(Figure(), made(BASE))
     assert [a.get_ylabel() for a in axes] == ["latency per batch (us)", "throughput (samples/s)", "peak memory (KiB)"]

@@ -19,9 +19,9 @@ from torch.profiler import ProfilerActivity
 import layerscope
 from conftest import FakeClock
 from layerscope import block
+from layerscope.base.errors import ProfilerStateError
 from layerscope.compat import torch_profiler
-from layerscope.errors import ProfilerStateError
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 
 #: What torch.profiler's recipe adds to the block: arguments and reading calls.
 TORCH_ARGUMENTS = ("activities", "record_shapes", "profile_memory", "on_trace_ready")

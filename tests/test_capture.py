@@ -23,10 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import layerscope
 from conftest import tiered
 from layerscope import zoo
-from layerscope.check import InvariantError, check_tree
-from layerscope.documents import profile_from_dict
-from layerscope.errors import ModelError
-from layerscope.tree import Profile
+from layerscope.base.errors import ModelError
+from layerscope.model.check import InvariantError, check_tree
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.tree import Profile
 
 STEP = 1000  # ns per fake-clock read (conftest.FakeClock)
 

@@ -12,8 +12,8 @@ from torch import nn
 
 import layerscope
 from layerscope import check_tree, zoo
-from layerscope.sidedocs import Trace
-from layerscope.tree import ModuleNode, PhaseStats, Profile, link
+from layerscope.model.sidedocs import Trace
+from layerscope.model.tree import ModuleNode, PhaseStats, Profile, link
 
 
 def _training_step(name: str = "mlp", batch: int = 4) -> Profile:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import layerscope
-import layerscope.io
+import layerscope.base.io
 from conftest import FULL_DEVICE, NULL_DEVICE
 from processes import Done, run_layerscope
 
@@ -419,7 +419,7 @@ def test_int64_inputs_are_token_ids_below_the_vocabulary(
 def test_token_ids_are_drawn_below_the_vocabulary(tiny: Path) -> None:
     import torch
 
-    from layerscope.specs import DEFAULT_INT_LIMIT, resolve_model, tensor_for, vocab_size
+    from layerscope.zoo.specs import DEFAULT_INT_LIMIT, resolve_model, tensor_for, vocab_size
 
     models = {name: resolve_model(f"{tiny}:{name}").model for name in ("bert", "t5", "clip", "embedding_only")}
     assert {name: vocab_size(model) for name, model in models.items()} == {
@@ -446,8 +446,8 @@ def test_default_inputs_follow_the_config(tiny: Path) -> None:
     import torch
     import transformers as T
 
-    from layerscope.errors import SpecError
-    from layerscope.specs import default_transformers_inputs, resolve_model
+    from layerscope.base.errors import SpecError
+    from layerscope.zoo.specs import default_transformers_inputs, resolve_model
 
     def described(model: torch.nn.Module, batch_size: int = 1) -> dict[str, Any]:
         inputs = default_transformers_inputs(model, batch_size)
@@ -749,7 +749,7 @@ def test_a_failed_file_write_keeps_the_old_file(
     def full_disk(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(layerscope.io.os, "fsync", full_disk)
+    monkeypatch.setattr(layerscope.base.io.os, "fsync", full_disk)
     status = main([arg.format(saved=saved_profile) for arg in args] + ["-o", str(target)])
     captured = capsys.readouterr()
     assert status == 4
@@ -862,7 +862,7 @@ def test_config_errors_list_only_size_fields_and_name_the_bad_value(workdir: Pat
 
 def test_size_fields_of_a_bert_config() -> None:
     transformers = pytest.importorskip("transformers")
-    from layerscope.specs import size_fields
+    from layerscope.zoo.specs import size_fields
 
     assert sorted(size_fields(transformers.BertConfig(), transformers.PretrainedConfig())) == [
         "hidden_size", "intermediate_size", "max_position_embeddings", "num_attention_heads",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from layerscope import comm
 from layerscope.attribute.profile import build_profile
-from layerscope.check import check_tree
+from layerscope.base import comm
 from layerscope.flops import count_meta
 from layerscope.flops.meta import TensorMeta
-from layerscope.raw import (
+from layerscope.model.check import check_tree
+from layerscope.model.raw import (
     NO_SEQ,
     Collective,
     Enter,

@@ -17,9 +17,9 @@ from torch import nn
 
 from conftest import FakeClock
 from layerscope import zoo
-from layerscope.check import check_tree
+from layerscope.base.errors import ProfilerStateError
 from layerscope.compat.deepspeed import FlopsProfiler, get_model_profile
-from layerscope.errors import ProfilerStateError
+from layerscope.model.check import check_tree
 from test_no_side_effects import X4, Failing, assert_unchanged, everything, snapshot
 
 # AlexNet's MACs at 1x3x224x224, per conv and linear layer (out positions x kernel x in x out):

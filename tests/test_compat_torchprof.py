@@ -15,9 +15,9 @@ from torch import nn
 
 from conftest import FakeClock
 from layerscope import zoo
-from layerscope.check import check_tree
 from layerscope.compat import torchprof
 from layerscope.compat.op_records import EventList
+from layerscope.model.check import check_tree
 from test_no_side_effects import X4, Failing, assert_unchanged, everything, snapshot
 
 ALEXNET_ROWS = ["AlexNet", "features", *map(str, range(13)), "avgpool", "classifier", *map(str, range(7))]

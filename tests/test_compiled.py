@@ -26,12 +26,12 @@ from layerscope.attribute.compiled import (
     with_ops,
 )
 from layerscope.attribute.profile import op_walk
+from layerscope.base.errors import ModelError, RenderError, SchemaError
 from layerscope.capture import compiled as compiled_module
-from layerscope.check import check_tree
-from layerscope.documents import profile_from_dict
-from layerscope.errors import ModelError, RenderError, SchemaError
-from layerscope.ops import OpTableError
-from layerscope.raw import (
+from layerscope.model.check import check_tree
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.ops import OpTableError
+from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
     CompiledPass,
@@ -48,7 +48,7 @@ from layerscope.raw import (
     RawCapture,
     Step,
 )
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 from test_cli import run_cli
 from test_no_side_effects import unchanged
 

@@ -21,8 +21,8 @@ from torch import nn
 
 import layerscope
 from conftest import FakeClock
-from layerscope.diff import Change, ProfileDiff, parse_duration_ns, parse_threshold
-from layerscope.documents import profile_from_dict
+from layerscope.model.diff import Change, ProfileDiff, parse_duration_ns, parse_threshold
+from layerscope.model.documents import profile_from_dict
 from test_cli import assert_usage_error, run_cli
 
 BATCH = 2
@@ -820,7 +820,7 @@ def test_planted_regression_is_found_first(tmp_path: Path) -> None:
 
 
 def test_a_long_verdict_is_bounded_and_counted() -> None:
-    from layerscope.diff import Change, Regression
+    from layerscope.model.diff import Change, Regression
     from layerscope.render.diff_text import REGRESSIONS_SHOWN, regressions_line
 
     nodes = [Regression(f"layers.{i}", "self_time_ns", Change(1000, 1000 + 100 * i)) for i in range(1, 48)]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import layerscope
-from layerscope.check import check_tree
+from layerscope.model.check import check_tree
 from processes import run_layerscope
 
 WORKER = Path(__file__).with_name("dist_worker.py")

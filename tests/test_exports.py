@@ -24,11 +24,11 @@ import torch
 
 import layerscope
 from layerscope import zoo
-from layerscope.check import check_tree
+from layerscope.model.check import check_tree
+from layerscope.model.sidedocs import Trace
+from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 from layerscope.render import format_for_path, formats, get_renderer
 from layerscope.render.stacks import METRICS, MetricError, build_stacks, sanitize
-from layerscope.sidedocs import Trace
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 from test_cli import FAST, assert_usage_error, run_cli
 
 FOLDED_LINE = re.compile(r"^[^\n]+ \d+$")

@@ -34,7 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import layerscope
 from conftest import tiered
 from layerscope import zoo
-from layerscope.tree import ModuleNode, Profile
+from layerscope.model.tree import ModuleNode, Profile
 
 CPU_SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
 CPU_SDPA_BACKWARD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"

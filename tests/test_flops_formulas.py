@@ -28,7 +28,7 @@ from layerscope.flops import (
     registered,
     unregister_flops,
 )
-from layerscope.tree import OpStats, Profile
+from layerscope.model.tree import OpStats, Profile
 
 # -- helpers -------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import layerscope
 import layerscope.flops as flops
 from layerscope.flops import TensorMeta, count_meta, count_op, register_flops, unregister_flops
 from layerscope.flops.meta import to_meta
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 from test_flops_formulas import Fn, randn
 
 

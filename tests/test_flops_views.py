@@ -10,7 +10,7 @@ import torch
 
 import layerscope
 from layerscope import zoo
-from layerscope.transforms import top_by_depth
+from layerscope.model.transforms import top_by_depth
 from processes import Done, run_layerscope
 
 

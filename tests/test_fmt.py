@@ -1,4 +1,4 @@
-"""``layerscope.fmt``: the one module that turns numbers into strings.
+"""``layerscope.base.fmt``: the one module that turns numbers into strings.
 
 Every expected string is written out by hand; none is computed with the code under test.
 """
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from layerscope import fmt
+from layerscope.base import fmt
 
 # -- time_ns --------------------------------------------------------------------------
 

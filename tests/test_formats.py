@@ -1,4 +1,4 @@
-"""The output registry (``layerscope.formats``): one table keyed by (document kind,
+"""The output registry (``layerscope.base.formats``): one table keyed by (document kind,
 format) that drives each document's ``render``/``save``, the checks of every option, and
 the CLI's ``--format`` choices and option flags."""
 
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import layerscope
-from layerscope import cli, formats, zoo
-from layerscope.errors import OptionError
-from layerscope.formats import DOCUMENTS, Option, register_renderer
+from layerscope import cli, zoo
+from layerscope.base import formats
+from layerscope.base.errors import OptionError
+from layerscope.base.formats import DOCUMENTS, Option, register_renderer
 from layerscope.render.options import count
 
 

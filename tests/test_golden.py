@@ -181,7 +181,7 @@ def test_a_wide_terminal_changes_nothing(fake_clock: Any) -> None:
 
 
 def test_unknown_or_absent_columns_are_refused(fake_clock: Any) -> None:
-    from layerscope.errors import RenderError
+    from layerscope.base.errors import RenderError
 
     prof = _zoo_profile("lenet5", fake_clock)
     with pytest.raises(RenderError, match=r"no column 'bwd_self' .*a forward-only profile: it has no backward.*it has: type, self_cpu"):

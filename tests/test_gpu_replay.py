@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import layerscope
+from layerscope.base.intervals import union_ns
 from layerscope.capture import replay
-from layerscope.intervals import union_ns
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 NAMES = sorted(p.name.removesuffix(".json.gz") for p in CAPTURES.glob("*.json.gz"))

@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 import layerscope
-from layerscope import fmt
+from layerscope.base import fmt
+from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile
 from layerscope.render import format_for_path
 from layerscope.render.html import report_data, script_json
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 #: Where a screenshot is kept for people to look at (not part of the repository).
 #: Where to keep the screenshots for a person to look at (``LAYERSCOPE_SCREENSHOTS=dir``);

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import layerscope
-from layerscope.check import check_tree
+from layerscope.model.check import check_tree
 from test_no_side_effects import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
 
 pytestmark = [

@@ -1,8 +1,8 @@
-"""``layerscope.intervals``: merged intervals and the length of their union, by hand."""
+"""``layerscope.base.intervals``: merged intervals and the length of their union, by hand."""
 
 from __future__ import annotations
 
-from layerscope.intervals import merged, union_ns
+from layerscope.base.intervals import merged, union_ns
 
 
 def test_overlapping_and_touching_intervals_merge_and_empty_ones_drop() -> None:

@@ -17,14 +17,14 @@ import torch
 from torch import nn
 
 import layerscope
-import layerscope.formats
-import layerscope.io
+import layerscope.base.formats
+import layerscope.base.io
 from conftest import FULL_DEVICE, NULL_DEVICE
 from layerscope import zoo
-from layerscope.check import check_tree
-from layerscope.errors import SchemaError
-from layerscope.schema import MEMORY, TRACE, check_value
-from layerscope.sidedocs import (
+from layerscope.base.errors import SchemaError
+from layerscope.model.check import check_tree
+from layerscope.model.schema import MEMORY, TRACE, check_value
+from layerscope.model.sidedocs import (
     DeviceMemory,
     Flow,
     Flows,
@@ -37,7 +37,7 @@ from layerscope.sidedocs import (
     TimelineSpan,
     Trace,
 )
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 
 
 @pytest.fixture(scope="module")
@@ -373,8 +373,8 @@ def test_failed_render_leaves_the_old_file(
     def broken(profile: Profile, **options: Any) -> str:
         raise RuntimeError("renderer broke")
 
-    json_renderer = layerscope.formats.get_renderer("json")
-    monkeypatch.setitem(layerscope.formats._TABLES["profile"], "json", dataclasses.replace(json_renderer, fn=broken))
+    json_renderer = layerscope.base.formats.get_renderer("json")
+    monkeypatch.setitem(layerscope.base.formats._TABLES["profile"], "json", dataclasses.replace(json_renderer, fn=broken))
     with pytest.raises(RuntimeError, match="renderer broke"):
         zoo_profile.save(saved)
     assert saved.read_bytes() == old
@@ -394,10 +394,10 @@ def test_failure_after_the_write_leaves_the_old_file(
         written.extend(leftovers(saved.parent))
         raise OSError("disk full")
 
-    monkeypatch.setattr(layerscope.io.os, "fsync", failing_fsync)
+    monkeypatch.setattr(layerscope.base.io.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="disk full"):
         zoo_profile.save(saved)
-    monkeypatch.setattr(layerscope.io.os, "fsync", real_fsync)
+    monkeypatch.setattr(layerscope.base.io.os, "fsync", real_fsync)
     assert written, "the temporary file should have existed during the write"
     assert saved.read_bytes() == old
     assert leftovers(saved.parent) == []
@@ -408,13 +408,13 @@ def test_failure_after_the_write_leaves_the_old_file(
 def test_write_atomic_with_text_that_is_not_text(saved: Path, text: Any) -> None:
     old = saved.read_bytes()
     with pytest.raises(TypeError):
-        layerscope.io.write_atomic(saved, text)
+        layerscope.base.io.write_atomic(saved, text)
     assert saved.read_bytes() == old
     assert leftovers(saved.parent) == []
 
 
 def test_write_atomic_writes_bytes_as_they_are(saved: Path) -> None:
-    layerscope.io.write_atomic(saved, b"\x89PNG\r\n")
+    layerscope.base.io.write_atomic(saved, b"\x89PNG\r\n")
     assert saved.read_bytes() == b"\x89PNG\r\n"
     assert leftovers(saved.parent) == []
 
@@ -442,22 +442,22 @@ def test_write_atomic_interrupted_mid_write(saved: Path, monkeypatch: pytest.Mon
             assert leftovers(saved.parent), "the temporary file should exist now"
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(layerscope.io.os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k)))
+    monkeypatch.setattr(layerscope.base.io.os, "fdopen", lambda *a, **k: HalfWriter(real_fdopen(*a, **k)))
     with pytest.raises(KeyboardInterrupt):
-        layerscope.io.write_atomic(saved, "{}" * 1000)
+        layerscope.base.io.write_atomic(saved, "{}" * 1000)
     assert saved.read_bytes() == old
     assert leftovers(saved.parent) == []
 
 
 def test_write_atomic_to_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="does not exist"):
-        layerscope.io.write_atomic(tmp_path / "no" / "such" / "p.json", "{}")
+        layerscope.base.io.write_atomic(tmp_path / "no" / "such" / "p.json", "{}")
     assert not (tmp_path / "no").exists()
 
 
 def test_write_atomic_writes_the_whole_text(tmp_path: Path) -> None:
     path = tmp_path / "plain.txt"
-    layerscope.io.write_atomic(path, "héllo\n" * 1000)
+    layerscope.base.io.write_atomic(path, "héllo\n" * 1000)
     assert path.read_text(encoding="utf-8") == "héllo\n" * 1000
     assert leftovers(tmp_path) == []
 
@@ -469,7 +469,7 @@ def test_a_character_device_is_written_in_place(char_device: Any, zoo_profile: P
     # Renaming a temporary file over /dev/null would turn it into a regular file.
     null = char_device("null", NULL_DEVICE)
     zoo_profile.save(null)
-    layerscope.io.write_atomic(null, (chunk for chunk in ["a", "b"]))
+    layerscope.base.io.write_atomic(null, (chunk for chunk in ["a", "b"]))
     assert stat.S_ISCHR(os.stat(null).st_mode)
     assert os.stat(null).st_rdev == os.makedev(*NULL_DEVICE)
     assert sorted(p.name for p in null.parent.iterdir()) == ["null"]
@@ -515,7 +515,7 @@ def test_a_symlink_stays_a_link_and_its_target_is_replaced(tmp_path: Path, zoo_p
 def test_a_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
     link = tmp_path / "link.txt"
     link.symlink_to(tmp_path / "new.txt")
-    layerscope.io.write_atomic(link, "hello\n")
+    layerscope.base.io.write_atomic(link, "hello\n")
     assert link.is_symlink()
     assert (tmp_path / "new.txt").read_text(encoding="utf-8") == "hello\n"
 
@@ -524,7 +524,7 @@ def test_a_symlink_to_a_device_leaves_the_device(char_device: Any) -> None:
     null = char_device("null", NULL_DEVICE)
     link = null.parent / "out.txt"
     link.symlink_to(null)
-    layerscope.io.write_atomic(link, "hello\n")
+    layerscope.base.io.write_atomic(link, "hello\n")
     assert link.is_symlink() and stat.S_ISCHR(os.stat(null).st_mode)
 
 
@@ -539,11 +539,11 @@ def test_a_benchmark_saved_to_a_device_leaves_the_device(char_device: Any) -> No
 
 def test_write_atomic_to_a_folder(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match="it is a folder"):
-        layerscope.io.write_atomic(tmp_path, "{}")
+        layerscope.base.io.write_atomic(tmp_path, "{}")
 
 
 def test_a_profile_s_codec_is_its_own_inverse(saved: Path) -> None:
-    # Profile.from_dict beside to_dict (tree.py); the strict reader checks and then builds the same.
+    # Profile.from_dict beside to_dict (model/tree.py); the strict reader checks and then builds the same.
     doc = json.loads(saved.read_text())
     again = Profile.from_dict(doc)
     assert again.to_dict() == doc == layerscope.load(saved).to_dict()

@@ -6,6 +6,7 @@ by correlation id, as torch's profiler reports them.
 
 from __future__ import annotations
 
+from layerscope.base.intervals import union_ns
 from layerscope.convert.ranges import (
     MODULE_PREFIX,
     PART_PREFIX,
@@ -17,8 +18,7 @@ from layerscope.convert.ranges import (
 )
 from layerscope.convert.streams import convert
 from layerscope.flops.recorded import CATALOG
-from layerscope.intervals import union_ns
-from layerscope.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.model.raw import NO_SEQ, Collective, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 EVAL = "autograd::engine::evaluate_function: "
 
@@ -380,7 +380,7 @@ def _ledger_window() -> tuple[list[Range], list[KernelSpan]]:
 
 
 def test_each_step_device_busy_counts_overlap_once_and_keeps_collectives_out_of_ops():
-    from layerscope.raw import DeviceBusy
+    from layerscope.model.raw import DeviceBusy
 
     tree, kernels = _ledger_window()
     first, second = convert(tree, kernels, has_device=True)
@@ -399,8 +399,8 @@ def test_each_step_device_busy_counts_overlap_once_and_keeps_collectives_out_of_
 
 def test_the_profile_ledger_puts_every_device_nanosecond_in_one_place():
     from layerscope.attribute.cycle import Cycle
-    from layerscope.check import check_tree
-    from layerscope.raw import ModuleInfo, RawCapture
+    from layerscope.model.check import check_tree
+    from layerscope.model.raw import ModuleInfo, RawCapture
     from layerscope.render.text import device_lines
 
     tree, kernels = _ledger_window()
@@ -422,7 +422,7 @@ def test_the_profile_ledger_puts_every_device_nanosecond_in_one_place():
         "Device communication 110ns, of which 40ns overlapped with compute",
     ]
     # Saved and read back, it is the same ledger.
-    from layerscope.sidedocs import DeviceLedger
+    from layerscope.model.sidedocs import DeviceLedger
 
     assert profile.to_dict()["device"] == ledger.to_dict()
     assert DeviceLedger.from_dict(ledger.to_dict()) == ledger
@@ -470,7 +470,7 @@ def _gradient_allocated_again(device: str) -> tuple[list[Event], int]:
 
 
 def test_memory_live_before_a_step_is_sized_by_the_rule_of_the_steps_allocations() -> None:
-    from layerscope.raw import Adopt
+    from layerscope.model.raw import Adopt
 
     # On CUDA torch's allocation events carry the caching allocator's blocks (a multiple
     # of 512 B, at least 512): what was live before the step is sized the same way, so

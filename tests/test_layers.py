@@ -1,209 +1,122 @@
-"""The architecture as a test: imports flow one way, from the layer that runs things down
-to the one data model and the files below it.
+"""The architecture as a test: the folders are the layers, and imports flow one way, from
+the layer that runs things down to the one data model and the utilities below it.
 
-    app        session, block, cli, compat, handlers, integrations, bench.measure, the package
-    capture    capture/*, flops/*, zoo, specs, traces/*
-    render     render/*, plot               attribute   attribute/*       convert   convert/*
-    model      tree, sidedocs, compile_info, ops, check, schema, transforms, diff, ranks, documents, bench.result
-    base       errors, fmt, io, formats (the output registry), comm, raw, runfacts, schedule, stats, intervals,
-               peaks, traces.reader
+    app        the modules at the top (cli, session, block, loading, handlers, progress),
+               compat/, integrations/, examples/, bench/
+    capture    capture/, flops/, zoo/, traces/      (torch)
+    render/ | attribute/ | convert/                 (pure, never each other)
+    model/                                          (pure: the documents)
+    base/                                           (pure: the utilities)
 
-A module imports its own layer or lower ones; render, attribute and convert never each other, and
-capture never render; no modules import each other round a circle, in any layer (the app
-layer's included: ``layerscope.Profiler`` is the block with torch.profiler's names added
-in ``compat``, and the block imports nothing of ``compat``). The four lower layers are pure: none imports torch, so a tree can
-be attributed, checked and rendered from events or files alone. Every import counts, the
-ones inside functions too (``if TYPE_CHECKING`` blocks aside): a document's
-``render()``/``save()`` reach the renderers through the registry in ``base``, which the
-renderers fill, never by importing them.
+The rules are a contract in pyproject.toml (``[tool.importlinter]``), checked here by
+import-linter: each layer imports only the layers below it (every import counts, the
+ones inside functions too, ``if TYPE_CHECKING`` blocks aside), the capture layer never
+reaches the renderers, the pure layers never import torch, and no two modules of a
+package import each other round a circle. A document's ``render()``/``save()`` reach the
+renderers through the registry in ``base/formats.py``, which the renderers fill, never by
+importing them. The tests below also show that the contract fails where it should.
 """
 
 from __future__ import annotations
 
-import ast
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import layerscope
 
+ROOT = Path(__file__).resolve().parents[1]
 SRC = Path(layerscope.__file__).parent
-
-LAYERS = {
-    "base": (
-        "errors", "fmt", "io", "formats", "comm", "raw", "runfacts", "schedule", "stats", "intervals", "traces.reader", "peaks",
-    ),
-    "model": (
-        "tree", "sidedocs", "compile_info", "ops", "check", "schema", "transforms", "diff", "ranks", "documents",
-        "bench.result",
-    ),
-    "convert": ("convert",),
-    "attribute": ("attribute",),
-    "render": ("render", "plot"),
-    "capture": ("capture", "flops", "zoo", "specs", "traces"),
-    "app": ("session", "block", "cli", "__main__", "compat", "handlers", "integrations", "bench", "examples", ""),
-}
-RANK = {"base": 0, "model": 1, "convert": 2, "attribute": 2, "render": 2, "capture": 3, "app": 4}
-#: Lower-ranked pairs that still must not import each other (importer, imported).
-APART = {("capture", "render")}
-#: The layers that run without torch.
-PURE = ("base", "model", "convert", "attribute", "render")
-
-#: ``Profile.ops()`` builds the op table, a view of the same tree that needs the tree's
-#: phases: the one cycle, inside the model.
-ALLOWED_CYCLES = [{"layerscope.tree", "layerscope.ops"}]
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+#: The modules that may sit loose at the top: the public API's entry points and the CLI.
+MOST_LOOSE = 8
 
 
-def _modules() -> dict[str, Path]:
-    found = {}
+def _lint(cwd: Path, src: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with the project's contract, on the package under ``src``."""
+    script = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def _layered() -> list[str]:
+    """Every name the layers contract places, as ``layerscope.<name>``."""
+    (contract,) = [c for c in CONFIG["contracts"] if c["type"] == "layers"]
+    names = []
+    for line in contract["layers"]:
+        names += [n.strip() for n in line.replace("|", ":").split(":")]
+    return [f"layerscope.{n}" for n in names]
+
+
+def test_the_contract_is_kept():
+    done = _lint(ROOT, SRC.parent)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_every_module_is_in_a_layer_and_few_are_loose_at_the_top():
+    layered = _layered()
+    unplaced = []
     for path in SRC.rglob("*.py"):
         parts = path.relative_to(SRC).with_suffix("").parts
-        name = ".".join(("layerscope", *parts))
-        found[name.removesuffix(".__init__")] = path
-    return found
+        name = ".".join(("layerscope", *parts)).removesuffix(".__init__")
+        if name != "layerscope" and not any(name == p or name.startswith(p + ".") for p in layered):
+            unplaced.append(name)
+    assert unplaced == []
+    loose = sorted(p.name for p in SRC.glob("*.py"))
+    assert len(loose) <= MOST_LOOSE, loose
 
 
-def _layer(module: str) -> str:
-    """The layer of ``module``: the longest prefix named in LAYERS."""
-    rest = module.removeprefix("layerscope").removeprefix(".")
-    best, found = -1, ""
-    for layer, prefixes in LAYERS.items():
-        for prefix in prefixes:
-            if (rest == prefix or rest.startswith(prefix + ".") or prefix == "") and len(prefix) > best:
-                best, found = len(prefix), layer
-    return found
+def _copy(tmp_path: Path) -> Path:
+    """The package and its contract, copied where a test may break them."""
+    shutil.copytree(SRC, tmp_path / "src" / "layerscope", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path / "src" / "layerscope"
 
 
-def _imports(path: Path, modules: dict[str, Path] | None) -> set[str]:
-    """The modules ``path`` imports: those in ``modules`` (layerscope's own), or with
-    ``modules=None`` every top-level or dotted name it imports."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {
-        id(inner) for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for statement in node.body for inner in ast.walk(statement)
-    }
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        found.update(name for name in names if (modules is None or name in modules) and name != "layerscope")
-    return found
+def test_the_contract_sees_a_renderer_reaching_the_package_root(tmp_path):
+    """The loop a renderer once made by taking ``__version__`` from the package root
+    (which imports the layers above it) breaks the layers."""
+    package = _copy(tmp_path)
+    chrome = package / "render" / "chrome.py"
+    text = chrome.read_text(encoding="utf-8")
+    assert "from layerscope.base.version import __version__" in text
+    chrome.write_text(text.replace("from layerscope.base.version import", "from layerscope import"), encoding="utf-8")
+    done = _lint(tmp_path, tmp_path / "src")
+    assert done.returncode != 0
+    assert "layerscope.render is not allowed to import" in done.stdout, done.stdout[-3000:]
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+def test_the_contract_sees_torch_in_a_pure_layer_and_a_circle(tmp_path):
+    package = _copy(tmp_path)
+    walk = package / "attribute" / "walk.py"
+    walk.write_text(walk.read_text(encoding="utf-8") + "\n\ndef _f():\n    import torch.nn  # noqa\n", encoding="utf-8")
+    stats = package / "base" / "stats.py"
+    stats.write_text(stats.read_text(encoding="utf-8") + "\n\ndef _g():\n    from layerscope.base import fmt  # noqa\n", encoding="utf-8")
+    fmt = package / "base" / "fmt.py"
+    fmt.write_text(fmt.read_text(encoding="utf-8") + "\n\ndef _h():\n    from layerscope.base import stats  # noqa\n", encoding="utf-8")
+    done = _lint(tmp_path, tmp_path / "src")
+    assert done.returncode != 0
+    assert "layerscope.attribute is not allowed to import torch" in done.stdout, done.stdout[-3000:]
+    assert "No cycles are allowed in layerscope.base" in done.stdout, done.stdout[-3000:]
 
 
-def test_every_module_has_a_layer():
-    assert [m for m in _modules() if not _layer(m)] == []
+def test_a_moved_module_still_imports_under_its_old_name_with_a_warning():
+    import importlib
 
+    import pytest
 
-def test_imports_go_down_or_across_their_own_layer():
-    wrong = []
-    for module, imported in _graph().items():
-        here = _layer(module)
-        for target in sorted(imported):
-            there = _layer(target)
-            if RANK[there] > RANK[here] or (RANK[there] == RANK[here] and there != here) or (here, there) in APART:
-                wrong.append(f"{module} ({here}) imports {target} ({there})")
-    assert wrong == []
+    from layerscope.base.moved import MOVED
+    from layerscope.model import tree
 
-
-def _imports_torch(path: Path) -> list[str]:
-    """The torch modules ``path`` imports, anywhere in it (``TYPE_CHECKING`` blocks aside)."""
-    return sorted(name for name in _imports(path, None) if name == "torch" or name.startswith("torch."))
-
-
-def test_the_pure_layers_never_import_torch():
-    wrong = [
-        f"{module} ({_layer(module)}) imports {', '.join(_imports_torch(path))}"
-        for module, path in _modules().items()
-        if _layer(module) in PURE and _imports_torch(path)
-    ]
-    assert wrong == []
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
-    """The groups of modules that import each other round a circle, those allowed aside."""
-    cycles = [c for c in _strongly_connected(graph) if len(c) > 1 and not _only_a_package(c)]
-    return [c for c in cycles if c not in ALLOWED_CYCLES]
-
-
-def test_no_import_cycles():
-    assert _cycles(_graph()) == []
-
-
-def _only_a_package(component: set[str]) -> bool:
-    """A registry package and the files that fill it (``flops`` and its formulas)."""
-    roots = {m for m in component if all(other == m or other.startswith(m + ".") for other in component)}
-    return bool(roots)
-
-
-def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
-    """Tarjan's algorithm, iteratively."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[set[str]] = []
-    for start in graph:
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.add(member)
-                    if member == node:
-                        break
-                found.append(component)
-    return found
-
-
-def test_the_layer_check_sees_an_upward_import(tmp_path):
-    """The checker itself: a model module importing a renderer is reported."""
-    modules = {"layerscope.tree": tmp_path / "tree.py", "layerscope.render.text": tmp_path / "text.py"}
-    (tmp_path / "tree.py").write_text("def f():\n    from layerscope.render.text import render_text\n")
-    assert _imports(modules["layerscope.tree"], modules) == {"layerscope.render.text"}
-    assert RANK[_layer("layerscope.render.text")] > RANK[_layer("layerscope.tree")]
-    assert sorted(map(sorted, _strongly_connected({"a": {"b"}, "b": {"a"}, "c": set()}))) == [["a", "b"], ["c"]]
-    # A circle in the app layer counts too (the block and torch.profiler's adapter were one).
-    block, adapter = "layerscope.block", "layerscope.compat.torch_profiler"
-    assert _cycles({block: {adapter}, adapter: {block}}) == [{block, adapter}]
-
-
-def test_the_purity_check_sees_torch_and_capture_from_attribute(tmp_path):
-    """The checker itself: an attribute module reaching for torch, or for capture/, fails."""
-    walk = tmp_path / "walk.py"
-    walk.write_text("def f():\n    import torch.nn\n    from layerscope.capture.kineto import convert\n")
-    assert _imports_torch(walk) == ["torch.nn"]
-    modules = {"layerscope.attribute.walk": walk, "layerscope.capture.kineto": tmp_path / "kineto.py"}
-    assert _imports(walk, modules) == {"layerscope.capture.kineto"}
-    assert _layer("layerscope.attribute.walk") in PURE
-    assert RANK[_layer("layerscope.capture.kineto")] > RANK[_layer("layerscope.attribute.walk")]
-    assert ("capture", "render") in APART and _layer("layerscope.render.text") == "render"
+    old_name = "layerscope" + ".tree"  # spelt apart: the old name, not the new
+    with pytest.warns(DeprecationWarning, match=r"layerscope\.tree is layerscope\.model\.tree now"):
+        old = importlib.import_module(old_name)
+    assert old.Profile is tree.Profile
+    for name, now in MOVED.items():
+        importlib.import_module(now)  # every target exists
+        assert name.startswith("layerscope.") and name != now

@@ -24,7 +24,7 @@ import layerscope
 from layerscope import check_tree
 from layerscope.attribute import build_profile
 from layerscope.attribute.memory import TIMELINE_POINTS
-from layerscope.raw import (
+from layerscope.model.raw import (
     Adopt,
     Enter,
     Event,
@@ -38,8 +38,8 @@ from layerscope.raw import (
     Saved,
     Step,
 )
-from layerscope.sidedocs import MemorySummary, OptimizerState, PeakAt
-from layerscope.tree import Profile
+from layerscope.model.sidedocs import MemorySummary, OptimizerState, PeakAt
+from layerscope.model.tree import Profile
 
 F32 = 4
 
@@ -728,7 +728,7 @@ def test_activations_are_read_when_only_some_modules_are_profiled() -> None:
 
 
 def test_the_peak_names_buffers_where_it_counts_them_with_the_parameters() -> None:
-    from layerscope.tree import ModuleNode, PhaseStats, Profile
+    from layerscope.model.tree import ModuleNode, PhaseStats, Profile
 
     memory = {
         "param_bytes_by_dtype": {"float32": 4096}, "buffer_bytes_by_dtype": {"float32": 64},

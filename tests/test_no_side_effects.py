@@ -27,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 import layerscope
 from layerscope import zoo
-from layerscope.check import check_tree
-from layerscope.errors import InputsError, ModelError, ProfilerStateError
+from layerscope.base.errors import InputsError, ModelError, ProfilerStateError
+from layerscope.model.check import check_tree
 
 # Every hook dict torch keeps on a module; the snapshot covers all of vars(module), these
 # are named so that a torch that renamed one fails here instead of going unchecked.

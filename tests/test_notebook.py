@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from layerscope import formats
+from layerscope.base import formats
 from layerscope.progress import StageBars, progress_bar, snapshot
 from layerscope.render.notebook import NOTEBOOK_FRAME_HEIGHT_PX
 from test_pages import bench_result, hostile_diff, hostile_ranks, hostile_run

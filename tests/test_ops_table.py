@@ -20,10 +20,10 @@ from torch import nn
 
 import layerscope
 from layerscope import zoo
-from layerscope.errors import OptionError
-from layerscope.ops import SORT_KEYS, TORCH_SORT_KEYS, OpTableError, op_table
+from layerscope.base.errors import OptionError
+from layerscope.model.ops import SORT_KEYS, TORCH_SORT_KEYS, OpTableError, op_table
+from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile
 from layerscope.render import formats
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
 from test_cli import FAST, assert_usage_error, run_cli
 
 
@@ -395,7 +395,7 @@ def test_renderer_is_registered_and_refuses_other_formats_options(resnet18: Prof
     text = resnet18.render("ops", group_by="shape", limit=3)
     assert text == resnet18.ops(group_by="shape", limit=3).render()
     # print() fits a width: the terminal's, or 120 where stdout is none.
-    monkeypatch.setattr("layerscope.formats.terminal_width", lambda: None)
+    monkeypatch.setattr("layerscope.base.formats.terminal_width", lambda: None)
     assert str(resnet18.ops(group_by="shape", limit=3)) == resnet18.render("ops", group_by="shape", limit=3, width=120)
     with pytest.raises(OptionError, match="the ops format has no option 'depth', 'show_ops'; it takes: sort_by"):
         resnet18.render("ops", group_by="shape", depth=2, show_ops=True)
@@ -469,7 +469,7 @@ def test_golden_lenet5_memory_by_alloc(fake_clock: Any, golden: Any) -> None:
     golden("ops_lenet5_memory_alloc.out", text)
     body, total = _read_table(text)
     assert len(body) == len(prof.ops(group_by="module"))
-    assert total["Alloc"] == layerscope.fmt.nbytes(sum(o.alloc_bytes for o in _every_op(prof)))
+    assert total["Alloc"] == layerscope.base.fmt.nbytes(sum(o.alloc_bytes for o in _every_op(prof)))
 
 
 # -- command line ----------------------------------------------------------------------

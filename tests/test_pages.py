@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 import layerscope
-import layerscope.io
+import layerscope.base.io
 from layerscope.bench import BatchResult, BenchResult
-from layerscope.diff import ProfileDiff
-from layerscope.documents import profile_from_dict
-from layerscope.ranks import MergedRun, merge
+from layerscope.model.diff import ProfileDiff
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.ranks import MergedRun, merge
+from layerscope.model.tree import Profile
 from layerscope.render import format_for_path, formats, render
-from layerscope.tree import Profile
 from test_cli import run_cli
 from test_html import XSS_NAME, Page, open_html  # noqa: F401  (the page fixture, on the session's browser)
 from test_ranks import MS, four_ranks
@@ -101,7 +101,7 @@ def test_the_registry_renders_as_the_documents_did(monkeypatch: pytest.MonkeyPat
 
     diff = hostile_diff()
     assert diff.render() == render_diff(diff) == render(diff, "text")
-    monkeypatch.setattr("layerscope.formats.terminal_width", lambda: None)
+    monkeypatch.setattr("layerscope.base.formats.terminal_width", lambda: None)
     assert str(diff) == render(diff, "text", width=120)  # print() fits 120 where stdout is no terminal
     assert diff.render(limit=1) == render_diff(diff, limit=1)
     assert json.loads(diff.render("json")) == json.loads(json.dumps(diff.to_dict()))
@@ -256,7 +256,7 @@ def test_a_failed_write_is_exit_4_and_keeps_the_old_file(
     def full_disk(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(layerscope.io.os, "fsync", full_disk)
+    monkeypatch.setattr(layerscope.base.io.os, "fsync", full_disk)
     status = main([arg.format(files=files) for arg in args] + ["-o", str(target)])
     assert status == 4
     assert capsys.readouterr().err == f"layerscope: error: cannot write {str(target)!r}: No space left on device\n"

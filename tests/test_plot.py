@@ -1,4 +1,4 @@
-"""``layerscope.plot.plot_memory`` and ``layerscope plot-memory``: the memory timeline as a PNG.
+"""``layerscope.render.plot.plot_memory`` and ``layerscope plot-memory``: the memory timeline as a PNG.
 
 Profiles are real: a zoo MLP training step with Adam under ``Profiler``, and a tiny BERT
 profiled with ``backward=True``. The PNG is checked by its signature and IHDR size.
@@ -19,8 +19,9 @@ import torch
 import layerscope
 import layerscope.zoo
 from layerscope import cli
-from layerscope.errors import MissingDependencyError
-from layerscope.plot import (
+from layerscope.base.errors import MissingDependencyError
+from layerscope.model.sidedocs import Timeline
+from layerscope.render.plot import (
     DPI,
     FIGSIZE,
     _breakdown,
@@ -30,7 +31,6 @@ from layerscope.plot import (
     render_bench_png,
     render_memory_png,
 )
-from layerscope.sidedocs import Timeline
 from processes import run_layerscope
 from test_cli import assert_usage_error, run_cli
 
@@ -303,7 +303,7 @@ def test_breakdown_names_every_category(mlp_step: Path) -> None:
     text = _breakdown(memory, memory.peak_bytes, memory.baseline_bytes)
     for name in ("parameters", "gradients", "optimizer state", "activations", "other"):
         assert name in text
-    assert text.startswith(f"At the peak, {layerscope.fmt.nbytes(memory.peak_bytes)}")
+    assert text.startswith(f"At the peak, {layerscope.base.fmt.nbytes(memory.peak_bytes)}")
     # The Adam step holds the peak: its state is counted.
     assert memory.peak_categories["optimizer_state"] > 0
 

@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import layerscope
-from layerscope.check import check_tree
+from layerscope.base.errors import SchemaError
 from layerscope.cli import main
-from layerscope.errors import SchemaError
-from layerscope.tree import Profile
+from layerscope.model.check import check_tree
+from layerscope.model.tree import Profile
 
 FIXED = {"deadline": None, "derandomize": True, "database": None,
          "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import layerscope
-from layerscope.check import check_tree
-from layerscope.errors import MergeError, SchemaError
-from layerscope.ranks import MergedRun, merge, ranks_from_dict
-from layerscope.sidedocs import Span, Spans, Trace
-from layerscope.tree import ModuleNode, PhaseStats, Profile
+from layerscope.base.errors import MergeError, SchemaError
+from layerscope.model.check import check_tree
+from layerscope.model.ranks import MergedRun, merge, ranks_from_dict
+from layerscope.model.sidedocs import Span, Spans, Trace
+from layerscope.model.tree import ModuleNode, PhaseStats, Profile
 from test_cli import Run
 
 MS = 1_000_000
@@ -515,7 +515,7 @@ def test_rank_traces_load_in_processes_of_their_own_and_merge_as_read_here(
     import argparse
 
     from layerscope.cli import _rank_items
-    from layerscope.ranks import RankRecord
+    from layerscope.model.ranks import RankRecord
 
     paths = _rank_copies(shared_traces, tmp_path, 2)
     args = argparse.Namespace(files=[str(p) for p in paths], model=None, config=None)

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from layerscope import zoo
-from layerscope.documents import profile_from_dict
-from layerscope.runfacts import RunFacts
-from layerscope.schema import META, check_value
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.schema import META, check_value
 from layerscope.session import count_flops
 
 

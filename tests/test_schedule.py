@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch.profiler
 
-from layerscope.schedule import Action, Schedule, schedule
+from layerscope.base.schedule import Action, Schedule, schedule
 
 N_STEPS = 60
 
@@ -202,5 +202,5 @@ def test_str_describes_cycle() -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = "import sys, layerscope.schedule; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, layerscope.base.schedule; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

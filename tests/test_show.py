@@ -92,7 +92,7 @@ def test_show_a_profile_without_a_trace_says_why(tmp_path: Path) -> None:
 
 
 def test_the_data_loaders_long_range_name_is_shortened_in_the_tree() -> None:
-    from layerscope.tree import ModuleNode, PhaseStats, Profile
+    from layerscope.model.tree import ModuleNode, PhaseStats, Profile
 
     stats = PhaseStats(cpu_time_ns=10, self_cpu_time_ns=10)
     root = ModuleNode("", "Net", calls=1, params=0, params_total=0, forward=stats)
@@ -108,7 +108,7 @@ def test_the_data_loaders_long_range_name_is_shortened_in_the_tree() -> None:
 
 
 def test_show_ops_keeps_the_input_shapes_when_the_table_must_fit() -> None:
-    from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
+    from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile
 
     stats = PhaseStats(cpu_time_ns=30, self_cpu_time_ns=30, flops=12, self_flops=12)
     ops = [OpStats("aten::t", calls=1, cpu_time_ns=10, self_cpu_time_ns=10, input_shapes=[[64, 32 * i]], flops=4)
@@ -126,7 +126,7 @@ def test_one_columns_list_works_on_a_forward_pass_and_a_training_step(tmp_path: 
     name shows every phase's figure; the step table's names work on a forward pass."""
     from conftest import FakeClock
     from layerscope import zoo
-    from layerscope.errors import RenderError
+    from layerscope.base.errors import RenderError
 
     entry = zoo.get("mlp")
     forward = layerscope.profile(entry.build(), entry.example_inputs(2), warmup=0, repeat=1, clock=FakeClock())

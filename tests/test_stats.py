@@ -1,4 +1,4 @@
-"""stats.py: the one percentile rule, its whole-number form, and the observed median."""
+"""base/stats.py: the one percentile rule, its whole-number form, and the observed median."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from layerscope.stats import (
+from layerscope.base.stats import (
     median,
     median_floor,
     median_floor_without,

@@ -18,11 +18,11 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import layerscope
+from layerscope.base.errors import ProfilerStateError
 from layerscope.block import WINDOW_STEPS
-from layerscope.check import check_tree
-from layerscope.errors import ProfilerStateError
 from layerscope.handlers import save_json
-from layerscope.tree import Profile
+from layerscope.model.check import check_tree
+from layerscope.model.tree import Profile
 from test_no_side_effects import Raiser, assert_unchanged, snapshot
 
 X = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
@@ -574,7 +574,7 @@ def test_warmup_steps_are_dropped_when_every_step_is_detailed(fake_clock: Any) -
 
 def test_step_spread_names_the_steps_far_from_the_median() -> None:
     # Five steps, numbered 3 to 7; step 6 did one-off work. By hand: sorted 90, 100, 105,
-    # 110, 400 -> median (an observed step, the middle one) 105; interpolated (stats.py's
+    # 110, 400 -> median (an observed step, the middle one) 105; interpolated (base/stats.py's
     # rule): p10 at position 0.4 = 90 + 0.4 * 10 = 94, p90 at 3.6 = 110 + 0.6 * 290 = 284.
     # Far is 1.5 x away: 400 > 157.5 is; 90 (x0.86) is not.
     model = nn.Linear(2, 2)

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import layerscope
-from layerscope.check import check_tree
-from layerscope.errors import ModelError, ProfilerStateError
+from layerscope.base.errors import ModelError, ProfilerStateError
+from layerscope.model.check import check_tree
 
 
 def _model() -> nn.Module:
@@ -93,7 +93,7 @@ TAKING_TURNS = r"""
 import sys, threading
 import layerscope
 from layerscope import zoo
-from layerscope.check import check_tree
+from layerscope.model.check import check_tree
 
 failures = []
 for _ in range(int(sys.argv[1])):

@@ -21,7 +21,7 @@ from layerscope import zoo
 from layerscope.capture import replay
 from layerscope.capture.torch_events import RECORD_FORMAT, ReplayedResult, read_window
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME
-from layerscope.raw import ModuleInfo
+from layerscope.model.raw import ModuleInfo
 
 MS = 1_000_000
 EVAL = "autograd::engine::evaluate_function: "

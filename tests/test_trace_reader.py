@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import REAL_TRACES, tiered
-from layerscope.errors import SchemaError
-from layerscope.traces.reader import FloatText, is_kineto_trace, open_trace, us_to_ns
+from layerscope.base.errors import SchemaError
+from layerscope.base.kineto_json import FloatText, is_kineto_trace, open_trace, us_to_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 TILER = ROOT / "benchmarks" / "trace_tile.py"

@@ -17,12 +17,12 @@ import torch
 
 import layerscope
 from conftest import REAL_TRACES, tiered
-from layerscope import fmt as text_fmt
-from layerscope.check import tree_problems
-from layerscope.comm import is_communication
-from layerscope.intervals import union_ns
+from layerscope.base import fmt as text_fmt
+from layerscope.base.comm import is_communication
+from layerscope.base.intervals import union_ns
+from layerscope.base.kineto_json import us_to_ns
+from layerscope.model.check import tree_problems
 from layerscope.traces.load import load_trace
-from layerscope.traces.reader import us_to_ns
 from processes import run_layerscope
 
 _LOADED: dict[str, Any] = {}
@@ -409,7 +409,7 @@ def _bert_lm_head(**config: Any) -> torch.nn.Module:
 
 
 def test_a_trace_read_with_another_model_is_refused_with_the_evidence(shared_traces: Path) -> None:
-    from layerscope.errors import TraceModelError
+    from layerscope.base.errors import TraceModelError
 
     # BERT-base (hidden 768) for a trace of BERT-small (hidden 512).
     with pytest.raises(TraceModelError) as refused:
@@ -427,7 +427,7 @@ def test_a_trace_read_with_another_model_is_refused_with_the_evidence(shared_tra
 def test_the_traced_model_matches_every_instance_and_counts_its_parameters_once(shared_traces: Path, name: str) -> None:
     import warnings
 
-    from layerscope.errors import LayerscopeWarning
+    from layerscope.base.errors import LayerscopeWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", LayerscopeWarning)  # a whole fit: nothing to warn of
@@ -449,7 +449,7 @@ def test_the_traced_model_matches_every_instance_and_counts_its_parameters_once(
 
 
 def test_a_deeper_model_than_the_trace_ran_is_a_warning_naming_its_layers(shared_traces: Path) -> None:
-    from layerscope.errors import LayerscopeWarning
+    from layerscope.base.errors import LayerscopeWarning
 
     deeper = _bert_lm_head(**{**_BERT_SMALL, "num_hidden_layers": 6})
     with pytest.warns(LayerscopeWarning) as said:
@@ -467,7 +467,7 @@ def test_a_trace_without_shapes_says_once_that_the_model_is_not_checked(tmp_path
     from torch.profiler import profile
 
     from layerscope import zoo
-    from layerscope.errors import LayerscopeWarning
+    from layerscope.base.errors import LayerscopeWarning
 
     model = zoo.get("lenet5").build()
     with profile(with_stack=True, record_shapes=False) as prof:
@@ -527,7 +527,7 @@ def test_show_a_trace_with_its_model_sized_by_config(shared_traces: Path, tmp_pa
 
 
 def test_show_a_trace_in_every_format(shared_traces: Path, tmp_path: Path) -> None:
-    from layerscope.formats import formats
+    from layerscope.base.formats import formats
     from test_cli import run_cli
 
     trace = shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"
@@ -665,7 +665,7 @@ def test_the_peak_of_a_trace_is_its_gpus_datasheet_figure_at_the_dtype_its_matri
         return layerscope.load(path).meta
 
     # Three of the four matrix products ran in bfloat16: the A100's dense bf16 figure,
-    # 312 TFLOP/s (peaks.py), not its float32 one.
+    # 312 TFLOP/s (base/peaks.py), not its float32 one.
     meta = load("NVIDIA A100-SXM4-80GB", ["c10::BFloat16", "float", "c10::BFloat16", "c10::BFloat16"])
     assert meta.peak_flops_per_s == 312 * 10**12
     assert meta.peak_from == (
@@ -684,7 +684,7 @@ def test_the_peak_of_a_trace_is_its_gpus_datasheet_figure_at_the_dtype_its_matri
 
 
 def test_the_api_gives_a_real_traces_peak(shared_traces: Path) -> None:
-    # BERT-base in fp32 on an H100: its dense fp32 figure, 67 TFLOP/s (peaks.py).
+    # BERT-base in fp32 on an H100: its dense fp32 figure, 67 TFLOP/s (base/peaks.py).
     meta = layerscope.load(shared_traces / "h100_bert_base_fwd.json.gz").meta
     assert meta.peak_flops_per_s == 67 * 10**12
     assert "dense float32 figure" in (meta.peak_from or "")

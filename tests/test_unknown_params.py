@@ -21,20 +21,20 @@ from typing import Any
 import pytest
 
 import layerscope
-from layerscope import formats
 from layerscope.attribute import build_profile
-from layerscope.check import InvariantError, check_tree, tree_problems
-from layerscope.compile_info import CompileInfo, KernelTime
-from layerscope.diff import diff
-from layerscope.documents import profile_from_dict
-from layerscope.errors import SchemaError
-from layerscope.ranks import merge
-from layerscope.raw import Enter, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
+from layerscope.base import formats
+from layerscope.base.errors import SchemaError
+from layerscope.model.check import InvariantError, check_tree, tree_problems
+from layerscope.model.compile_info import CompileInfo, KernelTime
+from layerscope.model.diff import diff
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.ranks import merge
+from layerscope.model.raw import Enter, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
+from layerscope.model.schema import document_problems
+from layerscope.model.sidedocs import MemorySummary, Trace
+from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 from layerscope.render.html import report_data
 from layerscope.render.text import STEP_COLUMNS
-from layerscope.schema import document_problems
-from layerscope.sidedocs import MemorySummary, Trace
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile, link
 
 # -- a profile by hand: Net > encoder (Linear, one op) > a label; Net > head (Linear) ------
 #
@@ -245,7 +245,7 @@ def test_the_text_tree_shows_no_count_it_does_not_have() -> None:
     assert "Params" in next(line for line in known.split("\n") if line.startswith("Module "))
     assert "Params: 17 (68 B)" in known and "Memory: parameters 68 B float32" in known
     # Asking for the column is refused, naming the columns the profile has.
-    with pytest.raises(layerscope.errors.RenderError, match="no column 'params'"):
+    with pytest.raises(layerscope.base.errors.RenderError, match="no column 'params'"):
         hand_built(known=False).render("text", columns=["self_cpu", "params"])
     # A narrow width hides columns and names them: params among them only where it exists.
     for known_counts, named in ((False, False), (True, True)):

@@ -7,7 +7,7 @@ merged runs of ranks) every registered format is rendered, read back, and its to
 are held against the profile's figures: each phase's CPU time of the model and of the
 step's parts, device time and ``Profile.device``'s ledger, FLOPs, MACs, params, peak
 memory, communication. A figure a format prints is compared as the renderer prints it
-(through ``layerscope.fmt`` or the renderer's own formatting), never within a
+(through ``layerscope.base.fmt`` or the renderer's own formatting), never within a
 tolerance. Where a format legitimately shows another figure (a one-step trace of a
 summed run), the stated relation is checked, not skipped.
 
@@ -36,13 +36,14 @@ from torch import nn
 import layerscope
 import layerscope.render  # fills the registry
 from conftest import SHARED_TRACES
-from layerscope import fmt, formats, zoo
+from layerscope import zoo
+from layerscope.base import fmt, formats
+from layerscope.base.errors import RenderError
 from layerscope.capture import replay
-from layerscope.check import check_tree
-from layerscope.errors import RenderError
+from layerscope.model.check import check_tree
+from layerscope.model.tree import ModuleNode, Profile, part_total
 from layerscope.render import deepspeed as deepspeed_render
 from layerscope.render.stacks import rescale
-from layerscope.tree import ModuleNode, Profile, part_total
 
 # -- the corpus -------------------------------------------------------------------------
 
@@ -627,7 +628,7 @@ RANKED = ("replay ddp_nccl_train", "trace h100_ddp_nccl_train", "trace b200_gpto
 
 @pytest.mark.parametrize("case", RANKED)
 def test_a_merged_run_shows_its_ranks_figures(case: str, request: pytest.FixtureRequest) -> None:
-    from layerscope import ranks
+    from layerscope.model import ranks
 
     if case.startswith("trace "):
         request.getfixturevalue("shared_traces")

@@ -1,6 +1,6 @@
 """The walker (``attribute/walk.py``) and the tree it builds, from hand-written event
 streams: no torch, no model, every number computed by hand. A stream is what a capture
-backend emits (``raw.py``'s typed events); ``build_profile`` walks it into the tree.
+backend emits (``model/raw.py``'s typed events); ``build_profile`` walks it into the tree.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from layerscope.attribute import build_profile, parent_indices, walk_pass
 from layerscope.attribute.profile import assemble
 from layerscope.attribute.walk import Dynamic
-from layerscope.check import check_tree
-from layerscope.raw import Enter, Event, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
-from layerscope.tree import Profile
+from layerscope.model.check import check_tree
+from layerscope.model.raw import Enter, Event, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
+from layerscope.model.tree import Profile
 
 
 def op_calls(profile: Profile) -> int:

@@ -11,7 +11,8 @@ import pytest
 
 import layerscope
 from conftest import FakeClock
-from layerscope import formats, zoo
+from layerscope import zoo
+from layerscope.base import formats
 from test_cli import run_cli
 
 WIDTH = 120
@@ -97,7 +98,7 @@ def test_a_training_table_never_hides_one_phase(fixture: str, request: Any) -> N
 
 
 def test_a_merged_run_fits_its_width() -> None:
-    from layerscope.ranks import merge
+    from layerscope.model.ranks import merge
     from test_ranks import four_ranks
 
     run = merge(four_ranks())

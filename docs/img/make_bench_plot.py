@@ -20,7 +20,7 @@ import torch
 
 import layerscope
 from layerscope import zoo
-from layerscope.plot import plot_bench
+from layerscope.render.plot import plot_bench
 
 HERE = Path(__file__).resolve().parent
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from layerscope.base.version import __version__ as __version__
 
 __all__ = [
     "BenchResult",
@@ -39,16 +39,19 @@ __all__ = [
     "schedule",
 ]
 
-# The built-in formats register themselves in the output registry (layerscope.formats).
+# The built-in formats register themselves in the output registry (layerscope.base.formats).
 import layerscope.render  # noqa: F401
-from layerscope.bench.result import BenchResult
-from layerscope.check import InvariantError, check_tree
-from layerscope.diff import diff
-from layerscope.errors import LayerscopeError
+from layerscope.base import moved
+from layerscope.base.errors import LayerscopeError
+from layerscope.base.schedule import schedule
 from layerscope.loading import load
-from layerscope.ranks import merge
-from layerscope.schedule import schedule
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
+from layerscope.model.bench import BenchResult
+from layerscope.model.check import InvariantError, check_tree
+from layerscope.model.diff import diff
+from layerscope.model.ranks import merge
+from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile
+
+moved.install()
 
 if TYPE_CHECKING:
     from layerscope.bench.measure import benchmark

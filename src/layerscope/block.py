@@ -19,6 +19,9 @@ from torch import nn
 
 from layerscope.attribute import parent_indices
 from layerscope.attribute.cycle import Cycle
+from layerscope.base.errors import ProfilerStateError
+from layerscope.base.peaks import check_peak_tflops
+from layerscope.base.schedule import Action
 from layerscope.capture import distributed
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps
 from layerscope.capture.kineto import paused_gc, profiler_session
@@ -34,20 +37,17 @@ from layerscope.capture.modules import (
     require_module,
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
-from layerscope.errors import ProfilerStateError
-from layerscope.peaks import check_peak_tflops
-from layerscope.raw import Event, ModuleInfo, RawCapture
-from layerscope.schedule import Action
+from layerscope.model.raw import Event, ModuleInfo, RawCapture
+from layerscope.model.tree import STEP_FAR, ModuleNode, Profile
 from layerscope.session import meta_of
-from layerscope.tree import STEP_FAR, ModuleNode, Profile
 
 if TYPE_CHECKING:
     import torch
 
-    from layerscope.ops import OpTable
-    from layerscope.runfacts import RunFacts
-    from layerscope.sidedocs import MemorySummary, Trace
-    from layerscope.tree import StepSpread
+    from layerscope.model.ops import OpTable
+    from layerscope.model.runfacts import RunFacts
+    from layerscope.model.sidedocs import MemorySummary, Trace
+    from layerscope.model.tree import StepSpread
 
 #: Steps read back from torch's profiler at a time: its events stay in C++ until it
 #: stops, so a long run stops (at a step boundary, after the step's work) every so often.
@@ -136,7 +136,7 @@ class Profiler:
     block raises, what was captured up to then is kept, marked
     ``meta.complete = False``.
 
-    After the block, ``prof.profile`` is the :class:`~layerscope.tree.Profile`; the
+    After the block, ``prof.profile`` is the :class:`~layerscope.model.tree.Profile`; the
     block answers the reading calls users make on it (``PROFILE_NAMES``: ``prof.render(...)``,
     ``prof.save(...)``, ``prof["encoder"]``, ``print(prof)``, ...) as one-line delegates.
     """

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from layerscope.errors import LayerscopeError, LayerscopeWarning, MissingDependencyError
+from layerscope.base.errors import LayerscopeError, LayerscopeWarning, MissingDependencyError
 
 DEMO_SPEC = "zoo:resnet18"
 
@@ -42,7 +42,7 @@ examples:
   layerscope plot-memory run.json -o memory.png --title "GPT-2 training step"
 
 In Python: prof.save("run.json") after a layerscope.Profiler(model) block around a
-training step, or layerscope.plot.plot_memory(profile, "memory.png") directly.
+training step, or layerscope.render.plot.plot_memory(profile, "memory.png") directly.
 Profiles made with memory=False or record_ops=False have no timeline to draw.
 """
 
@@ -236,7 +236,7 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> dict[str, Any] | None:
     """``--config``, parsed (None without it)."""
-    from layerscope.specs import parse_config
+    from layerscope.zoo.specs import parse_config
 
     text = getattr(args, "config", None)
     return parse_config(text) if text else None
@@ -255,7 +255,7 @@ def _peak_tflops(args: argparse.Namespace) -> float | None:
     peak = getattr(args, "peak_tflops", None)
     if peak is None:
         return None
-    from layerscope.peaks import check_peak_tflops
+    from layerscope.base.peaks import check_peak_tflops
 
     try:
         return check_peak_tflops(peak)
@@ -271,7 +271,7 @@ def _add_output_options(
     """``--format``, ``-o`` and a flag per option of the formats of ``documents``, all
     from the output registry. ``defaults`` are this command's own defaults for options,
     applied when the chosen format takes them."""
-    from layerscope.formats import renderers
+    from layerscope.base.formats import renderers
 
     tables = [renderers(document) for document in documents]
     names = list(dict.fromkeys(r.name for table in tables for r in table))
@@ -335,7 +335,7 @@ class _ListingAction(argparse.Action):
 
 def _output_format(args: argparse.Namespace, document: str, default: str = "text", hint: str = "") -> str:
     """``--format``, else the format -o's extension names, else ``default``."""
-    from layerscope.formats import DOCUMENTS, format_for_path, formats
+    from layerscope.base.formats import DOCUMENTS, format_for_path, formats
 
     fmt = args.format or (format_for_path(args.output, default=default, document=document) if args.output else default)
     if fmt not in formats(document):
@@ -347,7 +347,7 @@ def _format_options(args: argparse.Namespace, document: str, fmt: str, hint: str
     """The format options given on the command line (and this command's defaults for
     them), checked before any run: an option ``fmt`` does not take is a usage error
     naming the formats that do."""
-    from layerscope.formats import DOCUMENTS, get_renderer, renderers
+    from layerscope.base.formats import DOCUMENTS, get_renderer, renderers
 
     takes = get_renderer(fmt, document).option_names()
     given = {name: getattr(args, name) for name in _command_flags(args) if getattr(args, name) is not None}
@@ -364,7 +364,7 @@ def _format_options(args: argparse.Namespace, document: str, fmt: str, hint: str
 
 def _command_flags(args: argparse.Namespace) -> list[str]:
     """Every format option this command has a flag for (from any of its documents)."""
-    from layerscope.formats import DOCUMENTS, renderers
+    from layerscope.base.formats import DOCUMENTS, renderers
 
     names = [o.name for document in DOCUMENTS for r in renderers(document) for o in r.options if o.flag]
     return [name for name in dict.fromkeys(names) if hasattr(args, name)]
@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from layerscope import __version__
+    from layerscope.base.version import __version__
 
     parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -512,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _diff_metrics() -> str:
-    from layerscope.diff import METRICS
+    from layerscope.model.diff import METRICS
 
     return ", ".join(METRICS)
 
@@ -660,8 +660,8 @@ def _move(value: Any, device: Any, dtype: Any) -> Any:
 def _emit(doc: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any], what: str | None = None) -> int:
     """Write ``doc`` in ``fmt`` to ``-o`` (atomically, streamed) or stdout; on a terminal,
     a format with a ``width`` option fits it."""
-    from layerscope.formats import document_kind, get_renderer, render, render_chunks, terminal_width
-    from layerscope.io import write_atomic
+    from layerscope.base.formats import document_kind, get_renderer, render, render_chunks, terminal_width
+    from layerscope.base.io import write_atomic
 
     # The option that chose the format, for "show --format png needs matplotlib".
     asked = f"{args.command} --format {args.format}" if args.format else f"{args.command} -o {args.output}"
@@ -688,7 +688,7 @@ def _needs_package(asked: str) -> Iterator[None]:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from layerscope.ranks import MergedRun
+    from layerscope.model.ranks import MergedRun
 
     peak = _peak_tflops(args)
     doc = _load_profile(args.profile, args)
@@ -703,7 +703,7 @@ def _show(args: argparse.Namespace) -> int:
     if peak is not None:
         if document == "ranks":
             raise UsageError(f"--peak-tflops: MFU is per profile; {hint.removeprefix('; ')}")
-        from layerscope.peaks import given_peak_flops_per_s
+        from layerscope.base.peaks import given_peak_flops_per_s
 
         doc.meta.peak_flops_per_s = given_peak_flops_per_s(peak)
         doc.meta.peak_from = f"given (--peak-tflops {peak:g})"
@@ -730,7 +730,7 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
     import layerscope
     from layerscope.capture.modules import refuse_meta_timing
-    from layerscope.specs import parse_dtype, resolve_inputs, resolve_model
+    from layerscope.zoo.specs import parse_dtype, resolve_inputs, resolve_model
 
     dtype, autocast = (parse_dtype(text) if text else None for text in (args.dtype, args.autocast))
     device = _device(args.device)
@@ -774,7 +774,7 @@ def _check_specs(args: argparse.Namespace, spec: str) -> None:
     """Refuse, before torch is imported, the model SPEC and ``--inputs`` SPEC that cannot
     be read (an unknown zoo name, a module or file that is not there) and an unknown
     ``--dtype`` or ``--autocast``."""
-    from layerscope.specs import check_callable_spec, check_spec, dtype_name
+    from layerscope.zoo.specs import check_callable_spec, check_spec, dtype_name
 
     check_spec(spec, config=_config(args))
     if args.inputs:
@@ -814,7 +814,7 @@ def _autocast(device: Any, dtype: Any) -> Any:
 def _hinted(model: Any, inputs: Any) -> Iterator[None]:
     """When a transformers model raises on the inputs it was given, add a note naming
     them and what its forward takes: its own error rarely says which input is missing."""
-    from layerscope.specs import input_hint
+    from layerscope.zoo.specs import input_hint
 
     try:
         yield
@@ -829,7 +829,7 @@ def _hinted(model: Any, inputs: Any) -> Iterator[None]:
 
 def _input_shapes(args: argparse.Namespace) -> list[Any]:
     """The --input shapes, parsed; refused beside --inputs (one or the other)."""
-    from layerscope.specs import parse_shape
+    from layerscope.zoo.specs import parse_shape
 
     if args.input and args.inputs:
         raise UsageError("give either --input SHAPE or --inputs SPEC, not both")
@@ -842,7 +842,7 @@ def _inputs_from(args: argparse.Namespace, spec: str, shapes: list[Any], resolve
     model's own default inputs."""
     import torch
 
-    from layerscope.specs import DEFAULT_INT_LIMIT, tensor_for, vocab_size
+    from layerscope.zoo.specs import DEFAULT_INT_LIMIT, tensor_for, vocab_size
 
     if args.inputs:
         return from_spec(args.inputs)
@@ -861,7 +861,7 @@ def _check_writable(path: str) -> None:
     the file itself that must be writable; through a symlink, its target's folder."""
     import os
 
-    from layerscope.io import destination
+    from layerscope.base.io import destination
 
     try:
         target, in_place = destination(path)
@@ -884,10 +884,10 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
     import os
 
     import layerscope
+    from layerscope.base.kineto_json import is_kineto_trace
     from layerscope.loading import expect
-    from layerscope.ranks import MergedRun
-    from layerscope.traces.reader import is_kineto_trace
-    from layerscope.tree import Profile
+    from layerscope.model.ranks import MergedRun
+    from layerscope.model.tree import Profile
 
     model = None
     if args is not None and getattr(args, "config", None) and not getattr(args, "model", None):
@@ -907,12 +907,12 @@ def _trace_model(args: argparse.Namespace) -> Any:
     parameter counts are all a trace's mapping reads: no memory for weights, no run)."""
     found = getattr(args, "_trace_model", None)
     if found is None:
-        from layerscope.specs import check_spec
+        from layerscope.zoo.specs import check_spec
 
         check_spec(args.model, config=_config(args))  # before torch, as profile's SPEC
         import torch
 
-        from layerscope.specs import resolve_model
+        from layerscope.zoo.specs import resolve_model
 
         found = resolve_model(args.model, device=torch.device("meta"), config=_config(args)).model
         args._trace_model = found
@@ -928,9 +928,9 @@ def _rank_of(run: Any, rank: int, name: str) -> Any:
 
 def _merge(args: argparse.Namespace) -> int:
     """Merge rank files; a mismatch is a MergeError (exit 2)."""
-    from layerscope.diff import parse_duration_ns, parse_threshold
-    from layerscope.formats import format_for_path, formats
-    from layerscope.ranks import MergedRun, RankRecord, RankTraces, merge
+    from layerscope.base.formats import format_for_path, formats
+    from layerscope.model.diff import parse_duration_ns, parse_threshold
+    from layerscope.model.ranks import MergedRun, RankRecord, RankTraces, merge
 
     try:
         threshold = parse_threshold(args.threshold)
@@ -980,7 +980,7 @@ def _rank_items(args: argparse.Namespace, *, parallel: bool) -> Iterator[tuple[s
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    from layerscope.traces.reader import is_kineto_trace
+    from layerscope.base.kineto_json import is_kineto_trace
 
     traced = [path for path in args.files if os.path.isfile(path) and is_kineto_trace(path)]
     workers = min(len(traced), getattr(args, "jobs", None) or os.cpu_count() or 1)
@@ -1001,7 +1001,7 @@ def _rank_items(args: argparse.Namespace, *, parallel: bool) -> Iterator[tuple[s
 
 def _rank_record_of(path: str, args: argparse.Namespace) -> Any:
     """In a worker process: the record of the rank whose trace ``path`` is."""
-    from layerscope.ranks import rank_record
+    from layerscope.model.ranks import rank_record
 
     return rank_record(_load_profile(path, args), path)
 
@@ -1021,8 +1021,8 @@ def _plot_memory(args: argparse.Namespace) -> int:
     if not args.output.lower().endswith(".png"):
         raise UsageError(f"plot-memory writes a PNG: give -o a name ending in .png, got {args.output!r}")
     profile = _load_profile(args.profile)
-    from layerscope.plot import memory_timeline
-    from layerscope.ranks import MergedRun
+    from layerscope.model.ranks import MergedRun
+    from layerscope.render.plot import memory_timeline
 
     if isinstance(profile, MergedRun):
         raise UsageError(f"{args.profile} is a merged run, which keeps no memory timelines: give one rank's file")
@@ -1039,7 +1039,7 @@ def _plot_memory(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     """Exit 0 when nothing regressed above --fail-above, 1 when something did."""
-    from layerscope.diff import (
+    from layerscope.model.diff import (
         diff,
         metric_named,
         parse_duration_ns,
@@ -1084,7 +1084,7 @@ def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     Two profiles: as they are. A merged run with --ranks A B: its ranks A and B. Two
     merged runs: their median ranks' trees, and how each node's imbalance moved."""
-    from layerscope.ranks import MergedRun, imbalance_changes
+    from layerscope.model.ranks import MergedRun, imbalance_changes
 
     base = _load_profile(args.base, args)
     if args.ranks is not None:
@@ -1122,7 +1122,7 @@ def _load_bench(path: str) -> Any:
 def _bench_compare(args: argparse.Namespace) -> int:
     """Exit 0, or 1 when --fail-above is given and a batch size regressed beyond it."""
     from layerscope.bench import compare
-    from layerscope.diff import parse_threshold
+    from layerscope.model.diff import parse_threshold
 
     try:
         threshold = None if args.fail_above is None else parse_threshold(args.fail_above)
@@ -1145,10 +1145,10 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("bench needs a SPEC to benchmark (e.g. zoo:mlp), or --compare BASE NEW")
     _check_specs(args, args.spec)
 
+    from layerscope.base.formats import render
+    from layerscope.base.io import write_atomic
     from layerscope.bench import benchmark
-    from layerscope.formats import render
-    from layerscope.io import write_atomic
-    from layerscope.specs import load_callable, parse_dtype, resolve_model
+    from layerscope.zoo.specs import load_callable, parse_dtype, resolve_model
 
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a name ending in .png, got {args.plot!r}")

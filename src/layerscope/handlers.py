@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 
 
 def cycle_file_name(profile: Profile, prefix: str = "layerscope", suffix: str = ".json") -> str:
@@ -101,7 +101,7 @@ def _collect(store: Any, key: str, mine: Profile, world: int, timeout: float) ->
     ``timeout`` seconds have passed."""
     from datetime import timedelta
 
-    from layerscope.documents import profile_from_dict
+    from layerscope.model.documents import profile_from_dict
 
     profiles, missing = [mine], []
     deadline = time.monotonic() + timeout
@@ -120,6 +120,6 @@ def _collect(store: Any, key: str, mine: Profile, world: int, timeout: float) ->
 
 
 def _save_merged(profiles: list[Profile], path: Path) -> None:
-    from layerscope.ranks import merge
+    from layerscope.model.ranks import merge
 
     merge(profiles).save(str(path), fmt="json")

@@ -13,24 +13,24 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from layerscope.bench.result import SCHEMA as BENCH_SCHEMA
-from layerscope.bench.result import BenchResult
-from layerscope.documents import profile_from_dict
-from layerscope.errors import SchemaError
-from layerscope.formats import DOCUMENTS
-from layerscope.io import read_json
-from layerscope.ranks import SCHEMA as RANKS_SCHEMA
-from layerscope.ranks import MergedRun
-from layerscope.traces.reader import is_kineto_trace
-from layerscope.tree import SCHEMA as PROFILE_SCHEMA
-from layerscope.tree import Profile
+from layerscope.base.errors import SchemaError
+from layerscope.base.formats import DOCUMENTS
+from layerscope.base.io import read_json
+from layerscope.base.kineto_json import is_kineto_trace
+from layerscope.model.bench import SCHEMA as BENCH_SCHEMA
+from layerscope.model.bench import BenchResult
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.ranks import SCHEMA as RANKS_SCHEMA
+from layerscope.model.ranks import MergedRun
+from layerscope.model.tree import SCHEMA as PROFILE_SCHEMA
+from layerscope.model.tree import Profile
 
 #: A document layerscope saves and reads back.
 Document = Profile | MergedRun | BenchResult
 _Kind = TypeVar("_Kind", Profile, MergedRun, BenchResult)
 
 #: The reader of each saved document kind, by the schema its file names: each type's own
-#: ``from_dict`` (a profile's with its checks, which sit above the tree: documents.py).
+#: ``from_dict`` (a profile's with its checks, which sit above the tree: model/documents.py).
 READERS: dict[str, Callable[[Any, str], Document]] = {
     PROFILE_SCHEMA: profile_from_dict,
     RANKS_SCHEMA: MergedRun.from_dict,
@@ -40,11 +40,11 @@ READERS: dict[str, Callable[[Any, str], Document]] = {
 
 def load(path: str | os.PathLike[str], *, model: Any = None) -> Document:
     """Read any file layerscope reads: a profile saved as JSON (a
-    :class:`~layerscope.tree.Profile`), a merged run of ranks (a
-    :class:`~layerscope.ranks.MergedRun`), a benchmark (a
+    :class:`~layerscope.model.tree.Profile`), a merged run of ranks (a
+    :class:`~layerscope.model.ranks.MergedRun`), a benchmark (a
     :class:`~layerscope.bench.BenchResult`), or a torch.profiler trace file (``.json``
     or ``.json.gz``, as Kineto writes it) as a profile; a clear
-    :class:`~layerscope.errors.SchemaError` for anything else (a gzip file is read as a
+    :class:`~layerscope.base.errors.SchemaError` for anything else (a gzip file is read as a
     trace, so a damaged one is said to be a damaged trace).
 
     ``model`` (an ``nn.Module``, only read, never run) gives a trace's modules their paths

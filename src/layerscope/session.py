@@ -1,6 +1,6 @@
 """The ways in that run the passes themselves: ``profile(model, inputs)`` (measured
 passes, the median one shown) and ``count_flops`` (one untimed pass). ``Profiler(model)``, which
-wraps the user's own code, is ``block.py``'s. All end in a :class:`~layerscope.tree.Profile`."""
+wraps the user's own code, is ``block.py``'s. All end in a :class:`~layerscope.model.tree.Profile`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope import __version__
 from layerscope.attribute import build_profile
 from layerscope.attribute.compiled import build_compiled, with_ops
 from layerscope.attribute.profile import op_walk
+from layerscope.base.errors import ModelError
+from layerscope.base.version import __version__
 from layerscope.capture._torch import missing_meta
 from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
 from layerscope.capture.compiled import time_compiled
@@ -37,10 +38,9 @@ from layerscope.capture.modules import (
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
-from layerscope.errors import ModelError
-from layerscope.raw import RawCapture
-from layerscope.runfacts import RunFacts
-from layerscope.tree import Profile
+from layerscope.model.raw import RawCapture
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.tree import Profile
 
 #: ``progress(stage, done, total)``: stage is "warmup" or "measure".
 Progress = Callable[[str, int, int], None]
@@ -48,7 +48,7 @@ Progress = Callable[[str, int, int], None]
 
 def meta_of(model: nn.Module, device: torch.device, **facts: Any) -> RunFacts:
     """What was run: the model, versions, device, dtype, and ``facts`` (by field: a
-    name :class:`~layerscope.runfacts.RunFacts` lacks raises)."""
+    name :class:`~layerscope.model.runfacts.RunFacts` lacks raises)."""
     return RunFacts(
         model=type(model).__name__,
         layerscope_version=__version__,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from layerscope.attribute.memory import MemoryResult
 from layerscope.attribute.walk import PassResult, add_busy, merge_enclosing
-from layerscope.tree import OpStats
+from layerscope.model.tree import OpStats
 
 
 class Accumulator:

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 from layerscope.attribute.profile import assemble
 from layerscope.attribute.walk import PassResult
-from layerscope.compile_info import CompileInfo, KernelTime
-from layerscope.raw import (
+from layerscope.base.stats import median, median_floor
+from layerscope.model.compile_info import CompileInfo, KernelTime
+from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
     CompiledPass,
@@ -41,8 +42,7 @@ from layerscope.raw import (
     GraphNode,
     RawCapture,
 )
-from layerscope.stats import median, median_floor
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 
 #: How a kernel call's time is split, as profiles and reports state it.
 RULE = (

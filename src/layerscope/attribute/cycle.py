@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from layerscope.attribute.combine import Accumulator
 from layerscope.attribute.profile import build_from_steps
 from layerscope.attribute.walk import walk_pass
-from layerscope.raw import Enter, Event, ModuleInfo, Op, RawCapture
-from layerscope.tree import Profile
+from layerscope.model.raw import Enter, Event, ModuleInfo, Op, RawCapture
+from layerscope.model.tree import Profile
 
 
 def has_work(events: Sequence[Event]) -> bool:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key, is_made
-from layerscope.raw import MEMORY_CATEGORIES, Adopt, DeviceMem, Event, Free, Grad, Op, Optim, Saved
-from layerscope.sidedocs import DeviceMemory, Timeline, TimelineSpan
+from layerscope.model.raw import MEMORY_CATEGORIES, Adopt, DeviceMem, Event, Free, Grad, Op, Optim, Saved
+from layerscope.model.sidedocs import DeviceMemory, Timeline, TimelineSpan
 
 if TYPE_CHECKING:
     from layerscope.attribute.walk import Frame

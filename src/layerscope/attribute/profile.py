@@ -1,4 +1,4 @@
-"""The tree: a :class:`~layerscope.tree.Profile` assembled from per-node self figures, with
+"""The tree: a :class:`~layerscope.model.tree.Profile` assembled from per-node self figures, with
 every total derived bottom-up as ``self + sum(children)``.
 """
 
@@ -10,13 +10,13 @@ from layerscope.attribute.chain import Key, key_path
 from layerscope.attribute.combine import Accumulator
 from layerscope.attribute.memory import MemoryResult, is_part
 from layerscope.attribute.walk import Dynamic, PassResult, merge_enclosing, parent_indices, walk_pass
-from layerscope.comm import is_communication
-from layerscope.compile_info import CompileInfo
-from layerscope.raw import DeviceBusy, RawCapture
-from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import DeviceLedger, Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
-from layerscope.stats import observed_median_index
-from layerscope.tree import (
+from layerscope.base.comm import is_communication
+from layerscope.base.stats import observed_median_index
+from layerscope.model.compile_info import CompileInfo
+from layerscope.model.raw import DeviceBusy, RawCapture
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.sidedocs import DeviceLedger, Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
+from layerscope.model.tree import (
     ADDITIVE_PHASE_METRICS,
     PHASES,
     ModuleNode,

@@ -1,6 +1,6 @@
 """The walk: one pass's event stream in, what each node did in it out. Pure: no torch.
 
-:class:`PassWalker` takes the records of ``layerscope.raw`` one at a time, in the order
+:class:`PassWalker` takes the records of ``layerscope.model.raw`` one at a time, in the order
 they happened, and adds up self times per node and phase, calls, op tables, spans and
 (through ``memory.py``) memory:
 
@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 from layerscope.attribute.chain import BackwardChain, Entry, Key, is_made, is_module, key_path
 from layerscope.attribute.memory import MemoryLedger, MemoryResult, Site, StreamFacts, scan
-from layerscope.comm import is_communication
-from layerscope.intervals import merged
-from layerscope.raw import (
+from layerscope.base.comm import is_communication
+from layerscope.base.intervals import merged
+from layerscope.model.raw import (
     MEMORY_NOTES,
     NO_SEQ,
     NOTES,
@@ -56,7 +56,7 @@ from layerscope.raw import (
     Saved,
     Step,
 )
-from layerscope.tree import OpStats
+from layerscope.model.tree import OpStats
 
 OTHER = "<other>"
 LOSS = "<loss>"
@@ -299,7 +299,7 @@ class PassWalker:
         try:
             handler = self._handlers[type(event)]
         except KeyError:
-            raise TypeError(f"not an event record of layerscope.raw: {event!r}") from None
+            raise TypeError(f"not an event record of layerscope.model.raw: {event!r}") from None
         handler(event)
 
     # -- frames -----------------------------------------------------------------------------

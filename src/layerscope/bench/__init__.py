@@ -15,7 +15,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from layerscope.bench.result import (
+from layerscope.model.bench import (
     SCHEMA,
     BatchResult,
     BenchComparison,

@@ -20,14 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope.bench.result import BatchResult, BenchResult
+from layerscope.base.errors import InputsError
+from layerscope.base.stats import median_floor
 from layerscope.capture._torch import tree_leaves, tree_map
 from layerscope.capture.inputs import dtypes_of, shapes_of
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import model_device, model_dtype, modes_restored, require_module
 from layerscope.capture.training import loss_of
-from layerscope.errors import InputsError
-from layerscope.stats import median_floor
+from layerscope.model.bench import BatchResult, BenchResult
 
 #: ``progress(stage, done, total)``, as ``layerscope.profile``'s.
 Progress = Callable[[str, int, int], None]
@@ -99,7 +99,7 @@ def _call(model: nn.Module, batch: Any) -> Any:
 def _parse_dtype(value: Any) -> torch.dtype | None:
     if value is None or isinstance(value, torch.dtype):
         return value
-    from layerscope.specs import parse_dtype
+    from layerscope.zoo.specs import parse_dtype
 
     return parse_dtype(str(value))
 

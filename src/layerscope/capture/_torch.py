@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from layerscope.errors import LayerscopeError
+from layerscope.base.errors import LayerscopeError
 
 
 class MissingTorchAPI(LayerscopeError):

@@ -1,7 +1,7 @@
 """The seam between ``session.py`` and the capture backends.
 
 A backend records steps (a ``profile`` pass, or a training step of a ``Profiler``)
-and hands back one typed event stream per step (``layerscope.raw``). Two kinds exist:
+and hands back one typed event stream per step (``layerscope.model.raw``). Two kinds exist:
 
 - :class:`RecorderSteps` over the dispatch-mode :class:`~layerscope.capture.recorder.Recorder`:
   the *detail* capture (ops with shapes, FLOPs, memory, activations, stacks), or module
@@ -23,7 +23,7 @@ from torch import nn
 
 from layerscope.capture.kineto import KinetoWindow, available
 from layerscope.capture.recorder import Recorder
-from layerscope.raw import Event, Step
+from layerscope.model.raw import Event, Step
 
 
 class Backend(Protocol):

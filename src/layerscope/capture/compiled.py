@@ -18,7 +18,7 @@ What is read, all in the process, nothing written to disk:
 - each pass's profiler events: under every ``## Call CompiledFxGraph <key> ##`` range,
   its kernels' ranges in call order.
 
-All of it is handed on as ``layerscope.raw``'s typed records (:class:`CompiledCapture`).
+All of it is handed on as ``layerscope.model.raw``'s typed records (:class:`CompiledCapture`).
 
 These are torch's private formats and functions, reached through ``capture/_torch.py``:
 a torch that lacks one (before 2.9, or a later release that changed it) refuses the
@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.base.errors import ModelError
 from layerscope.capture import _torch
 from layerscope.capture.kineto import profiler_held, quiet_profiler
-from layerscope.errors import ModelError
-from layerscope.raw import (
+from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
     CompiledPass,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope.errors import InputsError
+from layerscope.base.errors import InputsError
 
 #: Longest sequence whose items are described one by one; longer ones are cut short.
 _MAX_ITEMS = 64

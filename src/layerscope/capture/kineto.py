@@ -15,7 +15,7 @@ Nothing Python runs per op (a detailed window adds Python per step, per optimize
 and once per forward of the model: ``KinetoWindow``). The profiler is stopped once per
 *window* (a cycle's steps, or a bounded number of them), after the steps' work, and its events are read
 back once (``_ProfilerResult.events()``, never torch's ``FunctionEvent`` path) and
-turned into the same typed records (``layerscope.raw``) the dispatch backend writes:
+turned into the same typed records (``layerscope.model.raw``) the dispatch backend writes:
 ``Step``, ``Enter``/``Exit``, ``LabelEnter``/``LabelExit`` and ``Op``. The walker in
 ``layerscope.attribute`` attributes both the same way.
 
@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from layerscope.base.errors import ProfilerStateError
 from layerscope.capture import _torch
 from layerscope.capture._torch import graph_task_id as _graph_task
 from layerscope.capture._torch import next_sequence_nr as _next_seq
@@ -62,9 +63,8 @@ from layerscope.convert.ranges import (
     WindowCapture,
 )
 from layerscope.convert.streams import convert_window
-from layerscope.errors import ProfilerStateError
 from layerscope.flops.recorded import CATALOG
-from layerscope.raw import Event
+from layerscope.model.raw import Event
 
 _Range = _torch.FastRange
 

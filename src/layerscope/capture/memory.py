@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from layerscope.capture._torch import node_sequence_nr, saved_attributes, storage_key
-from layerscope.raw import NO_SEQ, Adopt, DeviceMem, Event, Free, Grad, Optim, Saved
+from layerscope.model.raw import NO_SEQ, Adopt, DeviceMem, Event, Free, Grad, Optim, Saved
 
 Append = Callable[[Event], None]
 

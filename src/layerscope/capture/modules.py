@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from layerscope.base.errors import ModelError
+from layerscope.base.peaks import datasheet_tflops, given_peak_flops_per_s
 from layerscope.capture import _torch
 from layerscope.capture.inputs import dtype_name
-from layerscope.errors import ModelError
-from layerscope.peaks import datasheet_tflops, given_peak_flops_per_s
-from layerscope.raw import ModuleInfo
+from layerscope.model.raw import ModuleInfo
 
 if TYPE_CHECKING:
     from layerscope.traces.modules import ModelTable

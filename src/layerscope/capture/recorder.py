@@ -3,7 +3,7 @@
 Two kinds of pass:
 
 - a *timing pass* installs two global module hooks that append an ``Enter`` / ``Exit``
-  record (``layerscope.raw``) and nothing else, so the measured forward stays close to
+  record (``layerscope.model.raw``) and nothing else, so the measured forward stays close to
   the plain one;
 - a *detail pass* also records each module's input/output shapes on its first call,
   and enters a ``TorchDispatchMode`` that times every aten op and keeps its input
@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from layerscope.base.errors import ProfilerStateError
 from layerscope.capture import _torch
 from layerscope.capture._torch import current_autograd_node as _current_node
 from layerscope.capture._torch import graph_task_id as _graph_task
@@ -41,9 +42,8 @@ from layerscope.capture._torch import next_sequence_nr as _next_seq
 from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.capture.memory import StorageTracker, optimizer_hooks, storage_bytes
 from layerscope.convert.ranges import label_kind
-from layerscope.errors import ProfilerStateError
 from layerscope.flops import count_op
-from layerscope.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.model.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
 
 Clock = Callable[[], int]
 
@@ -125,7 +125,7 @@ class _OpMode(_torch.UnwrappedDispatchMode):
     """Times each aten op; with ``record`` also its input shapes, FLOPs, MACs and bytes.
 
     It also turns ``record_function`` ranges into label events, and tags each op run by
-    autograd's engine with the node being executed (see ``layerscope.raw``).
+    autograd's engine with the node being executed (see ``layerscope.model.raw``).
 
     Without torch's dynamo-disable wrapper around ``__torch_dispatch__``, which costs a
     few µs per op, as much as a small op itself: this mode is never compiled (it reads a

@@ -6,7 +6,7 @@ commit.
 
 A recording (``layerscope-capture/1``, gzipped JSON) holds:
 
-- ``modules``: the model's module table (:class:`~layerscope.raw.ModuleInfo`), and
+- ``modules``: the model's module table (:class:`~layerscope.model.raw.ModuleInfo`), and
   ``meta``, the live profile's facts (device, dtype, model);
 - ``windows``: each window's recorded torch events (``torch_events.dump_result``), its
   notes and how it was recorded (device, detail, stacks);
@@ -26,6 +26,7 @@ from typing import Any
 
 from layerscope.attribute import parent_indices
 from layerscope.attribute.cycle import Cycle
+from layerscope.base.io import write_atomic
 from layerscope.capture.kineto import WINDOW_OBSERVERS
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import module_table
@@ -33,10 +34,9 @@ from layerscope.capture.torch_events import ReplayedResult, dump_result, read_wi
 from layerscope.convert.ranges import WindowCapture
 from layerscope.convert.streams import convert_window
 from layerscope.flops.recorded import CATALOG
-from layerscope.io import write_atomic
-from layerscope.raw import ModuleInfo, RawCapture
-from layerscope.runfacts import RunFacts
-from layerscope.tree import Profile
+from layerscope.model.raw import ModuleInfo, RawCapture
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.tree import Profile
 
 FORMAT = "layerscope-capture/1"
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.base.errors import InputsError
 from layerscope.capture import _torch
-from layerscope.errors import InputsError
 
 
 def first_float_tensor(output: Any) -> torch.Tensor | None:

@@ -10,7 +10,7 @@
   torch.profiler's names.
 
 Each prints what its users know, from layerscope's own measurements, and hands over the
-layerscope :class:`~layerscope.tree.Profile` behind it for everything else (backward,
+layerscope :class:`~layerscope.model.tree.Profile` behind it for everything else (backward,
 JSON, diff). Like the rest of layerscope, none of them adds anything to the model,
 replaces ``forward`` or patches ``torch.nn.functional``. See docs/migrating.md.
 """

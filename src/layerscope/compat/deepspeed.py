@@ -35,14 +35,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope import fmt
+from layerscope.base import fmt
+from layerscope.base.errors import ProfilerStateError
+from layerscope.base.io import write_atomic
 from layerscope.block import Profiler
 from layerscope.capture.modules import modes_restored, require_module
 from layerscope.capture.recorder import Clock
-from layerscope.errors import ProfilerStateError
-from layerscope.io import write_atomic
+from layerscope.model.tree import Profile
 from layerscope.session import count_flops, profile
-from layerscope.tree import Profile
 
 __all__ = [
     "FlopsProfiler",

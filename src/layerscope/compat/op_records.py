@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.ops import OpRow
+from layerscope.model.ops import OpRow
 
 
 def _us(ns: int | None) -> float:

@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from layerscope import block
+from layerscope.base.schedule import Schedule, schedule
 from layerscope.compat.op_records import EventList, OpEvent
-from layerscope.ops import TORCH_SORT_KEYS, OpTableError
-from layerscope.schedule import Schedule, schedule
-from layerscope.tree import Profile
+from layerscope.model.ops import TORCH_SORT_KEYS, OpTableError
+from layerscope.model.tree import Profile
 
 if TYPE_CHECKING:
     from torch import nn
@@ -56,7 +56,7 @@ STACK_METRICS = {
 
 
 def as_schedule(value: Callable[[int], Any] | None) -> Callable[[int], Any] | None:
-    """A ``torch.profiler.schedule(...)`` as the same :class:`~layerscope.schedule.Schedule`
+    """A ``torch.profiler.schedule(...)`` as the same :class:`~layerscope.base.schedule.Schedule`
     (same steps, and a readable ``meta.schedule``); any other callable as it is (its
     actions are read by name)."""
     if value is None or isinstance(value, Schedule) or not str(getattr(value, "__module__", "")).startswith("torch."):

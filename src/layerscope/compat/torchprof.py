@@ -32,9 +32,9 @@ from layerscope.block import Profiler
 from layerscope.capture.modules import require_module
 from layerscope.capture.recorder import Clock
 from layerscope.compat.op_records import EventList, OpEvent
-from layerscope.sidedocs import Spans
-from layerscope.tree import OpStats
-from layerscope.tree import Profile as LayerscopeProfile
+from layerscope.model.sidedocs import Spans
+from layerscope.model.tree import OpStats
+from layerscope.model.tree import Profile as LayerscopeProfile
 
 __all__ = ["Profile", "Trace"]
 

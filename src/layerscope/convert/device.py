@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from layerscope.comm import is_communication_kernel
+from layerscope.base.comm import is_communication_kernel
+from layerscope.base.intervals import merged
 from layerscope.convert.ranges import KernelSpan, Range
-from layerscope.intervals import merged
-from layerscope.raw import DeviceBusy
+from layerscope.model.raw import DeviceBusy
 
 
 def launch_times(roots: list[Range]) -> dict[int, int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from layerscope.raw import NO_SEQ, Adopt, Event, Free, Grad, Op, Optim, Saved
+from layerscope.model.raw import NO_SEQ, Adopt, Event, Free, Grad, Op, Optim, Saved
 
 #: The CUDA caching allocator's smallest block, and the unit it rounds every request up
 #: to (``kMinBlockSize`` and ``round_size`` in torch's c10/cuda/CUDACachingAllocator.cpp).

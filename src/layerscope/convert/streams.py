@@ -1,5 +1,5 @@
 """The conversion: one window's ranges and device work (:mod:`layerscope.convert.ranges`,
-written by either adapter) as typed streams of :mod:`layerscope.raw` records, one per
+written by either adapter) as typed streams of :mod:`layerscope.model.raw` records, one per
 step (``Step`` ... ``Step``), which the walker in ``layerscope.attribute`` attributes.
 
 Pure: what only torch knows of an op (whether a name is an op of its dispatcher, whether
@@ -36,7 +36,8 @@ from bisect import bisect_left
 from collections.abc import Hashable
 from typing import Any, Protocol
 
-from layerscope.comm import is_communication
+from layerscope.base.comm import is_communication
+from layerscope.base.intervals import union_ns
 from layerscope.convert.device import launch_times, share_device_time
 from layerscope.convert.memory import Note, Reads, StepMemory
 from layerscope.convert.ranges import (
@@ -58,8 +59,7 @@ from layerscope.convert.ranges import (
     label_kind,
     op_like,
 )
-from layerscope.intervals import union_ns
-from layerscope.raw import (
+from layerscope.model.raw import (
     NO_SEQ,
     Collective,
     DeviceBusy,

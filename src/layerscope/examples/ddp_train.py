@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 import layerscope
-from layerscope.tree import Profile
+from layerscope.model.tree import Profile
 
 #: Two cycles after one idle step: warm up 1, record 3.
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 3, "repeat": 2}

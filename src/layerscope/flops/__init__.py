@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from layerscope.comm import is_communication, payload_bytes
+from layerscope.base.comm import is_communication, payload_bytes
 from layerscope.flops.meta import TensorMeta, Uncacheable, signature, tensor_bytes, to_meta
 
 __all__ = [

@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from layerscope.base.schedule import schedule as make_schedule
 from layerscope.handlers import save_json
-from layerscope.schedule import schedule as make_schedule
 
 Schedule = Callable[[int], Any]
 

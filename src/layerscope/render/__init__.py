@@ -1,6 +1,6 @@
 """Renderers: pure functions from a document to its text (or bytes), one file each.
 
-Each file registers its formats in the output registry (:mod:`layerscope.formats`,
+Each file registers its formats in the output registry (:mod:`layerscope.base.formats`,
 re-exported here) with ``@register_renderer``; importing this package loads them all,
 and ``import layerscope`` does. Adding a format is one new file with a
 ``@register_renderer`` line, plus its name in the list below.
@@ -8,7 +8,7 @@ and ``import layerscope`` does. Adding a format is one new file with a
 
 from __future__ import annotations
 
-from layerscope.formats import (
+from layerscope.base.formats import (
     Option,
     Renderer,
     document_kind,

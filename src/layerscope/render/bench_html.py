@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerscope.bench.result import BatchResult, BenchResult
-from layerscope.formats import register_renderer
+from layerscope.base.formats import register_renderer
+from layerscope.model.bench import BatchResult, BenchResult
 from layerscope.render.html import html_page
 
 SCHEMA = "layerscope-bench-html/1"

@@ -4,7 +4,7 @@
 registry's ``bench`` table (``render/bench_html.py`` is its ``html``).
 
 Deterministic: the same result gives the same text (no dates), rows in ascending batch
-size. Numbers become strings only through :mod:`layerscope.fmt`.
+size. Numbers become strings only through :mod:`layerscope.base.fmt`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from layerscope import fmt
-from layerscope.bench.result import BatchResult, BenchComparison, BenchResult
-from layerscope.formats import register_renderer
+from layerscope.base import fmt
+from layerscope.base.formats import register_renderer
+from layerscope.model.bench import BatchResult, BenchComparison, BenchResult
 from layerscope.render.options import WIDTH
 from layerscope.render.table import SPACES, Column, draw, draw_fitted, from_headers, wrap_lines
 

@@ -29,12 +29,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from layerscope import __version__
-from layerscope.errors import RenderError
-from layerscope.formats import register_renderer
-from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import Timeline
-from layerscope.tree import Profile
+from layerscope.base.errors import RenderError
+from layerscope.base.formats import register_renderer
+from layerscope.base.version import __version__
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.sidedocs import Timeline
+from layerscope.model.tree import Profile
 
 _TID = 1
 #: The step's own track, above the spans.

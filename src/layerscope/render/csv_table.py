@@ -18,8 +18,8 @@ import json
 from dataclasses import fields
 from typing import Any
 
-from layerscope.formats import Option, register_renderer
-from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
+from layerscope.base.formats import Option, register_renderer
+from layerscope.model.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
 NODE_COLUMNS = ("path", "name", "type", "kind", "depth", "parent", "profiled", "calls", "params", "params_total")
 PHASE_FIELDS = tuple(f.name for f in fields(PhaseStats))

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from layerscope import fmt
-from layerscope.formats import Option, register_renderer
+from layerscope.base import fmt
+from layerscope.base.formats import Option, register_renderer
+from layerscope.model.transforms import top_by_depth
+from layerscope.model.tree import ModuleNode, PhaseStats, Profile
 from layerscope.render.options import count
 from layerscope.render.table import SPACES, Column, measure
-from layerscope.transforms import top_by_depth
-from layerscope.tree import ModuleNode, PhaseStats, Profile
 
 _RULE = "-" * 78
 #: The summary's lines: the label padded to 70 characters, two spaces, the value as it is.

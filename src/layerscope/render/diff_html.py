@@ -1,4 +1,4 @@
-"""A :class:`~layerscope.diff.ProfileDiff` as one self-contained HTML page (the ``html``
+"""A :class:`~layerscope.model.diff.ProfileDiff` as one self-contained HTML page (the ``html``
 format of the registry's ``diff`` table): the model's summary (base, new, change, %),
 then the modules and the changed ops, largest change in the diff's metric first and
 sortable by any column, the regressions highlighted (each with its phase and metric). The page machinery (shared CSS and helpers,
@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from layerscope.diff import METRICS, NODE_METRICS, OP_METRICS, DiffRow, ProfileDiff
-from layerscope.formats import register_renderer
+from layerscope.base.formats import register_renderer
+from layerscope.model.diff import METRICS, NODE_METRICS, OP_METRICS, DiffRow, ProfileDiff
 from layerscope.render.diff_text import FAIL_ABOVE, IMBALANCE
 from layerscope.render.html import html_page
 
 if TYPE_CHECKING:
-    from layerscope.ranks import ImbalanceChange
+    from layerscope.model.ranks import ImbalanceChange
 
 SCHEMA = "layerscope-diff-html/1"
 

@@ -1,4 +1,4 @@
-"""A :class:`~layerscope.diff.ProfileDiff` as text (the model's summary, then the nodes
+"""A :class:`~layerscope.model.diff.ProfileDiff` as text (the model's summary, then the nodes
 and the changed ops, largest change in the diff's metric first) and as JSON
 (``layerscope-diff/1``): the ``text`` and ``json`` formats of the registry's ``diff``
 table. Like every renderer they are pure functions: the same diff gives the same bytes.
@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from layerscope import fmt
-from layerscope.diff import METRICS, change_percent, display_path
-from layerscope.formats import Option, register_renderer
+from layerscope.base import fmt
+from layerscope.base.formats import Option, register_renderer
+from layerscope.model.diff import METRICS, change_percent, display_path
 from layerscope.render.options import LIMIT, WIDTH
 from layerscope.render.table import Column, draw, draw_fitted, from_headers, wrap, wrap_lines
 
 if TYPE_CHECKING:
-    from layerscope.diff import DiffRow, ProfileDiff, Regression, ShapeCalls
-    from layerscope.ranks import ImbalanceChange
+    from layerscope.model.diff import DiffRow, ProfileDiff, Regression, ShapeCalls
+    from layerscope.model.ranks import ImbalanceChange
 
 Formatter = Callable[[int], str]
 
@@ -276,7 +276,7 @@ def _summary_lines(diff: ProfileDiff) -> list[str]:
 
 
 def _side(diff: ProfileDiff, side: str) -> str:
-    from layerscope.diff import profile_kind
+    from layerscope.model.diff import profile_kind
 
     profile = diff.base if side == "base" else diff.new
     parts = [str(profile.meta.model or profile.root.type), str(profile.meta.device or "cpu")]

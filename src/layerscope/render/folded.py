@@ -21,10 +21,10 @@ trailing spaces (flamegraph.pl takes the value after the last space).
 
 from __future__ import annotations
 
-from layerscope.formats import register_renderer
+from layerscope.base.formats import register_renderer
+from layerscope.model.tree import Profile
 from layerscope.render.options import METRIC
 from layerscope.render.stacks import build_stacks, metric_for, rescale
-from layerscope.tree import Profile
 
 #: Folded time values are whole microseconds: flame graph tools read integer counts.
 NS_PER_VALUE = {"time": 1000, "device_time": 1000, "flops": 1}

@@ -5,7 +5,7 @@ The page is ``assets/report.html``'s skeleton with ``assets/report.css`` and
 of the other documents share: ``diff_html.py``, ``ranks_html.py``, ``bench_html.py``),
 and the profile as one JSON document in a ``<script type="application/json">`` element, which the script reads with ``JSON.parse``.
 The JSON holds raw numbers only (the page formats them, with one set of functions that
-follow ``layerscope.fmt``); it is derived from the tree here and nothing is measured again:
+follow ``layerscope.base.fmt``); it is derived from the tree here and nothing is measured again:
 
 ``meta``           the profile's meta, as saved
 ``phase_fields``   the names of the numbers in each node's phase arrays (``PhaseStats``)
@@ -33,12 +33,12 @@ from html import escape as escape_html
 from importlib import resources
 from typing import Any
 
-from layerscope import fmt
-from layerscope.formats import register_renderer
-from layerscope.ops import OpTableError, op_table
+from layerscope.base import fmt
+from layerscope.base.formats import register_renderer
+from layerscope.model.ops import OpTableError, op_table
+from layerscope.model.sidedocs import UNATTRIBUTED_REASONS
+from layerscope.model.tree import PHASES, PhaseStats, Profile
 from layerscope.render.text import _inputs_text as inputs_text
-from layerscope.sidedocs import UNATTRIBUTED_REASONS
-from layerscope.tree import PHASES, PhaseStats, Profile
 
 #: The version of the embedded document; the page refuses another.
 SCHEMA = "layerscope-html/1"

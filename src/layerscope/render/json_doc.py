@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from layerscope.formats import register_renderer
+from layerscope.base.formats import register_renderer
+from layerscope.model.tree import Profile
 from layerscope.render.options import INDENT
-from layerscope.tree import Profile
 
 
 @register_renderer("json", extensions=(".json",), description="the layerscope/1 JSON document", options=(INDENT,))

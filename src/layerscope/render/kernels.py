@@ -11,12 +11,12 @@ away as a view): eager calls minus extern calls that are wholly the module's.
 
 from __future__ import annotations
 
-from layerscope import fmt
-from layerscope.compile_info import KernelTime
-from layerscope.errors import RenderError
-from layerscope.formats import register_renderer
+from layerscope.base import fmt
+from layerscope.base.errors import RenderError
+from layerscope.base.formats import register_renderer
+from layerscope.model.compile_info import KernelTime
+from layerscope.model.tree import Profile
 from layerscope.render.table import Column, draw, from_headers
-from layerscope.tree import Profile
 
 
 def _label(path: str) -> str:

@@ -7,11 +7,11 @@ types per depth come first.
 
 from __future__ import annotations
 
-from layerscope import fmt
-from layerscope.formats import Option, register_renderer
+from layerscope.base import fmt
+from layerscope.base.formats import Option, register_renderer
+from layerscope.model.transforms import max_depth, top_by_depth
+from layerscope.model.tree import ModuleNode, Profile
 from layerscope.render.options import DEPTH, count
-from layerscope.transforms import max_depth, top_by_depth
-from layerscope.tree import ModuleNode, Profile
 
 
 def _params(node: ModuleNode, root: ModuleNode) -> str:

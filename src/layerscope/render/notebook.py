@@ -1,12 +1,12 @@
 """How a document's report shows in a notebook (``_repr_html_``, through
-:func:`layerscope.formats.display_html`): its ``html`` page, whole, in a sandboxed frame.
+:func:`layerscope.base.formats.display_html`): its ``html`` page, whole, in a sandboxed frame.
 """
 
 from __future__ import annotations
 
 from html import escape as escape_html
 
-from layerscope.formats import register_notebook_frame
+from layerscope.base.formats import register_notebook_frame
 
 #: The height of a report's frame in a notebook: the report scrolls inside it, and the
 #: frame's lower edge can be dragged.

@@ -1,6 +1,6 @@
 """The operator table as text, like ``torch.profiler``'s ``key_averages().table()``.
 
-The rows come from ``layerscope.ops.op_table``; this file only draws them. A column is
+The rows come from ``layerscope.model.ops.op_table``; this file only draws them. A column is
 shown when the profile has its data (device time on an accelerator, memory when it was
 tracked) and when it says something another column does not: ops do not nest, so an
 op's total time equals its self time, and "CPU total" appears only if that ever differs.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from layerscope import fmt
-from layerscope.formats import Option, register_renderer
-from layerscope.ops import (
+from layerscope.base import fmt
+from layerscope.base.formats import Option, register_renderer
+from layerscope.model.ops import (
     GROUP_KEYS,
     SORT_KEYS,
     GroupBy,
@@ -24,10 +24,10 @@ from layerscope.ops import (
     sort_field,
     sort_key,
 )
+from layerscope.model.tree import PHASES, Profile
 from layerscope.render.options import LIMIT, WIDTH
 from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
 from layerscope.render.text import _header_lines
-from layerscope.tree import PHASES, Profile
 
 
 @dataclass(frozen=True)

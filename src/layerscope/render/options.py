@@ -3,7 +3,7 @@ parsers of their command-line text. A format's own options live in its file."""
 
 from __future__ import annotations
 
-from layerscope.formats import Option
+from layerscope.base.formats import Option
 
 
 def count(text: str) -> int:

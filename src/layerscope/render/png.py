@@ -2,7 +2,7 @@
 
 ``-o memory.png`` on a profile draws its memory over the step (as ``layerscope
 plot-memory`` does); on a benchmark, latency, throughput and peak memory against batch
-size. Binary formats: written to files only. The drawing lives in ``layerscope.plot``;
+size. Binary formats: written to files only. The drawing lives in ``layerscope.render.plot``;
 this registers it, so ``.png`` is one more extension the registry knows.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerscope.errors import MissingDependencyError, RenderError
-from layerscope.formats import register_renderer
+from layerscope.base.errors import MissingDependencyError, RenderError
+from layerscope.base.formats import register_renderer
 from layerscope.render.options import TITLE
 
 
@@ -20,7 +20,7 @@ from layerscope.render.options import TITLE
     description="the memory timeline of the step as a PNG picture (needs matplotlib)",
 )
 def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
-    from layerscope.plot import render_memory_png
+    from layerscope.render.plot import render_memory_png
 
     try:
         return render_memory_png(profile, title=title)
@@ -35,6 +35,6 @@ def render_profile_png(profile: Any, *, title: str | None = None) -> bytes:
     description="latency, throughput and peak memory against batch size as a PNG picture (needs matplotlib)",
 )
 def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
-    from layerscope.plot import render_bench_png as draw
+    from layerscope.render.plot import render_bench_png as draw
 
     return draw(result, title=title)

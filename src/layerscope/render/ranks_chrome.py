@@ -2,7 +2,7 @@
 (``pid`` = the rank, named ``rank N``), each drawn by ``render/chrome.py`` from that
 rank's own trace. Each rank's clock starts at its own step, so the ranks line up at 0.
 
-Drawn from the rank files (a :class:`~layerscope.ranks.RankTraces`), not from a merged
+Drawn from the rank files (a :class:`~layerscope.model.ranks.RankTraces`), not from a merged
 document, which keeps no traces. Profiles are read one at a time as the document is
 written, so the traces of many ranks never sit in memory together.
 """
@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from layerscope import __version__
-from layerscope.errors import RenderError
-from layerscope.formats import register_renderer
-from layerscope.ranks import RankTraces
+from layerscope.base.errors import RenderError
+from layerscope.base.formats import register_renderer
+from layerscope.base.version import __version__
+from layerscope.model.ranks import RankTraces
 from layerscope.render.chrome import document, process_events, timing_metadata
 
 

@@ -1,4 +1,4 @@
-"""A merged run (``layerscope.ranks.MergedRun``) as one self-contained HTML page (the
+"""A merged run (``layerscope.model.ranks.MergedRun``) as one self-contained HTML page (the
 ``html`` format of the registry's ``ranks`` table): the nodes by ranks as a heat map
 (each node and phase a row, each rank a column, a cell coloured by its time over the
 row's median), the stragglers, and the waiting per rank. The page machinery is
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerscope.formats import register_renderer
-from layerscope.ranks import MergedRun
+from layerscope.base.formats import register_renderer
+from layerscope.base.stats import median_floor
+from layerscope.model.ranks import MergedRun
+from layerscope.model.tree import PHASES, ModuleNode
 from layerscope.render.html import html_page
-from layerscope.stats import median_floor
-from layerscope.tree import PHASES, ModuleNode
 
 SCHEMA = "layerscope-ranks-html/1"
 

@@ -1,4 +1,4 @@
-"""A merged run of many ranks (``layerscope.ranks.MergedRun``) as text and JSON.
+"""A merged run of many ranks (``layerscope.model.ranks.MergedRun``) as text and JSON.
 
 The text report: which ranks were merged (and which are missing), the rank table (each
 node and phase, its time on every rank, then median, max and imbalance; with many ranks,
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from layerscope import fmt
-from layerscope.diff import display_path
-from layerscope.formats import register_renderer
-from layerscope.ranks import MergedRun, Spread
+from layerscope.base import fmt
+from layerscope.base.formats import register_renderer
+from layerscope.model.diff import display_path
+from layerscope.model.ranks import MergedRun, Spread
 from layerscope.render.options import DEPTH, INDENT, LIMIT, WIDTH
 from layerscope.render.table import Column, draw, draw_fitted, from_headers, wrap_lines
 

@@ -22,10 +22,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from layerscope.formats import register_renderer
+from layerscope.base.formats import register_renderer
+from layerscope.model.tree import Profile
 from layerscope.render.options import METRIC
 from layerscope.render.stacks import Frame, Metric, available_metrics, build_stacks, metric_for
-from layerscope.tree import Profile
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 
@@ -80,7 +80,7 @@ _PROFILE_NAMES = {"time": "CPU time", "device_time": "device time", "flops": "FL
 
 
 def speedscope_file(profile: Profile, metrics: list[Metric]) -> SpeedscopeFile:
-    from layerscope import __version__
+    from layerscope.base.version import __version__
 
     index: dict[Frame, int] = {}
     frames: list[SpeedscopeFrame] = []

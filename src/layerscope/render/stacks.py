@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from layerscope.errors import RenderError
-from layerscope.tree import ModuleNode, OpStats, PhaseStats, Profile
+from layerscope.base.errors import RenderError
+from layerscope.model.tree import ModuleNode, OpStats, PhaseStats, Profile
 
 
 class MetricError(RenderError):

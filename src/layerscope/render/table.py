@@ -1,7 +1,7 @@
 """Text tables: the one layout every text renderer draws its tables with.
 
 A caller decides which columns exist and what their cells say (strings, made by
-:mod:`layerscope.fmt`); this module only lays them out: each column as wide as its
+:mod:`layerscope.base.fmt`); this module only lays them out: each column as wide as its
 widest cell (or a fixed width), cells padded left or right, a separator between
 columns, a rule under the header and above a total row, and no trailing spaces. A cell
 holding newlines takes several lines, the row's other cells blank below their first.

@@ -12,16 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from layerscope import fmt
-from layerscope.comm import is_communication
-from layerscope.errors import RenderError
-from layerscope.formats import Option, register_renderer
+from layerscope.base import fmt
+from layerscope.base.comm import is_communication
+from layerscope.base.errors import RenderError
+from layerscope.base.formats import Option, register_renderer
+from layerscope.base.stats import observed_median
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.sidedocs import UNATTRIBUTED_REASONS
+from layerscope.model.tree import ModuleNode, OpStats, Profile, part_total
 from layerscope.render.options import DEPTH, WIDTH
 from layerscope.render.table import Column, draw, fit, hidden_line, wrap, wrap_lines
-from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import UNATTRIBUTED_REASONS
-from layerscope.stats import observed_median
-from layerscope.tree import ModuleNode, OpStats, Profile, part_total
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from layerscope import fmt
+from layerscope.base import fmt
 from layerscope.render.table import Column, Style, measure
 
 if TYPE_CHECKING:

@@ -22,10 +22,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from layerscope import fmt
-from layerscope.formats import Option, register_renderer
+from layerscope.base import fmt
+from layerscope.base.formats import Option, register_renderer
+from layerscope.model.tree import ModuleNode, OpStats, Profile
 from layerscope.render.table import Column, draw
-from layerscope.tree import ModuleNode, OpStats, Profile
 
 HEADINGS = (
     "Module",

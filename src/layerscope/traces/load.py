@@ -1,4 +1,4 @@
-"""A torch.profiler trace file as a :class:`~layerscope.tree.Profile`, through the live
+"""A torch.profiler trace file as a :class:`~layerscope.model.tree.Profile`, through the live
 capture's own conversion and attribution.
 
 The file's events become the range trees torch's profiler hands the live capture
@@ -16,17 +16,19 @@ import os
 import warnings
 from typing import Any
 
-from layerscope import __version__
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
+from layerscope.base.errors import LayerscopeWarning, SchemaError, TraceModelError
+from layerscope.base.intervals import union_ns
+from layerscope.base.kineto_json import open_trace
+from layerscope.base.peaks import datasheet_tflops
+from layerscope.base.version import __version__
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
 from layerscope.convert.streams import convert
-from layerscope.errors import LayerscopeWarning, SchemaError, TraceModelError
 from layerscope.flops.recorded import CATALOG
-from layerscope.intervals import union_ns
-from layerscope.peaks import datasheet_tflops
-from layerscope.raw import RawCapture
-from layerscope.runfacts import RunFacts
+from layerscope.model.raw import RawCapture
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.tree import Profile
 from layerscope.traces.modules import (
     Instance,
     ModelTable,
@@ -38,8 +40,6 @@ from layerscope.traces.modules import (
     uncalled,
 )
 from layerscope.traces.ranges import _NO_FIELDS, TraceRanges, read_ranges
-from layerscope.traces.reader import open_trace
-from layerscope.tree import Profile
 
 _EVALUATE = "autograd::engine::evaluate_function: "
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.raw import ModuleInfo
+from layerscope.model.raw import ModuleInfo
 from layerscope.traces.ranges import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
+from layerscope.base.kineto_json import us_to_ns
 from layerscope.convert.ranges import STEP_NAME, USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
 from layerscope.flops import recorded
-from layerscope.traces.reader import us_to_ns
 
 #: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.
 MODULE_EVENT = "nn.Module: "

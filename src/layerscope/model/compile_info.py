@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.raw import GraphBreak
+from layerscope.model.raw import GraphBreak
 
 
 @dataclass

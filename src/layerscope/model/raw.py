@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from layerscope.runfacts import RunFacts
+from layerscope.model.runfacts import RunFacts
 
 
 class Enter(NamedTuple):

@@ -4,7 +4,7 @@ A :class:`Profile` holds a tree of :class:`ModuleNode` (one per unique module, k
 its ``named_modules()`` path) and each node holds its :class:`OpStats`. Nothing here
 imports torch: trees can be built by hand in tests and fed to any renderer.
 
-Numbers carry their unit in their name and stay numbers; only ``layerscope.fmt`` turns
+Numbers carry their unit in their name and stay numbers; only ``layerscope.base.fmt`` turns
 them into strings.
 """
 
@@ -15,14 +15,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from layerscope import formats
-from layerscope.compile_info import CompileInfo
-from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import DeviceLedger, MemorySummary, Trace
-from layerscope.stats import observed_median, percentile_floor, spread
+from layerscope.base import formats
+from layerscope.base.stats import observed_median, percentile_floor, spread
+from layerscope.model import phases
+from layerscope.model.compile_info import CompileInfo
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.sidedocs import DeviceLedger, MemorySummary, Trace
 
 if TYPE_CHECKING:
-    from layerscope.ops import OpTable
+    from layerscope.model.ops import OpTable
 
 #: The schema of a saved profile (``Profile.to_dict``).
 SCHEMA = "layerscope/1"
@@ -43,9 +44,8 @@ ADDITIVE_PHASE_METRICS: tuple[tuple[str, str], ...] = (
     ("comm_bytes", "self_comm_bytes"),
 )
 
-#: The phases a node's work is split into. ``recompute`` is forward work run again
-#: during backward (activation checkpointing); it is never counted as ``forward``.
-PHASES: tuple[str, ...] = ("forward", "backward", "recompute")
+#: The phases a node's work is split into (``model/phases.py``).
+PHASES = phases.PHASES
 
 #: Node kinds: modules of the model, user labels (``record_function``/``layerscope.label``)
 #: and the parts of a training step outside the model.
@@ -288,8 +288,8 @@ class StepSpread:
     ``outliers``, the steps ``far`` times the median or more away from it (longer or
     shorter), farthest first: a step that did one-off work (an optimizer creating its
     state) stands out here instead of vanishing in a sum. ``median_ns`` is an observed
-    step's (:func:`~layerscope.stats.observed_median`: ``profile()``'s median pass, the
-    one shown); ``p10_ns`` and ``p90_ns`` are :func:`~layerscope.stats.percentile`'s."""
+    step's (:func:`~layerscope.base.stats.observed_median`: ``profile()``'s median pass, the
+    one shown); ``p10_ns`` and ``p90_ns`` are :func:`~layerscope.base.stats.percentile`'s."""
 
     steps: list[tuple[int, int]]
     min_ns: int
@@ -316,7 +316,7 @@ class Profile(formats.NotebookDisplay):
     #: bytes, the step's peak with its culprit and categories, and a timeline.
     memory: MemorySummary | None = None
     #: One run as spans on a timeline (None when no op pass ran): a
-    #: :class:`~layerscope.sidedocs.Trace`, its spans sorted by start, enclosing spans
+    #: :class:`~layerscope.model.sidedocs.Trace`, its spans sorted by start, enclosing spans
     #: first; ``profile()`` keeps its op pass, a ``Profiler`` its last step.
     trace: Trace | None = None
     #: A ``torch.compile``d model's run (kernels, graph breaks, compile time), None for
@@ -364,7 +364,7 @@ class Profile(formats.NotebookDisplay):
 
     def pass_spread(self) -> float | None:
         """How much the run's repeated measurements of the same work spread, relative:
-        ``(p90 - p10) / median`` (:func:`layerscope.stats.spread`) of its passes' times
+        ``(p90 - p10) / median`` (:func:`layerscope.base.stats.spread`) of its passes' times
         (``profile()``'s repeats) or else of its steps' wall times (a ``Profiler``
         block); None with fewer than two (one pass measures no noise). A diff calls a
         change within it noise."""
@@ -431,8 +431,8 @@ class Profile(formats.NotebookDisplay):
     ) -> OpTable:
         """Every node's aten ops in one table, grouped by ``group_by`` (name, shape,
         module, module_type, phase, stack:N) and sorted by ``sort_by``, descending; see
-        ``layerscope.ops.op_table``."""
-        from layerscope.ops import op_table
+        ``layerscope.model.ops.op_table``."""
+        from layerscope.model.ops import op_table
 
         return op_table(
             self, sort_by=sort_by, group_by=group_by, limit=limit, module=module, phase=phase,
@@ -472,7 +472,7 @@ class Profile(formats.NotebookDisplay):
         """The profile of its :meth:`to_dict` document, as given: it raises KeyError,
         TypeError or ValueError on a damaged one. A file is read through
         ``layerscope.load`` (``documents.profile_from_dict``), which checks every field's
-        type (``schema.py``) before this and the tree's invariants (``check.py``) after
+        type (``model/schema.py``) before this and the tree's invariants (``model/check.py``) after
         it, the two modules that read the tree and so sit above it."""
         root = link([ModuleNode.from_dict(entry) for entry in doc["modules"]])
         parts: list[ModuleNode] = []
@@ -500,7 +500,7 @@ class Profile(formats.NotebookDisplay):
     DOCUMENT = "profile"  # its table in the output registry
 
     def render(self, fmt: str = "text", **options: Any) -> Any:
-        """The profile in format ``fmt`` (``layerscope.formats.formats()``) with that
+        """The profile in format ``fmt`` (``layerscope.base.formats.formats()``) with that
         format's options: str, or bytes for a picture."""
         return formats.render(self, fmt, **options)
 

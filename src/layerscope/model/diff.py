@@ -1,10 +1,10 @@
 """Compare two profiles: did my change make it slower, and where?
 
-``diff(base, new)`` matches the nodes of two :class:`~layerscope.tree.Profile` trees by
+``diff(base, new)`` matches the nodes of two :class:`~layerscope.model.tree.Profile` trees by
 path (modules, labels and step parts alike) and their ops by ``(module path, phase, op
 name, input shapes)``, and keeps, for each entry, the base and new value of each metric
 (a :class:`Change`). Rows are ordered by absolute impact: the size of the change in self
-time, largest first, ties by path. It is a transform like ``transforms.py``: plain
+time, largest first, ties by path. It is a transform like ``model/transforms.py``: plain
 Python, no torch, and no number is turned into a string here (``render/diff_text.py``
 does that).
 
@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from layerscope import fmt, formats
-from layerscope.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
+from layerscope.base import fmt, formats
+from layerscope.model.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_DEVICE_TIME_NS",
@@ -340,7 +340,7 @@ class ProfileDiff(formats.NotebookDisplay):
     total_kind: str
     min_time_ns: int = DEFAULT_MIN_TIME_NS
     #: Each side's measured noise: how its repeated passes or steps spread
-    #: (:meth:`~layerscope.tree.Profile.pass_spread`); None where it ran once.
+    #: (:meth:`~layerscope.model.tree.Profile.pass_spread`); None where it ran once.
     noise_base: float | None = None
     noise_new: float | None = None
     #: What orders the rows and what :meth:`regressions` gates on (see :func:`diff`).
@@ -440,7 +440,7 @@ class ProfileDiff(formats.NotebookDisplay):
     DOCUMENT = "diff"  # its table in the output registry
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The diff in a registered format (``layerscope.formats.formats("diff")``); as
+        """The diff in a registered format (``layerscope.base.formats.formats("diff")``); as
         text: the summary, then the nodes and the changed ops, largest change first;
         ``limit`` caps the rows of each table (None: every row)."""
         return formats.render(self, fmt, **options)

@@ -122,7 +122,7 @@ class RunFacts(Mapping[str, Any]):
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> RunFacts:
-        """From a document's ``meta`` (checked by :mod:`layerscope.schema` first)."""
+        """From a document's ``meta`` (checked by :mod:`layerscope.model.schema` first)."""
         known, extra = {}, {}
         for key, value in doc.items():
             if key in _FIELDS:

@@ -14,11 +14,11 @@ import io
 import os
 from typing import Any
 
-from layerscope import fmt
-from layerscope.errors import MissingDependencyError
-from layerscope.io import write_atomic
-from layerscope.raw import MEMORY_CATEGORIES
-from layerscope.sidedocs import MemorySummary, PeakAt, Timeline
+from layerscope.base import fmt
+from layerscope.base.errors import MissingDependencyError
+from layerscope.base.io import write_atomic
+from layerscope.model.raw import MEMORY_CATEGORIES
+from layerscope.model.sidedocs import MemorySummary, PeakAt, Timeline
 
 #: The PNG's size: FIGSIZE inches at DPI dots per inch (1200 x 720 pixels).
 FIGSIZE = (12.0, 7.2)
@@ -72,7 +72,7 @@ def render_memory_png(profile: Any, *, title: str | None = None) -> bytes:
 
 def _figure(feature: str) -> Any:
     """A matplotlib Figure on the Agg canvas; without matplotlib, a
-    :class:`~layerscope.errors.MissingDependencyError` (an ``ImportError``) naming ``feature``."""
+    :class:`~layerscope.base.errors.MissingDependencyError` (an ``ImportError``) naming ``feature``."""
     try:
         # The package itself first: a cached submodule would otherwise slip past a
         # matplotlib that is missing (or blocked in sys.modules).
@@ -114,7 +114,7 @@ def render_bench_png(result: Any, *, title: str | None = None) -> bytes:
 def draw_bench(fig: Any, result: Any, *, title: str | None = None) -> list[Any]:
     """Draw a benchmark on ``fig``; returns its axes: latency, throughput, and peak memory
     per batch size when the benchmark measured it."""
-    from layerscope.bench.result import BenchResult
+    from layerscope.model.bench import BenchResult
 
     bench = result if isinstance(result, BenchResult) else BenchResult.from_dict(result)
     ok = sorted(bench.measured, key=lambda b: b.batch_size)
@@ -212,8 +212,6 @@ def _draw(fig: Any, memory: MemorySummary, timeline: Timeline, model: str, title
     raw_spans = [(int(s.start_ns), int(s.end_ns), str(s.path), str(s.phase)) for s in timeline.spans]
     baseline = memory.baseline_bytes
     peak = memory.peak_bytes
-    if not isinstance(peak, int):
-        peak = max(live)
     peak_at = memory.peak_at or PeakAt("", None)
     peak_t = peak_at.t_ns
     if not isinstance(peak_t, int):
@@ -256,10 +254,10 @@ def _draw(fig: Any, memory: MemorySummary, timeline: Timeline, model: str, title
         culprit = "(culprit unknown)"
     else:
         culprit = _span_label(str(where), model) if where == "" else str(where)
-        phase = peak_at.phase
+        peak_phase = peak_at.phase
         # Step parts run outside any forward or backward: their "phase" says nothing.
-        if phase and not (str(where).startswith("<") and phase == "forward"):
-            culprit += f" ({phase})"
+        if peak_phase and not (str(where).startswith("<") and peak_phase == "forward"):
+            culprit += f" ({peak_phase})"
     x_left, x_right = 0.0, end_ns / 1e6 * 1.012  # room for a peak at the very end
     on_right = px > (x_left + x_right) / 2
     ax.annotate(
@@ -299,7 +297,7 @@ def _draw(fig: Any, memory: MemorySummary, timeline: Timeline, model: str, title
         bars.spines[side].set_visible(False)
         ax.spines[side].set_visible(False)
 
-    handles = [
+    handles: list[Any] = [
         Line2D([], [], color=LINE_COLOUR, lw=1.4, label="live bytes"),
         Line2D([], [], color="#555555", ls="--", lw=1.1, label="baseline (step start)"),
         Line2D([], [], color=PEAK_COLOUR, marker="o", ls="", ms=7, label="peak"),

@@ -31,12 +31,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from layerscope import formats
-from layerscope.errors import MergeError, SchemaError
-from layerscope.runfacts import RunFacts
-from layerscope.sidedocs import MemorySummary
-from layerscope.stats import median_floor, median_floor_without, observed_median_index
-from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
+from layerscope.base import formats
+from layerscope.base.errors import MergeError, SchemaError
+from layerscope.base.stats import median_floor, median_floor_without, observed_median_index
+from layerscope.model.runfacts import RunFacts
+from layerscope.model.sidedocs import MemorySummary
+from layerscope.model.tree import PHASES, ModuleNode, PhaseStats, Profile
 
 __all__ = [
     "DEFAULT_MIN_TIME_NS",
@@ -320,7 +320,7 @@ class MergedRun(formats.NotebookDisplay):
     def rank_profile(self, rank: int) -> Profile:
         """Rank ``rank``'s profile rebuilt from the merged document (no op rows, FLOPs or
         trace), its invariants checked as :func:`layerscope.load` checks a file's."""
-        from layerscope.check import summarize, tree_problems
+        from layerscope.model.check import summarize, tree_problems
 
         record = self.record(rank)
         by_path: dict[str, ModuleNode] = {}
@@ -483,8 +483,8 @@ class MergedRun(formats.NotebookDisplay):
         """Rebuild a :class:`MergedRun` from a ``layerscope-ranks/1`` dict: the type of every
         field it reads is checked, and every rank's tree is rebuilt and checked; the
         ``summary`` is derived again from the ranks, never read."""
-        from layerscope.check import summarize
-        from layerscope.schema import check_value
+        from layerscope.model.check import summarize
+        from layerscope.model.schema import check_value
 
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             found = doc.get("schema") if isinstance(doc, dict) else None
@@ -535,7 +535,7 @@ class MergedRun(formats.NotebookDisplay):
         return merged
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The merged run in a registered format (``layerscope.formats.formats("ranks")``)."""
+        """The merged run in a registered format (``layerscope.base.formats.formats("ranks")``)."""
         return formats.render(self, fmt, **options)
 
     def save(self, path: str | os.PathLike[str], fmt: str | None = None, **options: Any) -> None:
@@ -612,7 +612,7 @@ def merge(
     every rank's op rows and trace (a :class:`RankRecord`, :func:`rank_record`'s, is
     taken as it is: the command line loads rank traces in processes of their own). ``sources`` names the items in messages (file names).
 
-    Refused with a :class:`~layerscope.errors.MergeError` naming what differs: ranks of
+    Refused with a :class:`~layerscope.base.errors.MergeError` naming what differs: ranks of
     other runs (``meta.run_id``), models, world sizes or cycles (``step_range``), a
     rank given twice, a rank outside the world size. Ranks absent from a known world size
     are merged without and named (:attr:`MergedRun.missing_ranks`). A meta field no rank
@@ -775,7 +775,19 @@ def imbalance_changes(base: MergedRun, new: MergedRun) -> list[ImbalanceChange]:
 
 
 def _rank_spec() -> Any:
-    from layerscope.schema import BOOL, INT, MEMORY, META, NUMBER, PHASE_STATS, STR, DictOf, ListOf, Obj, Opt
+    from layerscope.model.schema import (
+        BOOL,
+        INT,
+        MEMORY,
+        META,
+        NUMBER,
+        PHASE_STATS,
+        STR,
+        DictOf,
+        ListOf,
+        Obj,
+        Opt,
+    )
 
     shape = Obj(
         {"path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "kind": STR, "params": Opt(INT),

@@ -26,7 +26,7 @@ Usage::
             start_ns = us_to_ns(event["ts"])
         trace.meta["schemaVersion"]
 
-Every problem with the file's content is a :class:`~layerscope.errors.SchemaError` of one
+Every problem with the file's content is a :class:`~layerscope.base.errors.SchemaError` of one
 line that names the file, what was wrong and what was expected; a missing file is a
 ``FileNotFoundError``. Standard library only: this module does not import torch.
 """
@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from layerscope.errors import SchemaError
+from layerscope.base.errors import SchemaError
 
 #: Bytes read from the file (after gzip decompression) per refill of the text buffer.
 #: Measured with benchmarks/trace_parse.py on 10^6 events (medians of 5): 256 KiB 2.96 s,
@@ -560,7 +560,7 @@ def open_trace(path: str | os.PathLike[str], *, chunk_bytes: int = CHUNK_BYTES) 
     the name) for one pass: ``with open_trace(path) as trace: for event in trace.events()``.
 
     The file is opened, and checked to start a JSON object, now (``FileNotFoundError``, or
-    :class:`~layerscope.errors.SchemaError` for an empty file, a damaged gzip header, text
+    :class:`~layerscope.base.errors.SchemaError` for an empty file, a damaged gzip header, text
     that is not UTF-8 JSON); the rest is read as the events are. ``chunk_bytes`` is how
     much is read at a time (tests make it tiny to cut events across reads).
     """

@@ -1,7 +1,7 @@
 """The operator table: every node's aten ops, regrouped and sorted across the model.
 
 A transform of the tree, like ``torch.profiler``'s ``key_averages()``: rows aggregate
-the :class:`~layerscope.tree.OpStats` of all nodes (or of one subtree, or one phase) by
+the :class:`~layerscope.model.tree.OpStats` of all nodes (or of one subtree, or one phase) by
 a key chosen with ``group_by``:
 
 ``name``          the op's name (``aten::addmm``)
@@ -36,12 +36,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from layerscope import formats
-from layerscope.errors import RenderError
-from layerscope.tree import PHASES, ModuleNode, OpStats
+from layerscope.base import formats
+from layerscope.base.errors import RenderError
+from layerscope.model.phases import PHASES
 
 if TYPE_CHECKING:
-    from layerscope.tree import Profile
+    from layerscope.model.tree import ModuleNode, OpStats, Profile
 
 GroupBy = str | Sequence[str]
 
@@ -407,7 +407,7 @@ class OpTable:
     DOCUMENT = "op-table"  # its table in the output registry
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The table in a registered format (``layerscope.formats.formats("op-table")``)."""
+        """The table in a registered format (``layerscope.base.formats.formats("op-table")``)."""
         return formats.render(self, fmt, **options)
 
     def __str__(self) -> str:

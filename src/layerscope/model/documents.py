@@ -1,7 +1,7 @@
 """The strict reader of a saved ``layerscope/1`` profile: every field's type checked
-(:mod:`layerscope.schema`) before :meth:`Profile.from_dict` builds it, and the tree's
-invariants (:mod:`layerscope.check`) after, so a damaged or hostile file is refused with
-the place it went wrong. It sits above ``tree.py`` because those checks read the tree;
+(:mod:`layerscope.model.schema`) before :meth:`Profile.from_dict` builds it, and the tree's
+invariants (:mod:`layerscope.model.check`) after, so a damaged or hostile file is refused with
+the place it went wrong. It sits above ``model/tree.py`` because those checks read the tree;
 ``layerscope.load`` reads every document kind by its schema (:mod:`layerscope.loading`).
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from layerscope.check import summarize, tree_problems
-from layerscope.errors import SchemaError
-from layerscope.schema import document_problems
-from layerscope.tree import SCHEMA, Profile
+from layerscope.base.errors import SchemaError
+from layerscope.model.check import summarize, tree_problems
+from layerscope.model.schema import document_problems
+from layerscope.model.tree import SCHEMA, Profile
 
 
 def profile_from_dict(doc: Any, source: str = "document") -> Profile:

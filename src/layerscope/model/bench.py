@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope import formats
-from layerscope.errors import SchemaError
-from layerscope.stats import percentile
+from layerscope.base import formats
+from layerscope.base.errors import SchemaError
+from layerscope.base.stats import percentile
 
 SCHEMA = "layerscope-bench/1"
 
@@ -320,7 +320,7 @@ class BenchResult(formats.NotebookDisplay):
         formats.save(self, path, fmt, **options)
 
     def render(self, fmt: str = "text", **options: Any) -> Any:
-        """The result in a registered format (``layerscope.formats.formats("bench")``)."""
+        """The result in a registered format (``layerscope.base.formats.formats("bench")``)."""
         return formats.render(self, fmt, **options)
 
     def __str__(self) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from layerscope.errors import InputsError, SpecError
+from layerscope.base.errors import InputsError, SpecError
 
 if TYPE_CHECKING:
     import torch

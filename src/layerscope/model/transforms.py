@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from layerscope.tree import ModuleNode, Profile
+from layerscope.model.tree import ModuleNode, Profile
 
 #: Metrics ``top_by_depth`` can rank by: name -> value of a node (None: not measured).
 METRICS: dict[str, Callable[[ModuleNode], int | None]] = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from layerscope.tree import PHASES
+from layerscope.model.tree import PHASES
 
 #: Shapes nest (a tuple of lists of tensors) but never this deep; deeper ones would make
 #: the recursive shape formatting overflow the stack.
@@ -111,7 +111,7 @@ COMPILE = Obj(
     }),
 )
 
-#: Every field of ``meta`` (``layerscope.runfacts.RunFacts``, and ``compile``); keys a
+#: Every field of ``meta`` (``layerscope.model.runfacts.RunFacts``, and ``compile``); keys a
 #: newer version wrote are kept as they are.
 META = Obj(
     {

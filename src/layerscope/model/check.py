@@ -7,9 +7,9 @@ corrupted file), never something to render.
 
 from __future__ import annotations
 
-from layerscope.comm import is_communication
-from layerscope.sidedocs import Timeline
-from layerscope.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile, params_sum
+from layerscope.base.comm import is_communication
+from layerscope.model.sidedocs import Timeline
+from layerscope.model.tree import ADDITIVE_PHASE_METRICS, NODE_KINDS, PHASES, ModuleNode, Profile, params_sum
 
 
 class InvariantError(AssertionError):

@@ -1,7 +1,7 @@
 """Files: atomic writes, and a strict reader of JSON (what a layerscope document may hold).
 
 The bottom layer: it knows no document. Rendering and saving documents is
-:mod:`layerscope.formats`; reading them back is :mod:`layerscope.documents`."""
+:mod:`layerscope.base.formats`; reading them back is :mod:`layerscope.model.documents`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from layerscope.errors import SchemaError
+from layerscope.base.errors import SchemaError
 
 
 def destination(path: str | os.PathLike[str]) -> tuple[Path, bool]:

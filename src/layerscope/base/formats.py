@@ -1,6 +1,6 @@
 """The output registry: every format of every document layerscope writes, in one table.
 
-A *document* is something layerscope renders: a ``profile`` (:class:`~layerscope.tree.Profile`),
+A *document* is something layerscope renders: a ``profile`` (:class:`~layerscope.model.tree.Profile`),
 a ``diff`` of two profiles, a merged run of ranks (``ranks``), the rank files themselves
 for their traces (``rank-traces``), a ``bench`` result, a comparison of two benchmarks
 (``bench-comparison``) and an operator table (``op-table``). Each document class names
@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from layerscope.errors import OptionError
-from layerscope.io import write_atomic
+from layerscope.base.errors import OptionError
+from layerscope.base.io import write_atomic
 
 RenderFn = Callable[..., Any]
 #: A renderer as registered: the decorator hands it back with its own signature.
@@ -280,5 +280,5 @@ def save(doc: Any, path: str | os.PathLike[str], fmt: str | None = None, **optio
     names (JSON when it names none)."""
     chosen = fmt or format_for_path(path, default="json", document=document_kind(doc))
     # io.write_atomic writes bytes chunks too, but its annotation names str chunks only
-    # (io.py is outside the type-checked files); remove once it says Iterable[str | bytes].
+    # (base/io.py is outside the type-checked files); remove once it says Iterable[str | bytes].
     write_atomic(path, render_chunks(doc, chosen, **options))

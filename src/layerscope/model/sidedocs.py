@@ -1,4 +1,4 @@
-"""The side documents of a :class:`~layerscope.tree.Profile`, typed: its trace
+"""The side documents of a :class:`~layerscope.model.tree.Profile`, typed: its trace
 (``Profile.trace``, one run's spans on a timeline), its memory summary
 (``Profile.memory``, the step's peak, its culprit and the timeline of live bytes) and its
 device ledger (``Profile.device``, where every device nanosecond of the steps went).
@@ -7,7 +7,7 @@ Every number carries its unit in its name. Each type turns itself into its part 
 ``layerscope/1`` document (``to_dict``) and back (``from_dict``), here and nowhere else;
 the document's keys, their order and their lists are the ones earlier versions wrote,
 so a saved file reads back and writes out byte for byte. ``from_dict`` trusts its input:
-:mod:`layerscope.schema` checks a document first.
+:mod:`layerscope.model.schema` checks a document first.
 
 A trace holds one span per op call: its spans and flows are kept as columns
 (:class:`Spans`, :class:`Flows`), built without an object per span, and read as
