@@ -308,7 +308,7 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
             case.step()
             prof.step()
     block = prof.profile
-    result["block_5_steps"] = {"steps": block.meta.steps, "problems": _problems(block)}
+    result["block_5_steps"] = {"steps": block.figures.steps, "problems": _problems(block)}
     _progress(case.name, "5-step block", started)
     with layerscope.Profiler(model) as one:
         case.step()

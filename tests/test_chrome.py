@@ -284,7 +284,7 @@ def test_training_step_span_covers_every_span() -> None:
     [step] = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
     # A one-step block takes its times from the step it traced: its length is the step's.
     assert step["name"] == "step 0" and step["ts"] == 0
-    assert _ns(step["dur"]) == prof.trace.step_ns == prof.meta["step_time_ns"]
+    assert _ns(step["dur"]) == prof.trace.step_ns == prof.figures.step_time_ns
     assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= step["dur"] for e in _spans(doc))
     assert crossing_spans(doc) == []
 

@@ -132,7 +132,7 @@ def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() ->
             step()
             prof.step()
     profile = layerscope.check_tree(prof.profile)
-    assert profile.meta["steps"] == steps and "counts_from" not in profile.meta
+    assert profile.figures.steps == steps and "counts_from" not in profile.meta
     ours = sum(stats.self_device_time_ns or 0 for node in profile.nodes() for _, stats in node.phases())
     # The model's own kernels are most of it (the loss, pow and mean, is a few small ones).
     in_model = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns

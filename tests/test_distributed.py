@@ -90,7 +90,7 @@ def test_allreduce_traffic_is_the_gradient_bytes_per_step(ddp_run: Path) -> None
         assert backward is not None
         # DDP all-reduces every gradient once per step; the detail step's collectives
         # stand for each of the cycle's timed steps.
-        assert backward.comm_bytes == GRAD_BYTES * profile.meta["steps"], (steps, rank)
+        assert backward.comm_bytes == GRAD_BYTES * profile.figures.steps, (steps, rank)
         collectives = [op for node in profile.root.walk() for op in node.ops if op.name == "c10d::allreduce_"]
         assert collectives and sum(op.bytes for op in collectives) == backward.comm_bytes
         assert backward.comm_time_ns and backward.comm_time_ns > 0
@@ -133,7 +133,7 @@ def test_trainer_callback_under_torchrun(tmp_path: Path) -> None:
         assert profile.meta["world_size"] == 2
         # One bucket holds every gradient: one all-reduce of all their bytes per step
         # (the Trainer's DDP also all-reduces its map of used parameters, a few bytes).
-        steps = profile.meta["steps"]
+        steps = profile.figures.steps
         payloads = [op.bytes for n in profile.root.walk() for op in n.ops if op.name == "c10d::allreduce_"]
         assert steps * profile.param_bytes in payloads, (payloads, profile.param_bytes)
 
@@ -182,7 +182,7 @@ def test_fsdp_collectives_sit_under_the_modules_that_ran_them(tmp_path: Path) ->
     for rank in range(2):
         profile = layerscope.load(tmp_path / f"fsdp_rank{rank}.json")
         check_tree(profile)
-        steps = profile.meta["steps"]
+        steps = profile.figures.steps
         assert profile.param_bytes == GRAD_BYTES  # the unsharded model's
         rows = [(node, op) for tree in [profile.root, *profile.parts] for node in tree.walk() for op in node.ops]
         gathered = sum(op.bytes for node, op in rows if op.name == "c10d::_allgather_base_" and op.phase == "forward")

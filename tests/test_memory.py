@@ -235,7 +235,7 @@ def test_every_step_is_its_own_sizes_come_from_the_peak_step_and_flows_add_up() 
     three = _adam_steps(_chain(), X, 3)
     # Every step records its own memory: flows (allocations) add up over the steps, and
     # sizes (peaks, activations) are the peak step's.
-    assert one.meta["steps"] == 1 and three.meta["steps"] == 3
+    assert one.figures.steps == 1 and three.figures.steps == 3
     assert "detail_step" not in three.meta and "times_from" not in three.meta
     assert three.memory.peak_bytes >= one.memory.peak_bytes
     for node in three.modules():
@@ -253,7 +253,7 @@ def test_step_zero_one_off_work_appears_once_in_step_zero() -> None:
     # AdamW creates its state (a zeros_like per moment and parameter) in step 0 only.
     cold = _adamw_loop(4)
     warm = _adamw_loop(4, layerscope.schedule(wait=0, warmup=1, active=3, repeat=1))
-    assert cold.meta["step_numbers"] == [0, 1, 2, 3] and warm.meta["step_numbers"] == [1, 2, 3]
+    assert cold.figures.step_numbers == [0, 1, 2, 3] and warm.figures.step_numbers == [1, 2, 3]
     params = len(list(_chain().parameters()))  # 6: three weights, three biases
     state_bytes = 2 * 820 * F32  # exp_avg and exp_avg_sq, once each
     cold_opt, warm_opt = cold["<optimizer:AdamW>"], warm["<optimizer:AdamW>"]

@@ -150,7 +150,7 @@ def test_a_recorded_ddp_run_names_its_planted_straggler_and_its_peer_waits() -> 
     merged = merge(list(cycle.values()))
     first = merged.stragglers()[0]
     assert (first.path, first.rank) == ("module.2", 1)
-    steps = cycle[0].meta["steps"]
+    steps = cycle[0].figures.steps
     planted = 40 * MS * steps
     waits = {
         rank: next((n.forward.cpu_time_ns for n in p.parts if n.path == "<communication>"), 0)

@@ -70,7 +70,7 @@ def test_a_profiler_block_counts_only_its_own_thread(record_ops: bool) -> None:
             prof.step()
     assert hammer.calls > steps * 3  # the other thread really ran meanwhile
     profile = check_tree(prof.profile)
-    timed = profile.meta["steps"]
+    timed = profile.figures.steps
     assert timed == steps  # every step is recorded, with or without its ops
     assert profile[""].calls == timed
     assert profile["0"].calls == profile["2"].calls == timed

@@ -639,9 +639,9 @@ def test_a_range_across_a_step_mark_stays_whole_in_the_step_it_began_in(tmp_path
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}), encoding="utf-8")
     profile = layerscope.load(path)
     assert tree_problems(profile) == []
-    assert profile.meta["step_numbers"] == [1, 2]
+    assert profile.figures.step_numbers == [1, 2]
     # Step 1 ends where the optimizer's range does (150 us); step 2 runs on to 200 us.
-    assert profile.meta["step_times_ns"] == [150_000, 50_000]
+    assert profile.figures.step_times_ns == [150_000, 50_000]
     # The module's call inside the optimizer's range (a closure) is the model's time; the
     # optimizer's part keeps the rest of its 100 us.
     optimizer = next(p for p in profile.parts if p.kind == "optimizer")

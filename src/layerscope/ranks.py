@@ -33,7 +33,7 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
-from layerscope.runfacts import RunFacts
+from layerscope.runfacts import RunFacts, RunFigures, meta_to_dict
 from layerscope.sidedocs import MemorySummary
 from layerscope.stats import median_floor, median_floor_without, observed_median_index
 from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
@@ -158,7 +158,7 @@ def _plain(value: Any) -> Any:
 def rank_record(profile: Profile, source: str) -> RankRecord:
     """What a merged document keeps of one rank's profile: a small record, which a process
     that loaded a rank's trace hands back instead of the whole profile."""
-    meta = _plain(profile.meta.to_dict())
+    meta = _plain(meta_to_dict(profile.meta, profile.figures))
     rank = meta.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise MergeError(
@@ -349,7 +349,10 @@ class MergedRun(formats.NotebookDisplay):
         meta = RunFacts.from_dict(record.meta)
         # What a merged run drops, said where the rank's tree is shown: never read as 0.
         meta.from_merged_run = {"rank": rank, "not_kept": _NOT_KEPT}
-        profile = Profile(root=root, meta=meta, param_bytes=param_bytes, parts=parts, memory=memory)
+        profile = Profile(
+            root=root, meta=meta, figures=RunFigures.from_dict(record.meta), param_bytes=param_bytes, parts=parts,
+            memory=memory,
+        )
         problems = tree_problems(profile)
         if problems:
             raise SchemaError(f"rank {rank} of this merged run is inconsistent: {summarize(problems)}")

@@ -1,17 +1,22 @@
-"""The run's facts (``Profile.meta``), typed: what ran, on what, how it was measured.
+"""The run's facts (``Profile.meta``), typed: what ran, on what, how it was measured;
+and the figures attribution computed of the run as a whole (``Profile.figures``).
 
 One field per fact, its unit in its name; a fact not known is None (never 0), and a
 document leaves it out. :meth:`RunFacts.to_dict` and :meth:`RunFacts.from_dict` are the
-one conversion to and from the ``meta`` object of a ``layerscope/1`` document; a key
-this version does not know (written by a newer one, or by hand) is kept in ``extra``
-and written back. Capture writes the facts by field (a misspelt one raises at once);
-renderers read fields. ``facts["steps"]`` and ``facts.get("steps")`` still read, as a
-read-only mapping (None for a fact not known; iterating gives the known ones). Pure: no
-torch.
+one conversion to and from the facts of the ``meta`` object of a ``layerscope/1``
+document; a key this version does not know (written by a newer one, or by hand) is kept
+in ``extra`` and written back. Capture writes the facts by field (a misspelt one raises
+at once); renderers read fields.
+
+:class:`RunFigures` (steps summed, each step's wall time, the passes' times, the step's
+time, ops outside the tree) are written by attribution, never by capture. A document
+keeps them in its ``meta`` object, where earlier versions wrote them (:func:`meta_to_dict`),
+so files are read and written as before. Pure: no torch.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -80,19 +85,6 @@ class RunFacts(Mapping[str, Any]):
     run_id: str | None = None
     #: The process group's backend (a trace file's ``distributedInfo``).
     backend: str | None = None
-    # -- the run's figures -----------------------------------------------------------
-    steps: int | None = None
-    step_numbers: list[int] | None = None
-    step_times_ns: list[int] | None = None
-    #: Each timing pass's time in the model (profile()'s repeats; a block's steps summed).
-    pass_cpu_time_ns: list[int] | None = None
-    #: profile()'s pass whose figures the profile shows, all of them (the median one;
-    #: counted from 0 over the measured passes); None where nodes hold per-node medians.
-    shown_pass: int | None = None
-    #: Ops run while no profiled module was active (not in the tree).
-    unattributed_ops: int | None = None
-    #: The step's wall time, which the model's phases and the parts add up to.
-    step_time_ns: int | None = None
     # -- where it came from ------------------------------------------------------------
     #: The model spec the CLI resolved (``zoo:resnet18``).
     spec: str | None = None
@@ -110,35 +102,47 @@ class RunFacts(Mapping[str, Any]):
     from_merged_run: dict[str, Any] | None = None
     #: Keys this version does not know, kept as read.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The figures of the profile these facts are the meta of (set by ``Profile``), for
+    #: the deprecated ``prof.meta["steps"]`` reads only; not a fact, not saved.
+    _figures: RunFigures | None = field(default=None, init=False, repr=False, compare=False)
 
     def copy(self) -> RunFacts:
-        """Another object with the same facts (a profile's own, to add its figures to)."""
+        """Another object with the same facts."""
         return replace(self, extra=dict(self.extra))
 
     # -- the document ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The ``meta`` object of a document: the known facts, then ``extra``."""
+        """The facts of a ``meta`` object: the known facts, then ``extra``."""
         return dict(self.items())
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> RunFacts:
-        """From a document's ``meta`` (checked by :mod:`layerscope.schema` first)."""
+        """From a document's ``meta`` (checked by :mod:`layerscope.schema` first); the
+        figures it holds are :class:`RunFigures`', not kept here."""
         known, extra = {}, {}
         for key, value in doc.items():
             if key in _FIELDS:
                 known[key] = value
-            else:
+            elif key not in FIGURE_NAMES:
                 extra[key] = value
         return cls(**known, extra=extra)
 
     # -- read as a mapping -------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
         """A fact by name: None for one this version knows but the run did not (as a
-        document once held it, null); KeyError for a name it does not know."""
+        document once held it, null); KeyError for a name it does not know. A figure's
+        name (``steps``) reads the profile's figures, deprecated: read
+        ``prof.figures.steps``."""
         if key in _FIELDS:
             return getattr(self, key)
         if key in self.extra:
             return self.extra[key]
+        if key in FIGURE_NAMES:
+            warnings.warn(
+                f"prof.meta[{key!r}] is a figure of the profile, not a fact of the run: read prof.figures.{key}",
+                DeprecationWarning, stacklevel=2,
+            )
+            return None if self._figures is None else getattr(self._figures, key)
         raise KeyError(key)
 
     def __contains__(self, key: object) -> bool:
@@ -157,7 +161,50 @@ class RunFacts(Mapping[str, Any]):
         return sum(1 for _ in self)
 
 
+@dataclass
+class RunFigures:
+    """What attribution measured of the run as a whole (``Profile.figures``): figures of
+    the passes or steps, not facts of what ran. None where the run has no such figure."""
+
+    #: The steps a ``Profiler`` block summed (None for ``profile()`` and ``count_flops``).
+    steps: int | None = None
+    #: Each recorded step's number and wall time (``profile()``: its timed passes, from 1).
+    step_numbers: list[int] | None = None
+    step_times_ns: list[int] | None = None
+    #: Each timing pass's time in the model (profile()'s repeats; a block's steps summed).
+    pass_cpu_time_ns: list[int] | None = None
+    #: profile()'s pass whose figures the profile shows, all of them (the median one;
+    #: counted from 0 over the measured passes); None where nodes hold per-node medians.
+    shown_pass: int | None = None
+    #: Ops run while no profiled module was active (not in the tree).
+    unattributed_ops: int | None = None
+    #: The step's wall time, which the model's phases and the parts add up to; None for
+    #: a forward-only or untimed profile.
+    step_time_ns: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures known, for the ``meta`` object (:func:`meta_to_dict`)."""
+        return {name: value for name in FIGURE_NAMES if (value := getattr(self, name)) is not None}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> RunFigures:
+        """From a document's ``meta`` object (checked by :mod:`layerscope.schema` first):
+        the figures among its facts."""
+        return cls(**{name: doc[name] for name in FIGURE_NAMES if name in doc})
+
+
+def meta_to_dict(facts: RunFacts, figures: RunFigures) -> dict[str, Any]:
+    """A profile's ``meta`` object: its facts, with its figures where earlier versions
+    wrote them among the facts (after ``backend``), so a document is unchanged."""
+    doc = facts.to_dict()
+    head = {key: value for key, value in doc.items() if key in _BEFORE_FIGURES}
+    return {**head, **figures.to_dict(), **{key: value for key, value in doc.items() if key not in _BEFORE_FIGURES}}
+
 
 #: The facts' names, in document order (``extra`` is not one).
-_ORDER: tuple[str, ...] = tuple(f.name for f in fields(RunFacts) if f.name != "extra")
+_ORDER: tuple[str, ...] = tuple(f.name for f in fields(RunFacts) if f.name != "extra" and not f.name.startswith("_"))
 _FIELDS = frozenset(_ORDER)
+#: The figures' names, in document order.
+FIGURE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(RunFigures))
+#: The facts a ``meta`` object holds before the figures.
+_BEFORE_FIGURES = frozenset(_ORDER[: _ORDER.index("backend") + 1])

@@ -41,6 +41,7 @@ from layerscope.raw import (
     GraphNode,
     RawCapture,
 )
+from layerscope.runfacts import RunFigures
 from layerscope.stats import median, median_floor
 from layerscope.tree import Profile
 
@@ -218,4 +219,4 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
         graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels,
     )
-    return assemble(raw, result, untimed, raw.meta, compiled=info)
+    return assemble(raw, result, untimed, RunFigures(), compiled=info)

@@ -469,7 +469,7 @@ def _footer(profile: Profile) -> list[str]:
     lines.extend(_peak_lines(profile))
     lines.extend(_memory_lines(profile))
     lines.extend(compile_lines(profile))
-    passes = sorted(profile.meta.pass_cpu_time_ns or [])
+    passes = sorted(profile.figures.pass_cpu_time_ns or [])
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
             f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
@@ -480,7 +480,7 @@ def _footer(profile: Profile) -> list[str]:
     if unsupported:
         listed = ", ".join(f"{name} x{calls}" for name, calls in unsupported.items())
         lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
-    outside = profile.meta.unattributed_ops or 0
+    outside = profile.figures.unattributed_ops or 0
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")
     return lines
@@ -504,7 +504,7 @@ def _step_lines(profile: Profile) -> list[str]:
         shares.append(("recompute", root.recompute.cpu_time_ns))
     shares.extend((fmt.node_name(part.name), part_total(part)) for part in profile.parts)
     parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
-    steps = profile.meta.steps
+    steps = profile.figures.steps
     if steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
@@ -518,7 +518,7 @@ def _step_lines(profile: Profile) -> list[str]:
 
 def _shown_pass(profile: Profile) -> str:
     """Which of ``profile()``'s passes the tree is, said after a figure of the passes."""
-    shown, passes = profile.meta.shown_pass, profile.meta.pass_cpu_time_ns or []
+    shown, passes = profile.figures.shown_pass, profile.figures.pass_cpu_time_ns or []
     if shown is None or len(passes) < 2:
         return ""
     return f" (the tree is the median pass, pass {shown + 1} of {len(passes)})"
