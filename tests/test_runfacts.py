@@ -3,6 +3,7 @@ from the document, every field checked by the schema, and the mapping reads user
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -10,7 +11,7 @@ import pytest
 
 from layerscope import zoo
 from layerscope.documents import profile_from_dict
-from layerscope.runfacts import RunFacts, RunFigures, meta_to_dict
+from layerscope.runfacts import DeviceEvents, FromMergedRun, RunFacts, RunFigures, TraceSource, meta_to_dict
 from layerscope.schema import META, check_value
 from layerscope.session import count_flops
 
@@ -55,9 +56,41 @@ def test_a_misspelt_fact_raises_where_it_is_written() -> None:
         RunFacts(model="Net", step_time=5)  # type: ignore[call-arg]
 
 
+#: A trace's nested facts as a document holds them.
+TRACE_META = {
+    "model": "BertModel", "device": "cuda", "mode": "trace",
+    "source": {"kind": "torch.profiler trace", "file": "t.json", "device_names": ["NVIDIA H100 80GB HBM3"],
+               "schema_version": 1, "record_shapes": True, "profile_memory": False, "with_stack": True},
+    "modules_from": {"method": "by class", "instances": 3, "matched": 2, "unmatched": ["Drop_0"],
+                     "renamed": {"Sdpa_0": "Attention"}, "uncalled": ["pooler"]},
+    "device_events": {"events": 5, "time_ns": 900, "outside_steps": 1, "outside_steps_time_ns": 100, "orphans": 0,
+                      "orphans_time_ns": 0},
+    "from_merged_run": {"rank": 1, "not_kept": "op rows"},
+}
+
+
+def test_nested_facts_are_typed_records_and_their_objects_are_unchanged() -> None:
+    facts = RunFacts.from_dict(TRACE_META)
+    assert facts.source == TraceSource(
+        kind="torch.profiler trace", file="t.json", device_names=("NVIDIA H100 80GB HBM3",), schema_version=1,
+        record_shapes=True, profile_memory=False, with_stack=True,
+    )
+    assert facts.modules_from is not None and facts.modules_from.unmatched == ("Drop_0",)
+    assert facts.modules_from.shapes is None and facts.modules_from.renamed == {"Sdpa_0": "Attention"}
+    assert facts.device_events == DeviceEvents(5, 900, 1, 100, 0, 0)
+    assert facts.from_merged_run == FromMergedRun(rank=1, not_kept="op rows")
+    assert facts.extra == {}
+    out = facts.to_dict()
+    assert json.dumps(out) == json.dumps(TRACE_META)  # the same keys in the same order
+    assert check_value(out, META) == []
+
+
 def test_a_wrong_type_in_a_file_is_named() -> None:
-    problems = check_value({"model": "Net", "source": {"kind": "torch.profiler trace", "file": 3}}, META)
-    assert problems == ["source.file: expected a string, got 3"]
+    doc = copy.deepcopy(TRACE_META)
+    doc["source"]["file"] = 3
+    assert check_value(doc, META) == ["source.file: expected a string, got 3"]
+    del doc["device_events"]["orphans"]
+    assert check_value(doc, META) == ["source.file: expected a string, got 3", "device_events: no 'orphans'"]
 
 
 def test_a_profile_carries_its_facts_typed_through_a_file() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from layerscope import formats
 from layerscope.errors import MergeError, SchemaError
-from layerscope.runfacts import RunFacts, RunFigures, meta_to_dict
+from layerscope.runfacts import FromMergedRun, RunFacts, RunFigures, meta_to_dict
 from layerscope.sidedocs import MemorySummary
 from layerscope.stats import median_floor, median_floor_without, observed_median_index
 from layerscope.tree import PHASES, ModuleNode, PhaseStats, Profile
@@ -348,7 +348,7 @@ class MergedRun(formats.NotebookDisplay):
         param_bytes = None if root.params is None else record.param_bytes
         meta = RunFacts.from_dict(record.meta)
         # What a merged run drops, said where the rank's tree is shown: never read as 0.
-        meta.from_merged_run = {"rank": rank, "not_kept": _NOT_KEPT}
+        meta.from_merged_run = FromMergedRun(rank=rank, not_kept=_NOT_KEPT)
         profile = Profile(
             root=root, meta=meta, figures=RunFigures.from_dict(record.meta), param_bytes=param_bytes, parts=parts,
             memory=memory,

@@ -17,7 +17,7 @@ so files are read and written as before. Pure: no torch.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -26,7 +26,8 @@ from typing import Any
 class RunFacts(Mapping[str, Any]):
     """What a profile's run was. Nested facts of a trace file (``source``,
     ``modules_from``, ``device_events``) and of a merged run (``from_merged_run``) are
-    plain objects, as their documents have them."""
+    small frozen records of their own, each with its conversion to and from the object
+    a document has always held."""
 
     # -- what ran, on what ---------------------------------------------------------
     #: The model's class name.
@@ -88,18 +89,16 @@ class RunFacts(Mapping[str, Any]):
     # -- where it came from ------------------------------------------------------------
     #: The model spec the CLI resolved (``zoo:resnet18``).
     spec: str | None = None
-    #: A trace file: ``{"kind", "file", "device_names", "schema_version",
-    #: "record_shapes", "profile_memory", "with_stack"}``.
-    source: dict[str, Any] | None = None
+    #: A trace file: which, on what, recorded with what.
+    source: TraceSource | None = None
     #: A trace file: how its modules were found.
-    modules_from: dict[str, Any] | None = None
+    modules_from: ModulesFrom | None = None
     #: Why FLOPs are unknown (a trace without shapes).
     flops_unknown: str | None = None
-    #: A trace file's device events: ``{"events", "time_ns", "outside_steps",
-    #: "outside_steps_time_ns", "orphans", "orphans_time_ns"}``.
-    device_events: dict[str, int] | None = None
-    #: A rank's profile read back from a merged run: ``{"rank", "not_kept"}``.
-    from_merged_run: dict[str, Any] | None = None
+    #: A trace file's device events, and those in no node.
+    device_events: DeviceEvents | None = None
+    #: A rank's profile read back from a merged run: which, and what the merge dropped.
+    from_merged_run: FromMergedRun | None = None
     #: Keys this version does not know, kept as read.
     extra: dict[str, Any] = field(default_factory=dict)
     #: The figures of the profile these facts are the meta of (set by ``Profile``), for
@@ -113,7 +112,13 @@ class RunFacts(Mapping[str, Any]):
     # -- the document ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The facts of a ``meta`` object: the known facts, then ``extra``."""
-        return dict(self.items())
+        out: dict[str, Any] = {}
+        for name in _ORDER:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.to_dict() if name in _RECORDS else value
+        out.update(self.extra)
+        return out
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> RunFacts:
@@ -121,7 +126,9 @@ class RunFacts(Mapping[str, Any]):
         figures it holds are :class:`RunFigures`', not kept here."""
         known, extra = {}, {}
         for key, value in doc.items():
-            if key in _FIELDS:
+            if key in _RECORDS:
+                known[key] = None if value is None else _RECORDS[key](value)
+            elif key in _FIELDS:
                 known[key] = value
             elif key not in FIGURE_NAMES:
                 extra[key] = value
@@ -129,12 +136,13 @@ class RunFacts(Mapping[str, Any]):
 
     # -- read as a mapping -------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
-        """A fact by name: None for one this version knows but the run did not (as a
-        document once held it, null); KeyError for a name it does not know. A figure's
-        name (``steps``) reads the profile's figures, deprecated: read
-        ``prof.figures.steps``."""
+        """A fact by name, as a document holds it (a nested record as its object): None
+        for one this version knows but the run did not (as a document once held it,
+        null); KeyError for a name it does not know. A figure's name (``steps``) reads
+        the profile's figures, deprecated: read ``prof.figures.steps``."""
         if key in _FIELDS:
-            return getattr(self, key)
+            value = getattr(self, key)
+            return value.to_dict() if key in _RECORDS and value is not None else value
         if key in self.extra:
             return self.extra[key]
         if key in FIGURE_NAMES:
@@ -159,6 +167,126 @@ class RunFacts(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+@dataclass(frozen=True)
+class TraceSource:
+    """Where a profile read from a torch.profiler trace came from (``meta.source``)."""
+
+    #: What kind of file (``torch.profiler trace``).
+    kind: str
+    #: The file's name.
+    file: str
+    #: The accelerators the trace's ``deviceProperties`` name, sorted.
+    device_names: tuple[str, ...]
+    #: The trace's ``schemaVersion`` (None: it has none).
+    schema_version: int | None
+    #: What the trace was recorded with (as its file says, else as its events show).
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "file": self.file, "device_names": list(self.device_names),
+            "schema_version": self.schema_version, "record_shapes": self.record_shapes,
+            "profile_memory": self.profile_memory, "with_stack": self.with_stack,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TraceSource:
+        return cls(
+            kind=doc["kind"], file=doc["file"], device_names=tuple(doc["device_names"]),
+            schema_version=doc.get("schema_version"), record_shapes=doc["record_shapes"],
+            profile_memory=doc["profile_memory"], with_stack=doc["with_stack"],
+        )
+
+
+@dataclass(frozen=True)
+class ModulesFrom:
+    """How a trace's module instances were found and matched to a model's modules
+    (``meta.modules_from``)."""
+
+    #: How they were matched, in words.
+    method: str
+    #: The trace's module instances, and how many of them were matched.
+    instances: int
+    matched: int
+    #: Instances matched to no module (their work stays with their caller), sorted.
+    unmatched: tuple[str, ...] = ()
+    #: Matched instances whose name in the trace is not their path in the model:
+    #: the trace's name -> the model's path (None: none renamed).
+    renamed: dict[str, str] | None = None
+    #: How the model's parameter shapes were checked against the ops' inputs (a model given).
+    shapes: str | None = None
+    #: Modules of the model with parameters that ran in no instance (None: none).
+    uncalled: tuple[str, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": self.method, "instances": self.instances, "matched": self.matched, "unmatched": list(self.unmatched),
+        }
+        if self.renamed is not None:
+            out["renamed"] = dict(self.renamed)
+        if self.shapes is not None:
+            out["shapes"] = self.shapes
+        if self.uncalled is not None:
+            out["uncalled"] = list(self.uncalled)
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ModulesFrom:
+        renamed, uncalled = doc.get("renamed"), doc.get("uncalled")
+        return cls(
+            method=doc["method"], instances=doc["instances"], matched=doc["matched"],
+            unmatched=tuple(doc.get("unmatched") or ()), renamed=None if renamed is None else dict(renamed),
+            shapes=doc.get("shapes"), uncalled=None if uncalled is None else tuple(uncalled),
+        )
+
+
+@dataclass(frozen=True)
+class DeviceEvents:
+    """A trace's device work (``meta.device_events``): every kernel, memcpy and memset,
+    those launched outside every step and those launched before the trace began (in no
+    node, either of them), each as a count and the time the device was busy with them."""
+
+    events: int
+    time_ns: int
+    outside_steps: int
+    outside_steps_time_ns: int
+    orphans: int
+    orphans_time_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "events": self.events, "time_ns": self.time_ns, "outside_steps": self.outside_steps,
+            "outside_steps_time_ns": self.outside_steps_time_ns, "orphans": self.orphans,
+            "orphans_time_ns": self.orphans_time_ns,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> DeviceEvents:
+        return cls(
+            events=doc["events"], time_ns=doc["time_ns"], outside_steps=doc["outside_steps"],
+            outside_steps_time_ns=doc["outside_steps_time_ns"], orphans=doc["orphans"],
+            orphans_time_ns=doc["orphans_time_ns"],
+        )
+
+
+@dataclass(frozen=True)
+class FromMergedRun:
+    """A rank's profile rebuilt from a merged run (``meta.from_merged_run``): the rank,
+    and what the merge did not keep (said where its tree is shown, never read as 0)."""
+
+    rank: int
+    not_kept: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "not_kept": self.not_kept}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> FromMergedRun:
+        return cls(rank=doc["rank"], not_kept=doc["not_kept"])
 
 
 @dataclass
@@ -204,6 +332,11 @@ def meta_to_dict(facts: RunFacts, figures: RunFigures) -> dict[str, Any]:
 #: The facts' names, in document order (``extra`` is not one).
 _ORDER: tuple[str, ...] = tuple(f.name for f in fields(RunFacts) if f.name != "extra" and not f.name.startswith("_"))
 _FIELDS = frozenset(_ORDER)
+#: The facts that are records of their own, and how each is read from its object.
+_RECORDS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "source": TraceSource.from_dict, "modules_from": ModulesFrom.from_dict, "device_events": DeviceEvents.from_dict,
+    "from_merged_run": FromMergedRun.from_dict,
+}
 #: The figures' names, in document order.
 FIGURE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(RunFigures))
 #: The facts a ``meta`` object holds before the figures.

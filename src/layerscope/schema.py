@@ -126,16 +126,28 @@ META = Obj(
         "backend": Opt(STR), "steps": Opt(INT), "step_numbers": Opt(ListOf(INT)), "step_times_ns": Opt(ListOf(INT)),
         "pass_cpu_time_ns": Opt(ListOf(INT)), "shown_pass": Opt(INT), "unattributed_ops": Opt(INT), "step_time_ns": Opt(INT),
         "spec": Opt(STR),
-        "source": Opt(Obj({
-            "kind": STR, "file": STR, "device_names": ListOf(STR), "record_shapes": BOOL, "profile_memory": BOOL,
-            "with_stack": BOOL,
-        })),
-        "modules_from": Opt(Obj({
-            "method": STR, "instances": INT, "matched": INT, "unmatched": ListOf(STR), "renamed": DictOf(STR),
-            "shapes": STR, "uncalled": ListOf(STR),
-        })),
-        "flops_unknown": Opt(STR), "device_events": Opt(DictOf(INT)),
-        "from_merged_run": Opt(Obj({"rank": INT, "not_kept": STR})),
+        "source": Opt(Obj(
+            {
+                "kind": STR, "file": STR, "device_names": ListOf(STR), "schema_version": Opt(INT), "record_shapes": BOOL,
+                "profile_memory": BOOL, "with_stack": BOOL,
+            },
+            frozenset({"kind", "file", "device_names", "record_shapes", "profile_memory", "with_stack"}),
+        )),
+        "modules_from": Opt(Obj(
+            {
+                "method": STR, "instances": INT, "matched": INT, "unmatched": ListOf(STR), "renamed": DictOf(STR),
+                "shapes": STR, "uncalled": ListOf(STR),
+            },
+            frozenset({"method", "instances", "matched"}),
+        )),
+        "flops_unknown": Opt(STR),
+        "device_events": Opt(Obj(
+            {name: INT for name in (
+                "events", "time_ns", "outside_steps", "outside_steps_time_ns", "orphans", "orphans_time_ns",
+            )},
+            frozenset({"events", "time_ns", "outside_steps", "outside_steps_time_ns", "orphans", "orphans_time_ns"}),
+        )),
+        "from_merged_run": Opt(Obj({"rank": INT, "not_kept": STR}, frozenset({"rank", "not_kept"}))),
         "compile": Opt(COMPILE),
     }
 )
