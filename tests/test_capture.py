@@ -284,9 +284,9 @@ def test_keyword_inputs_and_dict_outputs() -> None:
     assert prof.root.output_shapes == {"y": [2, 3], "pooled": [2]}
     # No positional args; the keywords, non-tensors as None.
     assert prof.root.input_shapes == [{"x": [2, 4], "scale": None}]
-    assert prof.meta["inputs"] == [[], {"x": [2, 4], "scale": None}]
-    assert prof.meta["input_dtypes"] == [[], {"x": "float32", "scale": None}]
-    assert prof.meta["autocast"] is None
+    assert prof.meta.inputs == [[], {"x": [2, 4], "scale": None}]
+    assert prof.meta.input_dtypes == [[], {"x": "float32", "scale": None}]
+    assert prof.meta.autocast is None
     assert "  ·  input x [2, 4] float32  ·  " in prof.render("text").splitlines()[0]
     # scale=2.0 reached forward: the multiply only runs when scale != 1.
     assert "aten::mul" in op_names(prof, "")
@@ -346,7 +346,7 @@ def test_profiler_reads_like_a_profile() -> None:
     assert "child" in str(prof)
     assert [n.path for n in prof.modules()] == ["", "child"]
     assert [n.path for n in prof.nodes()] == ["", "child", "<layerscope>", "<other>"]
-    assert prof.meta["mode"] == "context"
+    assert prof.meta.mode == "context"
     assert prof["child"].input_shapes == [[2, 4]]
     assert prof["child"].output_shapes == [2, 4]
 
@@ -471,7 +471,7 @@ def test_paths_limit_profiling_to_subtrees(alexnet: nn.Module) -> None:
     assert "aten::addmm" in op_names(prof, "classifier.1")
     # features.0's convolution, the root's flatten, ... ran outside the chosen subtrees.
     assert prof.figures.unattributed_ops > 0
-    assert prof.meta["paths"] == ["features.3", "classifier"]
+    assert prof.meta.paths == ["features.3", "classifier"]
     # Parameters are counted in full, profiled or not.
     assert prof.root.params_total == 61_100_840
 
@@ -507,7 +507,7 @@ def test_paths_unknown_raises_model_error(alexnet: nn.Module) -> None:
 def test_repeat_sets_number_of_passes() -> None:
     prof = check_tree(layerscope.profile(Nested(), X, warmup=0, repeat=3, record_ops=False))
     assert len(prof.figures.pass_cpu_time_ns) == 3
-    assert prof.meta["repeat"] == 3
+    assert prof.meta.repeat == 3
 
 
 def test_progress_reports_every_stage() -> None:
@@ -612,8 +612,8 @@ def test_the_header_names_nested_inputs_and_autocast() -> None:
     inputs = ((torch.ones(2, 3), torch.ones(3, 2)), torch.zeros(2, dtype=torch.int64))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         prof = check_tree(layerscope.count_flops(Pair(), inputs))
-    assert prof.meta["input_dtypes"] == [[["float32", "float32"], "int64"], {}]
-    assert prof.meta["autocast"] == "bfloat16"
+    assert prof.meta.input_dtypes == [[["float32", "float32"], "int64"], {}]
+    assert prof.meta.autocast == "bfloat16"
     assert prof.render("text").splitlines()[0] == (
         "Pair  ·  cpu  ·  float32  ·  autocast bfloat16  ·  inputs [[2, 3], [3, 2]] float32, [2] int64"
         "  ·  counted in one pass, not timed"

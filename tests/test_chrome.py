@@ -80,7 +80,7 @@ def test_every_op_lies_within_its_module_span(name: str) -> None:
         if not e["cat"].startswith("op,"):
             continue
         # Step parts too: the loss written inline in the block is a span of <loss>.
-        path = "" if e["args"]["module"] == prof.meta["model"] else e["args"]["module"]
+        path = "" if e["args"]["module"] == prof.meta.model else e["args"]["module"]
         start, end = _ns(e["ts"]), _ns(e["ts"] + e["dur"])
         phase = e["args"]["phase"]
         assert any(a <= start and end <= b for a, b in frames[(path, phase)]), (e["name"], path, phase)
@@ -91,7 +91,7 @@ def test_every_op_lies_within_its_module_span(name: str) -> None:
 def test_root_spans_add_up_to_the_root_times() -> None:
     prof = _training_step("gpt")
     spans = _spans(_chrome(prof))
-    model = prof.meta["model"]
+    model = prof.meta.model
     forward = [e for e in spans if e["name"] == model]
     backward = [e for e in spans if e["name"] == f"{model} (backward)"]
     assert len(forward) == 1

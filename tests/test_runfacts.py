@@ -1,11 +1,13 @@
 """The run's facts (``Profile.meta``): one typed field per fact, one conversion to and
-from the document, every field checked by the schema, and the mapping reads users know."""
+from the document, every field checked by the schema, the figures apart, and the deprecated
+mapping reads users were shown."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -14,6 +16,18 @@ from layerscope.documents import profile_from_dict
 from layerscope.runfacts import DeviceEvents, FromMergedRun, RunFacts, RunFigures, TraceSource, meta_to_dict
 from layerscope.schema import META, check_value
 from layerscope.session import count_flops
+
+#: A trace's nested facts as a document holds them.
+TRACE_META = {
+    "model": "BertModel", "device": "cuda", "mode": "trace",
+    "source": {"kind": "torch.profiler trace", "file": "t.json", "device_names": ["NVIDIA H100 80GB HBM3"],
+               "schema_version": 1, "record_shapes": True, "profile_memory": False, "with_stack": True},
+    "modules_from": {"method": "by class", "instances": 3, "matched": 2, "unmatched": ["Drop_0"],
+                     "renamed": {"Sdpa_0": "Attention"}, "uncalled": ["pooler"]},
+    "device_events": {"events": 5, "time_ns": 900, "outside_steps": 1, "outside_steps_time_ns": 100, "orphans": 0,
+                      "orphans_time_ns": 0},
+    "from_merged_run": {"rank": 1, "not_kept": "op rows"},
+}
 
 
 def test_the_schema_checks_every_fact_and_figure() -> None:
@@ -39,34 +53,36 @@ def test_a_document_reads_back_as_written_and_keeps_what_it_does_not_know() -> N
 def test_an_unknown_fact_is_left_out_never_zero() -> None:
     facts = RunFacts(model="Net", device="cpu", mode="count", timed=False)
     assert facts.to_dict() == {"model": "Net", "device": "cpu", "mode": "count", "timed": False}
-    assert facts.repeat is None and "repeat" not in facts and facts.get("repeat") is None and facts["repeat"] is None
-    with pytest.raises(KeyError):
+    assert facts.repeat is None and "repeat" not in facts.to_dict()
+
+
+def test_the_facts_are_no_mapping_and_its_reads_say_which_attribute_to_read() -> None:
+    facts = RunFacts.from_dict({**TRACE_META, "repeat": 5, "newer": 1})
+    assert not isinstance(facts, Mapping)
+    with pytest.raises(TypeError):
+        "repeat" in facts  # noqa: B015
+    with pytest.raises(TypeError):
+        dict(facts)  # type: ignore[call-overload]
+    # What users were shown (prof.meta["steps"]) still reads, as a document holds it.
+    with pytest.warns(DeprecationWarning, match=r"read prof\.meta\.repeat$"):
+        assert facts["repeat"] == 5
+    with pytest.warns(DeprecationWarning, match=r"read prof\.meta\.device$"):
+        assert facts.get("device") == "cuda"
+    with pytest.warns(DeprecationWarning, match=r"read prof\.meta\.modules_from$"):
+        assert facts["modules_from"]["renamed"] == {"Sdpa_0": "Attention"}
+    with pytest.warns(DeprecationWarning, match=r"read prof\.meta\.extra\['newer'\]$"):
+        assert facts["newer"] == 1
+    with pytest.warns(DeprecationWarning, match="read prof.meta.warmup"):
+        assert facts["warmup"] is None and facts.get("warmup", 3) is None
+    with pytest.warns(DeprecationWarning, match="neither a fact"):
+        assert facts.get("no_such_fact", 7) == 7
+    with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
         facts["no_such_fact"]
-
-
-def test_the_mapping_reads_what_the_fields_hold() -> None:
-    facts = RunFacts(model="Net", device="cuda:0", mode="profile", repeat=5, paths=["a", "b"])
-    assert facts["repeat"] == 5 and facts.get("device") == "cuda:0" and "repeat" in facts
-    assert dict(facts) == facts.to_dict() and len(facts) == 5
-    assert list(facts) == ["model", "device", "mode", "repeat", "paths"]
 
 
 def test_a_misspelt_fact_raises_where_it_is_written() -> None:
     with pytest.raises(TypeError, match="step_time"):
         RunFacts(model="Net", step_time=5)  # type: ignore[call-arg]
-
-
-#: A trace's nested facts as a document holds them.
-TRACE_META = {
-    "model": "BertModel", "device": "cuda", "mode": "trace",
-    "source": {"kind": "torch.profiler trace", "file": "t.json", "device_names": ["NVIDIA H100 80GB HBM3"],
-               "schema_version": 1, "record_shapes": True, "profile_memory": False, "with_stack": True},
-    "modules_from": {"method": "by class", "instances": 3, "matched": 2, "unmatched": ["Drop_0"],
-                     "renamed": {"Sdpa_0": "Attention"}, "uncalled": ["pooler"]},
-    "device_events": {"events": 5, "time_ns": 900, "outside_steps": 1, "outside_steps_time_ns": 100, "orphans": 0,
-                      "orphans_time_ns": 0},
-    "from_merged_run": {"rank": 1, "not_kept": "op rows"},
-}
 
 
 def test_nested_facts_are_typed_records_and_their_objects_are_unchanged() -> None:

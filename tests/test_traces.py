@@ -70,7 +70,7 @@ def _node_named(profile: Any, instance: str) -> Any:
 def test_every_real_trace_loads_and_its_tree_holds(shared_traces: Path, name: str) -> None:
     profile = _trace(shared_traces, name)
     assert tree_problems(profile) == []
-    assert profile.meta["mode"] == "trace"
+    assert profile.meta.mode == "trace"
     assert profile.meta.source.file == f"{name}.json.gz"
     device = profile.meta.device_events
     assert device.events > 0
@@ -178,7 +178,7 @@ def test_norm_layers_backward_device_time_by_module(shared_traces: Path) -> None
 
 def test_activation_checkpointing_recompute_on_the_ddp_trace(shared_traces: Path) -> None:
     profile = _trace(shared_traces, "mi300x_resnet_ddp_actckpt_train_rank0")
-    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 8
+    assert profile.meta.rank == 0 and profile.meta.world_size == 8
     wrappers = [n for n in profile.modules() if n.type == "CheckpointWrapper"]
     assert len(wrappers) == 4
     for wrapper in wrappers:
@@ -205,7 +205,7 @@ def _collective_kernels(events: list[dict[str, Any]]) -> list[tuple[int, int]]:
 def test_collectives_per_module_on_ranked_traces(shared_traces: Path, name: str) -> None:
     events = _events(shared_traces, name)
     profile = _trace(shared_traces, name)
-    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 8
+    assert profile.meta.rank == 0 and profile.meta.world_size == 8
     comm_ops = [
         (node.path, op) for top in (profile.root, *profile.parts) for node in top.walk() for op in node.ops
         if is_communication(op.name)

@@ -6,7 +6,8 @@ document leaves it out. :meth:`RunFacts.to_dict` and :meth:`RunFacts.from_dict` 
 one conversion to and from the facts of the ``meta`` object of a ``layerscope/1``
 document; a key this version does not know (written by a newer one, or by hand) is kept
 in ``extra`` and written back. Capture writes the facts by field (a misspelt one raises
-at once); renderers read fields.
+at once); renderers read fields. ``prof.meta["steps"]`` and ``prof.meta.get("steps")``
+still read, deprecated: the warning names the attribute.
 
 :class:`RunFigures` (steps summed, each step's wall time, the passes' times, the step's
 time, ops outside the tree) are written by attribution, never by capture. A document
@@ -17,13 +18,13 @@ so files are read and written as before. Pure: no torch.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
 @dataclass
-class RunFacts(Mapping[str, Any]):
+class RunFacts:
     """What a profile's run was. Nested facts of a trace file (``source``,
     ``modules_from``, ``device_events``) and of a merged run (``from_merged_run``) are
     small frozen records of their own, each with its conversion to and from the object
@@ -102,7 +103,7 @@ class RunFacts(Mapping[str, Any]):
     #: Keys this version does not know, kept as read.
     extra: dict[str, Any] = field(default_factory=dict)
     #: The figures of the profile these facts are the meta of (set by ``Profile``), for
-    #: the deprecated ``prof.meta["steps"]`` reads only; not a fact, not saved.
+    #: the deprecated ``prof.meta["steps"]`` only; not a fact, not saved.
     _figures: RunFigures | None = field(default=None, init=False, repr=False, compare=False)
 
     def copy(self) -> RunFacts:
@@ -134,39 +135,46 @@ class RunFacts(Mapping[str, Any]):
                 extra[key] = value
         return cls(**known, extra=extra)
 
-    # -- read as a mapping -------------------------------------------------------------
+    # -- the reads of a mapping it once was, deprecated ---------------------------------
     def __getitem__(self, key: str) -> Any:
-        """A fact by name, as a document holds it (a nested record as its object): None
-        for one this version knows but the run did not (as a document once held it,
-        null); KeyError for a name it does not know. A figure's name (``steps``) reads
-        the profile's figures, deprecated: read ``prof.figures.steps``."""
+        """``prof.meta["steps"]``, deprecated (it was a mapping): the fact or figure as
+        a document holds it (a nested record as its object; None for one not known);
+        KeyError for a name that is neither. The warning names the attribute to read."""
+        value = self._deprecated_read(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``prof.meta.get("steps")``, deprecated, as :meth:`__getitem__` with a default."""
+        return self._deprecated_read(key, default)
+
+    def _deprecated_read(self, key: str, default: Any) -> Any:
         if key in _FIELDS:
-            value = getattr(self, key)
-            return value.to_dict() if key in _RECORDS and value is not None else value
-        if key in self.extra:
-            return self.extra[key]
-        if key in FIGURE_NAMES:
+            value, instead = getattr(self, key), f"prof.meta.{key}"
+            if key in _RECORDS and value is not None:
+                value = value.to_dict()
+        elif key in FIGURE_NAMES:
+            figures = self._figures if self._figures is not None else RunFigures()
+            value, instead = getattr(figures, key), f"prof.figures.{key}"
+        elif key in self.extra:
+            value, instead = self.extra[key], f"prof.meta.extra[{key!r}]"
+        else:
             warnings.warn(
-                f"prof.meta[{key!r}] is a figure of the profile, not a fact of the run: read prof.figures.{key}",
-                DeprecationWarning, stacklevel=2,
+                f"reading prof.meta as a mapping is deprecated, and {key!r} is neither a fact of the run "
+                "(prof.meta) nor a figure of the profile (prof.figures)", DeprecationWarning, stacklevel=3,
             )
-            return None if self._figures is None else getattr(self._figures, key)
-        raise KeyError(key)
+            return default
+        warnings.warn(f"reading prof.meta as a mapping is deprecated: read {instead}", DeprecationWarning, stacklevel=3)
+        return value
 
-    def __contains__(self, key: object) -> bool:
-        """Whether the fact is known (iterating gives these)."""
-        if isinstance(key, str) and key in _FIELDS:
-            return getattr(self, key) is not None
-        return key in self.extra
+    #: Not a mapping: ``"steps" in prof.meta``, ``dict(prof.meta)`` and loops are errors
+    #: (a TypeError), never a search through ``__getitem__``.
+    __iter__ = None
 
-    def __iter__(self) -> Iterator[str]:
-        for name in _ORDER:
-            if getattr(self, name) is not None:
-                yield name
-        yield from self.extra
 
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+#: What no fact holds (a name neither a fact nor a figure).
+_MISSING = object()
 
 
 @dataclass(frozen=True)
