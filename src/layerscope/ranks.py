@@ -778,13 +778,23 @@ def imbalance_changes(base: MergedRun, new: MergedRun) -> list[ImbalanceChange]:
 
 
 def _rank_spec() -> Any:
-    from layerscope.schema import BOOL, INT, MEMORY, META, NUMBER, PHASE_STATS, STR, DictOf, ListOf, Obj, Opt
-
-    shape = Obj(
-        {"path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "kind": STR, "params": Opt(INT),
-         "params_total": Opt(INT), "extra_repr": STR},
-        frozenset({"path", "type", "parent", "depth", "kind", "params", "params_total", "extra_repr"}),
+    from layerscope.schema import (
+        BOOL,
+        INT,
+        MEMORY,
+        META,
+        NUMBER,
+        PHASE_STATS,
+        STR,
+        DictOf,
+        ListOf,
+        Obj,
+        Opt,
+        spec_of,
     )
+
+    shape = spec_of(NodeShape)  # every field, as its type says
+    # A rank's figures and record: their keys are not their fields (phases by name, meta as kept).
     figures = Obj(
         {"calls": INT, "profiled": BOOL, "forward": PHASE_STATS, "backward": Opt(PHASE_STATS),
          "recompute": Opt(PHASE_STATS)},

@@ -187,12 +187,12 @@ class TraceSource:
     file: str
     #: The accelerators the trace's ``deviceProperties`` name, sorted.
     device_names: tuple[str, ...]
-    #: The trace's ``schemaVersion`` (None: it has none).
-    schema_version: int | None
     #: What the trace was recorded with (as its file says, else as its events show).
     record_shapes: bool
     profile_memory: bool
     with_stack: bool
+    #: The trace's ``schemaVersion`` (None: it has none; written after ``device_names``).
+    schema_version: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
