@@ -206,7 +206,7 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
 
     def keep(variant: str, profiles: list[Any]) -> None:
         """Each module's time per step, from one or more profiles of one round."""
-        total_steps = sum(p.meta.steps for p in profiles)
+        total_steps = sum(p.figures.steps for p in profiles)
         for phase in ("forward", "backward"):
             sums: dict[str, int] = {}
             for profile in profiles:

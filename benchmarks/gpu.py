@@ -228,12 +228,14 @@ def attribution(case: Case, out: Path, keep_trace: bool) -> Result:
     finally:
         if not keep_trace:
             path.unlink()
-    device = traced.meta.device_events or {}
+    events = traced.meta.device_events
+    device = {} if events is None else events.to_dict()
     in_nodes = sum(
         stats.self_device_time_ns or 0 for node in traced.nodes() for _, stats in node.phases()
     )
-    kernels = device.get("time_ns", 0) - device.get("orphans_time_ns", 0) - device.get("outside_steps_time_ns", 0)
-    unmatched = (traced.meta.modules_from or {}).get("unmatched", [])
+    kernels = 0 if events is None else events.time_ns - events.orphans_time_ns - events.outside_steps_time_ns
+    how = traced.meta.modules_from
+    unmatched = [] if how is None else list(how.unmatched)
     ratio = in_nodes / kernels if kernels else None
     return {
         "kernels_union_ms": kernels / 1e6,
@@ -308,7 +310,7 @@ def check_model(name: str, build: Callable[..., Any], train: bool, dtype: torch.
             case.step()
             prof.step()
     block = prof.profile
-    result["block_5_steps"] = {"steps": block.meta.steps, "problems": _problems(block)}
+    result["block_5_steps"] = {"steps": block.figures.steps, "problems": _problems(block)}
     _progress(case.name, "5-step block", started)
     with layerscope.Profiler(model) as one:
         case.step()

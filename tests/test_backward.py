@@ -270,7 +270,7 @@ def test_profile_backward_parts_add_up_to_the_step() -> None:
     assert [p.path for p in prof.parts] == ["<loss>", "<layerscope>", "<other>"]
     total = sum(stats.self_cpu_time_ns for node in prof.nodes() for _, stats in node.phases())
     assert prof.step_time_ns == total > 0
-    assert len(prof.meta["step_times_ns"]) == 3
+    assert len(prof.figures.step_times_ns) == 3
     # The loss is the sum of the output (5 x 4 = 20 elements): 19 additions... counted
     # as one FLOP per input element by the reduction formula; its backward expands.
     loss = prof["<loss>"]
@@ -332,7 +332,7 @@ def test_training_step_parts_in_a_profiler_block() -> None:
     # mse_loss on 5 x 4 = 20 elements: 3 FLOPs each, forward and backward alike.
     assert prof["<loss>"].forward.flops == 60 and prof["<loss>"].backward.flops == 60
     assert prof.unsupported_ops() == {}
-    assert prof.step_time_ns == sum(prof.meta["step_times_ns"])
+    assert prof.step_time_ns == sum(prof.figures.step_times_ns)
 
 
 # -- labels ----------------------------------------------------------------------------------

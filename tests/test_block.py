@@ -113,4 +113,4 @@ def test_before_the_block_ends_the_delegates_say_why_and_other_names_are_absent(
         with pytest.raises(ProfilerStateError, match="still running"):
             prof.meta  # noqa: B018
         assert not hasattr(prof, "compiled")  # an AttributeError, not the state's error
-    assert prof.meta.steps == 1
+    assert prof.figures.steps == 1

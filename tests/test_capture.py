@@ -171,10 +171,10 @@ def test_zoo_models_give_sound_trees(name: str, zoo_profile: Any) -> None:
     assert prof.param_bytes == sum(p.numel() * p.element_size() for p in params)
     assert [n.path for n in prof.nodes()] == [path for path, _ in model.named_modules()]
     assert prof.root.calls == 1
-    assert len(prof.meta["pass_cpu_time_ns"]) == 2
+    assert len(prof.figures.pass_cpu_time_ns) == 2
     assert prof.root.forward.cpu_time_ns > 0
     assert op_calls(prof) > 0
-    assert prof.meta["unattributed_ops"] == 0  # the root module wraps every op
+    assert prof.figures.unattributed_ops == 0  # the root module wraps every op
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ def test_functional_ops_in_parent_belong_to_the_parent() -> None:
     with torch.no_grad(), counter:
         model(X)
     assert op_calls(prof) == counter.count
-    assert prof.meta["unattributed_ops"] == 0
+    assert prof.figures.unattributed_ops == 0
 
 
 def test_keyword_inputs_and_dict_outputs() -> None:
@@ -284,9 +284,9 @@ def test_keyword_inputs_and_dict_outputs() -> None:
     assert prof.root.output_shapes == {"y": [2, 3], "pooled": [2]}
     # No positional args; the keywords, non-tensors as None.
     assert prof.root.input_shapes == [{"x": [2, 4], "scale": None}]
-    assert prof.meta["inputs"] == [[], {"x": [2, 4], "scale": None}]
-    assert prof.meta["input_dtypes"] == [[], {"x": "float32", "scale": None}]
-    assert prof.meta["autocast"] is None
+    assert prof.meta.inputs == [[], {"x": [2, 4], "scale": None}]
+    assert prof.meta.input_dtypes == [[], {"x": "float32", "scale": None}]
+    assert prof.meta.autocast is None
     assert "  ·  input x [2, 4] float32  ·  " in prof.render("text").splitlines()[0]
     # scale=2.0 reached forward: the multiply only runs when scale != 1.
     assert "aten::mul" in op_names(prof, "")
@@ -346,7 +346,7 @@ def test_profiler_reads_like_a_profile() -> None:
     assert "child" in str(prof)
     assert [n.path for n in prof.modules()] == ["", "child"]
     assert [n.path for n in prof.nodes()] == ["", "child", "<layerscope>", "<other>"]
-    assert prof.meta["mode"] == "context"
+    assert prof.meta.mode == "context"
     assert prof["child"].input_shapes == [[2, 4]]
     assert prof["child"].output_shapes == [2, 4]
 
@@ -365,9 +365,9 @@ def test_fake_clock_profile_exact(fake_clock: Any) -> None:
     assert prof["child"].forward.cpu_time_ns == 3000
     assert prof.root.forward.self_cpu_time_ns == 4000
     assert prof.root.forward.cpu_time_ns == 7000
-    assert prof.meta["pass_cpu_time_ns"] == [7000, 7000]
+    assert prof.figures.pass_cpu_time_ns == [7000, 7000]
     # Two equal passes: the lower median is the first.
-    assert prof.meta["shown_pass"] == 0
+    assert prof.figures.shown_pass == 0
     [mul] = prof["child"].ops
     [add] = prof.root.ops
     assert (mul.name, mul.calls, mul.cpu_time_ns, mul.self_cpu_time_ns) == ("aten::mul", 1, 1000, 1000)
@@ -396,8 +396,8 @@ def test_fake_clock_warmup_is_not_measured(fake_clock: Any) -> None:
     # as in test_fake_clock_profile_exact).
     assert prof.root.forward.cpu_time_ns == 7000
     assert prof["child"].forward.cpu_time_ns == 3000
-    assert prof.meta["pass_cpu_time_ns"] == [7000, 7000, 7000]
-    assert prof.meta["shown_pass"] == 1
+    assert prof.figures.pass_cpu_time_ns == [7000, 7000, 7000]
+    assert prof.figures.shown_pass == 1
 
 
 def test_fake_clock_profiler_block_counts_ops_in_module_times(fake_clock: Any) -> None:
@@ -416,7 +416,7 @@ def test_fake_clock_profiler_block_counts_ops_in_module_times(fake_clock: Any) -
     assert prof[""].forward.cpu_time_ns == 7000
     assert [(op.name, op.cpu_time_ns) for op in prof["child"].ops] == [("aten::mul", 1000)]
     assert [(op.name, op.cpu_time_ns) for op in prof[""].ops] == [("aten::add", 1000)]
-    assert prof.meta["pass_cpu_time_ns"] == [7000]
+    assert prof.figures.pass_cpu_time_ns == [7000]
     assert [(p.path, p.forward.cpu_time_ns) for p in prof.parts] == [("<other>", 2000)]
     assert prof.step_time_ns == 9000
     assert fake_clock.now == 10 * STEP
@@ -470,8 +470,8 @@ def test_paths_limit_profiling_to_subtrees(alexnet: nn.Module) -> None:
     assert "aten::convolution" in op_names(prof, "features.3")
     assert "aten::addmm" in op_names(prof, "classifier.1")
     # features.0's convolution, the root's flatten, ... ran outside the chosen subtrees.
-    assert prof.meta["unattributed_ops"] > 0
-    assert prof.meta["paths"] == ["features.3", "classifier"]
+    assert prof.figures.unattributed_ops > 0
+    assert prof.meta.paths == ["features.3", "classifier"]
     # Parameters are counted in full, profiled or not.
     assert prof.root.params_total == 61_100_840
 
@@ -506,8 +506,8 @@ def test_paths_unknown_raises_model_error(alexnet: nn.Module) -> None:
 
 def test_repeat_sets_number_of_passes() -> None:
     prof = check_tree(layerscope.profile(Nested(), X, warmup=0, repeat=3, record_ops=False))
-    assert len(prof.meta["pass_cpu_time_ns"]) == 3
-    assert prof.meta["repeat"] == 3
+    assert len(prof.figures.pass_cpu_time_ns) == 3
+    assert prof.meta.repeat == 3
 
 
 def test_progress_reports_every_stage() -> None:
@@ -612,8 +612,8 @@ def test_the_header_names_nested_inputs_and_autocast() -> None:
     inputs = ((torch.ones(2, 3), torch.ones(3, 2)), torch.zeros(2, dtype=torch.int64))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         prof = check_tree(layerscope.count_flops(Pair(), inputs))
-    assert prof.meta["input_dtypes"] == [[["float32", "float32"], "int64"], {}]
-    assert prof.meta["autocast"] == "bfloat16"
+    assert prof.meta.input_dtypes == [[["float32", "float32"], "int64"], {}]
+    assert prof.meta.autocast == "bfloat16"
     assert prof.render("text").splitlines()[0] == (
         "Pair  ·  cpu  ·  float32  ·  autocast bfloat16  ·  inputs [[2, 3], [3, 2]] float32, [2] int64"
         "  ·  counted in one pass, not timed"

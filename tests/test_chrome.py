@@ -80,7 +80,7 @@ def test_every_op_lies_within_its_module_span(name: str) -> None:
         if not e["cat"].startswith("op,"):
             continue
         # Step parts too: the loss written inline in the block is a span of <loss>.
-        path = "" if e["args"]["module"] == prof.meta["model"] else e["args"]["module"]
+        path = "" if e["args"]["module"] == prof.meta.model else e["args"]["module"]
         start, end = _ns(e["ts"]), _ns(e["ts"] + e["dur"])
         phase = e["args"]["phase"]
         assert any(a <= start and end <= b for a, b in frames[(path, phase)]), (e["name"], path, phase)
@@ -91,7 +91,7 @@ def test_every_op_lies_within_its_module_span(name: str) -> None:
 def test_root_spans_add_up_to_the_root_times() -> None:
     prof = _training_step("gpt")
     spans = _spans(_chrome(prof))
-    model = prof.meta["model"]
+    model = prof.meta.model
     forward = [e for e in spans if e["name"] == model]
     backward = [e for e in spans if e["name"] == f"{model} (backward)"]
     assert len(forward) == 1
@@ -284,7 +284,7 @@ def test_training_step_span_covers_every_span() -> None:
     [step] = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
     # A one-step block takes its times from the step it traced: its length is the step's.
     assert step["name"] == "step 0" and step["ts"] == 0
-    assert _ns(step["dur"]) == prof.trace.step_ns == prof.meta["step_time_ns"]
+    assert _ns(step["dur"]) == prof.trace.step_ns == prof.figures.step_time_ns
     assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= step["dur"] for e in _spans(doc))
     assert crossing_spans(doc) == []
 

@@ -259,7 +259,7 @@ def test_output_file_format_from_extension(json_output: tuple[Run, Path]) -> Non
     assert loaded.root.type == "LeNet5"
     assert loaded.root.params_total == 61_706
     assert loaded["classifier.4"].params == 850
-    assert loaded.meta["spec"] == "zoo:lenet5"
+    assert loaded.meta.spec == "zoo:lenet5"
     # Written atomically: no temporary file is left next to it.
     assert sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
 

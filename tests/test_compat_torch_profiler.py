@@ -146,7 +146,7 @@ def test_seed_long_running_job(alexnet: nn.Module, inputs: torch.Tensor, tmp_pat
     # As in torch: a cycle ends after steps 3 and 7, when step_num is already 4 and 8.
     assert [step for step, _ in seen] == [4, 8]
     assert {path.name for path in tmp_path.iterdir()} == {"trace_4.json", "trace_8.json"}
-    assert p.meta["schedule"] == "cycles of (wait 1, warm up 1, record 2) forever"
+    assert p.meta.schedule == "cycles of (wait 1, warm up 1, record 2) forever"
     assert p.step_num == 8
 
 

@@ -218,7 +218,7 @@ def test_a_compiled_profile_saves_its_run_under_meta_compile_and_loads_it_back()
     assert ops is not None
     prof = build_compiled(raw, ops, run)
     doc = json.loads(json.dumps(prof.to_dict()))
-    assert "compile" not in prof.meta
+    assert "compile" not in prof.meta.to_dict()
     assert doc["meta"]["compile"] == {
         "backend": "inductor", "rule": RULE, "compile_time_ns": 5_000_000, "frames": 1, "graphs": 1,
         "graph_breaks": [{"where": "net.py:7", "reason": "print"}], "step_time_ns": 1000, "kernel_time_ns": 400,

@@ -22,7 +22,7 @@ def test_profile_on_cuda_has_device_times() -> None:
     prof = layerscope.profile(model, entry.example_inputs(2).cuda(), warmup=2, repeat=3)
     layerscope.check_tree(prof)
     root = prof.root
-    assert prof.meta["device"].startswith("cuda")
+    assert prof.meta.device.startswith("cuda")
     assert root.forward.device_time_ns is not None and root.forward.device_time_ns > 0
     # Convolutions run on the device: their modules show device time, and their ops do.
     conv = prof["conv1"]
@@ -132,7 +132,7 @@ def test_timed_steps_take_device_time_from_kernels_and_match_torch_profiler() ->
             step()
             prof.step()
     profile = layerscope.check_tree(prof.profile)
-    assert profile.meta["steps"] == steps and "counts_from" not in profile.meta
+    assert profile.figures.steps == steps and "counts_from" not in profile.meta.to_dict()
     ours = sum(stats.self_device_time_ns or 0 for node in profile.nodes() for _, stats in node.phases())
     # The model's own kernels are most of it (the loss, pow and mean, is a few small ones).
     in_model = profile.root.forward.device_time_ns + profile.root.backward.device_time_ns
@@ -215,10 +215,10 @@ def test_mfu_peak_is_the_datasheets_or_unknown_with_the_device_named() -> None:
     prof = layerscope.profile(model, torch.randn(8, 64, device="cuda"), warmup=1, repeat=2)
     name = torch.cuda.get_device_name().lower()
     peak = known_peak_flops_per_s(torch.device("cuda"), "float32")
-    assert prof.meta.get("peak_flops_per_s") == peak
+    assert prof.meta.peak_flops_per_s == peak
     with layerscope.Profiler(model) as block:  # a block knows the same peak
         model(torch.randn(8, 64, device="cuda"))
-    assert block.profile.meta.get("peak_flops_per_s") == peak
+    assert block.profile.meta.peak_flops_per_s == peak
     if peak is None:
         # A GPU the table does not list: no MFU column, never a made-up one.
         assert "MFU" not in prof.render("text"), name
@@ -274,7 +274,7 @@ def test_profile_under_a_users_torch_profiler_falls_back_to_the_dispatch_mode_wi
         with layerscope.Profiler(model) as prof:
             model(x)
     layerscope.check_tree(prof.profile)
-    assert prof.profile.meta["times_from"] == "dispatch mode"
+    assert prof.profile.meta.times_from == "dispatch mode"
     assert prof.root.forward.device_time_ns > 0
 
 

@@ -59,7 +59,7 @@ def _cycles(folder: Path) -> dict[tuple[str, int], layerscope.Profile]:
     found = {}
     for path in sorted(folder.glob("layerscope_steps*_rank*.json")):
         profile = layerscope.load(path)
-        found[(f"{profile.meta['step_range'][0]}-{profile.meta['step_range'][1]}", profile.meta["rank"])] = (
+        found[(f"{profile.meta.step_range[0]}-{profile.meta.step_range[1]}", profile.meta.rank)] = (
             profile
         )
     return found
@@ -72,14 +72,14 @@ def test_one_valid_distinct_file_per_rank_and_cycle(ddp_run: Path) -> None:
         "layerscope_steps7-9_rank0.json", "layerscope_steps7-9_rank1.json",
     ]
     cycles = _cycles(ddp_run)
-    run_ids = {p.meta["run_id"] for p in cycles.values()}
+    run_ids = {p.meta.run_id for p in cycles.values()}
     assert len(run_ids) == 1 and len(run_ids.pop()) >= 8  # one run id, shared by every file
     for (_, rank), profile in cycles.items():
         check_tree(profile)
-        assert profile.meta["world_size"] == 2
-        assert profile.meta["local_rank"] == rank
-        assert profile.meta["host"] == socket.gethostname()
-        assert profile.meta["complete"] is True
+        assert profile.meta.world_size == 2
+        assert profile.meta.local_rank == rank
+        assert profile.meta.host == socket.gethostname()
+        assert profile.meta.complete is True
     texts = {(ddp_run / n).read_text() for n in names}
     assert len(texts) == 4
 
@@ -90,7 +90,7 @@ def test_allreduce_traffic_is_the_gradient_bytes_per_step(ddp_run: Path) -> None
         assert backward is not None
         # DDP all-reduces every gradient once per step; the detail step's collectives
         # stand for each of the cycle's timed steps.
-        assert backward.comm_bytes == GRAD_BYTES * profile.meta["steps"], (steps, rank)
+        assert backward.comm_bytes == GRAD_BYTES * profile.figures.steps, (steps, rank)
         collectives = [op for node in profile.root.walk() for op in node.ops if op.name == "c10d::allreduce_"]
         assert collectives and sum(op.bytes for op in collectives) == backward.comm_bytes
         assert backward.comm_time_ns and backward.comm_time_ns > 0
@@ -126,14 +126,14 @@ def test_trainer_callback_under_torchrun(tmp_path: Path) -> None:
     files = sorted((tmp_path / "layerscope").glob("*.json"))
     assert [p.name for p in files] == ["layerscope_steps2-4_rank0.json", "layerscope_steps2-4_rank1.json"]
     profiles = [layerscope.load(p) for p in files]
-    assert [p.meta["rank"] for p in profiles] == [0, 1]
-    assert profiles[0].meta["run_id"] == profiles[1].meta["run_id"]
+    assert [p.meta.rank for p in profiles] == [0, 1]
+    assert profiles[0].meta.run_id == profiles[1].meta.run_id
     for profile in profiles:
         check_tree(profile)
-        assert profile.meta["world_size"] == 2
+        assert profile.meta.world_size == 2
         # One bucket holds every gradient: one all-reduce of all their bytes per step
         # (the Trainer's DDP also all-reduces its map of used parameters, a few bytes).
-        steps = profile.meta["steps"]
+        steps = profile.figures.steps
         payloads = [op.bytes for n in profile.root.walk() for op in n.ops if op.name == "c10d::allreduce_"]
         assert steps * profile.param_bytes in payloads, (payloads, profile.param_bytes)
 
@@ -171,7 +171,7 @@ def test_a_rank_dies(tmp_path: Path) -> None:
 def test_profiling_rank_0_alone_does_not_wait_for_the_others(tmp_path: Path) -> None:
     torchrun(str(WORKER), "rank0", str(tmp_path), timeout=120)
     profile = layerscope.load(tmp_path / "rank0.json")
-    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 2 and profile.meta["run_id"]
+    assert profile.meta.rank == 0 and profile.meta.world_size == 2 and profile.meta.run_id
 
 
 def test_fsdp_collectives_sit_under_the_modules_that_ran_them(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_fsdp_collectives_sit_under_the_modules_that_ran_them(tmp_path: Path) ->
     for rank in range(2):
         profile = layerscope.load(tmp_path / f"fsdp_rank{rank}.json")
         check_tree(profile)
-        steps = profile.meta["steps"]
+        steps = profile.figures.steps
         assert profile.param_bytes == GRAD_BYTES  # the unsharded model's
         rows = [(node, op) for tree in [profile.root, *profile.parts] for node in tree.walk() for op in node.ops]
         gathered = sum(op.bytes for node, op in rows if op.name == "c10d::_allgather_base_" and op.phase == "forward")

@@ -41,7 +41,7 @@ def test_count_flops_matches_profile_and_is_untimed() -> None:
     model = entry.build().eval()
     counted = layerscope.check_tree(layerscope.count_flops(model, entry.example_inputs(2)))
     timed = layerscope.profile(model, entry.example_inputs(2), warmup=0, repeat=1)
-    assert counted.meta["timed"] is False
+    assert counted.meta.timed is False
     for node in counted.nodes():
         other = timed[node.path]
         assert (node.forward.flops, node.forward.macs, node.calls) == (other.forward.flops, other.forward.macs, other.calls)
@@ -58,7 +58,7 @@ def test_count_flops_on_meta_device_allocates_nothing() -> None:
     prof = layerscope.count_flops(model, entry.example_inputs(1).to("meta"))
     real = layerscope.count_flops(entry.build().eval(), entry.example_inputs(1))
     assert prof.root.forward.macs == real.root.forward.macs > 0
-    assert prof.meta["device"] == "meta"
+    assert prof.meta.device == "meta"
     assert all(p.is_meta for p in model.parameters())
 
 
@@ -98,7 +98,7 @@ def test_mfu_column_hand_computed(fake_clock) -> None:
     prof = layerscope.profile(
         entry.build().eval(), entry.example_inputs(1), warmup=1, repeat=3, clock=fake_clock, peak_tflops=0.1
     )
-    assert prof.meta["peak_flops_per_s"] == 100_000_000_000
+    assert prof.meta.peak_flops_per_s == 100_000_000_000
     root_line = prof.render("text").splitlines()[4]
     # 852,370 FLOPs in 67 fake µs (27 ticks of module calls, 40 of their 20 ops' starts
     # and ends) = 12.72 GFLOP/s; of a 0.1 TFLOP/s peak: 12.7%
@@ -130,11 +130,11 @@ def test_a_profiler_block_takes_the_peak_for_mfu() -> None:
     model, x = entry.build().eval(), entry.example_inputs(1)
     with layerscope.Profiler(model, peak_tflops=0.1) as prof:
         model(x)
-    assert prof.profile.meta["peak_flops_per_s"] == 100_000_000_000
+    assert prof.profile.meta.peak_flops_per_s == 100_000_000_000
     assert "MFU" in prof.profile.render("text")
     with layerscope.Profiler(model) as plain:
         model(x)
-    assert plain.profile.meta["peak_flops_per_s"] is None
+    assert plain.profile.meta.peak_flops_per_s is None
     assert "MFU" not in plain.profile.render("text")
     with pytest.raises(ValueError, match=r"peak_tflops must be a positive number of TFLOP/s .*got -1"):
         layerscope.Profiler(model, peak_tflops=-1)

@@ -138,7 +138,7 @@ def test_per_module_device_time_matches_the_shared_h100_trace(name: str, shared_
     prof = replay.replay(data)
     other = layerscope.load(shared_traces / f"h100_{name}.json.gz", model=_meta_model(name))
     mine, theirs = replay.node_figures(prof), replay.node_figures(other)
-    steps, their_steps = prof.meta.steps, other.meta.steps
+    steps, their_steps = prof.figures.steps, other.figures.steps
     root = ((mine[""][1] or 0) + (mine[""][3] or 0)) / steps
     compared = 0
     for path, figures in mine.items():

@@ -375,7 +375,7 @@ def test_the_header_shows_the_steps_spread_and_names_the_far_ones(open_report: A
     profile = layerscope.check_tree(prof.profile)
     # Steps 0 to 5, one of them (4) far from the median: 5 x the others' 1 ms. p90 lies halfway
     # between the fifth and sixth of the sorted six (position 4.5): 1 + (5 - 1) / 2 = 3 ms.
-    profile.meta.step_times_ns, profile.meta.step_numbers = [1_000_000] * 4 + [5_000_000, 1_000_000], list(range(6))
+    profile.figures.step_times_ns, profile.figures.step_numbers = [1_000_000] * 4 + [5_000_000, 1_000_000], list(range(6))
     header = open_report(profile).page.inner_text("header .facts")
     assert "median 1.000ms, p90 3.000ms, min 1.000ms, max 5.000ms over 6 steps" in header
     assert "step 4 5.000ms (x5.0)" in header

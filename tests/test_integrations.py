@@ -140,10 +140,10 @@ def test_lightning_profiles_the_scheduled_steps(pl: Any, tmp_path: Path) -> None
     assert files == [tmp_path / "prof" / "layerscope_steps2-4_rank0.json"]
     assert callback.paths == [str(files[0])]
     prof = check_tree(layerscope.load(files[0]))
-    assert prof.meta["steps"] == 3
-    assert prof.meta["step_range"] == [2, 4]
-    assert prof.meta["complete"] is True
-    assert len(prof.meta["step_times_ns"]) == 3
+    assert prof.figures.steps == 3
+    assert prof.meta.step_range == [2, 4]
+    assert prof.meta.complete is True
+    assert len(prof.figures.step_times_ns) == 3
     # Each recorded step ran the net once.
     assert prof["net"].calls == 3
     for path in ("net.0", "net.2"):
@@ -184,10 +184,10 @@ def test_lightning_default_folder_and_ranks_share_it(pl: Any, tmp_path: Path, mo
     ]
     for path, rank in ((first.paths[0], 0), (second.paths[0], 1)):
         prof = check_tree(layerscope.load(path))
-        assert prof.meta["rank"] == rank
+        assert prof.meta.rank == rank
         # Steps 1 and 2, each timed and detailed.
-        assert prof.meta["step_numbers"] == [1, 2]
-        assert prof.meta["steps"] == 2
+        assert prof.figures.step_numbers == [1, 2]
+        assert prof.figures.steps == 2
 
 
 def test_lightning_run_that_raises_is_closed_and_written_incomplete(pl: Any, tmp_path: Path) -> None:
@@ -204,8 +204,8 @@ def test_lightning_run_that_raises_is_closed_and_written_incomplete(pl: Any, tmp
     assert callback.paths == [str(files[0])]
     assert json.loads(files[0].read_text())["meta"]["complete"] is False
     prof = check_tree(layerscope.load(files[0]))
-    assert prof.meta["complete"] is False
-    assert prof.meta["step_range"] == [2, 4]
+    assert prof.meta.complete is False
+    assert prof.meta.step_range == [2, 4]
     # Step 4 ran the net's forward before raising: it is kept with steps 2 and 3.
     assert prof["net"].calls == 3
 
@@ -219,7 +219,7 @@ def test_lightning_run_ending_mid_cycle_writes_the_partial_cycle(pl: Any, tmp_pa
     assert_no_hooks_left(model)
     assert [Path(p).name for p in callback.paths] == ["layerscope_steps2-3_rank0_incomplete.json"]
     prof = check_tree(layerscope.load(callback.paths[0]))
-    assert prof.meta["steps"] == 2
+    assert prof.figures.steps == 2
 
 
 # -- Hugging Face Trainer -----------------------------------------------------------------
@@ -297,9 +297,9 @@ def test_hf_trainer_profiles_the_scheduled_optimizer_steps(hf: Any, tmp_path: Pa
     assert files == [tmp_path / "layerscope" / "layerscope_steps2-3_rank0.json"]
     assert callback.paths == [str(files[0])]
     prof = check_tree(layerscope.load(files[0]))
-    assert prof.meta["steps"] == 2
-    assert prof.meta["step_range"] == [2, 3]
-    assert prof.meta["complete"] is True
+    assert prof.figures.steps == 2
+    assert prof.meta.step_range == [2, 3]
+    assert prof.meta.complete is True
     assert prof.has_backward
     assert prof["classifier"].backward.macs > 0
     assert prof["bert.encoder.layer.0.attention.self.query"].backward.macs > 0
@@ -328,5 +328,5 @@ def test_hf_trainer_run_that_raises_is_closed_by_the_with_block(hf: Any, tmp_pat
     files = json_files(tmp_path)
     assert [f.name for f in files] == ["layerscope_steps2-3_rank0_incomplete.json"]
     prof = check_tree(layerscope.load(files[0]))
-    assert prof.meta["complete"] is False
-    assert prof.meta["steps"] == 2
+    assert prof.meta.complete is False
+    assert prof.figures.steps == 2

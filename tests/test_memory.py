@@ -112,7 +112,7 @@ def test_linear_relu_chain_allocations_and_peaks_by_hand() -> None:
 
 def test_no_grad_keeps_no_activations() -> None:
     prof = check_tree(layerscope.profile(_chain(), X, warmup=0, repeat=1))  # no_grad by default
-    assert prof.meta["no_grad"] is True
+    assert prof.meta.no_grad is True
     assert all(node.forward.activation_bytes == 0 for node in prof.modules())
     # The same allocations are made; only nothing is kept for backward.
     assert prof.root.forward.alloc_bytes == 1664
@@ -235,8 +235,8 @@ def test_every_step_is_its_own_sizes_come_from_the_peak_step_and_flows_add_up() 
     three = _adam_steps(_chain(), X, 3)
     # Every step records its own memory: flows (allocations) add up over the steps, and
     # sizes (peaks, activations) are the peak step's.
-    assert one.meta["steps"] == 1 and three.meta["steps"] == 3
-    assert "detail_step" not in three.meta and "times_from" not in three.meta
+    assert one.figures.steps == 1 and three.figures.steps == 3
+    assert three.meta.detail_step is None and three.meta.times_from is None
     assert three.memory.peak_bytes >= one.memory.peak_bytes
     for node in three.modules():
         single = one[node.path]
@@ -253,7 +253,7 @@ def test_step_zero_one_off_work_appears_once_in_step_zero() -> None:
     # AdamW creates its state (a zeros_like per moment and parameter) in step 0 only.
     cold = _adamw_loop(4)
     warm = _adamw_loop(4, layerscope.schedule(wait=0, warmup=1, active=3, repeat=1))
-    assert cold.meta["step_numbers"] == [0, 1, 2, 3] and warm.meta["step_numbers"] == [1, 2, 3]
+    assert cold.figures.step_numbers == [0, 1, 2, 3] and warm.figures.step_numbers == [1, 2, 3]
     params = len(list(_chain().parameters()))  # 6: three weights, three biases
     state_bytes = 2 * 820 * F32  # exp_avg and exp_avg_sq, once each
     cold_opt, warm_opt = cold["<optimizer:AdamW>"], warm["<optimizer:AdamW>"]
@@ -637,7 +637,7 @@ def _adam_training(inside_torch_profiler: bool) -> Profile:
 
 def test_memory_from_torchs_events_equals_the_dispatch_modes() -> None:
     events, dispatch = _adam_training(False), _adam_training(True)
-    assert "times_from" not in events.meta and dispatch.meta["times_from"] == "dispatch mode"
+    assert events.meta.times_from is None and dispatch.meta.times_from == "dispatch mode"
     fields = ("alloc_bytes", "freed_bytes", "peak_bytes", "activation_bytes", "grad_bytes", "flops", "macs")
     for node in events.modules():
         for phase in ("forward", "backward"):
@@ -674,7 +674,7 @@ def test_a_tensor_the_loss_saves_is_an_activation_from_torchs_events_too() -> No
         return check_tree(prof.profile)
 
     events, dispatch = run(False), run(True)
-    assert "times_from" not in events.meta and dispatch.meta["times_from"] == "dispatch mode"
+    assert events.meta.times_from is None and dispatch.meta.times_from == "dispatch mode"
     for prof in (events, dispatch):
         assert prof["1"].forward.activation_bytes == 65_536
         assert prof["2"].forward.activation_bytes == 32_768

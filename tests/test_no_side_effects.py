@@ -333,7 +333,7 @@ def test_profile_leaves_no_trace(mode: str, no_grad: bool) -> None:
     with unchanged(model):
         prof = layerscope.profile(model, {"x": X4, "scale": 2.0}, warmup=1, repeat=2, no_grad=no_grad)
     check_tree(prof)
-    assert prof.meta["training"] == (mode != "eval")
+    assert prof.meta.training == (mode != "eval")
 
 
 def test_profile_leaves_no_trace_with_grad_disabled_by_caller() -> None:

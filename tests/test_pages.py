@@ -191,7 +191,7 @@ def test_the_bench_page_data_is_the_results() -> None:
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("pages")
     for profile in hostile_ranks():
-        profile.save(str(folder / f"rank{profile.meta['rank']}.json"))
+        profile.save(str(folder / f"rank{profile.meta.rank}.json"))
     bench_result().save(folder / "bench.json")
     return folder
 

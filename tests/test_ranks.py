@@ -145,12 +145,12 @@ RECORDED_STRAGGLER = Path(__file__).parent / "data" / "ddp_straggler"
 
 
 def test_a_recorded_ddp_run_names_its_planted_straggler_and_its_peer_waits() -> None:
-    cycle = {p.meta["rank"]: p for p in map(layerscope.load, sorted(RECORDED_STRAGGLER.glob("*_rank*.json")))}
-    assert sorted(cycle) == [0, 1] and all(p.meta["step_range"] == [7, 9] for p in cycle.values())
+    cycle = {p.meta.rank: p for p in map(layerscope.load, sorted(RECORDED_STRAGGLER.glob("*_rank*.json")))}
+    assert sorted(cycle) == [0, 1] and all(p.meta.step_range == [7, 9] for p in cycle.values())
     merged = merge(list(cycle.values()))
     first = merged.stragglers()[0]
     assert (first.path, first.rank) == ("module.2", 1)
-    steps = cycle[0].meta["steps"]
+    steps = cycle[0].figures.steps
     planted = 40 * MS * steps
     waits = {
         rank: next((n.forward.cpu_time_ns for n in p.parts if n.path == "<communication>"), 0)
@@ -178,14 +178,14 @@ def test_the_median_rank_and_its_tree() -> None:
     check_tree(tree)
     assert tree["head"].forward.self_cpu_time_ns == 5_500_000
     assert [p.path for p in tree.parts] == ["<loss>", "<communication>"]
-    assert tree.meta["rank"] == 1
+    assert tree.meta.rank == 1
 
 
 def test_rank_trees_rebuild_exactly_but_for_op_figures() -> None:
     profiles = four_ranks()
     run = merge(profiles)
     for profile in profiles:
-        rebuilt = run.rank_profile(profile.meta["rank"])
+        rebuilt = run.rank_profile(profile.meta.rank)
         assert rebuilt.to_dict()["modules"] == profile.to_dict()["modules"]
         assert rebuilt.to_dict()["parts"] == profile.to_dict()["parts"]
     with pytest.raises(KeyError, match="rank 7 is not in this merged run; it has ranks 0, 1, 2, 3"):
@@ -360,7 +360,7 @@ def test_many_ranks_show_the_most_imbalanced_nodes() -> None:
 def rank_files(tmp_path: Path) -> list[Path]:
     paths = []
     for profile in four_ranks():
-        path = tmp_path / f"layerscope_steps0-4_rank{profile.meta['rank']}.json"
+        path = tmp_path / f"layerscope_steps0-4_rank{profile.meta.rank}.json"
         profile.save(str(path))
         paths.append(path)
     return paths
@@ -440,7 +440,7 @@ def test_cli_chrome_has_one_process_per_rank(tmp_path: Path, capsys: pytest.Capt
         profile.trace = Trace(Spans.from_rows(spans), step_ns=profile.root.forward.cpu_time_ns)
     paths = []
     for profile in reversed(profiles):  # any order of files
-        path = tmp_path / f"r{profile.meta['rank']}.json"
+        path = tmp_path / f"r{profile.meta.rank}.json"
         profile.save(str(path))
         paths.append(path)
     out = tmp_path / "run.trace.json"

@@ -71,17 +71,17 @@ def test_schedule_delivers_each_cycle_at_its_last_active_step() -> None:
 
     assert [at for at, _ in delivered] == [3, 7]
     profiles = [profile for _, profile in delivered]
-    assert [p.meta["step_range"] for p in profiles] == [[2, 3], [6, 7]]
+    assert [p.meta.step_range for p in profiles] == [[2, 3], [6, 7]]
     assert prof.profile is profiles[-1]
     for profile in profiles:
         check_tree(profile)
         meta = profile.meta
-        assert meta["steps"] == 2
-        assert meta["complete"] is True
-        assert meta["rank"] == 0
-        assert meta["schedule"] == str(sched)
-        assert len(meta["step_times_ns"]) == 2
-        assert profile.step_time_ns == sum(meta["step_times_ns"])
+        assert profile.figures.steps == 2
+        assert meta.complete is True
+        assert meta.rank == 0
+        assert meta.schedule == str(sched)
+        assert len(profile.figures.step_times_ns) == 2
+        assert profile.step_time_ns == sum(profile.figures.step_times_ns)
         assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2}
         assert "<optimizer:Adam>" in {part.path for part in profile.parts}
         assert profile["<optimizer:Adam>"].calls == 2
@@ -114,18 +114,18 @@ def test_every_step_is_summed_into_one_profile_without_a_schedule() -> None:
     # Every step is timed and detailed (ops, shapes, FLOPs, memory) by one run of
     # torch's profiler: no step stands for another.
     timed = steps
-    assert "detail_step" not in meta and "counts_from" not in meta and "times_from" not in meta
-    assert meta["step_numbers"] == list(range(steps))
-    assert meta["steps"] == timed
-    assert len(meta["step_times_ns"]) == timed
-    assert all(t > 0 for t in meta["step_times_ns"])
-    assert meta["step_range"] == [0, steps - 1]
-    assert meta["complete"] is True
+    assert meta.detail_step is None and "counts_from" not in meta.to_dict() and meta.times_from is None
+    assert profile.figures.step_numbers == list(range(steps))
+    assert profile.figures.steps == timed
+    assert len(profile.figures.step_times_ns) == timed
+    assert all(t > 0 for t in profile.figures.step_times_ns)
+    assert meta.step_range == [0, steps - 1]
+    assert meta.complete is True
     assert meta.schedule is None
     # The step's parts and the model's phases add up to the steps' wall time exactly
     # (check_tree checks the first equality).
     total_self = sum(stats.self_cpu_time_ns for node in profile.nodes() for _, stats in node.phases())
-    assert profile.step_time_ns == total_self == sum(meta["step_times_ns"])
+    assert profile.step_time_ns == total_self == sum(profile.figures.step_times_ns)
 
     assert module_calls(profile) == {"": timed, "0": timed, "1": timed, "2": timed}
     parts = {part.path: part for part in profile.parts}
@@ -170,7 +170,7 @@ def test_every_iteration_has_its_loss_without_step_calls() -> None:
         return {(op.name, op.phase): op.calls for op in part.ops}
 
     one, three = run(1), run(3)
-    assert three.meta["steps"] == 1
+    assert three.figures.steps == 1
     assert module_calls(three) == {"": 3, "0": 3, "1": 3, "2": 3}
     once = op_calls(one["<loss>"])
     assert {("aten::pow", "forward"), ("aten::mean", "forward")} <= set(once)
@@ -240,12 +240,12 @@ def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
 
     # Warm-up steps (1 and 5, each with two forwards) are dropped: nothing of theirs,
     # times or counts, is in a cycle's figures.
-    assert [p.meta["step_range"] for p in delivered] == [[2, 3], [6, 7]]
+    assert [p.meta.step_range for p in delivered] == [[2, 3], [6, 7]]
     for profile in delivered:
         check_tree(profile)
-        assert "detail_step" not in profile.meta
-        assert profile.meta["steps"] == 2
-        assert len(profile.meta["step_times_ns"]) == 2
+        assert profile.meta.detail_step is None
+        assert profile.figures.steps == 2
+        assert len(profile.figures.step_times_ns) == 2
         assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
         assert profile["<optimizer:SGD>"].calls == 2
         assert profile["<zero_grad>"].calls == 2
@@ -269,7 +269,7 @@ def test_every_step_runs_under_torchs_profiler_and_none_under_a_mode() -> None:
             prof.step()
     assert [(profiler, modes) for _, profiler, modes in seen] == [(True, 0)] * 4
     profile = check_tree(prof.profile)
-    assert profile.meta["steps"] == 2 and profile.meta["step_numbers"] == [2, 3]
+    assert profile.figures.steps == 2 and profile.figures.step_numbers == [2, 3]
     assert profile["0"].forward.flops == 2 * (2 * 2 * 8 * 8 + 2 * 8)
 
 
@@ -282,7 +282,7 @@ def test_inside_a_users_torch_profiler_every_step_is_a_detail_step() -> None:
             model(torch.randn(2, 8)).sum().backward()
             prof.step()
     profile = check_tree(prof.profile)
-    assert profile.meta["steps"] == 3 and profile.meta["times_from"] == "dispatch mode"
+    assert profile.figures.steps == 3 and profile.meta.times_from == "dispatch mode"
     assert profile[""].calls == 3
     assert any(e.name == "aten::addmm" for e in theirs.events())
 
@@ -301,7 +301,7 @@ def test_step_outside_a_running_block_is_refused() -> None:
     with pytest.raises(ProfilerStateError, match=r"step\(\)"):
         prof.step()
     # The refused calls changed nothing: one step was recorded.
-    assert prof.meta["steps"] == 1
+    assert prof.figures.steps == 1
 
 
 @pytest.mark.parametrize(
@@ -352,19 +352,19 @@ def test_exception_mid_step_keeps_delivered_cycles_and_the_partial_one(tmp_path:
         "layerscope_steps6-7_rank0_incomplete.json",
     ]
     complete = check_tree(layerscope.load(str(tmp_path / "layerscope_steps2-3_rank0.json")))
-    assert complete.meta["complete"] is True
-    assert complete.meta["steps"] == 2
+    assert complete.meta.complete is True
+    assert complete.figures.steps == 2
     assert module_calls(complete) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
 
     partial = check_tree(layerscope.load(str(tmp_path / "layerscope_steps6-7_rank0_incomplete.json")))
-    assert partial.meta["complete"] is False
-    assert partial.meta["step_range"] == [6, 7]
-    assert partial.meta["steps"] == 2  # step 6 whole, step 7 up to the exception
-    assert partial.step_time_ns == sum(partial.meta["step_times_ns"])
+    assert partial.meta.complete is False
+    assert partial.meta.step_range == [6, 7]
+    assert partial.figures.steps == 2  # step 6 whole, step 7 up to the exception
+    assert partial.step_time_ns == sum(partial.figures.step_times_ns)
     # Step 7 entered the raiser (its frame closed by the always-called hook), never the
     # last Linear.
     assert module_calls(partial) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 1}
-    assert [p.meta["complete"] for p in delivered] == [True, False]
+    assert [p.meta.complete for p in delivered] == [True, False]
     assert prof.profile is delivered[-1]
 
 
@@ -404,9 +404,9 @@ def test_keyboard_interrupt_leaves_delivered_files_intact(tmp_path: Path) -> Non
         # Each file is exactly as it was written, and loads (load checks the tree too).
         assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == written[name]
         profile = check_tree(layerscope.load(str(tmp_path / name)))
-        assert profile.meta["complete"] is not name.endswith("_incomplete.json")
+        assert profile.meta.complete is not name.endswith("_incomplete.json")
     partial = layerscope.load(str(tmp_path / "layerscope_steps10-10_rank0_incomplete.json"))
-    assert partial.meta["steps"] == 1
+    assert partial.figures.steps == 1
     assert module_calls(partial) == {"": 1, "0": 1, "1": 1, "2": 1}
 
 
@@ -472,9 +472,9 @@ def test_long_runs_keep_running_totals_not_raw_events() -> None:
     assert long_calls == short_calls
     for profile, steps in ((short, 50), (long, 300)):
         check_tree(profile)
-        assert profile.meta["steps"] == steps
-        assert len(profile.meta["step_times_ns"]) == steps
-        assert profile.meta["step_numbers"] == list(range(steps))
+        assert profile.figures.steps == steps
+        assert len(profile.figures.step_times_ns) == steps
+        assert profile.figures.step_numbers == list(range(steps))
         assert profile["2"].calls == steps
         assert sum(op.calls for node in profile.nodes() for op in node.ops) == steps * short_calls
 
@@ -503,9 +503,9 @@ def test_step_times_from_a_fake_clock(fake_clock: Any) -> None:
     #   exit:   step 2 closes                 Step   18000  (nothing ran: dropped)
     assert fake_clock.now == 18000
     profile = check_tree(prof.profile)
-    assert profile.meta["steps"] == 2
-    assert profile.meta["step_times_ns"] == [7000, 7000]
-    assert profile.meta["step_range"] == [0, 1]
+    assert profile.figures.steps == 2
+    assert profile.figures.step_times_ns == [7000, 7000]
+    assert profile.meta.step_range == [0, 1]
     assert profile.step_time_ns == 14000
     # Per step: '' spans 2000..7000 (5000 ns) of which '0' and '1' take 1000 ns each,
     # so 3000 ns self; the 2000 ns of the step outside the model are <other>.
@@ -524,7 +524,7 @@ def test_on_ready_raising_inside_step_does_not_shift_later_steps() -> None:
     got: list[list[int]] = []
 
     def on_ready(profile: Any) -> None:
-        got.append(profile.meta["step_range"])
+        got.append(profile.meta.step_range)
         if len(got) == 1:
             raise OSError("disk full")
 
@@ -568,7 +568,7 @@ def test_warmup_steps_are_dropped_when_every_step_is_detailed(fake_clock: Any) -
             model(torch.randn(2, 4))
             prof.step()
     profile = check_tree(prof.profile)
-    assert profile.meta["steps"] == 2
+    assert profile.figures.steps == 2
     assert profile[""].calls == 2
 
 
@@ -583,7 +583,7 @@ def test_step_spread_names_the_steps_far_from_the_median() -> None:
             model(torch.ones(1, 2)).sum().backward()
             prof.step()
     profile = check_tree(prof.profile)
-    profile.meta.step_times_ns, profile.meta.step_numbers = [100, 110, 90, 400, 105], [3, 4, 5, 6, 7]
+    profile.figures.step_times_ns, profile.figures.step_numbers = [100, 110, 90, 400, 105], [3, 4, 5, 6, 7]
     spread = profile.step_spread()
     assert spread is not None
     assert (spread.min_ns, spread.median_ns, spread.p10_ns, spread.p90_ns, spread.max_ns) == (90, 105, 94, 284, 400)
@@ -592,5 +592,5 @@ def test_step_spread_names_the_steps_far_from_the_median() -> None:
     text = profile.render("text")
     assert "Step wall time over 5 steps: min 90ns, median 105ns, p90 284ns, max 400ns" in text
     assert "Steps far from the median (x1.5 or more away, in the sums above): step 6 400ns (x3.8)" in text
-    profile.meta.step_times_ns = [100]
+    profile.figures.step_times_ns = [100]
     assert profile.step_spread() is None

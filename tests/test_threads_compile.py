@@ -70,7 +70,7 @@ def test_a_profiler_block_counts_only_its_own_thread(record_ops: bool) -> None:
             prof.step()
     assert hammer.calls > steps * 3  # the other thread really ran meanwhile
     profile = check_tree(prof.profile)
-    timed = profile.meta["steps"]
+    timed = profile.figures.steps
     assert timed == steps  # every step is recorded, with or without its ops
     assert profile[""].calls == timed
     assert profile["0"].calls == profile["2"].calls == timed
@@ -170,13 +170,13 @@ def test_while_another_threads_block_holds_torchs_profiler_others_record_without
         window = KinetoWindow({id(other): 0}, device=torch.device("cpu"))
         with pytest.raises(ProfilerStateError, match=r"held by a layerscope.Profiler block in another thread.*after"):
             window.start()
-    assert prof.meta["times_from"] == "dispatch mode"
+    assert prof.meta.times_from == "dispatch mode"
     assert [op.calls for op in prof["0"].ops if op.name == "aten::addmm"] == [1]
-    assert check_tree(second.profile).meta["times_from"] == "dispatch mode"
+    assert check_tree(second.profile).meta.times_from == "dispatch mode"
     held = check_tree(block.profile)
-    assert "times_from" not in held.meta and held[""].calls == held["0"].calls == 1
+    assert held.meta.times_from is None and held[""].calls == held["0"].calls == 1
     # The block is over: torch's profiler is free again.
-    assert "times_from" not in check_tree(layerscope.profile(other, x, warmup=1, repeat=2, backward=True)).meta
+    assert check_tree(layerscope.profile(other, x, warmup=1, repeat=2, backward=True)).meta.times_from is None
 
 
 def test_a_block_waits_for_another_threads_profile_to_end() -> None:
@@ -210,8 +210,8 @@ def test_a_block_waits_for_another_threads_profile_to_end() -> None:
     worker.join(60)
     # Every pass of the profile ran before the block began.
     assert calls == ["profile"] * (len(calls) - 1) + ["block"]
-    assert "times_from" not in check_tree(profiles[0]).meta
-    assert "times_from" not in check_tree(prof.profile).meta
+    assert check_tree(profiles[0]).meta.times_from is None
+    assert check_tree(prof.profile).meta.times_from is None
 
 
 def test_compiled_models_are_refused_where_hooks_would_time_them() -> None:

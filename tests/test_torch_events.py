@@ -147,7 +147,7 @@ def test_torchs_own_trace_of_the_same_session_reads_back_as_the_block() -> None:
         model, live, recorder = _gpt_block(folder)
         (trace,) = recorder.traces
         traced = layerscope.load(trace, model=model)
-    assert traced.meta.steps == live.meta.steps == 2
+    assert traced.figures.steps == live.figures.steps == 2
     for node in live.root.walk():
         other = traced[node.path]
         for phase in ("forward", "backward"):

@@ -70,10 +70,10 @@ def _node_named(profile: Any, instance: str) -> Any:
 def test_every_real_trace_loads_and_its_tree_holds(shared_traces: Path, name: str) -> None:
     profile = _trace(shared_traces, name)
     assert tree_problems(profile) == []
-    assert profile.meta["mode"] == "trace"
-    assert profile.meta["source"]["file"] == f"{name}.json.gz"
-    device = profile.meta["device_events"]
-    assert device["events"] > 0
+    assert profile.meta.mode == "trace"
+    assert profile.meta.source.file == f"{name}.json.gz"
+    device = profile.meta.device_events
+    assert device.events > 0
     # Without the model, parameters are unknown, never 0.
     assert profile.root.params is None and profile.param_bytes is None
     text = profile.render("text")
@@ -178,7 +178,7 @@ def test_norm_layers_backward_device_time_by_module(shared_traces: Path) -> None
 
 def test_activation_checkpointing_recompute_on_the_ddp_trace(shared_traces: Path) -> None:
     profile = _trace(shared_traces, "mi300x_resnet_ddp_actckpt_train_rank0")
-    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 8
+    assert profile.meta.rank == 0 and profile.meta.world_size == 8
     wrappers = [n for n in profile.modules() if n.type == "CheckpointWrapper"]
     assert len(wrappers) == 4
     for wrapper in wrappers:
@@ -189,7 +189,7 @@ def test_activation_checkpointing_recompute_on_the_ddp_trace(shared_traces: Path
         assert inner.backward is not None and inner.backward.device_time_ns > 0
     assert profile.root.recompute.flops == sum(w.forward.flops for w in wrappers)
     # Kernels launched before the trace began are in no node, and said.
-    assert profile.meta["device_events"]["orphans"] == 968
+    assert profile.meta.device_events.orphans == 968
     assert "968 launched before the trace began" in profile.render("text")
 
 
@@ -205,7 +205,7 @@ def _collective_kernels(events: list[dict[str, Any]]) -> list[tuple[int, int]]:
 def test_collectives_per_module_on_ranked_traces(shared_traces: Path, name: str) -> None:
     events = _events(shared_traces, name)
     profile = _trace(shared_traces, name)
-    assert profile.meta["rank"] == 0 and profile.meta["world_size"] == 8
+    assert profile.meta.rank == 0 and profile.meta.world_size == 8
     comm_ops = [
         (node.path, op) for top in (profile.root, *profile.parts) for node in top.walk() for op in node.ops
         if is_communication(op.name)
@@ -230,7 +230,7 @@ def test_every_device_nanosecond_of_a_real_trace_is_in_one_place(shared_traces: 
     assert set(ledger.unattributed_ns_by_reason) <= {"communication", "no_op_range", "no_node"}
     assert all(ns > 0 for ns in ledger.unattributed_ns_by_reason.values())
     # The steps' busy time is no more than all the trace's device work, counted once.
-    assert ledger.busy_ns <= profile.meta["device_events"]["time_ns"]
+    assert ledger.busy_ns <= profile.meta.device_events.time_ns
     text = profile.render("text")
     assert f"Device busy {text_fmt.time_ns(ledger.busy_ns)} = attributed {text_fmt.time_ns(ledger.attributed_ns)}" in text
     root_total = sum(s.device_time_ns or 0 for _, s in profile.root.phases())
@@ -283,7 +283,7 @@ def test_a_range_that_encloses_a_module_is_its_parent(shared_traces: Path, name:
 
 def test_a_trace_without_module_events_is_its_labels_and_ops(shared_traces: Path) -> None:
     profile = _trace(shared_traces, "a100_alexnet_no_modules")
-    assert profile.meta["modules_from"]["instances"] == 0
+    assert profile.meta.modules_from.instances == 0
     labels = [n for n in profile.nodes() if n.kind == "label"]
     assert labels
     assert "no nn.Module events" in profile.render("text")
@@ -300,8 +300,8 @@ def test_diff_of_one_model_on_two_vendors_gpus(shared_traces: Path, tmp_path: Pa
     h100 = _trace(shared_traces, "h100_bert_small_inference")
     mi300x = _trace(shared_traces, "mi300x_bert_small_inference")
     assert [n.path for n in h100.modules()] == [n.path for n in mi300x.modules()]
-    assert h100.meta["source"]["device_names"] == ["NVIDIA H100 80GB HBM3"]
-    assert mi300x.meta["source"]["device_names"] == ["AMD Instinct MI300X VF"]
+    assert h100.meta.source.device_names == ("NVIDIA H100 80GB HBM3",)
+    assert mi300x.meta.source.device_names == ("AMD Instinct MI300X VF",)
 
 
 def test_rank_traces_merge(shared_traces: Path, tmp_path: Path) -> None:
@@ -354,7 +354,7 @@ def _same_flops(model: torch.nn.Module, inputs: Any, path: Path) -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     counted = layerscope.count_flops(model, inputs, backward=True, loss_fn=loss)
     assert tree_problems(traced) == []
-    assert traced.meta["modules_from"]["unmatched"] == []
+    assert traced.meta.modules_from.unmatched == ()
     assert [n.path for n in traced.modules()] == [n.path for n in counted.modules()]
     for node in counted.modules():
         mine = traced[node.path]
@@ -432,11 +432,11 @@ def test_the_traced_model_matches_every_instance_and_counts_its_parameters_once(
     with warnings.catch_warnings():
         warnings.simplefilter("error", LayerscopeWarning)  # a whole fit: nothing to warn of
         profile = layerscope.load(shared_traces / f"{name}.json.gz", model=_bert_lm_head(**_BERT_SMALL))
-    how = profile.meta["modules_from"]
-    assert (how["matched"], how["instances"], how["unmatched"]) == (84, 84, [])
+    how = profile.meta.modules_from
+    assert (how.matched, how.instances, how.unmatched) == (84, 84, ())
     # The trace's BertSdpaSelfAttention is this transformers' BertSelfAttention.
-    assert how["renamed"] == {f"BertSdpaSelfAttention_{k}": "BertSelfAttention" for k in range(4)}
-    assert how["shapes"] == "parameter shapes checked against the ops' recorded inputs: 39 modules, all fit"
+    assert how.renamed == {f"BertSdpaSelfAttention_{k}": "BertSelfAttention" for k in range(4)}
+    assert how.shapes == "parameter shapes checked against the ops' recorded inputs: 39 modules, all fit"
     assert profile.root.params_total == _BERT_SMALL_PARAMS
     # The model as given is float32, the traced one ran in bf16: its ops were given bf16
     # parameters (the LM head's bias too, which the head owns and its decoder uses), so 2
@@ -459,7 +459,7 @@ def test_a_deeper_model_than_the_trace_ran_is_a_warning_naming_its_layers(shared
         "its modules with parameters ran in no instance (bert.encoder.layer.4, bert.encoder.layer.5); is it the "
         "model that was traced?"
     ]
-    assert profile.meta["modules_from"]["uncalled"] == ["bert.encoder.layer.4", "bert.encoder.layer.5"]
+    assert profile.meta.modules_from.uncalled == ("bert.encoder.layer.4", "bert.encoder.layer.5")
     assert "modules of the model that ran in no instance: bert.encoder.layer.4, bert.encoder.layer.5" in profile.render("text")
 
 
@@ -479,7 +479,7 @@ def test_a_trace_without_shapes_says_once_that_the_model_is_not_checked(tmp_path
         "layerscope: run.json: the model's parameter shapes cannot be checked against this trace: it recorded no "
         "input shapes (record_shapes=False); modules are matched by class and call order alone"
     ]
-    assert traced.meta["modules_from"]["unmatched"] == []
+    assert traced.meta.modules_from.unmatched == ()
 
 
 def test_parameter_memory_of_a_trace_read_with_its_model_is_what_params_counts(tmp_path: Path) -> None:
@@ -639,9 +639,9 @@ def test_a_range_across_a_step_mark_stays_whole_in_the_step_it_began_in(tmp_path
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}), encoding="utf-8")
     profile = layerscope.load(path)
     assert tree_problems(profile) == []
-    assert profile.meta["step_numbers"] == [1, 2]
+    assert profile.figures.step_numbers == [1, 2]
     # Step 1 ends where the optimizer's range does (150 us); step 2 runs on to 200 us.
-    assert profile.meta["step_times_ns"] == [150_000, 50_000]
+    assert profile.figures.step_times_ns == [150_000, 50_000]
     # The module's call inside the optimizer's range (a closure) is the model's time; the
     # optimizer's part keeps the rest of its 100 us.
     optimizer = next(p for p in profile.parts if p.kind == "optimizer")

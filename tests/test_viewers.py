@@ -273,7 +273,7 @@ def test_chrome_trace_loads_in_the_devtools_performance_panel(
     # ancestor's span, in the same phase.
     nodes = [node for thread in threads.values() for node in thread["nodes"]]
     assert len(nodes) == len(spans)
-    model = gpt_step.meta.get("model")
+    model = gpt_step.meta.model
     with_span = {(node["args"]["path"], node["args"]["phase"]) for node in nodes if "path" in node["args"]}
     for node in nodes:
         args, parent = node["args"], node["parentArgs"]

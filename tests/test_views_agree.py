@@ -155,7 +155,7 @@ def profile(request: pytest.FixtureRequest) -> Profile:
 def _one_run(profile: Profile) -> bool:
     """Whether the trace is the whole run the tree sums: ``profile()``'s median pass, one
     step of a ``Profiler`` or of a trace file."""
-    return profile.meta.mode == "profile" or (profile.meta.mode in ("context", "trace") and int(profile.meta.steps or 1) == 1)
+    return profile.meta.mode == "profile" or (profile.meta.mode in ("context", "trace") and int(profile.figures.steps or 1) == 1)
 
 
 def test_the_trace_list_is_the_folder(shared_traces: Path) -> None:
@@ -415,7 +415,7 @@ def test_chrome_step_is_the_traced_step(profile: Profile, request: pytest.Fixtur
         assert step == []
         return
     assert [_ns(e["dur"]) for e in step] == [profile.trace.step_ns]
-    times = profile.meta.step_times_ns
+    times = profile.figures.step_times_ns
     if profile.meta.mode == "context" and times:
         # The trace is the last step the tree sums, and every span lies in it.
         assert profile.trace.step_ns == times[-1]
@@ -469,7 +469,7 @@ def test_chrome_module_spans_are_the_tree_times(profile: Profile) -> None:
 
 
 def test_chrome_memory_lies_within_the_step(profile: Profile) -> None:
-    if profile.trace is None or profile.memory is None or int(profile.meta.steps or 1) != 1:
+    if profile.trace is None or profile.memory is None or int(profile.figures.steps or 1) != 1:
         return
     events = _chrome(profile)["traceEvents"]
     live = [e for e in events if e.get("name") == "live memory"]

@@ -15,6 +15,7 @@ from layerscope.attribute.profile import assemble
 from layerscope.attribute.walk import Dynamic
 from layerscope.model.check import check_tree
 from layerscope.model.raw import Enter, Event, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
+from layerscope.model.runfacts import RunFigures
 from layerscope.model.tree import Profile
 
 
@@ -69,7 +70,7 @@ def test_build_nested_modules() -> None:
     assert [n.calls for n in prof.nodes()] == [1, 1, 1, 1]
     assert prof.root.params_total == 15
     assert prof["a"].params_total == 15
-    assert prof.meta["pass_cpu_time_ns"] == [100]
+    assert prof.figures.pass_cpu_time_ns == [100]
 
 
 def test_build_module_called_twice() -> None:
@@ -90,20 +91,20 @@ def test_build_shows_the_median_pass_whole() -> None:
     prof = build(*[_one_child_pass(d, r) for d, r in ((10, 300), (50, 200), (30, 250))])
     # Passes last 300, 200, 250: the median is the third, shown whole (a 30, root
     # 250 - 30 = 220 self), so the tree adds up to a measured pass.
-    assert prof.meta["shown_pass"] == 2
+    assert prof.figures.shown_pass == 2
     assert cpu(prof, "a") == (30, 30)
     assert cpu(prof, "") == (220, 250)
-    assert prof.meta["pass_cpu_time_ns"] == [300, 200, 250]
+    assert prof.figures.pass_cpu_time_ns == [300, 200, 250]
 
 
 def test_build_median_pass_is_the_lower_median_and_first_of_equals() -> None:
     prof = build(*[_one_child_pass(d, r) for d, r in ((10, 400), (30, 100), (50, 300), (70, 200))])
     # 100, 200, 300, 400: the lower median 200 is the fourth pass (a 70), an observed one.
-    assert prof.meta["shown_pass"] == 3
+    assert prof.figures.shown_pass == 3
     assert cpu(prof, "a") == (70, 70)
     assert cpu(prof, "") == (130, 200)
     equal = build(*[_one_child_pass(d) for d in (10, 30, 50)])
-    assert equal.meta["shown_pass"] == 1 and cpu(equal, "a") == (30, 30)
+    assert equal.figures.shown_pass == 1 and cpu(equal, "a") == (30, 30)
 
 
 def test_build_calls_are_the_median_pass_s() -> None:
@@ -130,7 +131,7 @@ def test_build_ops_go_to_innermost_module_and_outside_is_counted() -> None:
         op(60, 61, "aten::empty", []),  # after the root: outside
     ]
     prof = build(stream, op_pass=stream)
-    assert prof.meta["unattributed_ops"] == 2
+    assert prof.figures.unattributed_ops == 2
 
     def rows(path: str) -> list[tuple[str, int, int, list[Any]]]:
         return [(o.name, o.calls, o.cpu_time_ns, o.input_shapes) for o in prof[path].ops]
@@ -179,8 +180,8 @@ def test_build_without_passes_or_op_pass() -> None:
     prof = build()
     assert [n.calls for n in prof.nodes()] == [0, 0, 0, 0]
     assert op_calls(prof) == 0
-    assert prof.meta["unattributed_ops"] == 0
-    assert "pass_cpu_time_ns" not in prof.meta
+    assert prof.figures.unattributed_ops == 0
+    assert prof.figures.pass_cpu_time_ns is None
 
 
 def test_walk_refuses_what_is_not_an_event_record() -> None:
@@ -351,12 +352,13 @@ def test_assemble_leaves_what_it_is_given_as_it_was() -> None:
     ops = walk_pass(outside, paths, has_device=False, collect_ops=True, parents=parent_indices(MODULES))
     times.dynamic["[lost]"] = Dynamic(path="[lost]", parent="[nowhere]", kind="label", name="lost")
     raw = RawCapture(modules=copy.deepcopy(MODULES), meta={"model": "Root"})
-    given = copy.deepcopy((raw, times, ops))
-    prof = check_tree(assemble(raw, times, ops, raw.meta))
-    assert (raw, times, ops) == given
+    figures = RunFigures()
+    given = copy.deepcopy((raw, times, ops, figures))
+    prof = check_tree(assemble(raw, times, ops, figures))
+    assert (raw, times, ops, figures) == given
     assert [part.path for part in prof.parts] == ["[lost]"]
     assert [child.path for child in prof.root.children] == ["a", "c", "[L]", "[M]"]  # c's label: in one pass only
-    assert prof.meta is not raw.meta and prof.meta.unattributed_ops == 0 and raw.meta.unattributed_ops is None
+    assert prof.meta is not raw.meta and prof.figures is not figures and prof.figures.unattributed_ops == 0
 
 
 # -- the trace's spans: where the tree counts a call ----------------------------------

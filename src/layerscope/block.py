@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import torch
 
     from layerscope.model.ops import OpTable
-    from layerscope.model.runfacts import RunFacts
+    from layerscope.model.runfacts import RunFacts, RunFigures
     from layerscope.model.sidedocs import MemorySummary, Trace
     from layerscope.model.tree import StepSpread
 
@@ -86,7 +86,7 @@ class _Capture:
 #: The names a finished block answers for its profile (``prof.render(...)``); any other
 #: name of a Profile is read from ``prof.profile`` (the AttributeError says so).
 PROFILE_NAMES = (
-    "root", "meta", "parts", "memory", "trace", "param_bytes", "step_time_ns",
+    "root", "meta", "figures", "parts", "memory", "trace", "param_bytes", "step_time_ns",
     "node", "nodes", "modules", "ops", "unsupported_ops", "step_spread", "render", "save", "show", "to_dict",
 )
 
@@ -113,9 +113,9 @@ class Profiler:
     torch's own profiler, with shapes and memory, one range per module call and nothing
     Python per op: the same run gives its times and its detail (ops, shapes, FLOPs,
     memory, activations), so module times are not inflated by the measuring, and each
-    step's figures are its own. Figures are the steps' sums (``meta.steps``); the
-    profile keeps each step's number and wall time (``meta.step_numbers``,
-    ``meta.step_times_ns``), and ``step_spread()`` names the steps far from the
+    step's figures are its own. Figures are the steps' sums (``figures.steps``); the
+    profile keeps each step's number and wall time (``figures.step_numbers``,
+    ``figures.step_times_ns``), and ``step_spread()`` names the steps far from the
     median. Inside a user's own torch.profiler (only one can run), or while another
     thread's block holds torch's profiler, steps are recorded under a dispatch mode
     instead (``meta.times_from``); a block started during another thread's
@@ -400,6 +400,10 @@ class Profiler:
     @property
     def meta(self) -> RunFacts:
         return self.profile.meta
+
+    @property
+    def figures(self) -> RunFigures:
+        return self.profile.figures
 
     @property
     def parts(self) -> list[ModuleNode]:

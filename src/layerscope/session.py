@@ -87,8 +87,8 @@ def profile(
     arguments. ``warmup`` unmeasured passes run first, then ``repeat`` measured passes.
     With ``record_ops`` (the default) each measured pass is recorded by torch's profiler
     with shapes (and memory): its module times, op rows, FLOPs, memory and trace come from
-    that one run, and the profile shows the median pass whole (``meta.shown_pass``; every
-    pass's time is in ``meta.pass_cpu_time_ns``), so every view agrees with every other.
+    that one run, and the profile shows the median pass whole (``figures.shown_pass``; every
+    pass's time is in ``figures.pass_cpu_time_ns``), so every view agrees with every other.
     Without it the passes are timed by module hooks alone, the leanest, and each module's
     time is its median over them. ``paths`` limits profiling to those ``named_modules()``
     subtrees. ``no_grad`` runs the passes under ``torch.no_grad()`` as inference does

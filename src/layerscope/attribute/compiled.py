@@ -42,6 +42,7 @@ from layerscope.model.raw import (
     GraphNode,
     RawCapture,
 )
+from layerscope.model.runfacts import RunFigures
 from layerscope.model.tree import Profile
 
 #: How a kernel call's time is split, as profiles and reports state it.
@@ -218,4 +219,4 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
         graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels,
     )
-    return assemble(raw, result, untimed, raw.meta, compiled=info)
+    return assemble(raw, result, untimed, RunFigures(), compiled=info)

@@ -4,6 +4,7 @@ every total derived bottom-up as ``self + sum(children)``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, TypedDict
 
 from layerscope.attribute.chain import Key, key_path
@@ -14,7 +15,7 @@ from layerscope.base.comm import is_communication
 from layerscope.base.stats import observed_median_index
 from layerscope.model.compile_info import CompileInfo
 from layerscope.model.raw import DeviceBusy, RawCapture
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import RunFigures
 from layerscope.model.sidedocs import DeviceLedger, Flows, MemorySummary, OptimizerState, PeakAt, Spans, Trace
 from layerscope.model.tree import (
     ADDITIVE_PHASE_METRICS,
@@ -32,7 +33,6 @@ def build_profile(raw: RawCapture) -> Profile:
     rows when the passes are detailed), or its op pass alone (an untimed count)."""
     paths = [info.path for info in raw.modules]
     passes = [walk_pass(events, paths, has_device=raw.has_device_time) for events in raw.timing_passes]
-    meta = raw.meta.copy()
     if not passes:
         # An untimed count: no times, but it knows how often each module ran.
         counted = op_walk(raw)
@@ -42,25 +42,26 @@ def build_profile(raw: RawCapture) -> Profile:
             times.dynamic = dict(counted.dynamic)
             times.enclosing = dict(counted.enclosing)
             times.phases = set(counted.phases)
-        return assemble(raw, times, counted, meta)
-    meta.pass_cpu_time_ns = [p.top_level_ns for p in passes]
+        return assemble(raw, times, counted, RunFigures())
     walls = [p.wall_ns for p in passes if p.wall_ns is not None]
-    if walls:
-        meta.step_times_ns = walls
-        # Passes are counted from 1, as the footer and the trace name the shown one.
-        meta.step_numbers = list(range(1, len(walls) + 1))
     # The median pass, an observed one (the lower of two middles): every figure is that
     # run's, so the tree adds up to a measured time, op rows add up within their
     # modules and the trace is the tree's run.
     shown = observed_median_index([p.wall_ns if p.wall_ns is not None else p.top_level_ns for p in passes])
-    meta.shown_pass = shown
+    figures = RunFigures(
+        pass_cpu_time_ns=[p.top_level_ns for p in passes],
+        step_times_ns=walls or None,
+        # Passes are counted from 1, as the footer and the trace name the shown one.
+        step_numbers=list(range(1, len(walls) + 1)) if walls else None,
+        shown_pass=shown,
+    )
     if not raw.detailed_passes:
-        return assemble(raw, passes[shown], op_walk(raw), meta)
+        return assemble(raw, passes[shown], op_walk(raw), figures)
     result = walk_pass(
         raw.timing_passes[shown], paths, has_device=raw.has_device_time, collect_ops=True,
         parents=parent_indices(raw.modules),
     )
-    return assemble(raw, result, result, meta)
+    return assemble(raw, result, result, figures)
 
 
 def op_walk(raw: RawCapture) -> PassResult | None:
@@ -77,14 +78,14 @@ def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = Tru
     """The :class:`Profile` of training steps summed by an :class:`Accumulator`: every
     step carried its own times and whatever it recorded (``counted``: ops and FLOPs),
     so every figure is the steps' own sum."""
-    meta = raw.meta.copy()
-    meta.steps = steps.steps
-    meta.pass_cpu_time_ns = [steps.total.top_level_ns]
-    if steps.step_times_ns:
-        meta.step_times_ns = list(steps.step_times_ns)
-        if len(steps.step_numbers) == len(steps.step_times_ns):
-            meta.step_numbers = list(steps.step_numbers)
-    return assemble(raw, steps.total, steps.total if counted else None, meta)
+    times = list(steps.step_times_ns)
+    figures = RunFigures(
+        steps=steps.steps,
+        pass_cpu_time_ns=[steps.total.top_level_ns],
+        step_times_ns=times or None,
+        step_numbers=list(steps.step_numbers) if times and len(steps.step_numbers) == len(times) else None,
+    )
+    return assemble(raw, steps.total, steps.total if counted else None, figures)
 
 
 class _CommFigures(TypedDict, total=False):
@@ -110,12 +111,14 @@ class _MemoryFigures(TypedDict, total=False):
 
 
 def assemble(
-    raw: RawCapture, times: PassResult, op_result: PassResult | None, meta: RunFacts,
+    raw: RawCapture, times: PassResult, op_result: PassResult | None, figures: RunFigures,
     compiled: CompileInfo | None = None,
 ) -> Profile:
-    """Nodes from per-node self figures, totals derived bottom-up; ``compiled``: the
-    run of a compiled model whose times these are. A new profile: what it is given
-    (``times``, ``op_result``, ``meta``) is left as it was."""
+    """Nodes from per-node self figures, totals derived bottom-up; ``figures``: the
+    passes' or steps' figures, to which the step's time and the ops outside the tree are
+    added; ``compiled``: the run of a compiled model whose times these are. A new
+    profile, with a copy of ``raw``'s facts: what it is given (``times``,
+    ``op_result``, ``figures``) is left as it was."""
     phases = set(times.phases) | (op_result.phases if op_result is not None else set())
     # The made nodes and enclosing labels of both walks (the timed one's first).
     dynamic = dict(times.dynamic)
@@ -207,15 +210,18 @@ def assemble(
     for tree in [root, *parts]:
         _sum_up(tree)
 
-    meta = meta.copy()  # the profile's own
-    meta.unattributed_ops = times.outside_ops if op_result is None else op_result.outside_ops
-    if parts and meta.timed is not False:
-        meta.step_time_ns = sum(
+    step_time_ns = None
+    if parts and raw.meta.timed is not False:
+        step_time_ns = sum(
             stats.self_cpu_time_ns for tree in [root, *parts] for node in tree.walk() for _, stats in node.phases()
         )
     return Profile(
         root=root,
-        meta=meta,
+        meta=raw.meta.copy(),  # the profile's own
+        figures=replace(
+            figures, unattributed_ops=times.outside_ops if op_result is None else op_result.outside_ops,
+            step_time_ns=step_time_ns,
+        ),
         param_bytes=raw.param_bytes if params_known else None,
         parts=parts,
         memory=_memory_summary(raw, maker.memory, paths),

@@ -149,7 +149,7 @@ def tree_problems(profile: Profile) -> list[str]:
             if tree_stats is not None and tree_stats.cpu_time_ns != total:
                 problems.append(f"{tree.path!r} {phase} cpu_time_ns != sum of its tree's self times ({total})")
     problems.extend(_params_problems(profile))
-    step = profile.meta.step_time_ns
+    step = profile.figures.step_time_ns
     if step is not None and step != all_self:
         problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
     problems.extend(_memory_problems(profile))

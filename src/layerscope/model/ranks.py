@@ -34,7 +34,7 @@ from typing import Any
 from layerscope.base import formats
 from layerscope.base.errors import MergeError, SchemaError
 from layerscope.base.stats import median_floor, median_floor_without, observed_median_index
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import FromMergedRun, RunFacts, RunFigures, meta_to_dict
 from layerscope.model.sidedocs import MemorySummary
 from layerscope.model.tree import PHASES, ModuleNode, PhaseStats, Profile
 
@@ -158,7 +158,7 @@ def _plain(value: Any) -> Any:
 def rank_record(profile: Profile, source: str) -> RankRecord:
     """What a merged document keeps of one rank's profile: a small record, which a process
     that loaded a rank's trace hands back instead of the whole profile."""
-    meta = _plain(profile.meta.to_dict())
+    meta = _plain(meta_to_dict(profile.meta, profile.figures))
     rank = meta.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise MergeError(
@@ -348,8 +348,11 @@ class MergedRun(formats.NotebookDisplay):
         param_bytes = None if root.params is None else record.param_bytes
         meta = RunFacts.from_dict(record.meta)
         # What a merged run drops, said where the rank's tree is shown: never read as 0.
-        meta.from_merged_run = {"rank": rank, "not_kept": _NOT_KEPT}
-        profile = Profile(root=root, meta=meta, param_bytes=param_bytes, parts=parts, memory=memory)
+        meta.from_merged_run = FromMergedRun(rank=rank, not_kept=_NOT_KEPT)
+        profile = Profile(
+            root=root, meta=meta, figures=RunFigures.from_dict(record.meta), param_bytes=param_bytes, parts=parts,
+            memory=memory,
+        )
         problems = tree_problems(profile)
         if problems:
             raise SchemaError(f"rank {rank} of this merged run is inconsistent: {summarize(problems)}")
@@ -787,13 +790,11 @@ def _rank_spec() -> Any:
         ListOf,
         Obj,
         Opt,
+        spec_of,
     )
 
-    shape = Obj(
-        {"path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "kind": STR, "params": Opt(INT),
-         "params_total": Opt(INT), "extra_repr": STR},
-        frozenset({"path", "type", "parent", "depth", "kind", "params", "params_total", "extra_repr"}),
-    )
+    shape = spec_of(NodeShape)  # every field, as its type says
+    # A rank's figures and record: their keys are not their fields (phases by name, meta as kept).
     figures = Obj(
         {"calls": INT, "profiled": BOOL, "forward": PHASE_STATS, "backward": Opt(PHASE_STATS),
          "recompute": Opt(PHASE_STATS)},

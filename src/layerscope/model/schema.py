@@ -3,17 +3,30 @@
 ``check_tree`` says whether the numbers of a tree agree; this says whether each field
 holds the kind of value it must (a whole number, a string, a list of spans), so that a
 damaged or hostile file is refused at the door with the place it went wrong, never
-deep in a renderer as a ``TypeError``. Fields not named here (most of ``meta``) are
-kept as they are and read by no one. Unknown keys are allowed: later versions may add
+deep in a renderer as a ``TypeError``. Unknown keys are allowed: later versions may add
 fields.
+
+The document's shape is declared once, by the types that hold it: :func:`spec_of` reads
+a dataclass's (or a NamedTuple's) type hints (``int``, ``float``, ``str``, ``bool``,
+``X | None``, ``list``, ``tuple``, ``dict[str, X]``, nested records) and gives the check
+of its object in a file. What a type cannot say is declared in :data:`DECLARED`, one entry
+per class: a string's choices, the nested data of shapes, a list's fixed length, the
+keys a reader needs though Python has a default for them, the nulls a reader takes for
+the default, a document key that is not the field's name, and the fields not saved.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.model.tree import PHASES
+from layerscope.model.compile_info import CompileInfo
+from layerscope.model.runfacts import RunFacts, RunFigures
+from layerscope.model.sidedocs import DeviceLedger, Flow, MemorySummary, OptimizerState, Span, Trace
+from layerscope.model.tree import PHASES, ModuleNode, OpStats, PhaseStats
 
 #: Shapes nest (a tuple of lists of tensors) but never this deep; deeper ones would make
 #: the recursive shape formatting overflow the stack.
@@ -66,113 +79,135 @@ INT, STR, BOOL, NUMBER = "a 64-bit whole number", "a string", "true or false", "
 #: leaves, null for what is not a tensor.
 SHAPE, DTYPES = "a shape", "dtype names"
 
-_PHASE = {name: Opt(INT) for name in (
-    "device_time_ns", "self_device_time_ns", "flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes",
-    "alloc_bytes", "self_alloc_bytes", "freed_bytes", "self_freed_bytes", "peak_bytes", "activation_bytes",
-    "self_activation_bytes", "grad_bytes", "self_grad_bytes", "comm_time_ns", "self_comm_time_ns", "comm_bytes",
-    "self_comm_bytes",
-)}
-PHASE_STATS = Obj({**_PHASE, "cpu_time_ns": INT, "self_cpu_time_ns": INT}, frozenset({"cpu_time_ns", "self_cpu_time_ns"}))
 
-OP_STATS = Obj(
-    {
-        "name": STR, "phase": OneOf(PHASES), "calls": INT, "cpu_time_ns": Opt(INT), "self_cpu_time_ns": Opt(INT),
-        "device_time_ns": Opt(INT), "self_device_time_ns": Opt(INT), "input_shapes": ListOf(SHAPE),
-        "flops": Opt(INT), "macs": Opt(INT), "bytes": Opt(INT), "alloc_bytes": Opt(INT),
-        "self_alloc_bytes": Opt(INT), "freed_bytes": Opt(INT), "stack": Opt(ListOf(STR)),
-    },
-    frozenset({"name"}),
-)
+# -- the shape derived from the types --------------------------------------------------
 
-NODE = Obj(
-    {
-        "path": STR, "type": STR, "parent": Opt(STR), "depth": INT, "calls": INT, "params": Opt(INT),
-        "params_total": Opt(INT), "profiled": BOOL, "forward": PHASE_STATS, "backward": Opt(PHASE_STATS),
-        "recompute": Opt(PHASE_STATS), "kind": Opt(STR), "ops": ListOf(OP_STATS), "unsupported_ops": Opt(DictOf(INT)),
-        "extra_repr": Opt(STR), "input_shapes": Opt(SHAPE), "output_shapes": Opt(SHAPE),
-    },
-    frozenset({"path", "type", "parent", "depth", "calls", "params", "params_total", "forward"}),
-)
 
+@dataclass(frozen=True)
+class Declared:
+    """What a class's types cannot say of its object in a document: ``fields``, the
+    spec of a field declared by hand (a string's choices, nested shapes, a fixed
+    length); ``required``, keys a reader needs beyond the fields Python has no default
+    for; ``nullable``, fields whose null a reader takes for their default; ``keys``,
+    a field's key in the document where it is not the field's name; ``not_saved``,
+    fields that are not in the document (private ones never are)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    required: frozenset[str] = frozenset()
+    nullable: frozenset[str] = frozenset()
+    keys: dict[str, str] = field(default_factory=dict)
+    not_saved: frozenset[str] = frozenset()
+
+    def names(self) -> set[str]:
+        return {*self.fields, *self.required, *self.nullable, *self.keys, *self.not_saved}
+
+
+_SCALARS: dict[Any, str] = {int: INT, float: NUMBER, str: STR, bool: BOOL}
+
+
+def spec_of(hint: Any, declared: dict[type, Declared] | None = None) -> Any:
+    """The check of a value of type ``hint`` in a document: a scalar's, ``X | None``'s,
+    a list's or tuple's, a ``dict[str, X]``'s, or a record's object (a dataclass's) or
+    row (a NamedTuple's), with ``declared``'s entry for it (:data:`DECLARED` by
+    default). A type it cannot read (``Any``) is a TypeError: declare that field."""
+    table = DECLARED if declared is None else declared
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _SCALARS:
+        return _SCALARS[hint]
+    if origin in (types.UnionType, typing.Union) and type(None) in args:
+        rest = [arg for arg in args if arg is not type(None)]
+        if len(rest) == 1:
+            return Opt(spec_of(rest[0], table))
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return ListOf(spec_of(args[0], table))
+    if origin is tuple:
+        return Row(tuple(spec_of(arg, table) for arg in args))
+    if origin is dict and args and args[0] is str:
+        return DictOf(spec_of(args[1], table))
+    if isinstance(hint, type) and (dataclasses.is_dataclass(hint) or _is_named_tuple(hint)):
+        return _record_spec(hint, table)
+    raise TypeError(f"no document check for the type {hint!r}: declare it (schema.DECLARED)")
+
+
+def _is_named_tuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _record_spec(cls: type, table: dict[type, Declared]) -> Any:
+    hints = typing.get_type_hints(cls)
+    said = table.get(cls, Declared())
+    unknown = said.names() - hints.keys()
+    if unknown:
+        raise TypeError(f"schema.DECLARED names fields {cls.__name__} does not have: {', '.join(sorted(unknown))}")
+    if _is_named_tuple(cls):  # a row: one item per field, in order
+        return Row(tuple(said.fields[name] if name in said.fields else spec_of(hints[name], table) for name in cls._fields))
+    specs: dict[str, Any] = {}
+    required = set()
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_") or f.name in said.not_saved:
+            continue
+        try:
+            spec = said.fields[f.name] if f.name in said.fields else spec_of(hints[f.name], table)
+        except TypeError as exc:
+            raise TypeError(f"{cls.__name__}.{f.name}: {exc}") from None
+        if f.name in said.nullable and not isinstance(spec, Opt):
+            spec = Opt(spec)
+        key = said.keys.get(f.name, f.name)
+        specs[key] = spec
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if no_default or f.name in said.required:
+            required.add(key)
+    return Obj(specs, frozenset(required))
+
+
+#: A trace's span as a document row has it: a phase is one of the tree's.
+_SPAN = Declared(fields={"phase": OneOf(PHASES)})
+
+#: What the types cannot say, one entry per class (see :class:`Declared`).
+DECLARED: dict[type, Declared] = {
+    # A file always has a phase's CPU times; the rest is None where not measured.
+    PhaseStats: Declared(required=frozenset({"cpu_time_ns", "self_cpu_time_ns"})),
+    OpStats: Declared(fields={"phase": OneOf(PHASES), "input_shapes": ListOf(SHAPE)}),
+    ModuleNode: Declared(
+        fields={"input_shapes": Opt(SHAPE), "output_shapes": Opt(SHAPE)},
+        required=frozenset({"parent", "depth", "calls", "params", "params_total", "forward"}),
+        nullable=frozenset({"kind", "unsupported_ops", "extra_repr"}),
+        not_saved=frozenset({"children"}),  # the document links nodes by parent path
+    ),
+    RunFacts: Declared(
+        fields={
+            "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
+            "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))),
+            "step_range": Opt(Row((INT, INT))),  # [first, last]
+        },
+        not_saved=frozenset({"extra"}),  # keys a newer version wrote: kept as they are
+    ),
+    CompileInfo: Declared(required=frozenset({"graph_breaks", "step_time_ns", "kernel_time_ns", "kernels"})),
+    MemorySummary: Declared(nullable=frozenset({"peak_categories", "peak_by_phase", "optimizer_state_bytes"})),
+    OptimizerState: Declared(keys={"total_bytes": "total", "bytes_by_key": "by_key"}),
+    # A trace keeps its spans and flows as columns; a document, as rows of Span and Flow.
+    Trace: Declared(
+        fields={"spans": ListOf(spec_of(Span, {Span: _SPAN})), "flows": ListOf(spec_of(Flow, {}))},
+        required=frozenset({"spans"}),
+    ),
+    Span: _SPAN,
+    DeviceLedger: Declared(required=frozenset({"unattributed_ns_by_reason"})),
+}
+
+PHASE_STATS = spec_of(PhaseStats)
+OP_STATS = spec_of(OpStats)
+NODE = spec_of(ModuleNode)
 #: A compiled model's run (``meta["compile"]``: ``Profile.compiled``).
-COMPILE = Obj(
-    {
-        "backend": STR, "rule": STR, "compile_time_ns": INT, "frames": INT, "graphs": INT,
-        "graph_breaks": ListOf(Obj({"where": STR, "reason": STR}, frozenset({"where", "reason"}))),
-        "step_time_ns": INT, "kernel_time_ns": INT,
-        "kernels": ListOf(Obj(
-            {"graph": STR, "call": STR, "time_ns": INT, "modules": DictOf(NUMBER)},
-            frozenset({"graph", "call", "time_ns", "modules"}),
-        )),
-    },
-    frozenset({
-        "backend", "rule", "compile_time_ns", "frames", "graphs", "graph_breaks", "step_time_ns", "kernel_time_ns",
-        "kernels",
-    }),
-)
-
-#: Every field of ``meta`` (``layerscope.model.runfacts.RunFacts``, and ``compile``); keys a
-#: newer version wrote are kept as they are.
-META = Obj(
-    {
-        "model": STR, "layerscope_version": Opt(STR), "torch_version": Opt(STR), "python_version": Opt(STR),
-        "device": STR, "dtype": Opt(STR), "training": Opt(BOOL), "torch_api_missing": Opt(DictOf(STR)),
-        "mode": STR, "warmup": Opt(INT), "repeat": Opt(INT), "no_grad": Opt(BOOL), "backward": Opt(BOOL),
-        "paths": Opt(ListOf(STR)), "inputs": Opt(Row((ListOf(SHAPE), DictOf(SHAPE)))),
-        "input_dtypes": Opt(Row((ListOf(DTYPES), DictOf(DTYPES)))), "autocast": Opt(STR),
-        "peak_flops_per_s": Opt(NUMBER), "peak_from": Opt(STR), "ops_from": Opt(STR), "times_from": Opt(STR), "timed": Opt(BOOL),
-        "step_range": Opt(Row((INT, INT))), "complete": Opt(BOOL), "schedule": Opt(STR), "detail_step": Opt(INT),
-        "rank": Opt(INT), "world_size": Opt(INT), "local_rank": Opt(INT), "host": Opt(STR), "run_id": Opt(STR),
-        "backend": Opt(STR), "steps": Opt(INT), "step_numbers": Opt(ListOf(INT)), "step_times_ns": Opt(ListOf(INT)),
-        "pass_cpu_time_ns": Opt(ListOf(INT)), "shown_pass": Opt(INT), "unattributed_ops": Opt(INT), "step_time_ns": Opt(INT),
-        "spec": Opt(STR),
-        "source": Opt(Obj({
-            "kind": STR, "file": STR, "device_names": ListOf(STR), "record_shapes": BOOL, "profile_memory": BOOL,
-            "with_stack": BOOL,
-        })),
-        "modules_from": Opt(Obj({
-            "method": STR, "instances": INT, "matched": INT, "unmatched": ListOf(STR), "renamed": DictOf(STR),
-            "shapes": STR, "uncalled": ListOf(STR),
-        })),
-        "flops_unknown": Opt(STR), "device_events": Opt(DictOf(INT)),
-        "from_merged_run": Opt(Obj({"rank": INT, "not_kept": STR})),
-        "compile": Opt(COMPILE),
-    }
-)
-
-MEMORY = Obj(
-    {
-        "peak_bytes": INT, "baseline_bytes": INT, "peak_categories": Opt(DictOf(INT)),
-        "peak_by_phase": Opt(DictOf(INT)), "param_bytes_by_dtype": Opt(DictOf(INT)),
-        "buffer_bytes_by_dtype": Opt(DictOf(INT)),
-        "optimizer_state_bytes": Opt(DictOf(Obj({"total": INT, "by_key": DictOf(INT)}, frozenset({"total"})))),
-        "peak_at": Opt(Obj({"path": STR, "phase": Opt(STR), "t_ns": Opt(INT)}, frozenset({"path", "phase"}))),
-        "timeline": Opt(Obj({
-            "t_ns": ListOf(INT), "bytes": ListOf(INT), "points_recorded": INT,
-            "spans": ListOf(Row((INT, INT, STR, Opt(STR)))), "categories": Opt(DictOf(ListOf(INT))),
-        })),
-        "device": Opt(Obj(
-            {"allocated_peak_bytes": INT, "reserved_at_peak_bytes": INT},
-            frozenset({"allocated_peak_bytes", "reserved_at_peak_bytes"}),
-        )),
-    },
-    frozenset({"peak_bytes"}),
-)
-
-TRACE = Obj(
-    {"spans": ListOf(Row((INT, INT, STR, OneOf(PHASES), INT))), "flows": ListOf(Row((INT, INT))), "step_ns": Opt(INT)},
-    frozenset({"spans"}),
-)
-
+COMPILE = spec_of(CompileInfo)
+#: The ``meta`` object: the run's facts, the profile's figures among them, and a
+#: compiled model's run; keys a newer version wrote are kept as they are.
+META = Obj({**spec_of(RunFacts).fields, **spec_of(RunFigures).fields, "compile": Opt(COMPILE)})
+MEMORY = spec_of(MemorySummary)
+TRACE = spec_of(Trace)
 #: Where the steps' device time went (``Profile.device``: ``sidedocs.DeviceLedger``).
-DEVICE = Obj(
-    {
-        "busy_ns": INT, "attributed_ns": INT, "unattributed_ns_by_reason": DictOf(INT), "compute_ns": INT,
-        "comm_ns": INT, "overlap_ns": INT,
-    },
-    frozenset({"busy_ns", "attributed_ns", "unattributed_ns_by_reason"}),
-)
+DEVICE = spec_of(DeviceLedger)
 
+#: The document (``Profile.to_dict``): its parts, as the profile lays them out.
 DOCUMENT = Obj(
     {
         "schema": STR, "meta": META, "totals": Obj({"param_bytes": Opt(INT)}, frozenset({"param_bytes"})),

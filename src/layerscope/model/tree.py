@@ -19,7 +19,7 @@ from layerscope.base import formats
 from layerscope.base.stats import observed_median, percentile_floor, spread
 from layerscope.model import phases
 from layerscope.model.compile_info import CompileInfo
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import RunFacts, RunFigures, meta_to_dict
 from layerscope.model.sidedocs import DeviceLedger, MemorySummary, Trace
 
 if TYPE_CHECKING:
@@ -303,10 +303,14 @@ class StepSpread:
 
 @dataclass
 class Profile(formats.NotebookDisplay):
-    """A profiled model: ``meta`` (what was run, how) and the module tree."""
+    """A profiled model: ``meta`` (what was run, how), the module tree, and what
+    attribution measured of the run as a whole (``figures``)."""
 
     root: ModuleNode
     meta: RunFacts = field(default_factory=RunFacts)
+    #: The steps summed, each step's or pass's time, the step's time, ops outside the
+    #: tree: computed with the tree, saved in the document's ``meta`` beside the facts.
+    figures: RunFigures = field(default_factory=RunFigures)
     #: Bytes of the model's parameters; None when not known (its params are unknown).
     param_bytes: int | None = 0
     #: Top-level parts of a training step outside the model (loss, optimizer, labels,
@@ -331,8 +335,11 @@ class Profile(formats.NotebookDisplay):
 
     def __post_init__(self) -> None:
         given: object = self.meta
-        if type(given) is dict:  # facts given as a document's meta object
+        if type(given) is dict:  # facts given as a document's meta object (figures too)
             self.meta = RunFacts.from_dict(given)
+            if self.figures == RunFigures():
+                self.figures = RunFigures.from_dict(given)
+        self.meta._figures = self.figures  # for the deprecated prof.meta["steps"]
         self._index = {node.path: node for node in self.nodes()}
 
     # -- reading -------------------------------------------------------------------
@@ -360,7 +367,7 @@ class Profile(formats.NotebookDisplay):
     def step_time_ns(self) -> int | None:
         """The step's wall time, which the model's phases and the parts add up to
         exactly; None for a forward-only profile."""
-        return self.meta.step_time_ns
+        return self.figures.step_time_ns
 
     def pass_spread(self) -> float | None:
         """How much the run's repeated measurements of the same work spread, relative:
@@ -368,17 +375,17 @@ class Profile(formats.NotebookDisplay):
         (``profile()``'s repeats) or else of its steps' wall times (a ``Profiler``
         block); None with fewer than two (one pass measures no noise). A diff calls a
         change within it noise."""
-        for values in (self.meta.pass_cpu_time_ns or [], self.meta.step_times_ns or []):
+        for values in (self.figures.pass_cpu_time_ns or [], self.figures.step_times_ns or []):
             if len(values) >= 2:
                 return spread(values)
         return None
 
     def step_spread(self, far: float = STEP_FAR) -> StepSpread | None:
         """How the recorded steps' wall times vary: None with fewer than two steps."""
-        times = list(self.meta.step_times_ns or [])
+        times = list(self.figures.step_times_ns or [])
         if len(times) < 2:
             return None
-        numbers = list(self.meta.step_numbers or [])
+        numbers = list(self.figures.step_numbers or [])
         if len(numbers) != len(times):
             numbers = list(range(len(times)))
         ordered = sorted(times)
@@ -458,7 +465,8 @@ class Profile(formats.NotebookDisplay):
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "meta": self.meta.to_dict() if self.compiled is None else {**self.meta.to_dict(), "compile": self.compiled.to_dict()},
+            # The facts, the figures among them, and a compiled model's run.
+            "meta": meta_to_dict(self.meta, self.figures) | ({} if self.compiled is None else {"compile": self.compiled.to_dict()}),
             "totals": self.totals,
             "modules": [node.to_dict() for node in self.modules()],
             "parts": [node.to_dict() for part in self.parts for node in part.walk()],
@@ -489,6 +497,7 @@ class Profile(formats.NotebookDisplay):
         return cls(
             root=root,
             meta=RunFacts.from_dict(meta),
+            figures=RunFigures.from_dict(meta),
             param_bytes=doc["totals"]["param_bytes"],
             parts=parts,
             memory=None if doc.get("memory") is None else MemorySummary.from_dict(doc["memory"]),

@@ -32,7 +32,7 @@ from typing import Any
 from layerscope.base.errors import RenderError
 from layerscope.base.formats import register_renderer
 from layerscope.base.version import __version__
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import RunFacts, RunFigures
 from layerscope.model.sidedocs import Timeline
 from layerscope.model.tree import Profile
 
@@ -125,7 +125,7 @@ def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
 def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
     # The memory timeline and the trace come from the same run only for a single step.
     memory = profile.memory
-    if not memory or int(profile.meta.steps or 1) != 1:
+    if not memory or int(profile.figures.steps or 1) != 1:
         return
     timeline = memory.timeline or Timeline()
     for t, live in zip(timeline.t_ns, timeline.bytes):
@@ -162,17 +162,17 @@ def _step_events(profile: Profile, pid: int) -> Iterator[str]:
     if step_ns is None:
         return
     number = traced_step(profile.meta)
-    name = _run_name(profile.meta, number)
+    name = _run_name(profile.figures, number)
     yield f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{_STEP_TID},"args":{{"name":"step"}}}}'
     yield _event(name, "step", 0, step_ns, pid, {"step": number, "step_ns": step_ns}, tid=_STEP_TID)
 
 
-def _run_name(meta: RunFacts, number: int | None) -> str:
+def _run_name(figures: RunFigures, number: int | None) -> str:
     """The traced run: ``step N`` of a block, ``pass N`` of ``profile()`` (its median,
     counted from 1), ``op pass`` in files whose ``profile()`` traced a pass of its own."""
     if number is not None:
         return f"step {number}"
-    return "op pass" if meta.shown_pass is None else f"pass {meta.shown_pass + 1}"
+    return "op pass" if figures.shown_pass is None else f"pass {figures.shown_pass + 1}"
 
 
 def _count(n: Any, noun: str) -> str:
@@ -181,10 +181,10 @@ def _count(n: Any, noun: str) -> str:
 
 def timing_metadata(profile: Profile) -> dict[str, Any]:
     """How the trace's times and the profile's times were measured, for ``otherData``."""
-    meta = profile.meta
+    meta, figures = profile.meta, profile.figures
     number = traced_step(meta)
-    if meta.mode == "profile" and meta.shown_pass is not None:
-        which = "the one pass" if meta.repeat == 1 else f"pass {meta.shown_pass + 1}, the median of {meta.repeat}"
+    if meta.mode == "profile" and figures.shown_pass is not None:
+        which = "the one pass" if meta.repeat == 1 else f"pass {figures.shown_pass + 1}, the median of {meta.repeat}"
         times = f"every figure: {which} after {meta.warmup} warm-up, the traced run itself"
     elif meta.mode == "profile":
         times = (
@@ -193,16 +193,16 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
         )
     else:
         times = (
-            f"module times: the sum of {_count(meta.steps, 'step')}, each timed with its ops, shapes, "
+            f"module times: the sum of {_count(figures.steps, 'step')}, each timed with its ops, shapes, "
             "FLOPs and memory in one run; the trace is the last step"
         )
     facts = {
-        "mode": meta.mode, "times_from": meta.times_from, "ops_from": meta.ops_from, "steps": meta.steps,
+        "mode": meta.mode, "times_from": meta.times_from, "ops_from": meta.ops_from, "steps": figures.steps,
         "step_range": meta.step_range, "repeat": meta.repeat, "warmup": meta.warmup,
     }
     dispatch = "dispatch mode" in (meta.times_from, meta.ops_from)
     return {
-        "trace_run": _run_name(meta, number),
+        "trace_run": _run_name(figures, number),
         "trace_times": "the traced run's own, recorded under a dispatch mode (slower than an unrecorded run)"
         if dispatch
         else "the traced run's own, recorded by torch's profiler with shapes and memory",

@@ -36,6 +36,7 @@ from typing import Any
 from layerscope.base import fmt
 from layerscope.base.formats import register_renderer
 from layerscope.model.ops import OpTableError, op_table
+from layerscope.model.runfacts import meta_to_dict
 from layerscope.model.sidedocs import UNATTRIBUTED_REASONS
 from layerscope.model.tree import PHASES, PhaseStats, Profile
 from layerscope.render.text import _inputs_text as inputs_text
@@ -67,7 +68,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
     phases = [phase for phase in PHASES if getattr(profile.root, phase) is not None]
     return {
         "schema": SCHEMA,
-        "meta": profile.meta.to_dict(),
+        "meta": meta_to_dict(profile.meta, profile.figures),
         # The inputs as the text header names them (shapes with dtypes, keywords by name).
         "inputs_text": _inputs(profile),
         "param_bytes": profile.param_bytes,
@@ -100,7 +101,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "step_spread": _step_spread(profile),
         # How much the repeated passes (or steps) spread; None: one pass, noise unknown.
         "pass_spread": profile.pass_spread(),
-        "passes": len(profile.meta.pass_cpu_time_ns or []),
+        "passes": len(profile.figures.pass_cpu_time_ns or []),
     }
 
 

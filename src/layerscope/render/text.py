@@ -469,7 +469,7 @@ def _footer(profile: Profile) -> list[str]:
     lines.extend(_peak_lines(profile))
     lines.extend(_memory_lines(profile))
     lines.extend(compile_lines(profile))
-    passes = sorted(profile.meta.pass_cpu_time_ns or [])
+    passes = sorted(profile.figures.pass_cpu_time_ns or [])
     if len(passes) > 1 and profile.step_time_ns is None:
         lines.append(
             f"Whole forward over {len(passes)} passes: min {fmt.time_ns(passes[0])}, "
@@ -480,7 +480,7 @@ def _footer(profile: Profile) -> list[str]:
     if unsupported:
         listed = ", ".join(f"{name} x{calls}" for name, calls in unsupported.items())
         lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
-    outside = profile.meta.unattributed_ops or 0
+    outside = profile.figures.unattributed_ops or 0
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")
     return lines
@@ -504,7 +504,7 @@ def _step_lines(profile: Profile) -> list[str]:
         shares.append(("recompute", root.recompute.cpu_time_ns))
     shares.extend((fmt.node_name(part.name), part_total(part)) for part in profile.parts)
     parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
-    steps = profile.meta.steps
+    steps = profile.figures.steps
     if steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
@@ -518,7 +518,7 @@ def _step_lines(profile: Profile) -> list[str]:
 
 def _shown_pass(profile: Profile) -> str:
     """Which of ``profile()``'s passes the tree is, said after a figure of the passes."""
-    shown, passes = profile.meta.shown_pass, profile.meta.pass_cpu_time_ns or []
+    shown, passes = profile.figures.shown_pass, profile.figures.pass_cpu_time_ns or []
     if shown is None or len(passes) < 2:
         return ""
     return f" (the tree is the median pass, pass {shown + 1} of {len(passes)})"
@@ -615,9 +615,9 @@ def _known_sum(values: list[int | None]) -> int | None:
 def _detail_lines(profile: Profile) -> list[str]:
     """Where a profile's times come from, when not from torch's profiler."""
     merged = profile.meta.from_merged_run
-    if merged:
+    if merged is not None:
         return [
-            f"Rank {merged.get('rank')} of a merged run: {merged.get('not_kept')} are not kept there "
+            f"Rank {merged.rank} of a merged run: {merged.not_kept} are not kept there "
             "(the rank's own file has them)"
         ]
     if profile.meta.times_from == "dispatch mode":
@@ -643,20 +643,20 @@ def _peak_lines(profile: Profile) -> list[str]:
 
 def trace_lines(meta: RunFacts) -> list[str]:
     """Where a profile read from a torch.profiler trace came from, and what it lacks."""
-    source = meta.source or {}
-    where = ", ".join(source.get("device_names") or []) or "no accelerator"
+    source = meta.source
+    where = (", ".join(source.device_names) if source is not None else "") or "no accelerator"
     rank = f", rank {meta.rank} of {meta.world_size}" if meta.world_size is not None else ""
-    lines = [f"From the torch.profiler trace {source.get('file', '?')} ({where}{rank})"]
-    how = meta.modules_from or {}
-    if how.get("instances"):
-        line = f"Modules: {how.get('method', '?')}: {how.get('matched')} of {how.get('instances')} instances"
-        unmatched = how.get("unmatched") or []
+    lines = [f"From the torch.profiler trace {source.file if source is not None else '?'} ({where}{rank})"]
+    how = meta.modules_from
+    if how is not None and how.instances:
+        line = f"Modules: {how.method}: {how.matched} of {how.instances} instances"
+        unmatched = how.unmatched
         if unmatched:
             line += f"; not matched (their work stays with their caller): {', '.join(unmatched[:5])}"
             line += f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
         lines.append(line)
-        checked = [how["shapes"]] if how.get("shapes") else []
-        not_run = how.get("uncalled") or []
+        checked = [how.shapes] if how.shapes else []
+        not_run = how.uncalled or ()
         if not_run:
             checked.append(
                 f"modules of the model that ran in no instance: {', '.join(not_run[:5])}"
@@ -669,15 +669,14 @@ def trace_lines(meta: RunFacts) -> list[str]:
     if meta.flops_unknown:
         lines.append(f"FLOPs unknown: {meta.flops_unknown}")
     device = meta.device_events
-    if device:
-        line = f"Device events: {device['events']}, busy {fmt.time_ns(device['time_ns'])}"
-        outside = device.get("outside_steps", 0)
-        if outside:
-            line += f"; {outside} launched outside the steps ({fmt.time_ns(device.get('outside_steps_time_ns'))}, in no node)"
-        if device.get("orphans"):
+    if device is not None:
+        line = f"Device events: {device.events}, busy {fmt.time_ns(device.time_ns)}"
+        if device.outside_steps:
+            line += f"; {device.outside_steps} launched outside the steps ({fmt.time_ns(device.outside_steps_time_ns)}, in no node)"
+        if device.orphans:
             line += (
-                f"; {device['orphans']} launched before the trace began "
-                f"({fmt.time_ns(device['orphans_time_ns'])}, in no node)"
+                f"; {device.orphans} launched before the trace began "
+                f"({fmt.time_ns(device.orphans_time_ns)}, in no node)"
             )
         lines.append(line)
     return lines

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import os
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from layerscope.attribute.cycle import Cycle
@@ -27,7 +28,7 @@ from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
 from layerscope.convert.streams import convert
 from layerscope.flops.recorded import CATALOG
 from layerscope.model.raw import RawCapture
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import DeviceEvents, ModulesFrom, RunFacts, TraceSource
 from layerscope.model.tree import Profile
 from layerscope.traces.modules import (
     Instance,
@@ -80,12 +81,11 @@ def profile_of_ranges(
     else:
         infos, index = table_without_model(found)
         param_bytes = None
-        how = {
-            "method": "the trace's module instances, nested as called (no model given: parameters unknown)",
-            "instances": len(found),
-            "matched": len(found),
-            "unmatched": [],
-        }
+        how = ModulesFrom(
+            method="the trace's module instances, nested as called (no model given: parameters unknown)",
+            instances=len(found),
+            matched=len(found),
+        )
     dropped: set[int] = set()
     for call in ranges.modules:
         at = index.get(call.instance)
@@ -151,7 +151,7 @@ def _traced_param_bytes(model: ModelTable, found: dict[str, Instance], index: di
 def _mapped(
     found: dict[str, Instance], infos: list[Any], params: list[list[tuple[str, tuple[int, ...]]]],
     has_shapes: bool, source: str, model_name: str,
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, int], ModulesFrom]:
     """The trace's instances mapped to the model's modules (each instance's index, and
     how, for ``meta.modules_from``), checked by the model's parameters' shapes among the shapes
     the ops of each module were given: a module that fits none is an error naming it; a
@@ -162,7 +162,7 @@ def _mapped(
     if not found:
         return index, out
     if not has_shapes:
-        out["shapes"] = "parameter shapes not checked: the trace recorded no input shapes (record_shapes=False)"
+        out = replace(out, shapes="parameter shapes not checked: the trace recorded no input shapes (record_shapes=False)")
         warnings.warn(
             f"layerscope: {source}: the model's parameter shapes cannot be checked against this trace: it "
             "recorded no input shapes (record_shapes=False); modules are matched by class and call order alone",
@@ -179,11 +179,11 @@ def _mapped(
                 "load it with the model that was traced (on the command line: --model SPEC, with "
                 "--config KEY=VALUE,... for a transformers: model's size)"
             )
-        out["shapes"] = f"parameter shapes checked against the ops' recorded inputs: {checked} modules, all fit"
+        out = replace(out, shapes=f"parameter shapes checked against the ops' recorded inputs: {checked} modules, all fit")
     not_run = uncalled(found, index, infos, shapes)
     if not_run:
-        out["uncalled"] = not_run
-    unmatched = out["unmatched"]
+        out = replace(out, uncalled=tuple(not_run))
+    unmatched = out.unmatched
     if unmatched or not_run:
         said = []
         if unmatched:
@@ -270,7 +270,7 @@ def _steps(ranges: TraceRanges, roots: list[Range]) -> list[int]:
 
 
 def _meta(
-    file_meta: dict[str, Any], ranges: TraceRanges, source: str, how: dict[str, Any], model: ModelTable | None,
+    file_meta: dict[str, Any], ranges: TraceRanges, source: str, how: ModulesFrom, model: ModelTable | None,
     windows: list[tuple[int, int]], model_type: str,
 ) -> RunFacts:
     devices = file_meta.get("deviceProperties") or []
@@ -289,15 +289,15 @@ def _meta(
         layerscope_version=__version__,
         device="cuda" if ranges.device_events else "cpu",
         mode="trace",
-        source={
-            "kind": "torch.profiler trace",
-            "file": source,
-            "device_names": names,
-            "schema_version": file_meta.get("schemaVersion"),
-            "record_shapes": _flag(file_meta.get("record_shapes"), ranges.has_shapes),
-            "profile_memory": _flag(file_meta.get("profile_memory"), ranges.has_memory),
-            "with_stack": _flag(file_meta.get("with_stack"), ranges.has_stack),
-        },
+        source=TraceSource(
+            kind="torch.profiler trace",
+            file=source,
+            device_names=tuple(names),
+            schema_version=_whole(file_meta.get("schemaVersion")),
+            record_shapes=_flag(file_meta.get("record_shapes"), ranges.has_shapes),
+            profile_memory=_flag(file_meta.get("profile_memory"), ranges.has_memory),
+            with_stack=_flag(file_meta.get("with_stack"), ranges.has_stack),
+        ),
         modules_from=how,
         times_from="trace",
         ops_from="trace",
@@ -306,14 +306,14 @@ def _meta(
         meta.flops_unknown = "the trace recorded no input shapes (record_shapes=False)"
     meta.peak_flops_per_s, meta.peak_from = _peak(names, ranges.matrix_dtypes, ranges.has_shapes)
     if ranges.device_events:
-        meta.device_events = {
-            "events": len(ranges.device_events),
-            "time_ns": all_device,
-            "outside_steps": len(outside),
-            "outside_steps_time_ns": union_ns([(e.start_ns, e.end_ns) for e in outside]),
-            "orphans": len(orphans),
-            "orphans_time_ns": union_ns([(e.start_ns, e.end_ns) for e in orphans]),
-        }
+        meta.device_events = DeviceEvents(
+            events=len(ranges.device_events),
+            time_ns=all_device,
+            outside_steps=len(outside),
+            outside_steps_time_ns=union_ns([(e.start_ns, e.end_ns) for e in outside]),
+            orphans=len(orphans),
+            orphans_time_ns=union_ns([(e.start_ns, e.end_ns) for e in orphans]),
+        )
     if distributed:
         meta.rank = _whole(distributed.get("rank"))
         meta.world_size = _whole(distributed.get("world_size"))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope.model.raw import ModuleInfo
+from layerscope.model.runfacts import ModulesFrom
 from layerscope.traces.ranges import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
 
 
@@ -161,7 +162,7 @@ def table_without_model(found: dict[str, Instance]) -> tuple[list[ModuleInfo], d
 
 def map_to_model(
     found: dict[str, Instance], infos: list[ModuleInfo], param_shapes: list[set[tuple[int, ...]]] | None = None
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, int], ModulesFrom]:
     """Each instance's index in the model's table (``infos``, ``named_modules()`` order),
     and how the match was made (the instances left unmatched are not frames: their work
     stays with the frame they ran in). ``param_shapes`` (each module's own parameters'
@@ -228,14 +229,13 @@ def map_to_model(
         if at is not None:
             match(instance.name, at)
     unmatched = sorted(name for name in found if name not in index)
-    how = {
-        "method": "instances matched to the model's modules by class, parameter shapes and first-call order under each parent",
-        "instances": len(found),
-        "matched": len(index),
-        "unmatched": unmatched,
-    }
-    if renamed:
-        how["renamed"] = {name: renamed[name] for name in sorted(renamed) if name in index}
+    how = ModulesFrom(
+        method="instances matched to the model's modules by class, parameter shapes and first-call order under each parent",
+        instances=len(found),
+        matched=len(index),
+        unmatched=tuple(unmatched),
+        renamed={name: renamed[name] for name in sorted(renamed) if name in index} if renamed else None,
+    )
     return index, how
 
 
