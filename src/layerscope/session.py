@@ -147,8 +147,10 @@ def profile(
     device = model_device(model)
     peak = peak_flops_per_s(peak_tflops, device, model_dtype(model))
     selected = [i.selected for i in infos]
-    recorder = Recorder(modules, selected, device=device, clock=clock, memory=memory, with_stack=with_stack)
-    recorder.memory_inputs = list(tensors_in((args, kwargs)))
+    inputs_live = list(tensors_in((args, kwargs)))
+    recorder = Recorder(
+        modules, selected, device=device, clock=clock, memory=memory, with_stack=with_stack, inputs=inputs_live
+    )
     report = progress or (lambda stage, done, total: None)
     with contextlib.ExitStack() as session:
         session.enter_context(exclusive(model))
@@ -169,13 +171,13 @@ def profile(
             if held:
                 runs = detailed_steps(
                     model, recorder, modules, selected, device, memory=memory, with_stack=with_stack,
-                    steps=backward, inputs=recorder.memory_inputs,
+                    steps=backward, inputs=inputs_live,
                 )
             if runs is None:
                 runs = RecorderSteps(recorder, detailed=True, steps=backward)
                 times_from = "dispatch mode" if clock is None else None
         elif backward and held:
-            runs = timed_steps(recorder, modules, selected, device)
+            runs = timed_steps(modules, selected, device)
         if runs is None:
             runs = RecorderSteps(recorder, detailed=False, steps=backward)
         detailed_hooks = record_ops and isinstance(runs, RecorderSteps)
@@ -340,8 +342,10 @@ def _count_capture(
     check_signature(model, args, kwargs)
     modules, infos, param_bytes = module_table(model, paths)
     device = model_device(model)
-    recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory)
-    recorder.memory_inputs = list(tensors_in((args, kwargs)))
+    recorder = Recorder(
+        modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory,
+        inputs=list(tensors_in((args, kwargs))),
+    )
     detail = RecorderSteps(recorder, detailed=True, steps=backward)
     with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         clear_grads()

@@ -14,7 +14,7 @@ A new backend is a new class with these five methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Protocol
 
@@ -130,7 +130,7 @@ class KinetoSteps:
 # -- the backends session.py and block.py run ------------------------------------------
 
 
-def timed_steps(recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device) -> Backend | None:
+def timed_steps(modules: list[nn.Module], selected: list[bool], device: torch.device) -> Backend | None:
     """Timed steps through torch's profiler, or None where it cannot run (a user's own
     ``torch.profiler`` is already running: only one can)."""
     if not available():
@@ -141,7 +141,7 @@ def timed_steps(recorder: Recorder, modules: list[nn.Module], selected: list[boo
 
 def detailed_steps(
     model: nn.Module, recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device,
-    *, memory: bool, with_stack: bool, steps: bool = True, inputs: list[torch.Tensor] | None = None,
+    *, memory: bool, with_stack: bool, steps: bool = True, inputs: Sequence[torch.Tensor] = (),
 ) -> Backend | None:
     """Steps timed *and* detailed by one run of torch's profiler (shapes, overloads and,
     with ``memory``, allocations), or None where it cannot run."""
@@ -156,6 +156,6 @@ def detailed_steps(
     window = KinetoWindow(
         index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
         owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
+        inputs=inputs,
     )
-    window.inputs = list(inputs or [])
     return KinetoSteps(window, steps=steps)

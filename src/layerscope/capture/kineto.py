@@ -33,7 +33,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
@@ -272,6 +272,7 @@ class KinetoWindow:
         owners: list[tuple[torch.Tensor, int]] | None = None,
         state_tensors: list[torch.Tensor] | None = None,
         module_shapes: dict[int, tuple[Any, Any]] | None = None,
+        inputs: Sequence[torch.Tensor] = (),
     ) -> None:
         self._index = index
         self._names = {key: f"{MODULE_PREFIX}{i}" for key, i in index.items()}
@@ -290,7 +291,7 @@ class KinetoWindow:
         self._owners = owners or []
         self._state_tensors = state_tensors or []
         #: Tensors live before each step that are not the model's (profile's inputs).
-        self.inputs: list[torch.Tensor] = []
+        self._inputs = list(inputs)
         self.module_shapes = module_shapes if module_shapes is not None else {}
         self._notes: list[list[tuple[Any, ...]]] = []
         self._grads_noted: set[int] = set()
@@ -327,7 +328,7 @@ class KinetoWindow:
 
         def items() -> list[tuple[Any, ...]]:
             grads = [p.grad for p, _ in self._owners if p.grad is not None]
-            return [constant, *_adopt(grads, "gradients", since_start=True), *_adopt(self.inputs, "other", since_start=True)]
+            return [constant, *_adopt(grads, "gradients", since_start=True), *_adopt(self._inputs, "other", since_start=True)]
 
         self._note(items)
 

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -240,13 +240,14 @@ class Recorder:
         clock: Clock | None = None,
         memory: bool = False,
         with_stack: bool = False,
+        inputs: Sequence[torch.Tensor] = (),
     ) -> None:
         self._with_stack = with_stack
         self._index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
         self._device = device
         self.memory = memory
         #: Tensors live before each memory pass that are not the model's (profile's inputs).
-        self.memory_inputs: list[torch.Tensor] = []
+        self._inputs = list(inputs)
         self._params = [p for m in modules for p in m.parameters(recurse=False)]
         #: The model's parameters and buffers: memory live through every pass.
         self.state_tensors = self._params + [b for m in modules for b in m.buffers(recurse=False)]
@@ -343,7 +344,7 @@ class Recorder:
         tracker.begin(_next_seq())
         tracker.constant(storage_bytes(self.state_tensors), "parameters")
         tracker.adopt((p.grad for p in self._params if p.grad is not None), "gradients", since_start=True)
-        tracker.adopt(self.memory_inputs, "other", since_start=True)
+        tracker.adopt(self._inputs, "other", since_start=True)
         optimizer_hooks(stack, tracker.optimizer_pre, tracker.optimizer_post)
 
     @contextmanager
