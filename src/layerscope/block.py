@@ -324,7 +324,7 @@ class Profiler:
         if self._cycle is None or self._cycle.empty:
             return None
         profile = self._build(complete=complete)
-        self._cycle = self._new_cycle()
+        self._cycle = self._cycle.next()
         self._profile = profile
         self._delivered += 1
         if self._on_ready is not None:
@@ -336,7 +336,6 @@ class Profiler:
         assert capture is not None and self._cycle is not None
         raw = RawCapture(
             modules=capture.infos,
-            module_shapes=capture.recorder.module_shapes,
             has_device_time=capture.recorder.has_device_time,
             param_bytes=capture.param_bytes,
             memory_static=model_memory(self.model) if options.memory else {},

@@ -38,7 +38,7 @@ from layerscope.capture.modules import (
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.errors import ModelError
-from layerscope.raw import RawCapture
+from layerscope.raw import Event, ModuleShapes, RawCapture
 from layerscope.runfacts import RunFacts
 from layerscope.tree import Profile
 
@@ -208,13 +208,12 @@ def profile(
                     if n >= dropped:
                         report("measure", n + 1 - dropped, repeat)
             finally:
-                timing_passes = runs.collect()[dropped:]
+                timing_passes = _measured(runs.collect(), dropped)
 
     raw = RawCapture(
         modules=infos,
         timing_passes=timing_passes,
         detailed_passes=record_ops,
-        module_shapes=recorder.module_shapes,
         has_device_time=recorder.has_device_time,
         param_bytes=param_bytes,
         memory_static=model_memory(model) if memory and record_ops else {},
@@ -233,6 +232,15 @@ def profile(
         ),
     )
     return build_profile(raw)
+
+
+def _measured(streams: list[list[Event]], dropped: int) -> list[list[Event]]:
+    """The streams after the first ``dropped``, which keep the module shapes read in those
+    (a capture reads each module's once, on its first call)."""
+    kept = streams[dropped:]
+    if kept and dropped:
+        kept[0][:0] = [event for stream in streams[:dropped] for event in stream if type(event) is ModuleShapes]
+    return kept
 
 
 def _profile_compiled(
@@ -358,7 +366,6 @@ def _count_capture(
     raw = RawCapture(
         modules=infos,
         op_pass=op_pass,
-        module_shapes=recorder.module_shapes,
         param_bytes=param_bytes,
         memory_static=model_memory(model) if memory else {},
         meta=meta_of(

@@ -51,6 +51,7 @@ from layerscope.raw import (
     Grad,
     LabelEnter,
     LabelExit,
+    ModuleShapes,
     Op,
     Optim,
     Saved,
@@ -111,6 +112,9 @@ class PassResult:
     #: (the innermost frame open at its ``Enter``), None when a call ran in no label or
     #: the calls ran in different ones. The tree nests the module under that label.
     enclosing: dict[Key, str | None] = field(default_factory=dict)
+    #: Per module: its ``(input_shapes, output_shapes)``, from the stream's
+    #: :class:`~layerscope.raw.ModuleShapes` records (the first one of each module).
+    module_shapes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
 
 def merge_enclosing(into: dict[Key, str | None], more: dict[Key, str | None]) -> None:
@@ -126,6 +130,23 @@ def note_enclosing(enclosing: dict[Key, str | None], key: Key, label: str | None
         enclosing[key] = label
     elif enclosing[key] != label:
         enclosing[key] = None
+
+
+def merge_shapes(into: dict[int, tuple[Any, Any]], more: dict[int, tuple[Any, Any]]) -> None:
+    """Fold another pass's :attr:`PassResult.module_shapes` into ``into``: each module's
+    first known shapes stay."""
+    for module, shapes in more.items():
+        into.setdefault(module, shapes)
+
+
+def shapes_in(events: list[Event]) -> dict[int, tuple[Any, Any]]:
+    """The module shapes a stream's records give, read without walking it (a step that
+    is not walked: a warm-up step, or one that ran nothing)."""
+    found: dict[int, tuple[Any, Any]] = {}
+    for event in events:
+        if type(event) is ModuleShapes:
+            found.setdefault(event.module, (event.input_shapes, event.output_shapes))
+    return found
 
 
 def add_busy(total: DeviceBusy | None, more: DeviceBusy | None) -> DeviceBusy | None:
@@ -275,6 +296,7 @@ class PassWalker:
             Step: self.on_step,
             Collective: self.on_collective,
             DeviceBusy: self.on_device_busy,
+            ModuleShapes: self.on_module_shapes,
         }
         for kind in MEMORY_NOTES:
             handlers[kind] = _skip
@@ -603,6 +625,9 @@ class PassWalker:
 
     def on_collective(self, event: Collective) -> None:
         self.collectives.append((event.t0_ns, event.t1_ns))
+
+    def on_module_shapes(self, event: ModuleShapes) -> None:
+        self.result.module_shapes.setdefault(event.module, (event.input_shapes, event.output_shapes))
 
     def account(self, t0: int, t1: int) -> None:
         """``[t0, t1)`` of the step is charged to a top-level node."""

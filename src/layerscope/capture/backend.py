@@ -155,7 +155,6 @@ def detailed_steps(
                 owners.setdefault(id(p), (p, i))
     window = KinetoWindow(
         index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
-        owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
-        inputs=inputs,
+        owners=list(owners.values()), state_tensors=recorder.state_tensors, inputs=inputs,
     )
     return KinetoSteps(window, steps=steps)
