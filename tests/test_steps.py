@@ -421,7 +421,7 @@ def _container_sizes(prof: Any) -> dict[str, int]:
     accumulator and the accumulator's running totals."""
     owners = {
         "prof": prof,
-        "recorder": prof._capture.recorder,
+        "recorder": prof._capture.assembly.recorder,
         "steps": prof._cycle.steps,
         "total": prof._cycle.steps.total,
     }
