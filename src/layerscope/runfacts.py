@@ -58,9 +58,11 @@ class RunFacts(Mapping[str, Any]):
     #: Where ``peak_flops_per_s`` came from, or why it is not known, when that needs
     #: saying (a trace file's GPU and dtype; a peak given to ``layerscope show``).
     peak_from: str | None = None
-    #: Where op rows and times came from when not from torch's profiler (``dispatch
-    #: mode``, ``trace``).
+    #: Where op rows came from, as older files said it (``dispatch mode``, ``trace``):
+    #: read, no longer written (``times_from`` says it).
     ops_from: str | None = None
+    #: Where times and op rows (one run's) came from when not from torch's profiler:
+    #: ``dispatch mode``, ``trace``.
     times_from: str | None = None
     #: False for an untimed count (count_flops): its times are all zero.
     timed: bool | None = None
