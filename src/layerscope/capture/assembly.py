@@ -131,7 +131,7 @@ class Assembly:
             with_stack=self._with_stack,
             inputs=self._inputs,
         )
-        #: Chosen when entered.
+        #: The recorder's steps, until entering chooses torch's profiler where it may run.
         self.backend: Backend = RecorderSteps(self.recorder, detailed=plan.detail, steps=plan.steps)
         #: Where the times came from when torch's profiler was to record and could not.
         self.times_from: str | None = None
