@@ -12,6 +12,8 @@ module's time is then only a count of clock reads:
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -23,9 +25,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import layerscope
 from conftest import tiered
 from layerscope import zoo
+from layerscope.attribute import build_profile
 from layerscope.base.errors import ModelError
+from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.model.check import InvariantError, check_tree
 from layerscope.model.documents import profile_from_dict
+from layerscope.model.raw import Event, ModuleShapes
 from layerscope.model.tree import Profile
 
 STEP = 1000  # ns per fake-clock read (conftest.FakeClock)
@@ -597,6 +602,42 @@ def test_profile_and_profiler_refuse_to_time_a_meta_model() -> None:
         layerscope.profile(nn.Linear(8, 4), x)  # meta inputs to a real model
     with pytest.raises(ModelError, match="meta device"), layerscope.Profiler(on_meta):
         on_meta(x)
+
+
+def test_one_assembly_chooses_the_backend_and_its_fallback_once() -> None:
+    # The plan says what to capture; the assembly chooses how, once, and says so in the
+    # capture under one name: torch's profiler where it can run (its first pass dropped,
+    # the shapes read in it kept), the dispatch mode inside a user's torch.profiler.
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+    x = torch.randn(2, 4)
+    plan = CapturePlan(model, inputs=((x,), {}), memory=True)
+
+    def passes(assembly: Assembly, count: int) -> list[list[Event]]:
+        for _ in range(count):
+            assembly.begin_step()
+            model(x)
+            assembly.end_step()
+        return assembly.measured()
+
+    with Assembly(plan) as free:
+        assert free.windowed and free.dropped_passes == 1 and free.times_from is None
+        streams = passes(free, 1 + 2)
+    with torch.profiler.profile(), Assembly(plan) as inside:
+        assert not inside.windowed and inside.dropped_passes == 0 and inside.times_from == "dispatch mode"
+        fallback = passes(inside, 2)
+    # A clock of the caller's times by design: the recorder, and no fallback to state.
+    with Assembly(dataclasses.replace(plan, clock=time.perf_counter_ns)) as clocked:
+        assert not clocked.windowed and clocked.times_from is None
+    for assembly, measured in ((free, streams), (inside, fallback)):
+        assert len(measured) == 2
+        assert [type(event) for event in measured[0]].count(ModuleShapes) == 3  # once per module
+        assert not any(type(event) is ModuleShapes for event in measured[1])
+        raw = assembly.capture(timing_passes=measured, detailed_passes=True, mode="profile")
+        prof = check_tree(build_profile(raw))
+        assert prof.meta.times_from == assembly.times_from and prof.meta.ops_from is None
+        assert prof.meta.inputs == [[[2, 4]], {}] and prof.meta.paths is None and prof.meta.timed is None
+        assert (prof["0"].input_shapes, prof["0"].output_shapes) == ([[2, 4]], [2, 8])
+        assert prof["0"].forward.flops == 2 * 2 * 4 * 8 + 2 * 8 and prof.memory is not None  # addmm: matmul + bias
 
 
 def test_the_header_names_nested_inputs_and_autocast() -> None:

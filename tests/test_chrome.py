@@ -12,6 +12,7 @@ from torch import nn
 
 import layerscope
 from layerscope import check_tree, zoo
+from layerscope.model.documents import profile_from_dict
 from layerscope.model.sidedocs import Trace
 from layerscope.model.tree import ModuleNode, PhaseStats, Profile, link
 
@@ -319,3 +320,8 @@ def test_other_data_says_how_times_were_measured() -> None:
     one = _chrome(_zoo_backward("mlp"))["otherData"]
     assert (one["mode"], one["trace_run"], one["repeat"]) == ("profile", "pass 1", 1)
     assert one["times"] == "every figure: the one pass after 1 warm-up, the traced run itself"
+    # Older files said the dispatch mode under a second name (ops_from): still read.
+    older = prof.profile.to_dict()
+    older["meta"]["ops_from"] = "dispatch mode"
+    said = _chrome(check_tree(profile_from_dict(older)))["otherData"]
+    assert said["ops_from"] == "dispatch mode" and "under a dispatch mode" in said["trace_times"]

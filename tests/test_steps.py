@@ -249,6 +249,9 @@ def test_idle_steps_install_nothing_and_warmup_steps_are_not_counted() -> None:
         assert module_calls(profile) == {"": 2, "0": 2, "1": 2, "2": 2, "3": 2}
         assert profile["<optimizer:SGD>"].calls == 2
         assert profile["<zero_grad>"].calls == 2
+        # Shapes are read once (in warm-up step 1) and are every cycle's.
+        assert (profile["0"].input_shapes, profile["0"].output_shapes) == ([[5, 8]], [5, 16])
+        assert (profile["3"].input_shapes, profile["3"].output_shapes) == ([[5, 16]], [5, 4])
     assert prof.profile is delivered[-1]
 
 
@@ -418,7 +421,7 @@ def _container_sizes(prof: Any) -> dict[str, int]:
     accumulator and the accumulator's running totals."""
     owners = {
         "prof": prof,
-        "recorder": prof._capture.recorder,
+        "recorder": prof._capture.assembly.recorder,
         "steps": prof._cycle.steps,
         "total": prof._cycle.steps.total,
     }
@@ -562,14 +565,19 @@ def test_warmup_steps_are_dropped_when_every_step_is_detailed(fake_clock: Any) -
     # With a fake clock (as inside a user's torch.profiler) every step is a detail step:
     # warm-up steps are still not the cycle's.
     model = nn.Sequential(nn.Linear(4, 4))
-    sched = layerscope.schedule(wait=1, warmup=1, active=2, repeat=1)
-    with layerscope.Profiler(model, schedule=sched, clock=fake_clock) as prof:
-        for _ in range(4):
+    sched = layerscope.schedule(wait=1, warmup=1, active=2, repeat=2)
+    delivered: list[Profile] = []
+    with layerscope.Profiler(model, schedule=sched, clock=fake_clock, on_ready=delivered.append) as prof:
+        for _ in range(8):
             model(torch.randn(2, 4))
             prof.step()
-    profile = check_tree(prof.profile)
-    assert profile.figures.steps == 2
-    assert profile[""].calls == 2
+    assert [p.meta.step_range for p in delivered] == [[2, 3], [6, 7]]
+    for profile in delivered:
+        check_tree(profile)
+        assert profile.figures.steps == 2
+        assert profile[""].calls == 2
+        # The shapes read in warm-up step 1 (once per block) are every cycle's.
+        assert (profile["0"].input_shapes, profile["0"].output_shapes) == ([[2, 4]], [2, 4])
 
 
 def test_step_spread_names_the_steps_far_from_the_median() -> None:

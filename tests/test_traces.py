@@ -71,6 +71,7 @@ def test_every_real_trace_loads_and_its_tree_holds(shared_traces: Path, name: st
     profile = _trace(shared_traces, name)
     assert tree_problems(profile) == []
     assert profile.meta.mode == "trace"
+    assert profile.meta.times_from == "trace" and profile.meta.ops_from is None  # one fact, one name
     assert profile.meta.source.file == f"{name}.json.gz"
     device = profile.meta.device_events
     assert device.events > 0

@@ -14,7 +14,18 @@ from layerscope.attribute import build_profile, parent_indices, walk_pass
 from layerscope.attribute.profile import assemble
 from layerscope.attribute.walk import Dynamic
 from layerscope.model.check import check_tree
-from layerscope.model.raw import Enter, Event, Exit, LabelEnter, LabelExit, ModuleInfo, Op, RawCapture, Step
+from layerscope.model.raw import (
+    Enter,
+    Event,
+    Exit,
+    LabelEnter,
+    LabelExit,
+    ModuleInfo,
+    ModuleShapes,
+    Op,
+    RawCapture,
+    Step,
+)
 from layerscope.model.runfacts import RunFigures
 from layerscope.model.tree import Profile
 
@@ -174,6 +185,26 @@ def test_build_unbalanced_stream_left_open_and_stray_exit() -> None:
     # Calls are counted when entered: root and c started a call each.
     assert prof["c"].calls == 1
     assert prof.root.calls == 1
+
+
+def test_module_shapes_are_records_that_take_no_time() -> None:
+    # Each module's shapes come once per capture, in whichever pass read them (here the
+    # first and the third, not the median one shown); they change no figure.
+    def shaped(records: list[ModuleShapes], root_ns: int) -> list[Event]:
+        return [enter(0, ROOT), enter(10, A), leave(20, A), *records, leave(root_ns, ROOT)]
+
+    a_shapes = ModuleShapes(A, [[2, 4]], [2, 8])
+    root_shapes = ModuleShapes(ROOT, [[2, 4], {"mask": None}], {"y": [2, 8]})
+    plain = build(*[shaped([], r) for r in (300, 200, 250)])
+    prof = build(shaped([a_shapes], 300), shaped([], 200), shaped([root_shapes], 250))
+    assert prof.figures.shown_pass == plain.figures.shown_pass == 2
+    assert [cpu(prof, path) for path in ("", "a")] == [cpu(plain, path) for path in ("", "a")] == [(240, 250), (10, 10)]
+    assert (prof["a"].input_shapes, prof["a"].output_shapes) == ([[2, 4]], [2, 8])
+    assert (prof[""].input_shapes, prof[""].output_shapes) == ([[2, 4], {"mask": None}], {"y": [2, 8]})
+    assert prof["c"].input_shapes is None and plain["a"].input_shapes is None
+    # An untimed count reads them from its op pass.
+    counted = build(op_pass=shaped([a_shapes], 100))
+    assert counted["a"].input_shapes == [[2, 4]]
 
 
 def test_build_without_passes_or_op_pass() -> None:

@@ -23,26 +23,14 @@ from layerscope.base.errors import ProfilerStateError
 from layerscope.base.peaks import check_peak_tflops
 from layerscope.base.schedule import Action
 from layerscope.capture import distributed
-from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps
-from layerscope.capture.kineto import paused_gc, profiler_session
-from layerscope.capture.memory import model_memory
-from layerscope.capture.modules import (
-    model_device,
-    model_dtype,
-    module_table,
-    note_raising_module,
-    peak_flops_per_s,
-    refuse_compiled,
-    refuse_meta_timing,
-    require_module,
-)
-from layerscope.capture.recorder import Clock, Recorder, exclusive
-from layerscope.model.raw import Event, ModuleInfo, RawCapture
+from layerscope.capture.assembly import Assembly, CapturePlan
+from layerscope.capture.kineto import paused_gc
+from layerscope.capture.modules import model_dtype, note_raising_module, peak_flops_per_s, require_module
+from layerscope.capture.recorder import Clock
+from layerscope.model.raw import Event
 from layerscope.model.tree import STEP_FAR, ModuleNode, Profile
-from layerscope.session import meta_of
 
 if TYPE_CHECKING:
-    import torch
 
     from layerscope.model.ops import OpTable
     from layerscope.model.runfacts import RunFacts, RunFigures
@@ -70,17 +58,12 @@ class _Options:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Capture:
-    """What entering the block found and set up, which every cycle's profile is built
-    with: the module table and the recorder over it, the model's device, the process's
-    identity (rank, world size, host, run id) and why the times are not from torch's
-    profiler, when they are not."""
+    """What entering the block set up, which every cycle's profile is built with: the
+    capture's assembly (the module table, the backend every step goes through) and the
+    process's identity (rank, world size, host, run id)."""
 
-    recorder: Recorder
-    infos: list[ModuleInfo]
-    param_bytes: int
-    device: torch.device
+    assembly: Assembly
     identity: dict[str, Any]
-    times_from: str | None
 
 
 #: The names a finished block answers for its profile (``prof.render(...)``); any other
@@ -171,11 +154,10 @@ class Profiler:
         self._capture: _Capture | None = None
         #: Set while the block runs: what leaving it closes.
         self._stack: contextlib.ExitStack | None = None
-        self._backend: Backend | None = None
         #: Whether steps are read back in windows (torch's profiler), not one by one.
         self._windowed = False
-        #: The backend while a step records (None between steps and in idle steps).
-        self._running: Backend | None = None
+        #: The capture while a step records (None between steps and in idle steps).
+        self._running: Assembly | None = None
         #: The step running now (steps ended so far) and what the schedule asked of it.
         self._step = 0
         self._step_action = Action.NONE
@@ -190,49 +172,27 @@ class Profiler:
     def __enter__(self) -> Profiler:
         if self._stack is not None or self._profile is not None:
             raise ProfilerStateError("this Profiler has already run; use a new one for each block")
-        refuse_compiled(self.model)
-        refuse_meta_timing(self.model)
         options = self._options
-        modules, infos, param_bytes = module_table(self.model, options.paths, with_repr=options.record_ops)
-        device = model_device(self.model)
-        selected = [i.selected for i in infos]
-        recorder = Recorder(
-            modules,
-            selected,
-            device=device,
-            clock=options.clock,
-            memory=options.memory,
-            with_stack=options.with_stack,
-        )
+        # Every step goes through one backend. With ops: torch's profiler, recording
+        # shapes and memory, times and detail from the same run, held for the whole block
+        # (one session per process: waiting for another thread's profile() to end, never
+        # for a block's, which may last a training loop). Where it cannot run (a user's
+        # torch.profiler already does, another thread's block holds it, or a fake clock
+        # in tests) a dispatch mode, whose times are not faithful (meta.times_from says
+        # so). record_ops=False is the leanest timing: module hooks on a clock, forward only.
+        assembly = Assembly(CapturePlan(
+            self.model, paths=options.paths, steps=True, detail=options.record_ops, memory=options.memory,
+            with_stack=options.with_stack, clock=options.clock, torch_profiler=options.record_ops, bounded=False,
+            with_repr=options.record_ops,
+        ))
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(exclusive(self.model))
-            # Every step goes through one backend. With ops: torch's profiler, recording
-            # shapes and memory, times and detail from the same run, held for the whole
-            # block (one session per process: waiting for another thread's profile() to
-            # end). Where it cannot run (a user's torch.profiler already does, another
-            # thread's block holds it, or a fake clock in tests) a dispatch mode, whose
-            # times are not faithful (meta.times_from says so). record_ops=False is the
-            # leanest timing: module hooks on a clock, forward only.
-            backend: Backend | None = None
-            times_from = None
-            if options.record_ops and options.clock is None and stack.enter_context(profiler_session(bounded=False)):
-                backend = detailed_steps(
-                    self.model, recorder, modules, selected, device, memory=options.memory,
-                    with_stack=options.with_stack,
-                )
-            if backend is None:
-                backend = RecorderSteps(recorder, detailed=options.record_ops)
-                if options.record_ops and options.clock is None:  # a given clock times by design
-                    times_from = "dispatch mode"
-            self._backend = backend
-            self._windowed = isinstance(backend, KinetoSteps)
-            self._capture = _Capture(
-                recorder, infos, param_bytes, device,
-                # Rank, world size, host and the run id (agreed with the other ranks once).
-                identity=distributed.identity(), times_from=times_from,
-            )
-            self._cycle = self._new_cycle()
+            stack.enter_context(assembly)
+            self._windowed = assembly.windowed
+            # Rank, world size, host and the run id (agreed with the other ranks once).
+            self._capture = _Capture(assembly, identity=distributed.identity())
+            infos = assembly.infos
+            self._cycle = Cycle(infos, parent_indices(infos), collect_ops=options.record_ops)
             self._stack = stack
             self._begin_step()
         except BaseException:
@@ -253,10 +213,10 @@ class Profiler:
         action = self._action(self._step)
         if action is Action.NONE:
             return
-        backend = self._backend
-        assert backend is not None
-        backend.begin_step()
-        self._running = backend
+        assert self._capture is not None
+        assembly = self._capture.assembly
+        assembly.begin_step()
+        self._running = assembly
         self._step_action = action
         if self._windowed:
             self._window_steps.append((self._step, action))
@@ -265,12 +225,12 @@ class Profiler:
         """Close the running step; a dispatch-mode step is walked now, the profiler's
         when their window is read back (every ``WINDOW_STEPS`` steps, and at the cycle's
         end)."""
-        backend, self._running = self._running, None
-        if backend is None:
+        assembly, self._running = self._running, None
+        if assembly is None:
             return
-        backend.end_step()
+        assembly.end_step()
         if not self._windowed:
-            (events,) = backend.collect()
+            (events,) = assembly.collect()
             self._add_step(events, self._step, self._step_action)
         elif len(self._window_steps) >= WINDOW_STEPS:
             self._read_window()
@@ -279,24 +239,19 @@ class Profiler:
         """Stop the profiler, and fold its steps into the running totals."""
         if not self._windowed or not self._window_steps:
             return
-        assert self._backend is not None
+        assert self._capture is not None
         steps, self._window_steps = self._window_steps, []
         with paused_gc():
-            streams = self._backend.collect()
+            streams = self._capture.assembly.collect()
             for events, (number, action) in zip(streams, steps):
                 self._add_step(events, number, action)
 
-    def _new_cycle(self) -> Cycle:
-        assert self._capture is not None
-        infos = self._capture.infos
-        return Cycle(infos, parent_indices(infos), collect_ops=self._options.record_ops)
-
     def _add_step(self, events: list[Event], number: int, action: Action) -> None:
-        assert self._cycle is not None and self._backend is not None
+        assert self._cycle is not None and self._capture is not None
         # A lone step is kept even if it ran nothing, so such a block still has a profile.
         self._cycle.add(
             events, number, warmup=action is Action.WARMUP, keep_empty=number == 0 and self._options.schedule is None,
-            has_device=self._backend.has_device_time,
+            has_device=self._capture.assembly.has_device_time,
         )
 
     def step(self) -> None:
@@ -324,7 +279,7 @@ class Profiler:
         if self._cycle is None or self._cycle.empty:
             return None
         profile = self._build(complete=complete)
-        self._cycle = self._new_cycle()
+        self._cycle = self._cycle.next()
         self._profile = profile
         self._delivered += 1
         if self._on_ready is not None:
@@ -334,24 +289,14 @@ class Profiler:
     def _build(self, *, complete: bool) -> Profile:
         capture, options = self._capture, self._options
         assert capture is not None and self._cycle is not None
-        raw = RawCapture(
-            modules=capture.infos,
-            module_shapes=capture.recorder.module_shapes,
-            has_device_time=capture.recorder.has_device_time,
-            param_bytes=capture.param_bytes,
-            memory_static=model_memory(self.model) if options.memory else {},
-            meta=meta_of(
-                self.model,
-                capture.device,
-                mode="context",
-                paths=None if options.paths is None else list(options.paths),
-                step_range=[self._cycle.first, self._cycle.last],
-                complete=complete,
-                schedule=None if options.schedule is None else str(options.schedule),
-                peak_flops_per_s=peak_flops_per_s(options.peak_tflops, capture.device, model_dtype(self.model)),
-                **capture.identity,
-                times_from=capture.times_from,
-            ),
+        assembly = capture.assembly
+        raw = assembly.capture(
+            mode="context",
+            step_range=[self._cycle.first, self._cycle.last],
+            complete=complete,
+            schedule=None if options.schedule is None else str(options.schedule),
+            peak_flops_per_s=peak_flops_per_s(options.peak_tflops, assembly.device, model_dtype(self.model)),
+            **capture.identity,
         )
         return self._cycle.build(raw)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,50 +16,25 @@ from layerscope.attribute import build_profile
 from layerscope.attribute.compiled import build_compiled, with_ops
 from layerscope.attribute.profile import op_walk
 from layerscope.base.errors import ModelError
-from layerscope.base.version import __version__
-from layerscope.capture._torch import missing_meta
-from layerscope.capture.backend import Backend, RecorderSteps, detailed_steps, timed_steps
+from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.compiled import time_compiled
-from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of, split_inputs
-from layerscope.capture.kineto import profiler_session
-from layerscope.capture.memory import model_memory, tensors_in
+from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import (
-    autocast_dtype,
     eager_module,
     model_device,
     model_dtype,
-    module_table,
     note_raising_module,
     peak_flops_per_s,
-    refuse_compiled,
     refuse_meta_timing,
     require_module,
 )
-from layerscope.capture.recorder import Clock, Recorder, exclusive
+from layerscope.capture.recorder import Clock, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.model.raw import RawCapture
-from layerscope.model.runfacts import RunFacts
 from layerscope.model.tree import Profile
 
 #: ``progress(stage, done, total)``: stage is "warmup" or "measure".
 Progress = Callable[[str, int, int], None]
-
-
-def meta_of(model: nn.Module, device: torch.device, **facts: Any) -> RunFacts:
-    """What was run: the model, versions, device, dtype, and ``facts`` (by field: a
-    name :class:`~layerscope.model.runfacts.RunFacts` lacks raises)."""
-    return RunFacts(
-        model=type(model).__name__,
-        layerscope_version=__version__,
-        torch_version=torch.__version__,
-        python_version=platform.python_version(),
-        device=str(device),
-        dtype=model_dtype(model),
-        training=model.training,
-        # What this torch lacks that layerscope tolerates (nothing on a supported torch).
-        torch_api_missing=missing_meta().get("torch_api_missing"),
-        **facts,
-    )
 
 
 def profile(
@@ -138,97 +112,51 @@ def profile(
             eager, inputs, warmup=warmup, repeat=repeat, memory=memory, no_grad=no_grad,
             progress=progress, peak_tflops=peak_tflops,
         )
-    refuse_compiled(model)
-    refuse_meta_timing(model, inputs)
     no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
-    check_signature(model, args, kwargs)
-    modules, infos, param_bytes = module_table(model, paths)
-    device = model_device(model)
-    peak = peak_flops_per_s(peak_tflops, device, model_dtype(model))
-    selected = [i.selected for i in infos]
-    recorder = Recorder(modules, selected, device=device, clock=clock, memory=memory, with_stack=with_stack)
-    recorder.memory_inputs = list(tensors_in((args, kwargs)))
+    # With op rows, the passes shown are detailed ones: torch's profiler recording shapes
+    # and memory (the dispatch mode only where it cannot run), each pass giving its module
+    # times, op rows, FLOPs, memory and trace at once, so every view is one run's. Without,
+    # forward alone is timed by module hooks on a Python clock (the leanest); a step with
+    # backward through torch's profiler, which sees autograd's engine without Python per
+    # op. The passes hold torch's profiler (another thread's profile() waits; a Profiler
+    # block's, maybe a training loop long, makes this one record without it).
+    assembly = Assembly(CapturePlan(
+        model, inputs=(args, kwargs), paths=paths, steps=backward, detail=record_ops, memory=memory,
+        with_stack=with_stack, clock=clock, torch_profiler=record_ops or backward,
+    ))
+    peak = peak_flops_per_s(peak_tflops, assembly.device, model_dtype(model))
     report = progress or (lambda stage, done, total: None)
-    with contextlib.ExitStack() as session:
-        session.enter_context(exclusive(model))
-        # torch's profiler runs one session per process: this call's passes hold it
-        # (another thread's profile() waits; a Profiler block's, maybe a training loop
-        # long, makes this one record without it, as inside a user's torch.profiler).
-        held = clock is None and (backward or record_ops) and session.enter_context(profiler_session(bounded=True))
-        # With op rows, the passes shown are detailed ones: torch's profiler recording
-        # shapes and memory (the dispatch mode only where it cannot run), each pass giving
-        # its module times, op rows, FLOPs, memory and trace at once, so every view is
-        # one run's. Without, forward alone is timed by module hooks on a Python clock
-        # (the leanest); a step with backward through torch's profiler, which sees
-        # autograd's engine without Python per op. A fake clock (tests) keeps every pass
-        # on the recorder.
-        runs: Backend | None = None
-        times_from = None
-        if record_ops:
-            if held:
-                runs = detailed_steps(
-                    model, recorder, modules, selected, device, memory=memory, with_stack=with_stack,
-                    steps=backward, inputs=recorder.memory_inputs,
-                )
-            if runs is None:
-                runs = RecorderSteps(recorder, detailed=True, steps=backward)
-                times_from = "dispatch mode" if clock is None else None
-        elif backward and held:
-            runs = timed_steps(recorder, modules, selected, device)
-        if runs is None:
-            runs = RecorderSteps(recorder, detailed=False, steps=backward)
-        detailed_hooks = record_ops and isinstance(runs, RecorderSteps)
 
-        def step(on: Backend) -> None:
-            _run_step(model, args, kwargs, on, backward=backward, loss_fn=loss_fn)
+    def step() -> None:
+        _run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
 
-        with grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
-            for n in range(warmup):
+    with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
+        for n in range(warmup):
+            clear_grads()
+            if n == warmup - 1:
+                with assembly.warm_pass():
+                    step()
+            else:
+                step()
+            report("warmup", n + 1, warmup)
+        dropped = assembly.dropped_passes
+        try:
+            for n in range(dropped + repeat):
                 clear_grads()
-                if detailed_hooks and n == warmup - 1:
-                    with recorder.warm_detail_pass():
-                        step(runs)
-                else:
-                    step(runs)
-                report("warmup", n + 1, warmup)
-            # Under torch's profiler, recording shapes and memory, a window's first pass
-            # takes its first-use costs: one more pass runs first and is dropped.
-            dropped = 1 if record_ops and not detailed_hooks else 0
-            try:
-                for n in range(dropped + repeat):
-                    clear_grads()
-                    runs.begin_step()
-                    try:
-                        step(runs)
-                    finally:
-                        runs.end_step()
-                    if n >= dropped:
-                        report("measure", n + 1 - dropped, repeat)
-            finally:
-                timing_passes = runs.collect()[dropped:]
+                assembly.begin_step()
+                try:
+                    step()
+                finally:
+                    assembly.end_step()
+                if n >= dropped:
+                    report("measure", n + 1 - dropped, repeat)
+        finally:
+            timing_passes = assembly.measured()
 
-    raw = RawCapture(
-        modules=infos,
-        timing_passes=timing_passes,
-        detailed_passes=record_ops,
-        module_shapes=recorder.module_shapes,
-        has_device_time=recorder.has_device_time,
-        param_bytes=param_bytes,
-        memory_static=model_memory(model) if memory and record_ops else {},
-        meta=meta_of(
-            model,
-            device,
-            mode="profile",
-            warmup=warmup,
-            repeat=repeat,
-            no_grad=no_grad,
-            backward=backward,
-            paths=None if paths is None else list(paths),
-            **_inputs_meta(args, kwargs, device),
-            peak_flops_per_s=peak,
-            **({"times_from": times_from} if times_from else {}),
-        ),
+    raw = assembly.capture(
+        timing_passes=timing_passes, detailed_passes=record_ops, mode="profile", warmup=warmup, repeat=repeat,
+        no_grad=no_grad, backward=backward, peak_flops_per_s=peak,
     )
     return build_profile(raw)
 
@@ -261,16 +189,6 @@ def _profile_compiled(
     return build_compiled(dataclasses.replace(raw, meta=meta), ops, run)
 
 
-def _inputs_meta(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """What the passes ran on: the inputs' shapes and dtypes (positional, then keyword),
-    and the dtype autocast ran ops in, when it was on."""
-    return {
-        "inputs": [shapes_of(list(args)), shapes_of(kwargs)],
-        "input_dtypes": [dtypes_of(list(args)), dtypes_of(kwargs)],
-        "autocast": autocast_dtype(device),
-    }
-
-
 def _grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
     """``no_grad`` resolved (its default follows ``backward``) and the grad mode to run in."""
     if no_grad is None:
@@ -286,7 +204,7 @@ def _run_step(
     model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    capture: Backend,
+    capture: Assembly,
     *,
     backward: bool,
     loss_fn: Callable[[Any], Any] | None,
@@ -334,33 +252,18 @@ def _count_capture(
     """The raw capture of :func:`count_flops`'s one untimed pass (its arguments)."""
     require_module(model)
     model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
-    refuse_compiled(model)
     no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
-    check_signature(model, args, kwargs)
-    modules, infos, param_bytes = module_table(model, paths)
-    device = model_device(model)
-    recorder = Recorder(modules, [i.selected for i in infos], device=torch.device("cpu"), memory=memory)
-    recorder.memory_inputs = list(tensors_in((args, kwargs)))
-    detail = RecorderSteps(recorder, detailed=True, steps=backward)
-    with exclusive(model), grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
+    assembly = Assembly(CapturePlan(
+        model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
+        torch_profiler=False,
+    ))
+    with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         clear_grads()
-        detail.begin_step()
+        assembly.begin_step()
         try:
-            _run_step(model, args, kwargs, detail, backward=backward, loss_fn=loss_fn)
+            _run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
         finally:
-            detail.end_step()
-    (op_pass,) = detail.collect()
-    raw = RawCapture(
-        modules=infos,
-        op_pass=op_pass,
-        module_shapes=recorder.module_shapes,
-        param_bytes=param_bytes,
-        memory_static=model_memory(model) if memory else {},
-        meta=meta_of(
-            model, device, mode="count", timed=False, no_grad=no_grad, backward=backward,
-            paths=None if paths is None else list(paths),
-            **_inputs_meta(args, kwargs, device),
-        ),
-    )
-    return raw
+            assembly.end_step()
+    (op_pass,) = assembly.collect()
+    return assembly.capture(op_pass=op_pass, mode="count", no_grad=no_grad, backward=backward)

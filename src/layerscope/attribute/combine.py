@@ -6,7 +6,7 @@ static tree, so the invariants hold exactly: see docs/design.md).
 from __future__ import annotations
 
 from layerscope.attribute.memory import MemoryResult
-from layerscope.attribute.walk import PassResult, add_busy, merge_enclosing
+from layerscope.attribute.walk import PassResult, add_busy, merge_enclosing, merge_shapes
 from layerscope.model.tree import OpStats
 
 
@@ -34,6 +34,7 @@ class Accumulator:
         for path, dyn in result.dynamic.items():
             total.dynamic.setdefault(path, dyn)
         merge_enclosing(total.enclosing, result.enclosing)
+        merge_shapes(total.module_shapes, result.module_shapes)
         for k, op in result.ops.items():
             mine = total.ops.get(k)
             if mine is None:

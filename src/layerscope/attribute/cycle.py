@@ -11,10 +11,11 @@ same run, and nothing measured in one step stands for another.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from layerscope.attribute.combine import Accumulator
 from layerscope.attribute.profile import build_from_steps
-from layerscope.attribute.walk import walk_pass
+from layerscope.attribute.walk import merge_shapes, shapes_in, walk_pass
 from layerscope.model.raw import Enter, Event, ModuleInfo, Op, RawCapture
 from layerscope.model.tree import Profile
 
@@ -27,11 +28,18 @@ def has_work(events: Sequence[Event]) -> bool:
 class Cycle:
     """One cycle's recorded steps: ``add`` each as it is read, ``build`` the profile."""
 
-    def __init__(self, modules: list[ModuleInfo], parents: list[int | None], *, collect_ops: bool) -> None:
+    def __init__(
+        self, modules: list[ModuleInfo], parents: list[int | None], *, collect_ops: bool,
+        module_shapes: dict[int, tuple[Any, Any]] | None = None,
+    ) -> None:
+        self._modules = modules
         self._paths = [info.path for info in modules]
         self._parents = parents
         self._collect_ops = collect_ops
         self.steps = Accumulator()
+        #: Each module's shapes are read once per capture: a later cycle starts with those
+        #: its block read before (``module_shapes``, see :meth:`next`).
+        self.steps.total.module_shapes.update(module_shapes or {})
         #: The first and last step numbers recorded in the cycle.
         self.first: int | None = None
         self.last: int | None = None
@@ -44,6 +52,8 @@ class Cycle:
         """Fold step ``number`` in, unless it is a warm-up step or ran nothing
         (``keep_empty``: a block's only step is kept even so)."""
         if warmup or not (has_work(events) or keep_empty):
+            # Not walked, but a module's shapes may have been read in it (they are, once).
+            merge_shapes(self.steps.total.module_shapes, shapes_in(events))
             return
         result = walk_pass(
             events, self._paths, has_device=has_device, collect_ops=self._collect_ops, parents=self._parents
@@ -51,6 +61,12 @@ class Cycle:
         self.steps.add(result, number)
         self.first = number if self.first is None else min(self.first, number)
         self.last = number if self.last is None else max(self.last, number)
+
+    def next(self) -> Cycle:
+        """The block's next cycle: no step yet, the module shapes read so far."""
+        return Cycle(
+            self._modules, self._parents, collect_ops=self._collect_ops, module_shapes=self.steps.total.module_shapes
+        )
 
     def build(self, raw: RawCapture) -> Profile:
         """The cycle's profile; ``raw`` holds the model's modules, static facts and meta."""

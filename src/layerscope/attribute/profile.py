@@ -10,7 +10,14 @@ from typing import Any, TypedDict
 from layerscope.attribute.chain import Key, key_path
 from layerscope.attribute.combine import Accumulator
 from layerscope.attribute.memory import MemoryResult, is_part
-from layerscope.attribute.walk import Dynamic, PassResult, merge_enclosing, parent_indices, walk_pass
+from layerscope.attribute.walk import (
+    Dynamic,
+    PassResult,
+    merge_enclosing,
+    merge_shapes,
+    parent_indices,
+    walk_pass,
+)
 from layerscope.base.comm import is_communication
 from layerscope.base.stats import observed_median_index
 from layerscope.model.compile_info import CompileInfo
@@ -56,12 +63,17 @@ def build_profile(raw: RawCapture) -> Profile:
         shown_pass=shown,
     )
     if not raw.detailed_passes:
-        return assemble(raw, passes[shown], op_walk(raw), figures)
-    result = walk_pass(
-        raw.timing_passes[shown], paths, has_device=raw.has_device_time, collect_ops=True,
-        parents=parent_indices(raw.modules),
-    )
-    return assemble(raw, result, result, figures)
+        result = passes[shown]
+        op_result = op_walk(raw)
+    else:
+        result = op_result = walk_pass(
+            raw.timing_passes[shown], paths, has_device=raw.has_device_time, collect_ops=True,
+            parents=parent_indices(raw.modules),
+        )
+    # A capture reads each module's shapes once, in whichever pass called it first.
+    for other in passes:
+        merge_shapes(result.module_shapes, other.module_shapes)
+    return assemble(raw, result, op_result, figures)
 
 
 def op_walk(raw: RawCapture) -> PassResult | None:
@@ -129,6 +141,10 @@ def assemble(
         if op_result is not times:
             merge_enclosing(enclosing, op_result.enclosing)
     maker = _NodeMaker(raw, times, op_result, phases)
+    # Each module's shapes, as the walks read them from the streams' records.
+    module_shapes = dict(times.module_shapes)
+    if op_result is not None:
+        merge_shapes(module_shapes, op_result.module_shapes)
 
     # Counts are known for every module or for none (a module table read from a trace
     # recorded without the model): one unknown makes the whole profile's unknown, so a
@@ -137,7 +153,7 @@ def assemble(
     no_params = 0 if params_known else None  # what labels and step parts own
     nodes: list[ModuleNode] = []
     for index, info in enumerate(raw.modules):
-        shapes = raw.module_shapes.get(index, (None, None))
+        shapes = module_shapes.get(index, (None, None))
         nodes.append(
             maker.node(
                 index,

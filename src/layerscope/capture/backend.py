@@ -1,4 +1,4 @@
-"""The seam between ``session.py`` and the capture backends.
+"""The seam between the capture assembly (``capture/assembly.py``) and the backends.
 
 A backend records steps (a ``profile`` pass, or a training step of a ``Profiler``)
 and hands back one typed event stream per step (``layerscope.model.raw``). Two kinds exist:
@@ -14,7 +14,7 @@ A new backend is a new class with these five methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Protocol
 
@@ -27,10 +27,11 @@ from layerscope.model.raw import Event, Step
 
 
 class Backend(Protocol):
-    """What ``session.py`` drives, one step at a time."""
+    """What the assembly drives, one step at a time, for the entry points."""
 
-    #: Whether its streams carry device (accelerator) time.
-    has_device_time: bool
+    @property
+    def has_device_time(self) -> bool:
+        """Whether its streams carry device (accelerator) time."""
 
     def begin_step(self) -> None:
         """Start recording a step (starting the capture first if it is not running)."""
@@ -127,24 +128,28 @@ class KinetoSteps:
         return streams
 
 
-# -- the backends session.py and block.py run ------------------------------------------
+# -- the backends the assembly chooses from ---------------------------------------------
 
 
-def timed_steps(recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device) -> Backend | None:
+def timed_steps(
+    modules: list[nn.Module], selected: list[bool], device: torch.device, *, steps: bool = True
+) -> Backend | None:
     """Timed steps through torch's profiler, or None where it cannot run (a user's own
     ``torch.profiler`` is already running: only one can)."""
     if not available():
         return None
     index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
-    return KinetoSteps(KinetoWindow(index, device=device))
+    return KinetoSteps(KinetoWindow(index, device=device), steps=steps)
 
 
 def detailed_steps(
-    model: nn.Module, recorder: Recorder, modules: list[nn.Module], selected: list[bool], device: torch.device,
-    *, memory: bool, with_stack: bool, steps: bool = True, inputs: list[torch.Tensor] | None = None,
+    model: nn.Module, modules: list[nn.Module], selected: list[bool], device: torch.device,
+    *, state_tensors: list[torch.Tensor], memory: bool, with_stack: bool, steps: bool = True,
+    inputs: Sequence[torch.Tensor] = (),
 ) -> Backend | None:
     """Steps timed *and* detailed by one run of torch's profiler (shapes, overloads and,
-    with ``memory``, allocations), or None where it cannot run."""
+    with ``memory``, allocations), or None where it cannot run. ``state_tensors``: the
+    model's parameters and buffers (memory live through every step)."""
     if not available():
         return None
     index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
@@ -155,7 +160,6 @@ def detailed_steps(
                 owners.setdefault(id(p), (p, i))
     window = KinetoWindow(
         index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
-        owners=list(owners.values()), state_tensors=recorder.state_tensors, module_shapes=recorder.module_shapes,
+        owners=list(owners.values()), state_tensors=state_tensors, inputs=inputs,
     )
-    window.inputs = list(inputs or [])
     return KinetoSteps(window, steps=steps)

@@ -33,7 +33,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
@@ -64,7 +64,7 @@ from layerscope.convert.ranges import (
 )
 from layerscope.convert.streams import convert_window
 from layerscope.flops.recorded import CATALOG
-from layerscope.model.raw import Event
+from layerscope.model.raw import Event, ModuleShapes
 
 _Range = _torch.FastRange
 
@@ -271,7 +271,7 @@ class KinetoWindow:
         root: nn.Module | None = None,
         owners: list[tuple[torch.Tensor, int]] | None = None,
         state_tensors: list[torch.Tensor] | None = None,
-        module_shapes: dict[int, tuple[Any, Any]] | None = None,
+        inputs: Sequence[torch.Tensor] = (),
     ) -> None:
         self._index = index
         self._names = {key: f"{MODULE_PREFIX}{i}" for key, i in index.items()}
@@ -290,8 +290,11 @@ class KinetoWindow:
         self._owners = owners or []
         self._state_tensors = state_tensors or []
         #: Tensors live before each step that are not the model's (profile's inputs).
-        self.inputs: list[torch.Tensor] = []
-        self.module_shapes = module_shapes if module_shapes is not None else {}
+        self._inputs = list(inputs)
+        #: Modules whose shapes were read, in any window of this one's (once per capture),
+        #: and the records of those read in the running window (its first step's).
+        self._shapes_read: set[int] = set()
+        self._shapes: list[ModuleShapes] = []
         self._notes: list[list[tuple[Any, ...]]] = []
         self._grads_noted: set[int] = set()
         self._shape_hook: ExitStack | None = None
@@ -327,7 +330,7 @@ class KinetoWindow:
 
         def items() -> list[tuple[Any, ...]]:
             grads = [p.grad for p, _ in self._owners if p.grad is not None]
-            return [constant, *_adopt(grads, "gradients", since_start=True), *_adopt(self.inputs, "other", since_start=True)]
+            return [constant, *_adopt(grads, "gradients", since_start=True), *_adopt(self._inputs, "other", since_start=True)]
 
         self._note(items)
 
@@ -408,7 +411,8 @@ class KinetoWindow:
     def _shapes_hook(self) -> Callable[..., None]:
         """Each module's input and output shapes on its first call (a hook with keyword
         arguments, which costs more: installed for a window's first step only)."""
-        shapes = self.module_shapes
+        read = self._shapes_read
+        add = self._shapes.append
         index_get = self._index.get
         owner = self._owner
         get_ident = threading.get_ident
@@ -418,21 +422,23 @@ class KinetoWindow:
 
         def shape(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
             i = index_get(id(module))
-            if i is None or i in shapes or (get_ident() != owner and task() == -1):
+            if i is None or i in read or (get_ident() != owner and task() == -1):
                 return
+            read.add(i)
             if not kwargs and type(output) is tensor and all(type(a) is tensor for a in args):
-                shapes[i] = ([list(a.shape) for a in args], list(output.shape))  # the common case
+                add(ModuleShapes(i, [list(a.shape) for a in args], list(output.shape)))  # the common case
                 return
             inputs = shapes_of(list(args))
             if kwargs:
                 inputs.append(shapes_of(kwargs))
-            shapes[i] = (inputs, shapes_of(output))
+            add(ModuleShapes(i, inputs, shapes_of(output)))
 
         return shape
 
     def start(self) -> None:
         self._owner = threading.get_ident()
         self._notes = []
+        self._shapes = []
         self._constant = None
         # A detailed window records overload names too (they pick the schema a call's
         # inputs follow); a torch without them assumes default overloads.
@@ -448,7 +454,7 @@ class KinetoWindow:
             pre, post = self._hooks()
             stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
             stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
-            if self.detail and len(self.module_shapes) < len(self._index):
+            if self.detail and len(self._shapes_read) < len(self._index):
                 shapes = ExitStack()
                 stack.callback(shapes.close)
                 handle = nn_module.register_module_forward_hook(self._shapes_hook(), with_kwargs=True, always_call=True)
@@ -515,12 +521,18 @@ class KinetoWindow:
                 with quiet_profiler():
                     result = _torch.disable_profiler()
             try:
-                return streams_of(
+                streams = streams_of(
                     result, has_device=self.has_device, detail=self.detail, notes=self._notes,
                     with_stack=self.with_stack,
                 )
             finally:
                 self._notes = []
+            shapes, self._shapes = self._shapes, []
+            if streams:
+                streams[0][:0] = shapes  # read in the window's first step (the hook's only one)
+            else:
+                self._shapes_read.difference_update(record.module for record in shapes)
+            return streams
         finally:
             self._claim.close()
 

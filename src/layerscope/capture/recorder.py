@@ -5,9 +5,9 @@ Two kinds of pass:
 - a *timing pass* installs two global module hooks that append an ``Enter`` / ``Exit``
   record (``layerscope.model.raw``) and nothing else, so the measured forward stays close to
   the plain one;
-- a *detail pass* also records each module's input/output shapes on its first call,
-  and enters a ``TorchDispatchMode`` that times every aten op and keeps its input
-  shapes as plain lists.
+- a *detail pass* also records each module's input/output shapes on its first call
+  (a ``ModuleShapes`` record, once per recorder), and enters a ``TorchDispatchMode``
+  that times every aten op and keeps its input shapes as plain lists.
 
 Backward work is seen by the same dispatch mode (autograd's engine runs ops under it
 too): for each op it notes the autograd node being executed, which ``attribute`` traces back
@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -43,7 +43,7 @@ from layerscope.capture.inputs import op_input_shapes, shapes_of
 from layerscope.capture.memory import StorageTracker, optimizer_hooks, storage_bytes
 from layerscope.convert.ranges import label_kind
 from layerscope.flops import count_op
-from layerscope.model.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, Op, Step
+from layerscope.model.raw import NO_SEQ, Enter, Event, Exit, LabelEnter, LabelExit, ModuleShapes, Op, Step
 
 Clock = Callable[[], int]
 
@@ -240,13 +240,14 @@ class Recorder:
         clock: Clock | None = None,
         memory: bool = False,
         with_stack: bool = False,
+        inputs: Sequence[torch.Tensor] = (),
     ) -> None:
         self._with_stack = with_stack
         self._index = {id(m): i for i, (m, keep) in enumerate(zip(modules, selected)) if keep}
         self._device = device
         self.memory = memory
         #: Tensors live before each memory pass that are not the model's (profile's inputs).
-        self.memory_inputs: list[torch.Tensor] = []
+        self._inputs = list(inputs)
         self._params = [p for m in modules for p in m.parameters(recurse=False)]
         #: The model's parameters and buffers: memory live through every pass.
         self.state_tensors = self._params + [b for m in modules for b in m.buffers(recurse=False)]
@@ -259,7 +260,8 @@ class Recorder:
                     self._param_owner.setdefault(id(p), i)
         self._clock: Clock = clock or time.perf_counter_ns
         self._timer = CudaTimer(device) if device.type == "cuda" else None
-        self.module_shapes: dict[int, tuple[Any, Any]] = {}
+        #: Modules whose shapes were read (a ``ModuleShapes`` record, once per capture).
+        self._shapes_read: set[int] = set()
         self._events: list[Event] | None = None
         self._mode_depth = 0
 
@@ -302,9 +304,9 @@ class Recorder:
 
         return pre, post
 
-    def _detail_post(self, timed_post: Callable[..., None]) -> Callable[..., None]:
+    def _detail_post(self, timed_post: Callable[..., None], events: list[Event]) -> Callable[..., None]:
         index_get = self._index.get
-        shapes = self.module_shapes
+        read = self._shapes_read
         owner = threading.get_ident()
 
         def post(module: nn.Module, args: Any, kwargs: Any, output: Any = None) -> None:
@@ -315,11 +317,12 @@ class Recorder:
             tracker = self._tracker
             if tracker is not None and torch.is_grad_enabled():
                 tracker.module_output(output)
-            if i not in shapes:
+            if i not in read:
+                read.add(i)
                 inputs = shapes_of(list(args))
                 if kwargs:
                     inputs.append(shapes_of(kwargs))
-                shapes[i] = (inputs, shapes_of(output))
+                events.append(ModuleShapes(i, inputs, shapes_of(output)))
 
         return post
 
@@ -343,7 +346,7 @@ class Recorder:
         tracker.begin(_next_seq())
         tracker.constant(storage_bytes(self.state_tensors), "parameters")
         tracker.adopt((p.grad for p in self._params if p.grad is not None), "gradients", since_start=True)
-        tracker.adopt(self.memory_inputs, "other", since_start=True)
+        tracker.adopt(self._inputs, "other", since_start=True)
         optimizer_hooks(stack, tracker.optimizer_pre, tracker.optimizer_post)
 
     @contextmanager
@@ -351,7 +354,7 @@ class Recorder:
         events: list[Event] = []
         pre, post = self._timing_hooks(events)
         if detailed:
-            post = self._detail_post(post)
+            post = self._detail_post(post, events)
         outer_events = self._events
         with ExitStack() as stack:
             self._events = events
@@ -435,13 +438,13 @@ class Recorder:
     def warm_detail_pass(self) -> Iterator[None]:
         """An unrecorded detail pass: the first ops under a dispatch mode run several
         times slower than later ones, so a warm-up pass takes that cost instead."""
-        shapes = self.module_shapes
-        self.module_shapes = {}
+        read = self._shapes_read
+        self._shapes_read = set()  # its events are dropped, its shapes with them
         try:
             with self._pass(detailed=True):
                 yield
         finally:
-            self.module_shapes = shapes
+            self._shapes_read = read
 
     @contextmanager
     def step_pass(self, *, detailed: bool, steps: bool = True) -> Iterator[list[Event]]:

@@ -34,7 +34,7 @@ from layerscope.capture.torch_events import ReplayedResult, dump_result, read_wi
 from layerscope.convert.ranges import WindowCapture
 from layerscope.convert.streams import convert_window
 from layerscope.flops.recorded import CATALOG
-from layerscope.model.raw import ModuleInfo, RawCapture
+from layerscope.model.raw import Event, ModuleInfo, ModuleShapes, RawCapture
 from layerscope.model.runfacts import RunFacts
 from layerscope.model.tree import Profile
 
@@ -152,14 +152,18 @@ def replay(data: dict[str, Any]) -> Profile:
     cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
     number = 0
     has_device = False
+    # The module shapes the live capture read (the recording keeps the profile's), as
+    # records in the first step's stream, where the live window put them.
+    shapes: list[Event] = [ModuleShapes(i, inputs, outputs) for i, (inputs, outputs) in data["module_shapes"]]
     for window in windows(data):
         has_device = has_device or window.has_device
         for events in convert_window(window, CATALOG):
+            events[:0] = shapes
+            shapes = []
             cycle.add(events, number, warmup=False, keep_empty=False, has_device=window.has_device)
             number += 1
     raw = RawCapture(
         modules=infos, has_device_time=has_device, param_bytes=data["param_bytes"],
-        module_shapes={i: (shapes[0], shapes[1]) for i, shapes in data["module_shapes"]},
         memory_static=data["memory_static"], meta=RunFacts.from_dict(data["meta"]),
     )
     return cycle.build(raw)

@@ -13,7 +13,8 @@ An event stream is a list of typed records, in the order they happened:
 
 A :class:`Collective` notes a collective running on a process group's own thread, and a
 :class:`DeviceBusy` the step's device work as a whole (its busy time, communication and
-what no op launched).
+what no op launched). A :class:`ModuleShapes` gives a module's input and output shapes,
+once per capture, in the stream of the step whose call they were read from.
 With memory tracking, also :class:`Free`, :class:`Saved`, :class:`Grad`, :class:`Adopt`,
 :class:`Optim` and :class:`DeviceMem` (memory notes: they take no time of their own).
 
@@ -197,16 +198,28 @@ class DeviceBusy(NamedTuple):
     unlinked_ns: int
 
 
+class ModuleShapes(NamedTuple):
+    """Module ``module``'s input and output shapes, read at its first call the capture
+    saw (one record per module and capture, at most): ``input_shapes`` one entry per
+    positional argument, then a mapping of the keyword ones when there were any, and
+    ``output_shapes`` the output's; a tensor's shape is a list of ints, a container's
+    are nested as it is, anything else is None. Takes no time."""
+
+    module: int
+    input_shapes: Any
+    output_shapes: Any
+
+
 Event = (
     Enter | Exit | Op | LabelEnter | LabelExit | Step | Free | Saved | Grad | Adopt | Optim | DeviceMem | Collective
-    | DeviceBusy
+    | DeviceBusy | ModuleShapes
 )
 
 #: Events that note memory and take no time of their own.
 MEMORY_NOTES = (Free, Saved, Grad, Adopt, Optim, DeviceMem)
 #: Every event that takes no time of its own thread: it neither ends a backward slot nor
 #: starts a pass.
-NOTES = (*MEMORY_NOTES, Collective, DeviceBusy)
+NOTES = (*MEMORY_NOTES, Collective, DeviceBusy, ModuleShapes)
 
 #: Memory categories of the live bytes at the step's peak.
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
@@ -239,15 +252,14 @@ class RawCapture:
     ``timing_passes`` are the measured passes: module enter/exit only (per-node medians
     are shown), or with ``detailed_passes`` each with its ops too (the median pass is
     shown whole); ``op_pass`` is a stream that holds op events apart from them (an
-    untimed count's one pass). ``module_shapes`` maps a module index to its
-    ``(input_shapes, output_shapes)`` from the first call.
+    untimed count's one pass). Each module's shapes are records in those streams
+    (:class:`ModuleShapes`), which the walk gathers.
     """
 
     modules: list[ModuleInfo]
     timing_passes: list[list[Event]] = field(default_factory=list)
     op_pass: list[Event] | None = None
     detailed_passes: bool = False
-    module_shapes: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     has_device_time: bool = False
     #: Bytes of the parameters; None when not known (no model at hand).
     param_bytes: int | None = 0

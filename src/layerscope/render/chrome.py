@@ -200,7 +200,7 @@ def timing_metadata(profile: Profile) -> dict[str, Any]:
         "mode": meta.mode, "times_from": meta.times_from, "ops_from": meta.ops_from, "steps": figures.steps,
         "step_range": meta.step_range, "repeat": meta.repeat, "warmup": meta.warmup,
     }
-    dispatch = "dispatch mode" in (meta.times_from, meta.ops_from)
+    dispatch = "dispatch mode" in (meta.times_from, meta.ops_from)  # ops_from: older files
     return {
         "trace_run": _run_name(figures, number),
         "trace_times": "the traced run's own, recorded under a dispatch mode (slower than an unrecorded run)"

@@ -299,8 +299,8 @@ def _meta(
             with_stack=_flag(file_meta.get("with_stack"), ranges.has_stack),
         ),
         modules_from=how,
+        # Times and op rows are the file's, one run's: one fact, under one name.
         times_from="trace",
-        ops_from="trace",
     )
     if not ranges.has_shapes:
         meta.flops_unknown = "the trace recorded no input shapes (record_shapes=False)"
