@@ -30,7 +30,7 @@ Parts, each timed and reported ok / failed (with the error) / skipped (with the 
      top-level modules' forward allocations against ``memory_allocated`` deltas;
    - MFU per module, with the peak FLOP/s assumed;
 4. ``exit_scaling``: a GPT-2 block's exit for 2, 5 and 11 steps beside torch.profiler's
-   stop, and ``exit_profile``: where an 11-step exit goes (cProfile);
+   stop (and each first read), and ``exit_profile``: where an 11-step exit and first read go (cProfile);
 5. a ``torch.compile``d model: its kernels matched to modules;
 6. DDP on one device (NCCL on a GPU, gloo on the CPU): collective bytes and waiting;
 7. the HTML report of the training step, saved into OUT.
@@ -166,9 +166,23 @@ def _median_step_ms(run: Callable[[], None], steps: int, device: torch.device) -
     return (time.perf_counter() - start) * 1e3 / steps
 
 
+_READS: dict[str, Callable[[], object]] = {}
+
+
+def _first_read(kind: str) -> float:
+    """Seconds of the first read after a variant's exit: layerscope's ``prof.profile``,
+    torch.profiler's ``key_averages()`` (both process their events on first use)."""
+    read = _READS.pop(kind, None)
+    started = time.perf_counter()
+    if read is not None:
+        read()
+    return time.perf_counter() - started
+
+
 @contextlib.contextmanager
 def _variant(kind: str, case: Case) -> Iterator[Callable[[], None]]:
-    """A step as the user runs it: plain, under layerscope's Profiler, under torch.profiler."""
+    """A step as the user runs it: plain, under layerscope's Profiler, under torch.profiler;
+    the variant's first read after its exit is :func:`_first_read`'s."""
     if kind == "plain":
         yield case.step
     elif kind == "layerscope":
@@ -176,6 +190,7 @@ def _variant(kind: str, case: Case) -> Iterator[Callable[[], None]]:
             def step() -> None:
                 case.step()
                 prof.step()
+            _READS[kind] = lambda: prof.profile
             yield step
     else:
         from torch.profiler import ProfilerActivity, profile
@@ -185,6 +200,7 @@ def _variant(kind: str, case: Case) -> Iterator[Callable[[], None]]:
             def step() -> None:
                 case.step()
                 prof.step()
+            _READS[kind] = prof.key_averages
             yield step
 
 
@@ -192,18 +208,21 @@ def overhead(case: Case, rounds: int, steps: int) -> Result:
     """Median ms per step of each variant, interleaved over rounds, and ratios to plain."""
     times: dict[str, list[float]] = {"plain": [], "layerscope": [], "torch.profiler": []}
     finalize: dict[str, list[float]] = {kind: [] for kind in times}
+    reads: dict[str, list[float]] = {kind: [] for kind in times}
     for round_ in range(rounds):
         for kind in times:
             with _variant(kind, case) as step:
                 step()  # a variant's first step (the profiler starting) is not the steady state
                 times[kind].append(_median_step_ms(step, steps, case.device))
                 leaving = time.perf_counter()
-            finalize[kind].append(time.perf_counter() - leaving)  # the block's exit: reading events back
+            finalize[kind].append(time.perf_counter() - leaving)  # the exit: the profiler stopped
+            reads[kind].append(_first_read(kind))  # the events read back
             print(f"  {case.name}: round {round_ + 1}, {kind}: {times[kind][-1]:.2f} ms per step, "
-                  f"exit {finalize[kind][-1]:.2f} s", flush=True)
+                  f"exit {finalize[kind][-1]:.2f} s, first read {reads[kind][-1]:.2f} s", flush=True)
     medians = {kind: statistics.median(values) for kind, values in times.items()}
     return {
         "exit_s": {kind: statistics.median(values) for kind, values in finalize.items()},
+        "first_read_s": {kind: statistics.median(values) for kind, values in reads.items()},
         "ms_per_step": medians,
         "x_plain": {kind: medians[kind] / medians["plain"] for kind in medians},
         "layerscope_x_torch_profiler": medians["layerscope"] / medians["torch.profiler"],
@@ -576,9 +595,11 @@ def exit_scaling(args: argparse.Namespace) -> Result:
                 _sync(device)
                 leaving = time.perf_counter()
             row[key] = time.perf_counter() - leaving
+            row[key.replace("exit", "read").replace("stop", "read")] = _first_read(kind)
         row["ratio"] = row["layerscope_exit_s"] / row["torch_profiler_stop_s"]
         print(f"  exit, {steps} steps: layerscope {row['layerscope_exit_s']:.2f} s, torch.profiler "
-              f"{row['torch_profiler_stop_s']:.2f} s", flush=True)
+              f"{row['torch_profiler_stop_s']:.2f} s; first read {row['layerscope_read_s']:.2f} s, "
+              f"{row['torch_profiler_read_s']:.2f} s", flush=True)
         rows.append(row)
     return {"rows": rows}
 
@@ -605,6 +626,7 @@ def exit_profile(args: argparse.Namespace) -> Result:
     started = time.perf_counter()
     profiler.enable()
     block.__exit__(None, None, None)
+    _ = block.profile  # the last window is read on first use
     profiler.disable()
     seconds = time.perf_counter() - started
     text = io.StringIO()

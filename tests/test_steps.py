@@ -290,6 +290,86 @@ def test_inside_a_users_torch_profiler_every_step_is_a_detail_step() -> None:
     assert any(e.name == "aten::addmm" for e in theirs.events())
 
 
+# -- the last window, read on first use ------------------------------------------------
+
+
+def _trained_block(model: nn.Module, steps: int = 3) -> Any:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with layerscope.Profiler(model) as prof:
+        for _ in range(steps):
+            train_step(model, opt)
+            prof.step()
+    return prof
+
+
+def _figures(profile: Profile) -> tuple[Any, ...]:
+    """What two runs of the same steps share: module calls and FLOPs, ops and their counts."""
+    return (
+        module_calls(profile),
+        {node.path: (node.forward.flops, node.backward and node.backward.flops) for node in profile.modules()},
+        sorted((op.name, op.calls) for op in profile.ops()),
+        profile.figures.steps, profile.figures.step_numbers,
+    )
+
+
+def test_the_block_s_last_steps_are_read_on_first_use_as_they_would_be_at_once() -> None:
+    # Leaving the block stops torch's profiler and reads its last window when the profile
+    # is first asked for, as torch's own profiler processes its events on first use.
+    from layerscope.capture import kineto
+
+    at_once = check_tree(_trained_block(mlp()).profile)
+    prof = _trained_block(mlp())
+    assert prof._later is not None and len(kineto._CLAIM._pending) == 1
+    later = check_tree(prof.profile)
+    assert prof._later is None and not kineto._CLAIM._pending
+    assert _figures(later) == _figures(at_once)
+    assert later.figures.steps == 3 and later.meta.step_range == [0, 2]
+
+
+def test_a_result_left_unread_is_read_before_torch_s_profiler_runs_again() -> None:
+    # Kineto runs one session per process: the next session reads the pending result
+    # first, and the block's owner gets the same profile from it, in any thread.
+    import threading
+
+    from layerscope.capture import kineto
+
+    first = _trained_block(mlp())
+    layerscope.profile(mlp(), X)  # another session: the block's window is read before it starts
+    assert not kineto._CLAIM._pending
+    second = _trained_block(mlp())
+    read: list[Profile] = []
+    reader = threading.Thread(target=lambda: read.append(second.profile))
+    reader.start()
+    reader.join()
+    assert _figures(check_tree(first.profile)) == _figures(check_tree(read[0]))
+
+
+def test_the_model_s_facts_are_those_at_the_block_s_end_not_at_the_read() -> None:
+    model = mlp()
+    prof = _trained_block(model)
+    model.eval().double()  # the user goes on with the model before reading the profile
+    try:
+        meta = prof.profile.meta
+        assert meta.training is True and meta.dtype == "float32"
+    finally:
+        model.float().train()
+
+
+def test_a_read_that_fails_raises_on_every_use_never_an_empty_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerscope.capture import kineto
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("conversion failed")
+
+    prof = _trained_block(mlp())
+    monkeypatch.setattr(kineto, "convert_window", broken)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="conversion failed"):
+            _ = prof.profile
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        str(prof)
+
+
 # -- misuse ----------------------------------------------------------------------------
 
 

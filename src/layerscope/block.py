@@ -27,7 +27,7 @@ from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.kineto import paused_gc
 from layerscope.capture.modules import model_dtype, note_raising_module, peak_flops_per_s, require_module
 from layerscope.capture.recorder import Clock
-from layerscope.model.raw import Event
+from layerscope.model.raw import Event, RawCapture
 from layerscope.model.tree import STEP_FAR, ModuleNode, Profile
 
 if TYPE_CHECKING:
@@ -79,6 +79,12 @@ _ALL_PROFILE_NAMES = frozenset(
 )
 
 
+def _ranged(raw: RawCapture, cycle: Cycle) -> RawCapture:
+    """A cycle's capture facts with the steps it recorded."""
+    assert cycle.first is not None and cycle.last is not None
+    return dataclasses.replace(raw, meta=dataclasses.replace(raw.meta, step_range=[cycle.first, cycle.last]))
+
+
 class Profiler:
     """Profile whatever runs in a ``with`` block: inference, or whole training steps::
 
@@ -118,6 +124,10 @@ class Profiler:
     it is known from the datasheet. If the
     block raises, what was captured up to then is kept, marked
     ``meta.complete = False``.
+
+    Leaving the block stops torch's profiler; its last steps are read and the profile
+    built the first time it is asked for (as torch's profiler processes its events on
+    first use), with the model's facts as they were at the block's end.
 
     After the block, ``prof.profile`` is the :class:`~layerscope.model.tree.Profile`; the
     block answers the reading calls users make on it (``PROFILE_NAMES``: ``prof.render(...)``,
@@ -165,12 +175,16 @@ class Profiler:
         self._window_steps: list[tuple[int, Action]] = []
         self._cycle: Cycle | None = None
         self._profile: Profile | None = None
+        #: The block's last cycle, stopped and not yet read (built on first use).
+        self._later: Callable[[], Profile | None] | None = None
+        #: Why building it failed, raised again on every read.
+        self._later_error: BaseException | None = None
         #: Cycles delivered so far.
         self._delivered = 0
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
-        if self._stack is not None or self._profile is not None:
+        if self._stack is not None or self._profile is not None or self._later is not None:
             raise ProfilerStateError("this Profiler has already run; use a new one for each block")
         options = self._options
         # Every step goes through one backend. With ops: torch's profiler, recording
@@ -286,19 +300,41 @@ class Profiler:
             self._on_ready(profile)
         return profile
 
+    def _deliver_later(self, *, complete: bool) -> None:
+        """The block's end without a receiver: torch's profiler is stopped now, and its
+        last window read, walked and built into the profile on first use (``profile``),
+        as torch's own profiler processes its events on first use. The model's facts are
+        read now, as the model is at the block's end."""
+        assert self._capture is not None and self._cycle is not None
+        steps, self._window_steps = self._window_steps, []
+        pending = self._capture.assembly.collect_later()
+        assert pending is not None, "only a windowed block reads later"
+        cycle, raw = self._cycle, self._raw(complete=complete)
+
+        def build() -> Profile | None:
+            with paused_gc():
+                for events, (number, action) in zip(pending.streams(), steps):
+                    self._add_step(events, number, action)
+            return None if cycle.empty else cycle.build(_ranged(raw, cycle))
+
+        self._later = build
+
     def _build(self, *, complete: bool) -> Profile:
+        assert self._cycle is not None
+        return self._cycle.build(_ranged(self._raw(complete=complete), self._cycle))
+
+    def _raw(self, *, complete: bool) -> RawCapture:
+        """The capture's facts for a cycle's profile (its step range set by the caller)."""
         capture, options = self._capture, self._options
-        assert capture is not None and self._cycle is not None
+        assert capture is not None
         assembly = capture.assembly
-        raw = assembly.capture(
+        return assembly.capture(
             mode="context",
-            step_range=[self._cycle.first, self._cycle.last],
             complete=complete,
             schedule=None if options.schedule is None else str(options.schedule),
             peak_flops_per_s=peak_flops_per_s(options.peak_tflops, assembly.device, model_dtype(self.model)),
             **capture.identity,
         )
-        return self._cycle.build(raw)
 
     def __exit__(self, *exc_info: Any) -> bool:
         assert self._stack is not None
@@ -316,7 +352,10 @@ class Profiler:
                 # since the last delivered cycle are a cycle cut short.
                 complete = not failed and self._options.schedule is None
                 try:
-                    self._deliver(complete=complete)
+                    if self._windowed and self._window_steps and self._on_ready is None:
+                        self._deliver_later(complete=complete)
+                    else:
+                        self._deliver(complete=complete)
                 except Exception as exc:
                     if not failed:
                         raise
@@ -326,7 +365,9 @@ class Profiler:
     # -- reading the profile ------------------------------------------------------------
     @property
     def profile(self) -> Profile:
-        """The last profile built: the whole block, or the last cycle with a schedule."""
+        """The last profile built: the whole block, or the last cycle with a schedule.
+        The block's last steps are read from torch's profiler the first time it is asked for."""
+        self._built()
         if self._profile is None:
             if self._stack is not None:
                 state = "still running"
@@ -426,7 +467,24 @@ class Profiler:
     # A cell ending in ``prof`` after the block shows the profile's report, as ``prof.profile``
     # does; before there is one, the text says why (still running, not started).
     def _repr_html_(self) -> str | None:
-        return None if self._profile is None else self._profile._repr_html_()
+        profile = self._built()
+        return None if profile is None else profile._repr_html_()
+
+    def _built(self) -> Profile | None:
+        """The profile, the block's last cycle built first if it waits to be."""
+        if self._later_error is not None:
+            raise self._later_error
+        build, self._later = self._later, None
+        if build is not None:
+            try:
+                profile = build()
+            except BaseException as exc:
+                self._later_error = exc
+                raise
+            if profile is not None:
+                self._profile = profile
+                self._delivered += 1
+        return self._profile
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, str]:
         try:

@@ -32,7 +32,7 @@ from layerscope.base.version import __version__
 from layerscope.capture._torch import missing_meta
 from layerscope.capture.backend import Backend, KinetoSteps, RecorderSteps, detailed_steps, timed_steps
 from layerscope.capture.inputs import check_signature, dtypes_of, shapes_of
-from layerscope.capture.kineto import profiler_session
+from layerscope.capture.kineto import PendingRead, profiler_session
 from layerscope.capture.memory import model_memory, tensors_in
 from layerscope.capture.modules import (
     autocast_dtype,
@@ -207,6 +207,11 @@ class Assembly:
 
     def collect(self) -> list[list[Event]]:
         return self.backend.collect()
+
+    def collect_later(self) -> PendingRead | None:
+        """Stop capturing now and read the finished steps on first use, where the backend
+        reads back windows (torch's profiler); None where it does not (nothing to put off)."""
+        return self.backend.collect_later() if isinstance(self.backend, KinetoSteps) else None
 
     @property
     def dropped_passes(self) -> int:

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from layerscope.capture.kineto import KinetoWindow, available
+from layerscope.capture.kineto import KinetoWindow, PendingRead, available
 from layerscope.capture.recorder import Recorder
 from layerscope.model.raw import Event, Step
 
@@ -118,6 +118,12 @@ class KinetoSteps:
     def backward(self) -> Iterator[None]:
         # The profiler sees autograd's engine by itself.
         yield
+
+    def collect_later(self) -> PendingRead:
+        """Stop capturing now; the streams of the finished steps when first asked for
+        (whole steps only: a block's)."""
+        assert self._steps, "only whole steps are read later"
+        return self._window.stop_later()
 
     def collect(self) -> list[list[Event]]:
         streams = self._window.stop()

@@ -33,6 +33,7 @@ import re
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
@@ -183,6 +184,8 @@ class _Claim:
         self._thread: int | None = None
         self._depth = 0
         self._bounded = True
+        #: Results stopped and not yet read (a block's last window, read on first use).
+        self._pending: weakref.WeakSet[PendingRead] = weakref.WeakSet()
 
     def take(self, *, bounded: bool) -> bool:
         me = threading.get_ident()
@@ -191,10 +194,26 @@ class _Claim:
                 if not self._bounded:
                     return False
                 self._changed.wait()
-            if self._thread is None:
+            fresh = self._thread is None
+            if fresh:
                 self._thread, self._bounded = me, bounded
             self._depth += 1
-            return True
+        if fresh:
+            self._drain()
+        return True
+
+    def defer(self, pending: PendingRead) -> None:
+        """A stopped result left unread: read before torch's profiler is next prepared."""
+        with self._changed:
+            self._pending.add(pending)
+
+    def _drain(self) -> None:
+        """Read every result left unread (their owners get them from the reads)."""
+        with self._changed:
+            pending, self._pending = list(self._pending), weakref.WeakSet()
+        for read in pending:
+            with contextlib.suppress(Exception):  # the owner's read raises it again
+                read.streams()
 
     def give(self) -> None:
         with self._changed:
@@ -206,6 +225,7 @@ class _Claim:
     def after_fork(self) -> None:
         # A forked child has the forking thread alone: a claim another thread held is gone.
         self._changed = threading.Condition()
+        self._pending = weakref.WeakSet()
         if self._thread != threading.get_ident():
             self._thread, self._depth, self._bounded = None, 0, True
 
@@ -510,31 +530,76 @@ class KinetoWindow:
 
     def stop(self) -> list[list[Event]]:
         """Stop the profiler (hooks first), and the window's steps as typed streams."""
+        try:
+            return self._disable()()
+        finally:
+            self._claim.close()
+
+    def stop_later(self) -> PendingRead:
+        """Stop the profiler as :meth:`stop` does, and read its result when the streams are
+        first asked for: what torch's own stop does (it processes its events on first
+        use), so a block's exit costs about what torch's does. Until then the result
+        stays in torch's C++ (a window's steps at most); it is read at the latest before
+        torch's profiler is next prepared in the process (``_Claim``)."""
+        try:
+            pending = PendingRead(self._disable())
+            if WINDOW_OBSERVERS:
+                pending.streams()  # an observer sees the window while it is installed
+            else:
+                _CLAIM.defer(pending)
+            return pending
+        finally:
+            self._claim.close()
+
+    def _disable(self) -> Callable[[], list[list[Event]]]:
+        """Stop the profiler (hooks first); the read of the window's steps as typed streams."""
         stack, self._stack = self._stack, None
         if stack is None:
-            return []
+            return list
+        self.end_step()
         try:
-            self.end_step()
-            try:
-                stack.close()
-            finally:
-                with quiet_profiler():
-                    result = _torch.disable_profiler()
-            try:
-                streams = streams_of(
-                    result, has_device=self.has_device, detail=self.detail, notes=self._notes,
-                    with_stack=self.with_stack,
-                )
-            finally:
-                self._notes = []
-            shapes, self._shapes = self._shapes, []
+            stack.close()
+        finally:
+            with quiet_profiler():
+                result = _torch.disable_profiler()
+        notes, self._notes = self._notes, []
+        shapes, self._shapes = self._shapes, []
+        has_device, detail, with_stack = self.has_device, self.detail, self.with_stack
+
+        def read() -> list[list[Event]]:
+            streams = streams_of(result, has_device=has_device, detail=detail, notes=notes, with_stack=with_stack)
             if streams:
                 streams[0][:0] = shapes  # read in the window's first step (the hook's only one)
             else:
                 self._shapes_read.difference_update(record.module for record in shapes)
             return streams
-        finally:
-            self._claim.close()
+
+        return read
+
+
+class PendingRead:
+    """A stopped window's result, read once, by whichever asks first: its owner
+    (:meth:`streams`), or the next session about to prepare torch's profiler."""
+
+    def __init__(self, read: Callable[[], list[list[Event]]]) -> None:
+        self._read: Callable[[], list[list[Event]]] | None = read
+        self._streams: list[list[Event]] = []
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def streams(self) -> list[list[Event]]:
+        """The window's steps as typed streams (read now if not read yet); a read that
+        failed raises its error again on every call."""
+        with self._lock:
+            read, self._read = self._read, None
+            if read is not None:
+                try:
+                    self._streams = read()
+                except BaseException as exc:
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
+            return self._streams
 
 
 def streams_of(
