@@ -20,8 +20,9 @@ What is timed, per round and variant: one block of ``--per-round`` steps.
   totals inside ``prof.step()``, so its per-step work is in this figure; torch.profiler
   keeps every event and defers its processing to the end.
 - *finalize*: leaving the block until a result can be read: layerscope's ``__exit__``
-  (the ``Profile``, memory included, is built there); torch.profiler's ``__exit__`` plus
-  ``key_averages()`` (its per-op table, with memory). Timed separately.
+  and first ``prof.profile`` (the ``Profile``, memory included, is built there);
+  torch.profiler's ``__exit__`` plus ``key_averages()`` (its per-op table, with memory).
+  Timed separately.
 - *per step, whole block*: entering + the steps + finalize, divided by the number of
   steps: what a block of that length costs per step, all included.
 
@@ -119,7 +120,7 @@ def _plain(model: nn.Module, seen: list[int]) -> Iterator[Mark]:
 def _layerscope(model: nn.Module, seen: list[int], *, memory: bool) -> Iterator[Mark]:
     with layerscope.Profiler(model, memory=memory) as prof:
         yield prof.step
-    memory_data = prof.profile.memory  # built in __exit__
+    memory_data = prof.profile.memory  # read and built on first use: inside the finalize timing
     seen.append(-1 if memory_data is None else memory_data.peak_bytes)
 
 
