@@ -132,3 +132,24 @@ print(json.dumps([before, "torch" in sys.modules]))
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [False, True]
+
+
+def _trace(folder: Path, *, record_shapes: bool) -> str:
+    """A torch.profiler trace of a small model's forward, with or without shapes."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.profiler.profile(record_shapes=record_shapes, with_stack=True) as prof:
+        model(torch.randn(2, 8))
+    name = f"shapes-{record_shapes}.json"
+    prof.export_chrome_trace(str(folder / name))
+    return name
+
+
+def test_show_of_a_trace_without_shapes_imports_no_torch_and_with_shapes_counts_flops(tmp_path: Path) -> None:
+    """A trace without recorded shapes has no FLOPs to count: it is read without torch.
+    With shapes, torch's op schemas and FLOP formulas are imported, and FLOPs shown."""
+    assert _cold(["show", _trace(tmp_path, record_shapes=False)], tmp_path) == (0, [])
+    status, imported = _cold(["show", _trace(tmp_path, record_shapes=True)], tmp_path)
+    assert status == 0 and "torch" in imported

@@ -63,6 +63,11 @@ class KernelSpan(NamedTuple):
     stream: int = 0
 
 
+#: What a trace file says an input was, as the overload lookup reads it
+#: (``flops.recorded.overload_for``).
+TENSOR, TENSORS, SCALAR, SCALARS, UNKNOWN = "tensor", "tensors", "scalar", "scalars", "?"
+
+
 @dataclass(frozen=True)
 class TensorInput:
     """A tensor input of an op as recorded (its shape, dtype and device), read by the

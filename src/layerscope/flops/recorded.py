@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from layerscope.capture import _torch
+from layerscope.convert.ranges import SCALAR, TENSOR, TENSORS, UNKNOWN
 from layerscope.flops import Counts, count_meta, generation
 from layerscope.flops.meta import TensorMeta
 
@@ -159,8 +160,6 @@ def _split(name: str, overload: str, values: list[Any]) -> tuple[tuple[Any, ...]
     return tuple(args), kwargs
 
 
-#: What a trace file says an input was, as :func:`overload_for` reads it.
-TENSOR, TENSORS, SCALAR, SCALARS, UNKNOWN = "tensor", "tensors", "scalar", "scalars", "?"
 _NUMBERS = frozenset({"NumberType", "IntType", "FloatType", "BoolType", "SymIntType", "SymFloatType", "SymBoolType", "ComplexType"})
 #: Places a trace records no value for (strings, generators): an input recorded as nothing.
 _UNRECORDED = frozenset({"StringType", "DeviceObjType", "GeneratorType", "AnyType", "LayoutType", "ScalarTypeType", "MemoryFormatType"})

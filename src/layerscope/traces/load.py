@@ -25,8 +25,7 @@ from layerscope.base.kineto_json import open_trace
 from layerscope.base.peaks import datasheet_tflops
 from layerscope.base.version import __version__
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
-from layerscope.convert.streams import convert
-from layerscope.flops.recorded import CATALOG
+from layerscope.convert.streams import OpCatalog, convert
 from layerscope.model.raw import RawCapture
 from layerscope.model.runfacts import DeviceEvents, ModulesFrom, RunFacts, TraceSource
 from layerscope.model.tree import Profile
@@ -44,6 +43,14 @@ from layerscope.traces.ranges import _NO_FIELDS, TraceRanges, read_ranges
 
 _EVALUATE = "autograd::engine::evaluate_function: "
 
+
+
+def _catalog() -> OpCatalog:
+    """torch's op catalog, imported only for a trace with recorded shapes: the ops it
+    counts are torch's (a trace without shapes is read without importing torch)."""
+    from layerscope.flops.recorded import CATALOG
+
+    return CATALOG
 
 def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None) -> Profile:
     """The profile of a torch.profiler (Kineto) trace file, ``.json`` or ``.json.gz``.
@@ -100,7 +107,7 @@ def profile_of_ranges(
     has_device = bool(ranges.device_events)
     detail = Detail(stacks=None) if ranges.has_shapes else None
     windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
-    streams = convert(roots, ranges.kernels, has_device=has_device, detail=detail, ops=CATALOG)
+    streams = convert(roots, ranges.kernels, has_device=has_device, detail=detail, ops=_catalog() if detail else None)
     # The ranges are spent once converted: released before the walk, as each step's
     # stream is once summed (most of a large trace's memory).
     roots.clear()

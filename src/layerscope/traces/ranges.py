@@ -18,16 +18,26 @@ float's precision in ns).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from layerscope.base.kineto_json import us_to_ns
-from layerscope.convert.ranges import STEP_NAME, USER_SCOPE, KernelSpan, Range, RangeFields, TensorInput
-from layerscope.flops import recorded
+from layerscope.convert.ranges import (
+    SCALAR,
+    SCALARS,
+    STEP_NAME,
+    TENSOR,
+    TENSORS,
+    UNKNOWN,
+    USER_SCOPE,
+    KernelSpan,
+    Range,
+    RangeFields,
+    TensorInput,
+)
 
 #: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.
 MODULE_EVENT = "nn.Module: "
@@ -35,27 +45,38 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 
-#: torch's names for dtypes in ``Input type`` (``c10::toString(ScalarType)``).
-_DTYPES: dict[str, torch.dtype] = {
-    "float": torch.float32,
-    "double": torch.float64,
-    "c10::Half": torch.float16,
-    "c10::BFloat16": torch.bfloat16,
-    "long int": torch.int64,
-    "int": torch.int32,
-    "short int": torch.int16,
-    "signed char": torch.int8,
-    "unsigned char": torch.uint8,
-    "bool": torch.bool,
-    "c10::complex<float>": torch.complex64,
-    "c10::complex<double>": torch.complex128,
-    "c10::complex<c10::Half>": torch.complex32,
+#: torch's names for dtypes in ``Input type`` (``c10::toString(ScalarType)``), each
+#: with the name of its ``torch`` dtype. Names alone: a trace without shapes (no
+#: ``Input type``) is read without importing torch.
+_DTYPE_NAMES: dict[str, str] = {
+    "float": "float32",
+    "double": "float64",
+    "c10::Half": "float16",
+    "c10::BFloat16": "bfloat16",
+    "long int": "int64",
+    "int": "int32",
+    "short int": "int16",
+    "signed char": "int8",
+    "unsigned char": "uint8",
+    "bool": "bool",
+    "c10::complex<float>": "complex64",
+    "c10::complex<double>": "complex128",
+    "c10::complex<c10::Half>": "complex32",
+    **{f"c10::{name}": name.lower() for name in ("Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz")},
 }
-for _name in ("Float8_e4m3fn", "Float8_e5m2", "Float8_e4m3fnuz", "Float8_e5m2fnuz"):
-    _found = getattr(torch, _name.lower(), None)
-    if isinstance(_found, torch.dtype):
-        _DTYPES[f"c10::{_name}"] = _found
-_KINDS = {"TensorList": recorded.TENSORS, "Scalar": recorded.SCALAR, "ScalarList": recorded.SCALARS}
+
+
+@functools.cache
+def _dtypes() -> dict[str, Any]:
+    """``Input type`` -> ``torch.dtype``, for the dtypes this torch has (imported here:
+    only a trace with recorded shapes asks)."""
+    import torch
+
+    found = {kind: getattr(torch, name, None) for kind, name in _DTYPE_NAMES.items()}
+    return {kind: dtype for kind, dtype in found.items() if isinstance(dtype, torch.dtype)}
+
+
+_KINDS = {"TensorList": TENSORS, "Scalar": SCALAR, "ScalarList": SCALARS}
 #: The ops that run on the matrix units a datasheet's peak is for (matrix products,
 #: convolutions, attention): the dtype of their inputs says which peak the trace's
 #: model ran against. Nested ones (``aten::linear`` over ``aten::addmm``) each count.
@@ -252,9 +273,8 @@ class _Builder:
             inputs = self.shared_inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
             overload = self.overload(name, types)
             if name in MATRIX_OPS:
-                dtype = next((_DTYPES[t] for t in types if t in _DTYPES), None)
-                if dtype is not None:
-                    key = str(dtype).removeprefix("torch.")
+                key = next((_DTYPE_NAMES[t] for t in types if t in _DTYPE_NAMES), None)
+                if key is not None:
                     self.out.matrix_dtypes[key] = self.out.matrix_dtypes.get(key, 0) + 1
         if sequence_number != -1:
             fields = RangeFields(sequence_number=sequence_number, inputs=inputs)
@@ -361,11 +381,12 @@ class _Builder:
         """Each recorded input as the conversion reads it: tensors as :class:`TensorInput`,
         scalars and int lists as values (``Concrete Inputs``), anything else None."""
         values: list[Any] = []
-        first_dtype = next((_DTYPES[t] for t in types if t in _DTYPES), torch.float32)
+        dtypes = _dtypes()
+        first_dtype = next((dtypes[t] for t in types if t in dtypes), dtypes["float"])
         for i, kind in enumerate(types):
             shape = dims[i] if i < len(dims) else []
             known = concrete[i] if i < len(concrete) else ""
-            dtype = _DTYPES.get(kind)
+            dtype = dtypes.get(kind)
             if dtype is not None:
                 values.append(self.tensor(shape, dtype))
             elif kind == "TensorList":
@@ -382,12 +403,13 @@ class _Builder:
         """The overload the recorded inputs fit (the file names none)."""
         if "::" not in name:
             return ""
-        kinds = tuple(
-            recorded.TENSOR if t in _DTYPES else _KINDS.get(t, recorded.UNKNOWN) for t in types
-        )
+        from layerscope.flops import recorded  # torch's schemas: only a trace with shapes asks
+
+        dtypes = _dtypes()
+        kinds = tuple(TENSOR if t in dtypes else _KINDS.get(t, UNKNOWN) for t in types)
         return recorded.overload_for(name, kinds)
 
-    def tensor(self, shape: Any, dtype: torch.dtype) -> TensorInput:
+    def tensor(self, shape: Any, dtype: Any) -> TensorInput:
         key = (tuple(shape) if isinstance(shape, list) else (), dtype)
         found = self.tensors.get(key)
         if found is None:
