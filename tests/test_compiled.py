@@ -426,11 +426,11 @@ def test_a_break_in_the_forward_profiles_the_graphs_on_both_sides() -> None:
     assert prof["first"].forward.self_cpu_time_ns > 0 and prof["second"].forward.self_cpu_time_ns > 0
 
 
-def test_backward_of_a_compiled_model_is_refused_with_why() -> None:
+def test_paths_of_a_compiled_model_are_refused_with_why() -> None:
     model, x = _zoo("mlp")
     compiled = torch.compile(model)
-    with unchanged(model), pytest.raises(ModelError, match="lazily compiled backward"):
-        layerscope.profile(compiled, x, backward=True)
+    with unchanged(model), pytest.raises(ModelError, match="profiled whole from its kernels"):
+        layerscope.profile(compiled, x, paths=["layers.0"])
 
 
 def test_cli_compile_lists_kernels_and_a_saved_profile_shows_them_again(tmp_path: Path) -> None:

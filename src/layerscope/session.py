@@ -87,8 +87,10 @@ def profile(
     layerscope compiles its module once more with Inductor's provenance tracking, and
     each module's time comes from the kernel calls holding its FX nodes; FLOPs, memory
     and op rows from one eager pass (``record_ops`` has no effect; the op rows have no
-    times). Forward only; ``Profile.compiled`` holds the kernels, graph breaks and
-    compile time.
+    times). With ``backward=True`` the backward graphs' kernels are each module's
+    backward time (a kernel with no module's node stays with the model's backward time:
+    ``Profile.compiled.unattributed_time_ns()``). ``Profile.compiled`` holds the
+    kernels, graph breaks and compile time.
 
     The model is left as it was: hooks are removed and modes exited even if it raises,
     parameter and buffer values (a train-mode BatchNorm's statistics) and torch's random
@@ -101,16 +103,15 @@ def profile(
         raise ValueError(f"repeat must be an int >= 1, got {repeat!r}")
     eager = eager_module(model)
     if eager is not None:
-        if backward or paths is not None or clock is not None:
-            given = [n for n, v in (("backward=True", backward), ("paths", paths), ("clock", clock)) if v]
+        if paths is not None or clock is not None:
+            given = [n for n, v in (("paths", paths), ("clock", clock)) if v is not None]
             raise ModelError(
-                f"{', '.join(given)}: not for a torch.compile'd model, whose forward alone is profiled per "
-                "module (torch 2.13 keeps no kernel provenance for the lazily compiled backward); profile "
-                "model._orig_mod for the eager training step"
+                f"{', '.join(given)}: not for a torch.compile'd model, which is profiled whole from its kernels; "
+                "profile model._orig_mod for the eager model"
             )
         return _profile_compiled(
             eager, inputs, warmup=warmup, repeat=repeat, memory=memory, no_grad=no_grad,
-            progress=progress, peak_tflops=peak_tflops,
+            progress=progress, peak_tflops=peak_tflops, backward=backward, loss_fn=loss_fn,
         )
     no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
@@ -164,22 +165,29 @@ def profile(
 def _profile_compiled(
     eager: nn.Module, inputs: Any, *, warmup: int, repeat: int, memory: bool,
     no_grad: bool | None, progress: Progress | None, peak_tflops: float | None,
+    backward: bool = False, loss_fn: Callable[[Any], Any] | None = None,
 ) -> Profile:
     """A compiled model's profile: the tree, FLOPs, MACs, shapes and memory of one eager
-    pass of its module (the same parameters), and each module's time from the kernels
-    of layerscope's own compile of it (``capture/compiled.py``, ``attribute/compiled.py``)."""
+    pass of its module (the same parameters; with ``backward``, a training step's), and
+    each module's time from the kernels of layerscope's own compile of it
+    (``capture/compiled.py``, ``attribute/compiled.py``)."""
     refuse_meta_timing(eager, inputs)
     report = progress or (lambda stage, done, total: None)
     # The eager pass records ops whatever record_ops says: FLOPs come from them. Its op
     # times and trace are the eager run's, not the compiled one's: the profile has neither.
-    raw = _count_capture(eager, inputs, None, no_grad, False, None, memory)
+    raw = _count_capture(eager, inputs, None, no_grad, backward, loss_fn, memory)
     ops = op_walk(raw)
     assert ops is not None  # a count always has its op pass
-    no_grad, grad = _grad_mode(no_grad, False)
+    no_grad, grad = _grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
-    with exclusive(eager), grad, state_restored(eager):
+
+    def loss(output: Any) -> torch.Tensor:
+        return loss_of(output, loss_fn)
+
+    with exclusive(eager), grad, grads_restored(eager, clear=backward) as clear_grads, state_restored(eager):
         run = time_compiled(
-            eager, args, kwargs, warmup=warmup, repeat=repeat, working=with_ops(raw, ops), progress=report
+            eager, args, kwargs, warmup=warmup, repeat=repeat, working=with_ops(raw, ops), progress=report,
+            loss=loss if backward else None, clear_grads=clear_grads,
         )
     device = model_device(eager)
     meta = dataclasses.replace(

@@ -14,6 +14,15 @@ whole: the root's self time. A module that ran eagerly, between graphs (a graph
 break), has a profiler range of its own: its self time is that range less the eager
 modules and compiled regions inside it.
 
+In a training step, a backward graph's kernels are split by the same rule into the
+backward phase: AOTAutograd gives each backward node the module of the forward node it
+differentiates (``capture/compiled.py`` reads it), so a kernel's nodes name the modules
+whose gradients it computes. A backward kernel none of whose nodes names a module
+(gradient accumulation, a tied weight's summed gradient) stays with the root's backward
+time, and ``CompileInfo.unattributed_time_ns("backward")`` names it. The loss (its own
+range) is the ``<loss>`` part's; the rest of the forward (up to the loss) and of the
+backward (after it) is the root's, in each phase.
+
 Each node's self time is the median over the passes, the root's own included (in each
 pass, what the modules leave of the pass), and the step is the sum of those medians, as
 for any profile: a median of per-module figures does not add up to the median pass.
@@ -30,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from layerscope.attribute.profile import assemble
-from layerscope.attribute.walk import PassResult
+from layerscope.attribute.walk import LOSS, PassResult
 from layerscope.base.stats import median, median_floor
 from layerscope.model.compile_info import CompileInfo, KernelTime
 from layerscope.model.raw import (
@@ -50,6 +59,12 @@ RULE = (
     "a kernel call's time goes to the modules of its FX nodes in proportion to their number of nodes "
     "(views not counted); modules run eagerly between graphs are timed by their own ranges; "
     "the graphs' wrapper and guards stay with the root"
+)
+#: The rule of a training step: the forward's, and how backward kernels find their module.
+BACKWARD_RULE = RULE + (
+    "; a backward kernel's nodes count for the module whose forward they differentiate (the forward "
+    "node of the same autograd sequence number), and a backward kernel with no such node stays with "
+    "the root's backward time, named as unattributed"
 )
 
 #: Post-grad node names of ops that only reinterpret memory (not counted in the split).
@@ -134,24 +149,42 @@ def match_calls(calls: Sequence[str], events: Sequence[tuple[str, int]]) -> list
 
 @dataclass
 class CompiledTimes:
-    """Per module (``named_modules()`` path) median self time, the step (their sum) and
-    the kernels. ``self_ns[""]`` is the root's: what no module's kernel holds."""
+    """Per module (``named_modules()`` path) median self time in the forward and in the
+    backward, the step (their sum) and the kernels. ``self_ns[""]`` is the root's: what
+    no module's kernel holds (the forward's wrapper and guards, and with no loss range
+    the whole pass's rest); ``backward_self_ns[""]`` the backward's rest: kernels whose
+    module is not known (:meth:`~layerscope.model.compile_info.CompileInfo.unattributed_time_ns`),
+    the backward graphs' wrapper and the autograd engine's own work. A training step's
+    loss is the ``<loss>`` part's forward self time."""
 
     self_ns: dict[str, int]
     step_ns: int
     kernels: list[KernelTime] = field(default_factory=list)
     #: The median time in kernel calls (the rest of the step is wrapper, guards, eager).
     kernel_ns: int = 0
+    backward_self_ns: dict[str, int] = field(default_factory=dict)
+
+
+def _modules_of(graph: CompiledGraph, call: str, known: set[str]) -> dict[str, float]:
+    """A call's shares (:func:`shares`), a path not in ``known`` counted for the root."""
+    modules: dict[str, float] = {}
+    for path, share in shares(graph.nodes.get(call, ())).items():
+        target = path if path in known else ""
+        modules[target] = modules.get(target, 0.0) + share
+    return modules
 
 
 def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], known: set[str]) -> CompiledTimes:
     """Split each pass's kernel time over the modules of ``known`` paths (by
-    :func:`shares`; a path not in ``known`` counts for the root) and take medians."""
-    per_pass: list[dict[str, float]] = []
+    :func:`shares`; a path not in ``known`` counts for the root), a forward graph's into
+    the forward, a backward graph's into the backward, and take medians. In a training
+    step (a pass with a loss range) the forward is the pass up to the loss, the
+    backward the pass after it, and the loss is ``<loss>``'s."""
+    per_pass: list[dict[tuple[str, str], float]] = []
     kernel_totals: list[int] = []
     kernel_samples: dict[tuple[str, str], list[int]] = {}
     for one in passes:
-        times: dict[str, float] = {}
+        times: dict[tuple[str, str], float] = {}
         in_kernels = 0
         for graph_call in one.graph_calls:
             key = graph_call.graph
@@ -163,31 +196,40 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
                     continue
                 in_kernels += ns
                 kernel_samples.setdefault((key, call), []).append(ns)
-                for path, share in shares(graph.nodes.get(call, ())).items():
-                    target = path if path in known else ""
-                    times[target] = times.get(target, 0.0) + ns * share
+                for path, share in _modules_of(graph, call, known).items():
+                    site = (path, graph.phase)
+                    times[site] = times.get(site, 0.0) + ns * share
         for path, ns in eager_self(one.eager, one.regions).items():
-            target = path if path in known else ""
-            times[target] = times.get(target, 0.0) + ns
-        times[""] = times.get("", 0.0) + max(one.step_ns - sum(times.values()), 0)
+            site = (path if path in known else "", "forward")
+            times[site] = times.get(site, 0.0) + ns
+        forward = sum(ns for (_, phase), ns in times.items() if phase == "forward")
+        backward = sum(ns for (_, phase), ns in times.items() if phase == "backward")
+        if one.loss is None:
+            times[("", "forward")] = times.get(("", "forward"), 0.0) + max(one.step_ns - forward - backward, 0)
+        else:
+            loss_ns = one.loss.end_ns - one.loss.start_ns
+            loss_site = (LOSS if LOSS in known else "", "forward")
+            times[loss_site] = times.get(loss_site, 0.0) + loss_ns
+            times[("", "forward")] = times.get(("", "forward"), 0.0) + max(one.loss.start_ns - forward, 0)
+            times[("", "backward")] = times.get(("", "backward"), 0.0) + max(one.step_ns - one.loss.end_ns - backward, 0)
         per_pass.append(times)
         kernel_totals.append(in_kernels)
-    paths = {path for times in per_pass for path in times}
-    self_ns = {path: round(median(times.get(path, 0.0) for times in per_pass)) for path in sorted(paths)}
-    step_ns = sum(self_ns.values())
+    sites = {site for times in per_pass for site in times}
+    medians = {site: round(median(times.get(site, 0.0) for times in per_pass)) for site in sorted(sites)}
+    self_ns = {path: ns for (path, phase), ns in medians.items() if phase == "forward"}
+    backward_self_ns = {path: ns for (path, phase), ns in medians.items() if phase == "backward"}
+    step_ns = sum(medians.values())
     kernels = []
     for key, graph in graphs.items():
         for call in graph.calls:
             samples = kernel_samples.get((key, call))
             if samples:
-                modules: dict[str, float] = {}
-                for path, share in shares(graph.nodes.get(call, ())).items():
-                    target = path if path in known else ""
-                    modules[target] = modules.get(target, 0.0) + share
                 # Shares as saved (6 places): a loaded profile's kernels equal these.
-                shares_saved = {path: round(share, 6) for path, share in modules.items()}
-                kernels.append(KernelTime(key, call, median_floor(samples), shares_saved))
-    return CompiledTimes(self_ns, step_ns, kernels, median_floor(kernel_totals) if kernel_totals else 0)
+                shares_saved = {path: round(share, 6) for path, share in _modules_of(graph, call, known).items()}
+                kernels.append(KernelTime(key, call, median_floor(samples), shares_saved, graph.phase))
+    return CompiledTimes(
+        self_ns, step_ns, kernels, median_floor(kernel_totals) if kernel_totals else 0, backward_self_ns,
+    )
 
 
 def with_ops(raw: RawCapture, ops: PassResult) -> set[str]:
@@ -198,15 +240,18 @@ def with_ops(raw: RawCapture, ops: PassResult) -> set[str]:
 
 def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Profile:
     """A compiled model's profile, built once: the tree, op rows, FLOPs and memory of
-    the eager pass ``raw`` (walked into ``ops``), each node's forward self time from
-    ``run``'s kernels (:func:`attribute`), totals summed as for any profile. The op
+    the eager pass ``raw`` (walked into ``ops``), each node's forward self time (and,
+    in a training step, backward self time) from ``run``'s kernels (:func:`attribute`),
+    totals summed as for any profile. The op
     rows' times are None (the eager ops never ran compiled) and there is no trace: the
     profile's op rows are copies, ``ops`` is left as it was."""
     paths = [info.path for info in raw.modules]
     index = {path: n for n, path in enumerate(paths)}
     times = attribute(run.graphs, run.passes, set(paths) | set(ops.dynamic))
+    self_cpu = {(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()}
+    self_cpu.update({(index.get(path, path), "backward"): ns for path, ns in times.backward_self_ns.items()})
     result = PassResult(
-        self_cpu={(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()},
+        self_cpu=self_cpu,
         calls=dict(ops.calls), dynamic=dict(ops.dynamic), phases=set(ops.phases),
         enclosing=dict(ops.enclosing),
     )
@@ -214,8 +259,9 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
         ops, trace=None,
         ops={key: dataclasses.replace(op, cpu_time_ns=None, self_cpu_time_ns=None) for key, op in ops.ops.items()},
     )
+    backward = any(graph.phase == "backward" for graph in run.graphs.values())
     info = CompileInfo(
-        backend="inductor", rule=RULE, compile_time_ns=run.compile_time_ns, frames=run.frames,
+        backend="inductor", rule=BACKWARD_RULE if backward else RULE, compile_time_ns=run.compile_time_ns, frames=run.frames,
         graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels,
     )

@@ -463,6 +463,22 @@ _declare(
     None, "not established", "graphs cannot be compiled", lazy=True,
 )
 _declare(
+    "torch._inductor.compile_fx.compile_fx_inner",
+    _COMPILED + ": each forward and backward graph Inductor compiles (its is_backward keyword), with its nodes' meta",
+    None, "not established", "backward kernels cannot be traced to modules", lazy=True,
+)
+_declare(
+    "torch._functorch.config.force_non_lazy_backward_lowering",
+    _COMPILED + ": the backward compiled with its forward, inside Inductor's provenance tracking (a lazily "
+    "compiled backward's provenance map is empty)", None, "not established",
+    "backward kernels cannot be traced to modules", lazy=True,
+)
+_declare(
+    "torch._functorch.config.enable_autograd_cache",
+    _COMPILED + ": AOTAutograd's cache off, so every compile shows Inductor the graphs (a hit skips inner_compile)",
+    None, "not established", "backward kernels cannot be traced to modules", lazy=True,
+)
+_declare(
     "torch._inductor.config.trace.provenance_tracking_level", _COMPILED + ": which FX nodes each kernel holds", "2.9",
     "pytorch#160383 'Separate provenance tracking to different levels' (Aug 2025, before 2.9's branch cut); "
     "inferred from the PR", "kernels cannot be traced to modules", lazy=True,
@@ -488,6 +504,9 @@ _FORMATS = {
     "Call CompiledFxGraph": ("torch._inductor.output_code", "the profiler range around each graph call"),
     "dynamo_graph_break_reason": ("torch._dynamo.symbolic_convert", "graph breaks, where and why"),
     "Torch-Compiled Region": ("torch._dynamo.convert_frame", "the profiler range around each compiled region"),
+    "fwd_nn_module_stack": (
+        "torch._functorch._aot_autograd.utils", "a backward node's forward module (AOTAutograd copies it by seq_nr)",
+    ),
 }
 
 
@@ -506,6 +525,10 @@ def _format_finder(marker: str, module: str) -> Callable[[], Any]:
 
 #: When a format's first release is known: (release, evidence).
 _FORMAT_SINCE = {
+    "fwd_nn_module_stack": (
+        "2.4", "pytorch#126573 'aot_autograd: copy metadata from fw to bw nodes' (May 2024, before 2.4's branch cut); "
+        "inferred from the PR's date",
+    ),
     "[Provenance debug handles]": (
         "2.9", "pytorch#161110 'Add debug handle to inductor provenance tracking' (Aug 2025, before 2.9's branch cut); "
         "inferred from the PR's date",
@@ -798,13 +821,40 @@ def require_compiled_profiling() -> None:
             require(name)
 
 
-def compile_with_provenance(gm: Any, example_inputs: Any) -> Any:
+def compile_with_provenance(gm: Any, example_inputs: Any, on_graph: Callable[[Any, bool], None]) -> Any:
     """Inductor's compile of a Dynamo graph with provenance tracking (kernel -> FX nodes)
-    and a profiler range per generated kernel."""
+    and a profiler range per generated kernel; ``on_graph(graph, is_backward)`` sees
+    each forward and backward graph Inductor compiled, after its post-grad passes.
+
+    The settings reach the backward too: they are ``compile_fx``'s ``config_patches``
+    (which it re-enters around the inner compile), and the backward is compiled with the
+    forward, not lazily at the first ``backward()``: a lazy compile runs outside
+    Inductor's provenance tracking and dumps an empty map. AOTAutograd's cache is off, so
+    ``on_graph`` sees every graph (a hit would skip the inner compile); Inductor's own
+    graph cache stays on (its key names each graph's profiler range)."""
     compile_fx = require("torch._inductor.compile_fx.compile_fx")
-    config = _resolve("torch._inductor.config")
-    with config.patch({"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}):
-        return compile_fx(gm, example_inputs)
+    compile_fx_inner = require("torch._inductor.compile_fx.compile_fx_inner")
+    require("torch._functorch.config.force_non_lazy_backward_lowering")
+    require("torch._functorch.config.enable_autograd_cache")
+    functorch_config = _resolve("torch._functorch.config")
+
+    def inner_compile(graph: Any, inputs: Any, **kwargs: Any) -> Any:
+        compiled = compile_fx_inner(graph, inputs, **kwargs)
+        on_graph(graph, bool(kwargs.get("is_backward", False)))
+        return compiled
+
+    patches = {"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}
+    with functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+def forward_module_stack(node: Any) -> Any:
+    """A backward graph node's forward module stack (``nn_module_stack``'s form), which
+    AOTAutograd copies from the forward node of the same ``seq_nr``; for a forward node
+    recomputed in the backward, its own; None when neither is known (gradient
+    accumulation, the graph's inputs and outputs)."""
+    require("torch._functorch._aot_autograd.utils: 'fwd_nn_module_stack'")
+    return node.meta.get("fwd_nn_module_stack") or node.meta.get("nn_module_stack")
 
 
 def compilation_metrics() -> list[Any]:

@@ -56,6 +56,7 @@ from layerscope.model.raw import (
     GraphCall,
     GraphNode,
     KernelRange,
+    LossRange,
 )
 
 #: The range layerscope wraps each timed call in.
@@ -63,6 +64,8 @@ STEP_RANGE = "layerscope#compiled_step"
 _CALL = re.compile(r"## Call CompiledFxGraph (\S+) ##")
 #: The range around a module that ran eagerly (its path follows).
 MODULE_RANGE = "layerscope#eager:"
+#: The range around a training step's loss, between the forward and the backward.
+LOSS_RANGE = "layerscope#loss"
 _REGION = "Torch-Compiled Region"
 _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
 
@@ -119,6 +122,9 @@ class _Compiler:
     def __init__(self) -> None:
         #: frame -> Dynamo node name -> named_modules() path, for the compiles of a run
         self.node_modules: dict[str, dict[str, str]] = {}
+        #: frame -> each graph Inductor compiled for it, in order: its phase, and for a
+        #: backward graph each post-grad node's module (its forward's)
+        self.inductor_graphs: dict[str, list[tuple[str, dict[str, str]]]] = {}
         self.compiles = 0
         self._tensors: dict[int, str] = {}
         self._types: dict[type, list[str]] = {}
@@ -127,6 +133,7 @@ class _Compiler:
     def model(self, eager: nn.Module) -> Iterator[None]:
         """Compiles meanwhile are of ``eager``: name their nodes' modules by its paths."""
         self.node_modules = {}
+        self.inductor_graphs = {}
         self._tensors = {id(t): name for name, t in (*eager.named_parameters(), *eager.named_buffers())}
         self._types = {}
         for path, module in eager.named_modules():
@@ -147,7 +154,18 @@ class _Compiler:
                 # A node of the frame's own code (no module call around it) is its self's.
                 names[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0])) if stack else prefix
         self.node_modules[frame] = names
-        return _torch.compile_with_provenance(gm, example_inputs)
+        graphs = self.inductor_graphs.setdefault(frame, [])
+
+        def on_graph(graph: torch.fx.GraphModule, is_backward: bool) -> None:
+            modules: dict[str, str] = {}
+            if is_backward and prefix is not None:
+                for node in graph.graph.nodes:
+                    stack = _torch.forward_module_stack(node)
+                    if stack:
+                        modules[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0]))
+            graphs.append(("backward" if is_backward else "forward", modules))
+
+        return _torch.compile_with_provenance(gm, example_inputs, on_graph)
 
     def _prefix(self, gm: torch.fx.GraphModule, example_inputs: Any) -> str | None:
         """Where this frame's ``self`` sits in the model: Dynamo names modules from the
@@ -187,12 +205,18 @@ def _joined(prefix: str, path: str) -> str:
 
 
 def _graphs(
-    records: list[tuple[dict[str, Any], Any]], node_modules: dict[str, dict[str, str]]
+    records: list[tuple[dict[str, Any], Any]], node_modules: dict[str, dict[str, str]],
+    inductor_graphs: dict[str, list[tuple[str, dict[str, str]]]] | None = None,
 ) -> dict[str, CompiledGraph]:
     """Each Inductor graph, from its structured-trace records: a graph's code and
-    provenance arrive before its cache hit or miss, which names its key."""
+    provenance arrive before its cache hit or miss, which names its key. A frame's
+    graphs arrive in the order Inductor compiled them (``inductor_graphs``: the forward,
+    then its backward): a backward graph's kernels hold backward nodes, whose modules
+    are their forward's, not the Dynamo nodes the provenance map's ``postToPre`` names
+    (that map is the forward's)."""
     graphs: dict[str, CompiledGraph] = {}
     pending: dict[str, dict[str, Any]] = {}
+    seen: dict[str, int] = {}
     for metadata, payload in records:
         if not metadata:
             continue
@@ -207,7 +231,12 @@ def _graphs(
             current["provenance"] = json.loads(payload or "{}")
         elif name in ("fx_graph_cache_hit", "fx_graph_cache_miss", "fx_graph_cache_bypass"):
             key = (json.loads(payload or "{}") or {}).get("key")
-            if key:
+            order = (inductor_graphs or {}).get(frame, [])
+            n = seen[frame] = seen.get(frame, -1) + 1
+            phase, backward_modules = order[n] if n < len(order) else ("forward", {})
+            if key and phase == "backward":
+                graphs[key] = _backward_graph(key, frame, current, backward_modules)
+            elif key:
                 graphs[key] = _graph(key, frame, current, node_modules.get(frame, {}))
             pending[frame] = {}
     return graphs
@@ -227,6 +256,16 @@ def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, 
             GraphNode(post, next((node_modules.get(pre) for pre in post_to_pre.get(post, ())), None)) for post in posts
         ]
     return CompiledGraph(key, frame, calls, nodes, set(node_modules.values()))
+
+
+def _backward_graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str]) -> CompiledGraph:
+    """A backward graph: each kernel call's post-grad nodes (the provenance map's
+    ``cppCodeToPost``), each with its forward's module (``node_modules``)."""
+    code = found.get("code", "")
+    calls = [f"{name}:{handle}" for name, handle in _HANDLE.findall(code[code.find("def call(") :])]
+    to_post = (found.get("provenance") or {}).get("cppCodeToPost") or {}
+    nodes = {call: [GraphNode(post, node_modules.get(post)) for post in to_post.get(call, ())] for call in calls}
+    return CompiledGraph(key, frame, calls, nodes, set(node_modules.values()), phase="backward")
 
 
 def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[GraphBreak]:
@@ -274,8 +313,11 @@ def _pass(step: Any, events: list[Any]) -> CompiledPass:
     graph_calls: list[GraphCall] = []
     eager: list[EagerRange] = []
     regions: list[CompiledRegion] = []
+    loss: LossRange | None = None
     for event in events:
-        if event.name.startswith(MODULE_RANGE):
+        if event.name == LOSS_RANGE:
+            loss = LossRange(*span(event))
+        elif event.name.startswith(MODULE_RANGE):
             eager.append(EagerRange(event.name[len(MODULE_RANGE) :], *span(event)))
         elif event.name.startswith(_REGION):
             regions.append(CompiledRegion(*span(event)))
@@ -285,7 +327,7 @@ def _pass(step: Any, events: list[Any]) -> CompiledPass:
         children = sorted(event.cpu_children, key=lambda c: c.time_range.start)
         kernels = [KernelRange(child.name, _ns(child.time_range.elapsed_us())) for child in children]
         graph_calls.append(GraphCall(found.group(1), kernels, _ns(event.time_range.elapsed_us())))
-    return CompiledPass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions)
+    return CompiledPass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions, loss)
 
 
 @contextlib.contextmanager
@@ -321,11 +363,12 @@ _COMPILES: weakref.WeakKeyDictionary[nn.Module, tuple[list[GraphBreak], int]] = 
 
 
 def _profiled(
-    call: Callable[[], Any], passes: int = 1, progress: Callable[[int], None] | None = None
+    call: Callable[[], Any], passes: int = 1, progress: Callable[[int], None] | None = None,
+    prepare: Callable[[], None] = lambda: None,
 ) -> list[CompiledPass]:
-    """``passes`` calls, each in a ``STEP_RANGE`` range, in one session of torch's
-    profiler; the session's first call, which pays for the profiler's start (a few
-    hundred µs on a small model), is made first and not measured."""
+    """``passes`` calls, each in a ``STEP_RANGE`` range (``prepare``d outside it), in one
+    session of torch's profiler; the session's first call, which pays for the profiler's
+    start (a few hundred µs on a small model), is made first and not measured."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
@@ -334,8 +377,10 @@ def _profiled(
         with quiet_profiler():
             prof.start()
         try:
+            prepare()
             call()
             for n in range(passes):
+                prepare()
                 # torch's C++ range, not record_function's op: the range is the call's time,
                 # and a Python op around it would add its own tens of µs to every call.
                 with _torch.FastRange(STEP_RANGE):
@@ -351,10 +396,13 @@ def _profiled(
 def time_compiled(
     eager: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, warmup: int, repeat: int,
     working: set[str], progress: Callable[[str, int, int], None],
+    loss: Callable[[Any], torch.Tensor] | None = None, clear_grads: Callable[[], None] = lambda: None,
 ) -> CompiledCapture:
     """Compile ``eager`` with layerscope's backend, call it ``warmup`` times (the first
     compiles, unless an earlier profile did), then ``repeat`` times under torch's
-    profiler.
+    profiler. With ``loss`` each call is a training step: the forward, ``loss(output)``
+    in a ``LOSS_RANGE`` range, and its backward (the compiled backward graphs), each
+    step from gradients cleared by ``clear_grads`` (outside its range).
 
     The modules of ``working`` (those with ops of their own in the eager pass) that no
     graph holds ran eagerly, between graphs: they get a profiler range each, as an
@@ -364,45 +412,59 @@ def time_compiled(
     compiled = torch.compile(eager, backend=_COMPILER)
 
     def call() -> None:
-        compiled(*args, **kwargs)
+        output = compiled(*args, **kwargs)
+        if loss is not None:
+            with _torch.FastRange(LOSS_RANGE):
+                value = loss(output)
+            del output
+            value.backward()
+
+    def step() -> None:
+        clear_grads()
+        call()
 
     with _COMPILER.model(eager):
         before = len(_torch.compilation_metrics())
         compiles = _COMPILER.compiles
         with _structured_trace() as collector:
             start = time.perf_counter_ns()
-            call()
+            step()
             first_ns = time.perf_counter_ns() - start
         if _COMPILER.compiles != compiles:
             metrics = _torch.compilation_metrics()[before:]
             compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             _COMPILES[eager] = (_graph_breaks(collector.records), round(compile_s * 1e9) if compile_s else first_ns)
-            for key, graph in _graphs(collector.records, _COMPILER.node_modules).items():
+            for key, graph in _graphs(collector.records, _COMPILER.node_modules, _COMPILER.inductor_graphs).items():
                 _GRAPHS[key] = graph
                 _GRAPHS.move_to_end(key)
             while len(_GRAPHS) > _MAX_GRAPHS:
                 _GRAPHS.popitem(last=False)
         progress("warmup", 1, warmup + 1)
         for n in range(warmup):
-            call()
+            step()
             progress("warmup", n + 2, warmup + 1)
-        keys = {graph_call.graph for graph_call in _profiled(call)[0].graph_calls}
+        keys = {graph_call.graph for graph_call in _profiled(call, prepare=clear_grads)[0].graph_calls}
         graphs = {key: _GRAPHS[key] for key in keys if key in _GRAPHS}
         if not graphs:
             raise ModelError(
                 "torch.compile made no Inductor graph of this model that layerscope can read (nothing to time "
                 "per module); time it whole with layerscope.benchmark(..., compile=True)"
             )
-        traced = {path for graph in graphs.values() for path in graph.modules}
+        if loss is not None and not any(graph.phase == "backward" for graph in graphs.values()):
+            raise ModelError(
+                "torch.compile made no backward graph of this model that layerscope can read (its backward cannot "
+                "be timed per module); profile model._orig_mod for the eager training step"
+            )
+        traced = {path for graph in graphs.values() if graph.phase == "forward" for path in graph.modules}
         outside = sorted(working - traced)
         with contextlib.ExitStack() as ranges:
             if outside:
                 compiles = _COMPILER.compiles
                 ranges.enter_context(_eager_ranges(eager, outside))
-                call()
+                step()
                 if _COMPILER.compiles != compiles:  # the hooks were traced: drop them
                     ranges.close()
                     outside = []
-            passes = _profiled(call, repeat, lambda done: progress("measure", done, repeat))
+            passes = _profiled(call, repeat, lambda done: progress("measure", done, repeat), prepare=clear_grads)
     breaks, compile_ns = _COMPILES.get(eager, ([], 0))
     return CompiledCapture(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))

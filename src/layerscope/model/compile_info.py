@@ -15,13 +15,15 @@ from layerscope.model.raw import GraphBreak
 
 @dataclass
 class KernelTime:
-    """One kernel call of one graph: its median time over the passes, and how it is
-    split over modules (shares adding up to 1; empty: the model as a whole)."""
+    """One kernel call of one graph: its median time over the passes, how it is split
+    over modules (shares adding up to 1; empty: the model as a whole, unattributed), and
+    its phase (``forward``, or ``backward`` for a kernel of a backward graph)."""
 
     graph: str
     call: str
     time_ns: int
     modules: dict[str, float]
+    phase: str = "forward"
 
     @property
     def shared(self) -> bool:
@@ -31,11 +33,13 @@ class KernelTime:
         return {
             "graph": self.graph, "call": self.call, "time_ns": self.time_ns,
             "modules": {path: round(share, 6) for path, share in self.modules.items()},
+            # Written only for a backward kernel: a forward profile's file is as before.
+            **({"phase": self.phase} if self.phase != "forward" else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KernelTime:
-        return cls(data["graph"], data["call"], data["time_ns"], dict(data["modules"]))
+        return cls(data["graph"], data["call"], data["time_ns"], dict(data["modules"]), data.get("phase", "forward"))
 
 
 @dataclass
@@ -55,6 +59,11 @@ class CompileInfo:
     step_time_ns: int = 0
     kernel_time_ns: int = 0
     kernels: list[KernelTime] = field(default_factory=list)
+
+    def unattributed_time_ns(self, phase: str = "backward") -> int:
+        """The time of ``phase``'s kernels that no module's node is in (the sum of their
+        median times): it stays with the root's time in that phase."""
+        return sum(k.time_ns for k in self.kernels if k.phase == phase and not k.modules)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -313,15 +313,24 @@ class CompiledRegion(NamedTuple):
     end_ns: int
 
 
+class LossRange(NamedTuple):
+    """A training step's loss (between the forward and the backward); ns from the pass's start."""
+
+    start_ns: int
+    end_ns: int
+
+
 @dataclass
 class CompiledPass:
-    """One timed call of the compiled model: its length, its graph calls in order, and
-    the ranges of the modules that ran eagerly and of the compiled regions."""
+    """One timed call of the compiled model (with its loss and backward, in a training
+    step): its length, its graph calls in order, the ranges of the modules that ran
+    eagerly and of the compiled regions, and the loss's range (None: forward only)."""
 
     step_ns: int
     graph_calls: list[GraphCall]
     eager: list[EagerRange] = field(default_factory=list)
     regions: list[CompiledRegion] = field(default_factory=list)
+    loss: LossRange | None = None
 
 
 class GraphNode(NamedTuple):
@@ -335,14 +344,17 @@ class GraphNode(NamedTuple):
 @dataclass
 class CompiledGraph:
     """One Inductor graph: its cache key, the Dynamo frame it belongs to, its kernel
-    calls in order (``name:handle``), each call's nodes, and every module with a node in
-    the graph (whether or not a kernel kept it)."""
+    calls in order (``name:handle``), each call's nodes, every module with a node in
+    the graph (whether or not a kernel kept it), and its phase: ``forward``, or
+    ``backward`` for the graph AOTAutograd made of the forward's gradients (its nodes'
+    modules are the forward's whose gradient they compute)."""
 
     key: str
     frame: str
     calls: list[str] = field(default_factory=list)
     nodes: dict[str, list[GraphNode]] = field(default_factory=dict)
     modules: set[str] = field(default_factory=set)
+    phase: str = "forward"
 
 
 @dataclass

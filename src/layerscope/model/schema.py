@@ -23,7 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from layerscope.model.compile_info import CompileInfo
+from layerscope.model.compile_info import CompileInfo, KernelTime
 from layerscope.model.runfacts import RunFacts, RunFigures
 from layerscope.model.sidedocs import DeviceLedger, Flow, MemorySummary, OptimizerState, Span, Trace
 from layerscope.model.tree import PHASES, ModuleNode, OpStats, PhaseStats
@@ -183,6 +183,7 @@ DECLARED: dict[type, Declared] = {
         not_saved=frozenset({"extra"}),  # keys a newer version wrote: kept as they are
     ),
     CompileInfo: Declared(required=frozenset({"graph_breaks", "step_time_ns", "kernel_time_ns", "kernels"})),
+    KernelTime: Declared(fields={"phase": OneOf(PHASES)}),
     MemorySummary: Declared(nullable=frozenset({"peak_categories", "peak_by_phase", "optimizer_state_bytes"})),
     OptimizerState: Declared(keys={"total_bytes": "total", "bytes_by_key": "by_key"}),
     # A trace keeps its spans and flows as columns; a document, as rows of Span and Flow.
