@@ -12,6 +12,7 @@ import torch
 import layerscope
 from layerscope import zoo
 from layerscope.attribute.compiled import BACKWARD_RULE, attribute
+from layerscope.base import fmt
 from layerscope.model.check import check_tree
 from layerscope.model.documents import profile_from_dict
 from layerscope.model.raw import CompiledGraph, CompiledPass, GraphCall, GraphNode, KernelRange, LossRange
@@ -131,3 +132,23 @@ def test_a_compiled_step_saves_its_kernel_phases_and_loads_them_back(steps: dict
     assert again.compiled == compiled.compiled
     assert {k.phase for k in again.compiled.kernels} == {"forward", "backward"}
     assert "Bwd self" in compiled.render("text")
+
+
+def test_the_text_and_kernel_views_name_the_backward_and_its_unattributed_time(
+    steps: dict[str, tuple[Profile, Profile]],
+) -> None:
+    compiled, _ = steps["gpt"]
+    info = compiled.compiled
+    assert info is not None
+    backward = [k for k in info.kernels if k.phase == "backward"]
+    text = compiled.render("text")
+    assert (
+        f"Backward: {len(backward)} of the kernel calls, 1 of them with no module's node: unattributed "
+        f"{fmt.time_ns(info.unattributed_time_ns('backward'))}, counted in GPT's Bwd self."
+    ) in text
+    table = compiled.render("kernels")
+    assert "| Phase" in table
+    rows = [line for line in table.splitlines() if line.startswith("extern_kernels.addmm")]
+    assert any("backward" in row and "(root: no module, unattributed)" in row for row in rows)
+    kernel_rows = table.split("* shared by several modules")[0].splitlines()
+    assert sum(" backward " in line for line in kernel_rows) == len(backward)

@@ -33,14 +33,21 @@ def render_kernels(profile: Profile) -> str:
     if info is None:
         raise RenderError("the kernels format is for a torch.compile'd model's profile; this model ran eagerly")
     kernels = info.kernels
+    # A training step's kernels say which phase each is of (a forward's table is as before).
+    phased = any(kernel.phase != "forward" for kernel in kernels)
     rows = []
     for kernel in kernels:
         ranked = sorted(kernel.modules.items(), key=lambda m: -m[1])
         split = ", ".join(f"{_label(path)} {fmt.percent(round(share * 1000), 1000)}" for path, share in ranked)
         mark = "*" if kernel.shared else ""
-        rows.append([kernel.call + mark, fmt.time_ns(kernel.time_ns), split or "(root: no module)"])
+        no_module = "(root: no module, unattributed)" if kernel.phase == "backward" else "(root: no module)"
+        row = [kernel.call + mark, fmt.time_ns(kernel.time_ns), split or no_module]
+        rows.append([row[0], kernel.phase, *row[1:]] if phased else row)
     out = [f"Kernel calls of {profile.meta.model or profile.root.type}, compiled ({info.backend}), in call order:"]
-    out += draw([Column("Kernel call", "<"), Column("Time"), Column("Modules", "<")], rows)
+    columns = [Column("Kernel call", "<"), Column("Time"), Column("Modules", "<")]
+    if phased:
+        columns.insert(1, Column("Phase", "<"))
+    out += draw(columns, rows)
     out += ["* shared by several modules: its time is split by the rule: " + info.rule, ""]
     out += _module_table(profile, kernels)
     return "\n".join(out) + "\n"

@@ -443,6 +443,14 @@ def compile_lines(profile: Profile) -> list[str]:
         f"times: {info.rule}. FLOPs, memory and op rows are the eager module's "
         "(--format kernels lists the kernels)."
     ]
+    backward = [k for k in kernels if k.phase == "backward"]
+    if backward:
+        lines.append(
+            f"Backward: {len(backward)} of the kernel calls, "
+            f"{sum(1 for k in backward if not k.modules)} of them with no module's node: unattributed "
+            f"{fmt.time_ns(info.unattributed_time_ns('backward'))}, counted in {profile.root.path or profile.root.type}'s "
+            "Bwd self."
+        )
     lines += [f"Graph break at {b.where or '?'}: {b.reason}" for b in breaks]
     return lines
 
