@@ -27,10 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "h100_ddp_nccl_train.json.gz"
+_SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+#: A trace with recorded shapes (its FLOPs counted: torch imported) and one without.
+DEFAULT_TRACES = [_SHARED / "h100_ddp_nccl_train.json.gz", _SHARED / "a100_alexnet_no_modules.json.gz"]
 
 
-def _commands(folder: Path, trace: Path) -> list[list[str]]:
+def _commands(folder: Path, traces: list[Path]) -> list[list[str]]:
     commands = [
         ["--help"],
         ["profile", "--help"],
@@ -42,8 +44,7 @@ def _commands(folder: Path, trace: Path) -> list[list[str]]:
         ["diff", "x.json", "x.json"],
         ["merge", "rank0.json", "rank1.json"],
     ]
-    if trace.is_file():
-        commands.append(["show", str(trace)])
+    commands += [["show", str(trace)] for trace in traces if trace.is_file()]
     return commands
 
 
@@ -74,7 +75,8 @@ def _imports_torch(args: list[str], folder: Path, src: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--trace", type=Path, action="append", help="a trace to show (again for more); "
+                        "default: a shared trace with shapes and one without")
     parser.add_argument("--against", type=Path, help="another checkout's src folder, run side by side")
     args = parser.parse_args()
     sources = {"this": HERE, **({"against": args.against.resolve()} if args.against else {})}
@@ -84,7 +86,7 @@ def main() -> None:
         if made.returncode != 0:
             raise SystemExit(made.stderr)
         _rank_files(folder)
-        commands = _commands(folder, args.trace)
+        commands = _commands(folder, args.trace or DEFAULT_TRACES)
         times: dict[tuple[str, int], list[float]] = {(s, i): [] for s in sources for i in range(len(commands))}
         status: dict[tuple[str, int], int] = {}
         for _ in range(args.rounds):

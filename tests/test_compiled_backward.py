@@ -5,6 +5,7 @@ compiled once per module of tests."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from layerscope.model.check import check_tree
 from layerscope.model.documents import profile_from_dict
 from layerscope.model.raw import CompiledGraph, CompiledPass, GraphCall, GraphNode, KernelRange, LossRange
 from layerscope.model.tree import Profile
+from processes import run_layerscope
 
 # -- the rule, by hand ------------------------------------------------------------------
 
@@ -152,3 +154,11 @@ def test_the_text_and_kernel_views_name_the_backward_and_its_unattributed_time(
     assert any("backward" in row and "(root: no module, unattributed)" in row for row in rows)
     kernel_rows = table.split("* shared by several modules")[0].splitlines()
     assert sum(" backward " in line for line in kernel_rows) == len(backward)
+
+
+def test_the_command_profiles_a_compiled_training_step(tmp_path: Any) -> None:
+    done = run_layerscope(
+        ["profile", "zoo:mlp", "--compile", "--backward", "--warmup", "0", "--repeat", "1", "--format", "kernels"], tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| Phase" in done.stdout and " backward " in done.stdout

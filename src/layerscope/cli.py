@@ -207,8 +207,9 @@ def _add_run_options(
         )
         parser.add_argument(
             "--compile", action="store_true",
-            help="profile torch.compile(model) (Inductor): per-module time from its kernels, FLOPs from the eager "
-            "module; compile time and graph breaks reported apart (--format kernels lists the kernels)",
+            help="profile torch.compile(model) (Inductor): per-module time from its kernels (with --backward, a "
+            "training step's forward and backward kernels), FLOPs from the eager module; compile time and graph "
+            "breaks reported apart (--format kernels lists the kernels)",
         )
         _add_peak_tflops(parser)
     else:
@@ -715,8 +716,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = False) -> int:
-    if getattr(args, "compile", False) and args.backward:
-        raise UsageError("--compile profiles the compiled forward per module; --backward is for the eager model")
     # What can be refused without torch is refused first: a misspelt SPEC, option or format.
     _check_specs(args, spec)
     _peak_tflops(args)
