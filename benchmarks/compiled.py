@@ -12,12 +12,18 @@ order swapped every round, each measured as a user's loop sees it (warm, many ca
   root time is the sum of its nodes' median self times over the profiled calls
   (kernel ranges and torch's profiler on), as for any profile.
 
+With ``--train`` each call is a training step's forward, loss (the sum of the first
+float output, layerscope's default) and backward, from gradients cleared outside the
+timing: *plain* and *torch.profiler* time ``loss(compiled(x)).backward()``, and
+layerscope's figure is ``layerscope.profile(compiled, x, backward=True, ...)``'s step
+(forward + ``<loss>`` + backward, the sum of the nodes' median self times).
+
 The report gives each variant's median over the rounds and the ratios of layerscope's
 root to the plain call and to the call under torch.profiler (the bar: no heavier than
 torch.profiler's own). It also checks, once per model, that per-module FLOPs equal the eager
 count's.
 
-Usage: python -m benchmarks.compiled [--rounds 15] [--calls 20] [--warm 3] [--models mlp,gpt,bert] [--threads 1]
+Usage: python -m benchmarks.compiled [--rounds 15] [--calls 20] [--warm 3] [--models mlp,gpt,bert,gpt2] [--threads 1] [--train]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from torch import nn
 
 import layerscope
 from layerscope import zoo
+from layerscope.capture.training import loss_of
 
 
 def _zoo(name: str) -> Callable[[], tuple[nn.Module, object]]:
@@ -54,55 +61,94 @@ def bert_small() -> tuple[nn.Module, object]:
     return model, {"input_ids": ids}
 
 
-MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {"mlp": _zoo("mlp"), "gpt": _zoo("gpt"), "bert": bert_small}
+def gpt2_small() -> tuple[nn.Module, object]:
+    """GPT-2, 2 layers x 256 (4 heads), 2 x 64 tokens: the shape of ``benchmarks/steps.py``'s."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_layer=2, n_embd=256, n_head=4)
+    torch.manual_seed(0)
+    model = GPT2Model(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    return model, {"input_ids": ids}
 
 
-def _call(model: nn.Module, inputs: object) -> None:
+MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {
+    "mlp": _zoo("mlp"), "gpt": _zoo("gpt"), "bert": bert_small, "gpt2": gpt2_small,
+}
+
+
+def _call(model: nn.Module, inputs: object) -> object:
     if isinstance(inputs, dict):
-        model(**inputs)
-    elif isinstance(inputs, tuple):
-        model(*inputs)
-    else:
-        model(inputs)
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
 
 
-def _plain(compiled: nn.Module, inputs: object, warm: int, calls: int) -> float:
+def _step(model: nn.Module, inputs: object) -> None:
+    """A training step's forward, loss and backward (layerscope's default loss)."""
+    loss_of(_call(model, inputs), None).backward()
+
+
+def _clear(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def _plain(compiled: nn.Module, inputs: object, warm: int, calls: int, train: bool = False) -> float:
+    run = _step if train else _call
     for _ in range(warm):
-        _call(compiled, inputs)
+        _clear(compiled)
+        run(compiled, inputs)
     times = []
     for _ in range(calls):
+        _clear(compiled)  # outside the timing, as layerscope clears them outside its step's range
         start = time.perf_counter_ns()
-        _call(compiled, inputs)
+        run(compiled, inputs)
         times.append(time.perf_counter_ns() - start)
     return statistics.median(times)
 
 
-def measure(name: str, rounds: int, calls: int = 20, warm: int = 3) -> dict[str, float]:
+def _same_flops(a: layerscope.Profile, b: layerscope.Profile) -> bool:
+    """Per module and phase, the compiled profile's FLOPs are the eager count's."""
+    def flops(node: object) -> tuple[object, ...]:
+        backward = getattr(node, "backward", None)
+        return (node.forward.flops, None if backward is None else backward.flops)  # type: ignore[attr-defined]
+
+    return all(flops(x) == flops(y) for x, y in zip(a.root.walk(), b.root.walk(), strict=True))
+
+
+def measure(name: str, rounds: int, calls: int = 20, warm: int = 3, train: bool = False) -> dict[str, float]:
     model, inputs = MODELS[name]()
+    if train:
+        model.train()
     compiled = torch.compile(model)
-    with torch.no_grad():
+    with torch.enable_grad() if train else torch.no_grad():
         start = time.perf_counter()
-        _call(compiled, inputs)
+        (_step if train else _call)(compiled, inputs)
         compile_s = time.perf_counter() - start
-        first = layerscope.profile(compiled, inputs, warmup=1, repeat=1)  # layerscope's compile, once
-        eager = layerscope.count_flops(model, inputs)
-        same = all(a.forward.flops == b.forward.flops for a, b in zip(first.root.walk(), eager.root.walk(), strict=True))
+        # layerscope's compile, once
+        first = layerscope.profile(compiled, inputs, warmup=1, repeat=1, backward=train)
+        eager = layerscope.count_flops(model, inputs, backward=train)
+        same = _same_flops(first, eager)
         plain: list[float] = []
         under_torch: list[float] = []
         profiled: list[float] = []
 
         def run_plain() -> None:
-            plain.append(_plain(compiled, inputs, warm, calls))
+            plain.append(_plain(compiled, inputs, warm, calls, train))
 
         def run_torch() -> None:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU]):
-                under_torch.append(_plain(compiled, inputs, warm, calls))
+                under_torch.append(_plain(compiled, inputs, warm, calls, train))
 
         def run_profiled() -> None:
-            prof = layerscope.profile(compiled, inputs, warmup=warm, repeat=calls)
-            profiled.append(prof.root.forward.cpu_time_ns)
+            prof = layerscope.profile(compiled, inputs, warmup=warm, repeat=calls, backward=train)
+            info = prof.compiled
+            assert info is not None
+            profiled.append(info.step_time_ns if train else prof.root.forward.cpu_time_ns)
 
         variants = [run_plain, run_torch, run_profiled]
         for round_ in range(rounds):  # the order rotates each round: none always runs warmed by another
@@ -128,14 +174,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20, help="timed calls per variant and round (their median)")
     parser.add_argument("--warm", type=int, default=3, help="untimed calls first, per variant and round")
+    parser.add_argument("--train", action="store_true", help="each call a training step: forward, loss, backward")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), {args.rounds} rounds "
-          f"of {args.warm} warm + {args.calls} timed calls")
+          f"of {args.warm} warm + {args.calls} timed {'training steps' if args.train else 'calls'}")
     print("| model | kernel calls (shared) | plain | under torch.profiler | layerscope root | x plain | x torch.profiler | FLOPs = eager |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        r = measure(name, args.rounds, args.calls, args.warm)
+        r = measure(name, args.rounds, args.calls, args.warm, args.train)
         print(
             f"| {name} | {r['kernels']} ({r['shared']}) | {r['plain_ns'] / 1e3:.1f} us | {r['torch_ns'] / 1e3:.1f} us | "
             f"{r['profiled_ns'] / 1e3:.1f} us | x{r['profiled_ns'] / r['plain_ns']:.3f} | "
