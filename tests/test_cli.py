@@ -519,7 +519,6 @@ def test_header_says_autocast_and_its_dtype(capsys: pytest.CaptureFixture[str]) 
             id="input-and-inputs",
         ),
         pytest.param(("nets.py:build",), ["--input SHAPE"], id="no-default-input"),
-        pytest.param(("zoo:mlp", "--compile", "--backward"), ["--compile profiles the compiled forward"], id="compile-backward"),
         pytest.param(("zoo:mlp", "--compile", "--format", "chrome"), ["keeps no trace"], id="compile-no-trace"),
         pytest.param(
             ("zoo:lenet5", "--input", "1x1x32x32", "--input", "3"),
