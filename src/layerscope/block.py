@@ -255,9 +255,12 @@ class Profiler:
             return
         assert self._capture is not None
         steps, self._window_steps = self._window_steps, []
+        self._fold(self._capture.assembly.collect, steps)
+
+    def _fold(self, read: Callable[[], list[list[Event]]], steps: list[tuple[int, Action]]) -> None:
+        """Read a stopped window's streams and fold them, one per step, into the cycle."""
         with paused_gc():
-            streams = self._capture.assembly.collect()
-            for events, (number, action) in zip(streams, steps):
+            for events, (number, action) in zip(read(), steps):
                 self._add_step(events, number, action)
 
     def _add_step(self, events: list[Event], number: int, action: Action) -> None:
@@ -312,9 +315,7 @@ class Profiler:
         cycle, raw = self._cycle, self._raw(complete=complete)
 
         def build() -> Profile | None:
-            with paused_gc():
-                for events, (number, action) in zip(pending.streams(), steps):
-                    self._add_step(events, number, action)
+            self._fold(pending.streams, steps)
             return None if cycle.empty else cycle.build(_ranged(raw, cycle))
 
         self._later = build
