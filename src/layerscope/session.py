@@ -4,7 +4,6 @@ wraps the user's own code, is ``block.py``'s. All end in a :class:`~layerscope.m
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,19 +17,18 @@ from layerscope.attribute.profile import op_walk
 from layerscope.base.errors import ModelError
 from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.compiled import time_compiled
+from layerscope.capture.counting import count_capture, grad_mode, run_step
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import (
     eager_module,
     model_device,
     model_dtype,
-    note_raising_module,
     peak_flops_per_s,
     refuse_meta_timing,
     require_module,
 )
 from layerscope.capture.recorder import Clock, exclusive
 from layerscope.capture.training import grads_restored, loss_of, state_restored
-from layerscope.model.raw import RawCapture
 from layerscope.model.tree import Profile
 
 #: ``progress(stage, done, total)``: stage is "warmup" or "measure".
@@ -113,7 +111,7 @@ def profile(
             eager, inputs, warmup=warmup, repeat=repeat, memory=memory, no_grad=no_grad,
             progress=progress, peak_tflops=peak_tflops, backward=backward, loss_fn=loss_fn,
         )
-    no_grad, grad = _grad_mode(no_grad, backward)
+    no_grad, grad = grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
     # With op rows, the passes shown are detailed ones: torch's profiler recording shapes
     # and memory (the dispatch mode only where it cannot run), each pass giving its module
@@ -130,7 +128,7 @@ def profile(
     report = progress or (lambda stage, done, total: None)
 
     def step() -> None:
-        _run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
+        run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
 
     with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
         for n in range(warmup):
@@ -175,10 +173,10 @@ def _profile_compiled(
     report = progress or (lambda stage, done, total: None)
     # The eager pass records ops whatever record_ops says: FLOPs come from them. Its op
     # times and trace are the eager run's, not the compiled one's: the profile has neither.
-    raw = _count_capture(eager, inputs, None, no_grad, backward, loss_fn, memory)
+    raw = count_capture(eager, inputs, None, no_grad, backward, loss_fn, memory)
     ops = op_walk(raw)
     assert ops is not None  # a count always has its op pass
-    no_grad, grad = _grad_mode(no_grad, backward)
+    no_grad, grad = grad_mode(no_grad, backward)
     args, kwargs = split_inputs(inputs)
 
     def loss(output: Any) -> torch.Tensor:
@@ -195,41 +193,6 @@ def _profile_compiled(
         peak_flops_per_s=peak_flops_per_s(peak_tflops, device, model_dtype(eager)),
     )
     return build_compiled(dataclasses.replace(raw, meta=meta), ops, run)
-
-
-def _grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
-    """``no_grad`` resolved (its default follows ``backward``) and the grad mode to run in."""
-    if no_grad is None:
-        no_grad = not backward
-    if backward and no_grad:
-        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
-    if no_grad:
-        return True, torch.no_grad()
-    return False, torch.enable_grad() if backward else contextlib.nullcontext()
-
-
-def _run_step(
-    model: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    capture: Assembly,
-    *,
-    backward: bool,
-    loss_fn: Callable[[Any], Any] | None,
-) -> None:
-    """One pass: forward, and with ``backward`` the loss (a step part) and backward. An
-    exception the model raises is noted with the module it came from."""
-    try:
-        output = model(*args, **kwargs)
-        if backward:
-            with capture.part("loss", "loss"):
-                loss = loss_of(output, loss_fn)
-            del output
-            with capture.backward():
-                loss.backward()
-    except Exception as exc:
-        note_raising_module(exc, model)
-        raise
 
 
 def count_flops(
@@ -250,28 +213,4 @@ def count_flops(
     pass meta inputs to count a model too large to run (nothing is allocated).
     Parameter and buffer values and torch's random state are left as they were.
     """
-    return build_profile(_count_capture(model, inputs, paths, no_grad, backward, loss_fn, memory))
-
-
-def _count_capture(
-    model: nn.Module, inputs: Any, paths: Sequence[str] | None, no_grad: bool | None, backward: bool,
-    loss_fn: Callable[[Any], Any] | None, memory: bool,
-) -> RawCapture:
-    """The raw capture of :func:`count_flops`'s one untimed pass (its arguments)."""
-    require_module(model)
-    model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
-    no_grad, grad = _grad_mode(no_grad, backward)
-    args, kwargs = split_inputs(inputs)
-    assembly = Assembly(CapturePlan(
-        model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
-        torch_profiler=False,
-    ))
-    with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
-        clear_grads()
-        assembly.begin_step()
-        try:
-            _run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
-        finally:
-            assembly.end_step()
-    (op_pass,) = assembly.collect()
-    return assembly.capture(op_pass=op_pass, mode="count", no_grad=no_grad, backward=backward)
+    return build_profile(count_capture(model, inputs, paths, no_grad, backward, loss_fn, memory))

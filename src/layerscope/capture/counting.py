@@ -1,0 +1,81 @@
+"""One untimed pass of a model, counted: forward, and in a training step its loss and
+backward, under a dispatch mode (``count_flops``, and the eager figures of a compiled
+model's profile and block). The model is left as it was: gradients, parameter and
+buffer values and torch's random state."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerscope.capture.assembly import Assembly, CapturePlan
+from layerscope.capture.inputs import split_inputs
+from layerscope.capture.modules import eager_module, note_raising_module, require_module
+from layerscope.capture.training import grads_restored, loss_of, state_restored
+from layerscope.model.raw import RawCapture
+
+
+def grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
+    """``no_grad`` resolved (its default follows ``backward``) and the grad mode to run in."""
+    if no_grad is None:
+        no_grad = not backward
+    if backward and no_grad:
+        raise ValueError("backward=True needs gradients: drop no_grad=True (it is the default only without backward)")
+    if no_grad:
+        return True, torch.no_grad()
+    return False, torch.enable_grad() if backward else contextlib.nullcontext()
+
+
+def run_step(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    capture: Assembly,
+    *,
+    backward: bool,
+    loss_fn: Callable[[Any], Any] | None,
+) -> None:
+    """One pass: forward, and with ``backward`` the loss (a step part) and backward. An
+    exception the model raises is noted with the module it came from."""
+    try:
+        output = model(*args, **kwargs)
+        if backward:
+            with capture.part("loss", "loss"):
+                loss = loss_of(output, loss_fn)
+            del output
+            with capture.backward():
+                loss.backward()
+    except Exception as exc:
+        note_raising_module(exc, model)
+        raise
+
+
+def count_capture(
+    model: nn.Module, inputs: Any, paths: Sequence[str] | None, no_grad: bool | None, backward: bool,
+    loss_fn: Callable[[Any], Any] | None, memory: bool, *, split: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+) -> RawCapture:
+    """The raw capture of ``count_flops``'s one untimed pass (its arguments; ``split``:
+    the call's positional and keyword arguments as they were, instead of ``inputs``):
+    the tree, FLOPs, MACs, shapes and memory that a compiled model's profile and block
+    take from its eager module too."""
+    require_module(model)
+    model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
+    no_grad, grad = grad_mode(no_grad, backward)
+    args, kwargs = split if split is not None else split_inputs(inputs)
+    assembly = Assembly(CapturePlan(
+        model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
+        torch_profiler=False,
+    ))
+    with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
+        clear_grads()
+        assembly.begin_step()
+        try:
+            run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
+        finally:
+            assembly.end_step()
+    (op_pass,) = assembly.collect()
+    return assembly.capture(op_pass=op_pass, mode="count", no_grad=no_grad, backward=backward)
