@@ -215,12 +215,15 @@ def test_a_block_waits_for_another_threads_profile_to_end() -> None:
 
 
 def test_compiled_models_are_refused_where_hooks_would_time_them() -> None:
-    """A Profiler block and a compiled submodule are refused (their hooks would be
-    traced); profile() and count_flops() of a model compiled whole work (test_compiled)."""
+    """A compiled submodule is refused, in a block as anywhere (its hooks would be
+    traced); profile(), count_flops() and a block of a model compiled whole work
+    (test_compiled, test_compiled_block)."""
     model = _model()
     compiled = torch.compile(model)
-    with pytest.raises(ModelError, match=r"compiled with torch.compile.*profile\(torch.compile\(model\)"):
-        layerscope.Profiler(compiled).__enter__()
+    in_place = _model()
+    in_place[1].compile()
+    with pytest.raises(ModelError, match=r"module '1' is compiled with torch.compile.*profile\(torch.compile\(model\)"):
+        layerscope.Profiler(in_place).__enter__()
     eager = check_tree(layerscope.count_flops(model, torch.randn(2, 16)))
     assert check_tree(layerscope.count_flops(compiled, torch.randn(2, 16))).root.forward.flops == eager.root.forward.flops
     # A compiled submodule is named.

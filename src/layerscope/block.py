@@ -18,16 +18,28 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from layerscope.attribute import parent_indices
+from layerscope.attribute.compiled import StepFold, build_compiled_steps
 from layerscope.attribute.cycle import Cycle
+from layerscope.attribute.profile import op_walk
 from layerscope.base.errors import ProfilerStateError
 from layerscope.base.peaks import check_peak_tflops
 from layerscope.base.schedule import Action
 from layerscope.capture import distributed
 from layerscope.capture.assembly import Assembly, CapturePlan
+from layerscope.capture.compiled import CompiledSteps
+from layerscope.capture.counting import count_capture
 from layerscope.capture.kineto import paused_gc
-from layerscope.capture.modules import model_dtype, note_raising_module, peak_flops_per_s, require_module
+from layerscope.capture.modules import (
+    eager_module,
+    model_device,
+    model_dtype,
+    note_raising_module,
+    peak_flops_per_s,
+    require_module,
+)
 from layerscope.capture.recorder import Clock
-from layerscope.model.raw import Event, RawCapture
+from layerscope.model.compile_info import StepCompile
+from layerscope.model.raw import CompiledPass, Event, RawCapture
 from layerscope.model.tree import STEP_FAR, ModuleNode, Profile
 
 if TYPE_CHECKING:
@@ -85,6 +97,77 @@ def _ranged(raw: RawCapture, cycle: Cycle) -> RawCapture:
     return dataclasses.replace(raw, meta=dataclasses.replace(raw.meta, step_range=[cycle.first, cycle.last]))
 
 
+class _CompiledBlock:
+    """A block around a model compiled whole: its steps recorded from the kernels of
+    layerscope's compile (``capture/compiled.py``), folded as they are read
+    (``attribute/compiled.py``), and built with one eager step's count of the model
+    (the first call's inputs) on first use."""
+
+    def __init__(self, model: nn.Module, options: _Options) -> None:
+        given = [
+            name for name, unsupported in (
+                ("paths=", options.paths is not None), ("record_ops=False", not options.record_ops),
+                ("with_stack=True", options.with_stack), ("clock=", options.clock is not None),
+                ("schedule=", options.schedule is not None),
+            ) if unsupported
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not for a torch.compile'd model, whose block records every step from its "
+                "kernels; drop them, or profile model._orig_mod for the eager steps"
+            )
+        self.options = options
+        self.steps = CompiledSteps(model, window=WINDOW_STEPS)
+        self.fold = StepFold({path for path, _ in self.steps.eager.named_modules()})
+
+    def __enter__(self) -> _CompiledBlock:
+        self.steps.__enter__()
+        return self
+
+    def step(self) -> None:
+        self._fold(self.steps.step())
+
+    def _fold(self, steps: list[tuple[int, CompiledPass]]) -> None:
+        if steps:
+            graphs = self.steps.graphs()
+            for number, one in steps:
+                self.fold.add(number, one, graphs)
+
+    def stop(self, *, complete: bool, identity: dict[str, Any]) -> Callable[[], Profile]:
+        """Stop recording; the profile's build, for the first read."""
+        pending = self.steps.stop()
+        steps = self.steps
+        breaks = steps.graph_breaks()
+        peak = self.options.peak_tflops
+
+        def build() -> Profile:
+            self._fold(pending.streams())
+            if steps.inputs is None or not self.fold.step_numbers:
+                raise ProfilerStateError(
+                    "the compiled model was never called in the block: nothing to profile (call it inside the "
+                    "`with layerscope.Profiler(model) as prof:` block)"
+                )
+            graphs = steps.graphs()
+            raw = count_capture(
+                steps.eager, None, None, not steps.grad_enabled, self.fold.backward, None, self.options.memory,
+                split=steps.inputs,
+            )
+            ops = op_walk(raw)
+            assert ops is not None  # a count always has its op pass
+            first, last = self.fold.step_numbers[0], self.fold.step_numbers[-1]
+            meta = dataclasses.replace(
+                raw.meta, timed=None, mode="context", complete=complete, step_range=[first, last],
+                peak_flops_per_s=peak_flops_per_s(peak, model_device(steps.eager), model_dtype(steps.eager)),
+                **identity,
+            )
+            return build_compiled_steps(
+                dataclasses.replace(raw, meta=meta), ops, self.fold, graphs, graph_breaks=breaks,
+                step_compiles=[StepCompile(step, ns, frames) for step, ns, frames in steps.compiles],
+            )
+
+        return build
+
+
 class Profiler:
     """Profile whatever runs in a ``with`` block: inference, or whole training steps::
 
@@ -124,6 +207,14 @@ class Profiler:
     it is known from the datasheet. If the
     block raises, what was captured up to then is kept, marked
     ``meta.complete = False``.
+
+    A model compiled as a whole (``torch.compile(model)``) is recorded from its kernels:
+    while the block runs its calls go through layerscope's compile of the same module
+    (your mode and options, with Inductor's provenance tracking), put back at the end.
+    Each step is split into forward, backward, ``<loss>``, optimizer parts and ``<other>``
+    from torch's events, every node holds its median over the steps (a step that
+    compiled is named in ``profile.compiled.step_compiles`` and left out), and FLOPs,
+    shapes and memory are one eager step's count.
 
     Leaving the block stops torch's profiler; its last steps are read and the profile
     built the first time it is asked for (as torch's profiler processes its events on
@@ -181,12 +272,19 @@ class Profiler:
         self._later_error: BaseException | None = None
         #: Cycles delivered so far.
         self._delivered = 0
+        #: A model compiled whole is recorded from its kernels instead (set while it runs).
+        self._compiled: _CompiledBlock | None = None
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
         if self._stack is not None or self._profile is not None or self._later is not None:
             raise ProfilerStateError("this Profiler has already run; use a new one for each block")
         options = self._options
+        if eager_module(self.model) is not None:
+            compiled = _CompiledBlock(self.model, options)
+            compiled.__enter__()
+            self._compiled, self._stack = compiled, contextlib.ExitStack()
+            return self
         # Every step goes through one backend. With ops: torch's profiler, recording
         # shapes and memory, times and detail from the same run, held for the whole block
         # (one session per process: waiting for another thread's profile() to end, never
@@ -278,6 +376,10 @@ class Profiler:
                 "step() called outside a running Profiler: call it inside the "
                 "`with layerscope.Profiler(model) as prof:` block, once per training step"
             )
+        if self._compiled is not None:
+            self._step += 1
+            self._compiled.step()
+            return
         action = self._step_action if self._running is not None else Action.NONE
         try:
             try:
@@ -342,6 +444,16 @@ class Profiler:
         failed = exc_info[0] is not None
         if isinstance(exc_info[1], Exception):
             note_raising_module(exc_info[1], self.model)
+        if self._compiled is not None:
+            self._stack = None
+            build = self._compiled.stop(complete=not failed, identity=distributed.identity())
+            if self._on_ready is None:
+                self._later = build
+            else:
+                self._profile = build()
+                self._delivered += 1
+                self._on_ready(self._profile)
+            return False
         try:
             self._end_step()
         finally:

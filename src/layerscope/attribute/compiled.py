@@ -35,21 +35,25 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from layerscope.attribute.memory import Site
 from layerscope.attribute.profile import assemble
-from layerscope.attribute.walk import LOSS, PassResult
+from layerscope.attribute.walk import LOSS, OTHER, Dynamic, PassResult
 from layerscope.base.stats import median, median_floor
-from layerscope.model.compile_info import CompileInfo, KernelTime
+from layerscope.model.compile_info import CompileInfo, KernelTime, StepCompile
 from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
     CompiledPass,
     CompiledRegion,
     EagerRange,
+    GraphBreak,
     GraphNode,
     RawCapture,
+    StepRange,
 )
 from layerscope.model.runfacts import RunFigures
 from layerscope.model.tree import Profile
@@ -184,21 +188,7 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
     kernel_totals: list[int] = []
     kernel_samples: dict[tuple[str, str], list[int]] = {}
     for one in passes:
-        times: dict[tuple[str, str], float] = {}
-        in_kernels = 0
-        for graph_call in one.graph_calls:
-            key = graph_call.graph
-            graph = graphs.get(key)
-            if graph is None:
-                continue
-            for call, ns in match_calls(graph.calls, graph_call.kernels):
-                if call is None:
-                    continue
-                in_kernels += ns
-                kernel_samples.setdefault((key, call), []).append(ns)
-                for path, share in _modules_of(graph, call, known).items():
-                    site = (path, graph.phase)
-                    times[site] = times.get(site, 0.0) + ns * share
+        times, in_kernels = _kernel_sites(graphs, one, known, kernel_samples)
         for path, ns in eager_self(one.eager, one.regions).items():
             site = (path if path in known else "", "forward")
             times[site] = times.get(site, 0.0) + ns
@@ -214,6 +204,39 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
             times[("", "backward")] = times.get(("", "backward"), 0.0) + max(one.step_ns - one.loss.end_ns - backward, 0)
         per_pass.append(times)
         kernel_totals.append(in_kernels)
+    return _medians(graphs, per_pass, kernel_totals, kernel_samples, known)
+
+
+def _kernel_sites(
+    graphs: Mapping[str, CompiledGraph], one: CompiledPass, known: set[str],
+    kernel_samples: dict[tuple[str, str], list[int]],
+) -> tuple[dict[tuple[str, str], float], int]:
+    """One pass's kernel time per (module, phase) by :func:`shares`, and its time in
+    kernel calls; each kernel call's time is added to ``kernel_samples``."""
+    times: dict[tuple[str, str], float] = {}
+    in_kernels = 0
+    for graph_call in one.graph_calls:
+        key = graph_call.graph
+        graph = graphs.get(key)
+        if graph is None:
+            continue
+        for call, ns in match_calls(graph.calls, graph_call.kernels):
+            if call is None:
+                continue
+            in_kernels += ns
+            kernel_samples.setdefault((key, call), []).append(ns)
+            for path, share in _modules_of(graph, call, known).items():
+                site = (path, graph.phase)
+                times[site] = times.get(site, 0.0) + ns * share
+    return times, in_kernels
+
+
+def _medians(
+    graphs: Mapping[str, CompiledGraph], per_pass: Sequence[dict[tuple[str, str], float]], kernel_totals: list[int],
+    kernel_samples: dict[tuple[str, str], list[int]], known: set[str],
+) -> CompiledTimes:
+    """Each site's median over the passes (a site a pass lacks counts 0 in it), the step
+    (their sum), and each kernel call's median time with its shares."""
     sites = {site for times in per_pass for site in times}
     medians = {site: round(median(times.get(site, 0.0) for times in per_pass)) for site in sorted(sites)}
     self_ns = {path: ns for (path, phase), ns in medians.items() if phase == "forward"}
@@ -230,6 +253,132 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
     return CompiledTimes(
         self_ns, step_ns, kernels, median_floor(kernel_totals) if kernel_totals else 0, backward_self_ns,
     )
+
+
+def _length(ranges: Sequence[StepRange], kind: str) -> int:
+    return sum(r.end_ns - r.start_ns for r in ranges if r.kind == kind)
+
+
+def _overlap(ranges: Sequence[StepRange], kinds: Sequence[str], within: Sequence[StepRange]) -> int:
+    """The time of ``kinds``' ranges inside the ``within`` ranges."""
+    return sum(
+        max(0, min(r.end_ns, w.end_ns) - max(r.start_ns, w.start_ns))
+        for r in ranges if r.kind in kinds for w in within
+    )
+
+
+def step_sites(
+    graphs: Mapping[str, CompiledGraph], one: CompiledPass, known: set[str],
+    kernel_samples: dict[tuple[str, str], list[int]],
+) -> tuple[dict[tuple[str, str], float], int, int]:
+    """A block's step around a compiled model, split into sites (``(path, phase)``):
+    the :data:`BLOCK_RULE`. Returns the sites, the time in kernel calls and the time
+    compiling (in no site)."""
+    times, in_kernels = _kernel_sites(graphs, one, known, kernel_samples)
+    ranges = one.ranges
+    forward_ranges = [r for r in ranges if r.kind == "forward"]
+    backward_ranges = [r for r in ranges if r.kind == "backward"]
+    compiling = _length(ranges, "compile")
+    forward = _length(ranges, "forward") - _overlap(ranges, ("compile",), forward_ranges)
+    backward = _length(ranges, "backward")
+
+    def add(site: tuple[str, str], ns: float) -> None:
+        if ns > 0:
+            times[site] = times.get(site, 0.0) + ns
+
+    in_forward = sum(ns for (_, phase), ns in times.items() if phase == "forward")
+    in_backward = sum(ns for (_, phase), ns in times.items() if phase == "backward")
+    if forward_ranges:
+        add(("", "forward"), max(forward - in_forward, 0))
+    if backward_ranges:
+        add(("", "backward"), max(backward - in_backward, 0))
+    parts = 0
+    for r in ranges:
+        if r.kind in ("optimizer", "zero_grad"):
+            path = f"<optimizer:{r.name}>" if r.kind == "optimizer" else "<zero_grad>"
+            add((path, "forward"), r.end_ns - r.start_ns)
+            parts += r.end_ns - r.start_ns
+    if forward_ranges and backward_ranges:
+        # The loss: from the end of the last call before the backward to the backward's start.
+        first_backward = min(r.start_ns for r in backward_ranges)
+        ends = [r.end_ns for r in forward_ranges if r.end_ns <= first_backward]
+        if ends:
+            gap = StepRange("loss", "", max(ends), first_backward)
+            loss = gap.end_ns - gap.start_ns - _overlap(ranges, ("optimizer", "zero_grad", "compile"), [gap])
+            add((LOSS, "forward"), loss)
+            parts += max(loss, 0)
+    add((OTHER, "forward"), one.step_ns - forward - backward - parts - compiling)
+    return times, in_kernels, compiling
+
+
+#: How a block's step around a compiled model is split, as profiles state it.
+BLOCK_RULE = (
+    "each call of the compiled model is the forward: its kernels split by the rule above, the rest (wrapper, "
+    "guards, modules run eagerly) the root's; the autograd engine's nodes are the backward: the backward graphs' "
+    "kernels split likewise, the rest (the loss's gradient, gradient accumulation) the root's; the loss is "
+    "from the last call before the backward to the backward's start; each optimizer's step and zero_grad are "
+    "their parts; the rest of the step is <other>; time compiling is in none of them"
+)
+
+
+@dataclass
+class StepFold:
+    """A block's steps around a compiled model, folded as they are read: each step's
+    wall time and sites (:func:`step_sites`), kept per step in compact arrays (medians
+    need every step's figure), and each kernel call's times."""
+
+    known: set[str]
+    step_numbers: list[int] = field(default_factory=list)
+    step_ns: list[int] = field(default_factory=list)
+    compile_ns: list[int] = field(default_factory=list)
+    _sites: dict[tuple[str, str], array[float]] = field(default_factory=dict)
+    #: Whether a step ran a backward (the autograd engine's nodes).
+    backward: bool = False
+    _kernel_totals: list[int] = field(default_factory=list)
+    _kernel_samples: dict[tuple[str, str], array[int]] = field(default_factory=dict)
+    _kernel_steps: dict[tuple[str, str], array[int]] = field(default_factory=dict)
+
+    def add(self, number: int, one: CompiledPass, graphs: Mapping[str, CompiledGraph]) -> None:
+        """Fold step ``number``; a step in which nothing ran (no call, no part: the one
+        a block's end cuts short after its last ``step()``) is not one."""
+        if not one.graph_calls and not one.ranges:
+            return
+        samples: dict[tuple[str, str], list[int]] = {}
+        times, in_kernels, compiling = step_sites(graphs, one, self.known, samples)
+        at = len(self.step_numbers)
+        for site, ns in times.items():
+            column = self._sites.get(site)
+            if column is None:
+                column = self._sites[site] = array("d", bytes(8 * at))
+            column.append(ns)
+        for column in self._sites.values():
+            if len(column) == at:
+                column.append(0.0)
+        for key, values in samples.items():
+            self._kernel_samples.setdefault(key, array("q")).extend(values)
+            self._kernel_steps.setdefault(key, array("q")).extend([at] * len(values))
+        self.backward = self.backward or any(r.kind == "backward" for r in one.ranges)
+        self.step_numbers.append(number)
+        self.step_ns.append(one.step_ns)
+        self.compile_ns.append(compiling)
+        self._kernel_totals.append(in_kernels)
+
+    def times(self, graphs: Mapping[str, CompiledGraph], leave_out: set[int]) -> CompiledTimes:
+        """Medians over the steps, those numbered in ``leave_out`` (steps that compiled)
+        left out unless no other step ran."""
+        keep = [at for at, number in enumerate(self.step_numbers) if number not in leave_out]
+        if not keep:
+            keep = list(range(len(self.step_numbers)))
+        kept = set(keep)
+        per_step = [{site: column[at] for site, column in self._sites.items()} for at in keep]
+        samples = {
+            key: [ns for ns, at in zip(values, self._kernel_steps[key], strict=True) if at in kept]
+            for key, values in self._kernel_samples.items()
+        }
+        return _medians(
+            graphs, per_step, [self._kernel_totals[at] for at in keep], {k: v for k, v in samples.items() if v},
+            self.known,
+        )
 
 
 def with_ops(raw: RawCapture, ops: PassResult) -> set[str]:
@@ -266,3 +415,67 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
         kernel_time_ns=times.kernel_ns, kernels=times.kernels,
     )
     return assemble(raw, result, untimed, RunFigures(), compiled=info)
+
+
+def _part(path: str) -> Dynamic:
+    """The node of a block's step part (``<optimizer:AdamW>``, ``<zero_grad>``, ...)."""
+    if path.startswith("<optimizer:"):
+        return Dynamic(path, None, "optimizer", path[len("<optimizer:") : -1])
+    name = path[1:-1]
+    return Dynamic(path, None, name if name in ("loss", "zero_grad") else "other", name)
+
+
+def build_compiled_steps(
+    raw: RawCapture, ops: PassResult, fold: StepFold, graphs: Mapping[str, CompiledGraph], *,
+    graph_breaks: Sequence[GraphBreak], step_compiles: Sequence[StepCompile],
+) -> Profile:
+    """A ``Profiler`` block's profile of a compiled model: the tree, FLOPs, MACs, shapes
+    and memory of one eager step of its module (``raw``, walked into ``ops``), and each
+    node's median self time over the block's steps (``fold``; steps that compiled left
+    out while others ran) by :data:`BLOCK_RULE`. The step's parts (loss, optimizers,
+    the rest) have times only: their FLOPs and memory are unknown (the eager step's
+    loss stood in for the user's). ``ops`` is left as it was."""
+    paths = [info.path for info in raw.modules]
+    index = {path: n for n, path in enumerate(paths)}
+    times = fold.times(graphs, {c.step for c in step_compiles})
+    self_cpu: dict[Site, int] = {(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()}
+    self_cpu.update({(index.get(path, path), "backward"): ns for path, ns in times.backward_self_ns.items()})
+    dynamic = {path: dyn for path, dyn in ops.dynamic.items() if not path.startswith("<")}
+    for path in {path for path in (*times.self_ns, *times.backward_self_ns) if path.startswith("<")}:
+        dynamic[path] = _part(path)
+    result = PassResult(
+        self_cpu=self_cpu, calls=dict(ops.calls), dynamic=dynamic, phases=set(ops.phases),
+        enclosing=dict(ops.enclosing),
+    )
+    untimed = dataclasses.replace(
+        ops, trace=None, dynamic=dict(dynamic),
+        ops={
+            key: dataclasses.replace(op, cpu_time_ns=None, self_cpu_time_ns=None)
+            for key, op in ops.ops.items() if not (isinstance(key[0], str) and key[0].startswith("<"))
+        },
+    )
+    used = [graphs[key] for key in dict.fromkeys(k.graph for k in times.kernels)]
+    backward = any(graph.phase == "backward" for graph in used)
+    info = CompileInfo(
+        backend="inductor", rule=(BACKWARD_RULE if backward else RULE) + "; " + BLOCK_RULE,
+        compile_time_ns=sum(c.time_ns for c in step_compiles), frames=len({graph.frame for graph in used}),
+        graphs=len(used), graph_breaks=list(graph_breaks), step_time_ns=times.step_ns,
+        kernel_time_ns=times.kernel_ns, kernels=times.kernels, step_compiles=list(step_compiles),
+    )
+    figures = RunFigures(steps=len(fold.step_numbers), step_numbers=list(fold.step_numbers), step_times_ns=list(fold.step_ns))
+    profile = assemble(raw, result, untimed, figures, compiled=info)
+    for part in profile.parts:
+        for node in part.walk():
+            for _, stats in node.phases():
+                for name in _UNKNOWN_IN_PARTS:
+                    setattr(stats, name, None)
+    return profile
+
+
+#: A compiled block's step parts' figures that the eager count cannot give (it ran its
+#: own loss, and no optimizer).
+_UNKNOWN_IN_PARTS = (
+    "flops", "self_flops", "macs", "self_macs", "bytes", "self_bytes", "alloc_bytes", "self_alloc_bytes",
+    "freed_bytes", "self_freed_bytes", "peak_bytes", "activation_bytes", "self_activation_bytes",
+    "grad_bytes", "self_grad_bytes",
+)

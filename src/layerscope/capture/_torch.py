@@ -492,6 +492,21 @@ _declare(
     "not established", "compile time cannot be read", lazy=True,
 )
 _declare(
+    "torch._dynamo.eval_frame.innermost_backend",
+    _COMPILED + " in a Profiler block: the backend and Inductor settings (mode, options) the user compiled with",
+    None, "not established", "a compiled model cannot be profiled in a block", lazy=True,
+)
+_declare(
+    "torch._TorchCompileInductorWrapper",
+    _COMPILED + " in a Profiler block: the Inductor settings of the user's mode and options (its config)", None,
+    "not established", "a compiled model cannot be profiled in a block", lazy=True,
+)
+_declare(
+    "torch._dynamo.eval_frame._TorchDynamoContext.fullgraph",
+    _COMPILED + " in a Profiler block: whether the user compiled with fullgraph=True", None, "not established",
+    "a compiled model cannot be profiled in a block", lazy=True, find=lambda: operator.attrgetter("fullgraph"),
+)
+_declare(
     "torch._logging._internal.trace_log", _COMPILED + ": torch's structured trace (the torch.__trace logger)", None,
     "not established: tlparse's structured trace", "graphs' code and provenance cannot be read",
 )
@@ -504,6 +519,7 @@ _FORMATS = {
     "Call CompiledFxGraph": ("torch._inductor.output_code", "the profiler range around each graph call"),
     "dynamo_graph_break_reason": ("torch._dynamo.symbolic_convert", "graph breaks, where and why"),
     "Torch-Compiled Region": ("torch._dynamo.convert_frame", "the profiler range around each compiled region"),
+    "(dynamo_timed)": ("torch._dynamo.utils", "Dynamo's compile-time profiler ranges (a block's steps that compiled)"),
     "fwd_nn_module_stack": (
         "torch._functorch._aot_autograd.utils", "a backward node's forward module (AOTAutograd copies it by seq_nr)",
     ),
@@ -821,7 +837,9 @@ def require_compiled_profiling() -> None:
             require(name)
 
 
-def compile_with_provenance(gm: Any, example_inputs: Any, on_graph: Callable[[Any, bool], None]) -> Any:
+def compile_with_provenance(
+    gm: Any, example_inputs: Any, on_graph: Callable[[Any, bool], None], settings: dict[str, Any] | None = None,
+) -> Any:
     """Inductor's compile of a Dynamo graph with provenance tracking (kernel -> FX nodes)
     and a profiler range per generated kernel; ``on_graph(graph, is_backward)`` sees
     each forward and backward graph Inductor compiled, after its post-grad passes.
@@ -843,9 +861,23 @@ def compile_with_provenance(gm: Any, example_inputs: Any, on_graph: Callable[[An
         on_graph(graph, bool(kwargs.get("is_backward", False)))
         return compiled
 
-    patches = {"trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}
+    # The user's own Inductor settings (``settings``: a mode's and ``options=``), and layerscope's two.
+    patches = {**(settings or {}), "trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}
     with functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+def compile_request(model: Any) -> tuple[str, dict[str, Any], bool]:
+    """How ``torch.compile(model, ...)`` was asked: the backend's name (``inductor``
+    for the default), its Inductor settings (the mode's and ``options=``'s) and
+    ``fullgraph``."""
+    context = model.dynamo_ctx
+    backend = require("torch._dynamo.eval_frame.innermost_backend")(context.callback)
+    fullgraph = bool(require("torch._dynamo.eval_frame._TorchDynamoContext.fullgraph")(context))
+    if isinstance(backend, require("torch._TorchCompileInductorWrapper")):
+        return "inductor", dict(backend.config or {}), fullgraph
+    name = getattr(backend, "compiler_name", None) or getattr(backend, "__name__", None) or type(backend).__name__
+    return str(name), {}, fullgraph
 
 
 def forward_module_stack(node: Any) -> Any:

@@ -208,7 +208,7 @@ class Assembly:
     def collect(self) -> list[list[Event]]:
         return self.backend.collect()
 
-    def collect_later(self) -> PendingRead | None:
+    def collect_later(self) -> PendingRead[list[list[Event]]] | None:
         """Stop capturing now and read the finished steps on first use, where the backend
         reads back windows (torch's profiler); None where it does not (nothing to put off)."""
         return self.backend.collect_later() if isinstance(self.backend, KinetoSteps) else None

@@ -119,7 +119,7 @@ class KinetoSteps:
         # The profiler sees autograd's engine by itself.
         yield
 
-    def collect_later(self) -> PendingRead:
+    def collect_later(self) -> PendingRead[list[list[Event]]]:
         """Stop capturing now; the streams of the finished steps when first asked for
         (whole steps only: a block's)."""
         assert self._steps, "only whole steps are read later"

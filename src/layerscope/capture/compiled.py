@@ -43,9 +43,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope.base.errors import ModelError
+from layerscope.base.errors import ModelError, ProfilerStateError
 from layerscope.capture import _torch
-from layerscope.capture.kineto import profiler_held, quiet_profiler
+from layerscope.capture.kineto import (
+    PendingRead,
+    profiler_held,
+    profiler_session,
+    quiet_profiler,
+    read_before_next_session,
+)
+from layerscope.convert.ranges import EVALUATE, label_kind
 from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
@@ -57,6 +64,7 @@ from layerscope.model.raw import (
     GraphNode,
     KernelRange,
     LossRange,
+    StepRange,
 )
 
 #: The range layerscope wraps each timed call in.
@@ -68,6 +76,25 @@ MODULE_RANGE = "layerscope#eager:"
 LOSS_RANGE = "layerscope#loss"
 _REGION = "Torch-Compiled Region"
 _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
+#: The range around each call of a compiled model in a ``Profiler`` block.
+FORWARD_RANGE = "layerscope#compiled_forward"
+#: How Dynamo's compile-time ranges end (``_compile.compile_inner (dynamo_timed)``).
+_COMPILING = " (dynamo_timed)"
+
+
+def _step_range(name: str) -> tuple[str, str] | None:
+    """The kind and name of a block step's part a profiler range is, or None: a call of
+    the compiled model, the autograd engine running a node (the model's backward graphs,
+    the loss's gradient, gradient accumulation), an optimizer's ``step`` or
+    ``zero_grad``, Dynamo compiling."""
+    if name == FORWARD_RANGE:
+        return "forward", ""
+    if name.startswith(EVALUATE):
+        return "backward", name[len(EVALUATE) :]
+    if name.endswith(_COMPILING):
+        return "compile", name
+    kind, label = label_kind(name)
+    return (kind, label) if kind != "label" else None
 
 
 def module_path(stack_key: str) -> str:
@@ -126,14 +153,18 @@ class _Compiler:
         #: backward graph each post-grad node's module (its forward's)
         self.inductor_graphs: dict[str, list[tuple[str, dict[str, str]]]] = {}
         self.compiles = 0
+        #: The Inductor settings compiles meanwhile use (the user's mode and options).
+        self.settings: dict[str, Any] = {}
         self._tensors: dict[int, str] = {}
         self._types: dict[type, list[str]] = {}
 
     @contextlib.contextmanager
-    def model(self, eager: nn.Module) -> Iterator[None]:
-        """Compiles meanwhile are of ``eager``: name their nodes' modules by its paths."""
+    def model(self, eager: nn.Module, settings: dict[str, Any] | None = None) -> Iterator[None]:
+        """Compiles meanwhile are of ``eager``, with Inductor's ``settings``: name their
+        nodes' modules by its paths."""
         self.node_modules = {}
         self.inductor_graphs = {}
+        self.settings = dict(settings or {})
         self._tensors = {id(t): name for name, t in (*eager.named_parameters(), *eager.named_buffers())}
         self._types = {}
         for path, module in eager.named_modules():
@@ -141,7 +172,7 @@ class _Compiler:
         try:
             yield
         finally:
-            self._tensors, self._types = {}, {}
+            self._tensors, self._types, self.settings = {}, {}, {}
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
         self.compiles += 1
@@ -165,7 +196,7 @@ class _Compiler:
                         modules[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0]))
             graphs.append(("backward" if is_backward else "forward", modules))
 
-        return _torch.compile_with_provenance(gm, example_inputs, on_graph)
+        return _torch.compile_with_provenance(gm, example_inputs, on_graph, self.settings)
 
     def _prefix(self, gm: torch.fx.GraphModule, example_inputs: Any) -> str | None:
         """Where this frame's ``self`` sits in the model: Dynamo names modules from the
@@ -314,7 +345,11 @@ def _pass(step: Any, events: list[Any]) -> CompiledPass:
     eager: list[EagerRange] = []
     regions: list[CompiledRegion] = []
     loss: LossRange | None = None
+    ranges = _step_ranges(events, span)
+    compiling = [(r.start_ns, r.end_ns) for r in ranges if r.kind == "compile"]
     for event in events:
+        if compiling and _within(span(event), compiling):
+            continue  # Dynamo's and Inductor's own work while compiling (tracing, benchmarking)
         if event.name == LOSS_RANGE:
             loss = LossRange(*span(event))
         elif event.name.startswith(MODULE_RANGE):
@@ -327,7 +362,27 @@ def _pass(step: Any, events: list[Any]) -> CompiledPass:
         children = sorted(event.cpu_children, key=lambda c: c.time_range.start)
         kernels = [KernelRange(child.name, _ns(child.time_range.elapsed_us())) for child in children]
         graph_calls.append(GraphCall(found.group(1), kernels, _ns(event.time_range.elapsed_us())))
-    return CompiledPass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions, loss)
+    return CompiledPass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions, loss, ranges)
+
+
+def _within(span: tuple[int, int], outer: list[tuple[int, int]]) -> bool:
+    return any(start <= span[0] and span[1] <= end for start, end in outer)
+
+
+def _step_ranges(events: list[Any], span: Callable[[Any], tuple[int, int]]) -> list[StepRange]:
+    """A step's parts (:func:`_step_range`), the outermost range of each kind; the
+    engine's and optimizers' ranges inside a compile (tracing the backward) left out."""
+    found: list[StepRange] = []
+    open_until: dict[str, int] = {}
+    for start, end, kind, name in sorted(
+        (*span(event), *known) for event in events if (known := _step_range(event.name)) is not None
+    ):
+        if start < open_until.get(kind, -1):
+            continue  # inside one of its kind (a node's own nested call)
+        open_until[kind] = end
+        found.append(StepRange(kind, name, start, end))
+    compiling = [(r.start_ns, r.end_ns) for r in found if r.kind == "compile"]
+    return [r for r in found if r.kind in ("compile", "forward") or not _within((r.start_ns, r.end_ns), compiling)]
 
 
 @contextlib.contextmanager
@@ -360,6 +415,15 @@ _GRAPHS: OrderedDict[str, CompiledGraph] = OrderedDict()
 _MAX_GRAPHS = 512
 #: Per model, what its compile said: graph breaks and compile time.
 _COMPILES: weakref.WeakKeyDictionary[nn.Module, tuple[list[GraphBreak], int]] = weakref.WeakKeyDictionary()
+
+
+def _keep_graphs(records: list[tuple[dict[str, Any], Any]]) -> None:
+    """The graphs the structured trace's ``records`` describe, kept in ``_GRAPHS``."""
+    for key, graph in _graphs(records, _COMPILER.node_modules, _COMPILER.inductor_graphs).items():
+        _GRAPHS[key] = graph
+        _GRAPHS.move_to_end(key)
+    while len(_GRAPHS) > _MAX_GRAPHS:
+        _GRAPHS.popitem(last=False)
 
 
 def _profiled(
@@ -434,11 +498,7 @@ def time_compiled(
             metrics = _torch.compilation_metrics()[before:]
             compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             _COMPILES[eager] = (_graph_breaks(collector.records), round(compile_s * 1e9) if compile_s else first_ns)
-            for key, graph in _graphs(collector.records, _COMPILER.node_modules, _COMPILER.inductor_graphs).items():
-                _GRAPHS[key] = graph
-                _GRAPHS.move_to_end(key)
-            while len(_GRAPHS) > _MAX_GRAPHS:
-                _GRAPHS.popitem(last=False)
+            _keep_graphs(collector.records)
         progress("warmup", 1, warmup + 1)
         for n in range(warmup):
             step()
@@ -468,3 +528,188 @@ def time_compiled(
             passes = _profiled(call, repeat, lambda done: progress("measure", done, repeat), prepare=clear_grads)
     breaks, compile_ns = _COMPILES.get(eager, ([], 0))
     return CompiledCapture(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))
+
+
+class CompiledSteps:
+    """A ``Profiler`` block's steps around a model compiled whole
+    (``torch.compile(model)``), recorded from its kernels.
+
+    While the block runs, calls of the compiled model go through layerscope's compile
+    of the same eager module (its backend: Inductor with the user's mode and options,
+    plus provenance tracking and a range per kernel), each call in a ``FORWARD_RANGE``
+    range; the wrapper's ``forward`` is put back when the block ends, and the user's own
+    compiled code is left as it was (Dynamo keeps a compiled frame per backend). So the
+    block's first step compiles, unless an earlier block or profile of the model did:
+    that step, and any step that recompiles, is noted with its compile time
+    (:class:`~layerscope.model.compile_info.StepCompile`), which is never in a step's
+    figures.
+
+    Every step runs in a ``STEP_RANGE`` range under torch's profiler, read back every
+    ``window`` steps (:meth:`read_window`) as :class:`CompiledPass`es with their parts'
+    ranges (forward calls, the autograd engine's nodes, optimizer steps, compiles); the
+    last window is read on first use (:meth:`stop`). The inputs of the first call are
+    kept for the eager count of the model's FLOPs and shapes."""
+
+    def __init__(self, model: nn.Module, *, window: int) -> None:
+        _torch.require_compiled_profiling()
+        backend, settings, fullgraph = _torch.compile_request(model)
+        if backend != "inductor":
+            raise ModelError(
+                f"the model is compiled with backend {backend!r}: layerscope times a compiled model per module from "
+                "Inductor's kernels, so a Profiler block takes a model compiled with the default backend "
+                "(torch.compile(model), any mode); profile model._orig_mod for the eager steps"
+            )
+        self.model = model
+        self.eager: nn.Module = _torch.eager_of(model)
+        self._settings = settings
+        self._fullgraph = fullgraph
+        self._window = window
+        #: The first call's positional and keyword arguments, and whether grad was on.
+        self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self.grad_enabled = False
+        #: Steps that compiled: (step number, compile time in ns, frames compiled).
+        self.compiles: list[tuple[int, int, int]] = []
+        self._stack: contextlib.ExitStack | None = None
+        self._collector: _Collector | None = None
+        self._prof: Any = None
+        self._step_range: Any = None
+        self._window_steps: list[int] = []
+        self._step = 0
+        self._compiles = 0
+        self._metrics = 0
+        self._parsed = 0
+        self.device_events = self._device().type == "cuda"
+
+    def _device(self) -> torch.device:
+        for tensor in (*self.eager.parameters(), *self.eager.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+    def __enter__(self) -> CompiledSteps:
+        stack = contextlib.ExitStack()
+        with stack:
+            held = stack.enter_context(profiler_session(bounded=False))
+            if not held or not _torch.profiler_free():
+                raise ProfilerStateError(
+                    "torch's profiler is already running (a torch.profiler, or a layerscope block in another thread), "
+                    "and a compiled model's block records its kernels with it: profile the compiled model outside it"
+                )
+            stack.enter_context(_COMPILER.model(self.eager, self._settings))
+            self._collector = stack.enter_context(_structured_trace())
+            stack.enter_context(self._forward_swapped())
+            self._start()
+            stack.callback(self._stop_profiler)
+            self._stack = stack.pop_all()
+        self._begin_step()
+        return self
+
+    @contextlib.contextmanager
+    def _forward_swapped(self) -> Iterator[None]:
+        """The compiled model's ``forward`` (an attribute torch.compile's wrapper sets)
+        through layerscope's compile while the block runs; put back as it was."""
+        ours = torch.compile(self.eager, backend=_COMPILER, fullgraph=self._fullgraph)
+        compiled_forward = ours.forward
+        state = self.model.__dict__
+        missing = object()
+        saved = state.get("forward", missing)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if self.inputs is None:
+                self.inputs = (args, dict(kwargs))
+                self.grad_enabled = torch.is_grad_enabled()
+            with _torch.FastRange(FORWARD_RANGE):
+                return compiled_forward(*args, **kwargs)
+
+        state["forward"] = forward
+        try:
+            yield
+        finally:
+            if saved is missing:
+                state.pop("forward", None)
+            else:
+                state["forward"] = saved
+
+    def _start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device_events:
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = profile(activities=activities)
+        with quiet_profiler():
+            self._prof.start()
+
+    def _stop_profiler(self) -> Any:
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            with quiet_profiler():
+                prof.stop()
+        return prof
+
+    def _begin_step(self) -> None:
+        self._compiles = _COMPILER.compiles
+        self._metrics = len(_torch.compilation_metrics())
+        self._step_range = _torch.FastRange(STEP_RANGE)
+        self._step_range.__enter__()
+
+    def _end_step(self) -> None:
+        step_range, self._step_range = self._step_range, None
+        if step_range is None:
+            return
+        step_range.__exit__(None, None, None)
+        if _COMPILER.compiles != self._compiles:
+            metrics = _torch.compilation_metrics()[self._metrics :]
+            seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
+            self.compiles.append((self._step, round(seconds * 1e9), len(metrics)))
+        self._window_steps.append(self._step)
+        self._step += 1
+
+    def step(self) -> list[tuple[int, CompiledPass]]:
+        """End the running step and begin the next; every ``window`` steps, the window's
+        steps read back (their numbers and passes), else nothing."""
+        self._end_step()
+        read: list[tuple[int, CompiledPass]] = []
+        if len(self._window_steps) >= self._window:
+            prof = self._stop_profiler()
+            steps, self._window_steps = self._window_steps, []
+            self._note_graphs()
+            read = list(zip(steps, _passes(prof.events()), strict=False))
+            self._start()
+        self._begin_step()
+        return read
+
+    def _note_graphs(self) -> None:
+        """The graphs compiled since the last look, kept (``_GRAPHS``) with their breaks."""
+        if self._collector is None or _COMPILER.compiles == self._parsed:
+            return
+        self._parsed = _COMPILER.compiles
+        _keep_graphs(self._collector.records)
+
+    def graphs(self) -> dict[str, CompiledGraph]:
+        """The graphs layerscope's compiles of this model made (all it knows of)."""
+        return dict(_GRAPHS)
+
+    def graph_breaks(self) -> list[GraphBreak]:
+        return _graph_breaks(self._collector.records) if self._collector is not None else []
+
+    def stop(self) -> PendingRead[list[tuple[int, CompiledPass]]]:
+        """End the block: its last step ended, torch's profiler stopped and the
+        wrapper's ``forward`` put back; the last window's steps are read when first
+        asked for (before torch's profiler is next prepared, at the latest)."""
+
+        stack, self._stack = self._stack, None
+        try:
+            self._end_step()
+            self._note_graphs()
+        finally:
+            prof = self._stop_profiler()
+            if stack is not None:
+                stack.close()
+        steps, self._window_steps = self._window_steps, []
+
+        def read() -> list[tuple[int, CompiledPass]]:
+            return list(zip(steps, _passes(prof.events()) if prof is not None else [], strict=False))
+
+        pending = PendingRead(read)
+        read_before_next_session(pending)
+        return pending

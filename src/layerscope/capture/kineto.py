@@ -36,7 +36,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -185,7 +185,7 @@ class _Claim:
         self._depth = 0
         self._bounded = True
         #: Results stopped and not yet read (a block's last window, read on first use).
-        self._pending: weakref.WeakSet[PendingRead] = weakref.WeakSet()
+        self._pending: weakref.WeakSet[PendingRead[Any]] = weakref.WeakSet()
 
     def take(self, *, bounded: bool) -> bool:
         me = threading.get_ident()
@@ -202,7 +202,7 @@ class _Claim:
             self._drain()
         return True
 
-    def defer(self, pending: PendingRead) -> None:
+    def defer(self, pending: PendingRead[Any]) -> None:
         """A stopped result left unread: read before torch's profiler is next prepared."""
         with self._changed:
             self._pending.add(pending)
@@ -247,6 +247,12 @@ def profiler_session(*, bounded: bool) -> Iterator[bool]:
         yield True
     finally:
         _CLAIM.give()
+
+
+def read_before_next_session(pending: PendingRead[Any]) -> None:
+    """A stopped result left unread, read at the latest before torch's profiler is next
+    prepared in the process (``_Claim``)."""
+    _CLAIM.defer(pending)
 
 
 @contextmanager
@@ -535,7 +541,7 @@ class KinetoWindow:
         finally:
             self._claim.close()
 
-    def stop_later(self) -> PendingRead:
+    def stop_later(self) -> PendingRead[list[list[Event]]]:
         """Stop the profiler as :meth:`stop` does, and read its result when the streams are
         first asked for: what torch's own stop does (it processes its events on first
         use), so a block's exit costs about what torch's does. Until then the result
@@ -577,19 +583,23 @@ class KinetoWindow:
         return read
 
 
-class PendingRead:
-    """A stopped window's result, read once, by whichever asks first: its owner
-    (:meth:`streams`), or the next session about to prepare torch's profiler."""
+_Read = TypeVar("_Read")
 
-    def __init__(self, read: Callable[[], list[list[Event]]]) -> None:
-        self._read: Callable[[], list[list[Event]]] | None = read
-        self._streams: list[list[Event]] = []
+
+class PendingRead(Generic[_Read]):
+    """A stopped window's result, read once, by whichever asks first: its owner
+    (:meth:`streams`), or the next session about to prepare torch's profiler. The read
+    gives the window's steps as typed streams (a compiled model's block: its passes)."""
+
+    def __init__(self, read: Callable[[], _Read]) -> None:
+        self._read: Callable[[], _Read] | None = read
+        self._streams: _Read | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
 
-    def streams(self) -> list[list[Event]]:
-        """The window's steps as typed streams (read now if not read yet); a read that
-        failed raises its error again on every call."""
+    def streams(self) -> _Read:
+        """The window's steps (read now if not read yet); a read that failed raises its
+        error again on every call."""
         with self._lock:
             read, self._read = self._read, None
             if read is not None:
@@ -599,6 +609,7 @@ class PendingRead:
                     self._error = exc
             if self._error is not None:
                 raise self._error
+            assert self._streams is not None
             return self._streams
 
 

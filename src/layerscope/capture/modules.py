@@ -214,7 +214,8 @@ def refuse_compiled(model: nn.Module) -> None:
         f"{where} is compiled with torch.compile, whose graphs replay module hooks, so per-module "
         f"figures from hooks would be wrong: layerscope.profile(torch.compile(model), inputs) profiles a "
         f"model compiled as a whole from its kernels, its forward or (backward=True) a training step's forward, "
-        f"loss and backward (`layerscope profile SPEC --compile`); or profile {eager}, "
+        f"loss and backward (`layerscope profile SPEC --compile`), and a Profiler block records the steps of a model "
+        f"compiled as a whole from its kernels; or profile {eager}, "
         "or time the compiled model whole with layerscope.benchmark / `layerscope bench --compile`"
     )
 

@@ -43,6 +43,24 @@ class KernelTime:
 
 
 @dataclass
+class StepCompile:
+    """A ``Profiler`` block's step in which torch.compile compiled (the first, or a
+    recompile when a guard failed): its number, the time compiling (Dynamo and
+    Inductor, none of it in the profile's times) and the Dynamo frames compiled."""
+
+    step: int
+    time_ns: int
+    frames: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "time_ns": self.time_ns, "frames": self.frames}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepCompile:
+        return cls(data["step"], data["time_ns"], data["frames"])
+
+
+@dataclass
 class CompileInfo:
     """How the compiled model ran: the compiler (``backend``), the rule that split
     kernel times over modules, the compile time (not in the profile's times), the
@@ -59,6 +77,9 @@ class CompileInfo:
     step_time_ns: int = 0
     kernel_time_ns: int = 0
     kernels: list[KernelTime] = field(default_factory=list)
+    #: In a ``Profiler`` block: the steps that compiled, with their compile time (those
+    #: steps' figures are left out of the medians when other steps ran).
+    step_compiles: list[StepCompile] = field(default_factory=list)
 
     def unattributed_time_ns(self, phase: str = "backward") -> int:
         """The time of ``phase``'s kernels that no module's node is in (the sum of their
@@ -71,6 +92,8 @@ class CompileInfo:
             "frames": self.frames, "graphs": self.graphs,
             "graph_breaks": [b.to_dict() for b in self.graph_breaks], "step_time_ns": self.step_time_ns,
             "kernel_time_ns": self.kernel_time_ns, "kernels": [k.to_dict() for k in self.kernels],
+            # Written only for a block: a profile()'s file is as before.
+            **({"step_compiles": [c.to_dict() for c in self.step_compiles]} if self.step_compiles else {}),
         }
 
     @classmethod
@@ -81,4 +104,5 @@ class CompileInfo:
             graph_breaks=[GraphBreak(b["where"], b["reason"]) for b in data["graph_breaks"]],
             step_time_ns=data["step_time_ns"], kernel_time_ns=data["kernel_time_ns"],
             kernels=[KernelTime.from_dict(k) for k in data["kernels"]],
+            step_compiles=[StepCompile.from_dict(c) for c in data.get("step_compiles", ())],
         )

@@ -320,17 +320,32 @@ class LossRange(NamedTuple):
     end_ns: int
 
 
+class StepRange(NamedTuple):
+    """A part of a ``Profiler`` block's step around a compiled model, from torch's
+    events; ns from the step's start. ``kind``: ``forward`` (a call of the compiled
+    model), ``backward`` (the autograd engine running a node), ``optimizer`` and
+    ``zero_grad`` (an optimizer's, ``name`` its class), ``compile`` (Dynamo and
+    Inductor compiling)."""
+
+    kind: str
+    name: str
+    start_ns: int
+    end_ns: int
+
+
 @dataclass
 class CompiledPass:
     """One timed call of the compiled model (with its loss and backward, in a training
     step): its length, its graph calls in order, the ranges of the modules that ran
-    eagerly and of the compiled regions, and the loss's range (None: forward only)."""
+    eagerly and of the compiled regions, and the loss's range (None: forward only).
+    A block's step has its parts' ranges (``ranges``) instead of a loss range."""
 
     step_ns: int
     graph_calls: list[GraphCall]
     eager: list[EagerRange] = field(default_factory=list)
     regions: list[CompiledRegion] = field(default_factory=list)
     loss: LossRange | None = None
+    ranges: list[StepRange] = field(default_factory=list)
 
 
 class GraphNode(NamedTuple):

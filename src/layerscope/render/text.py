@@ -383,6 +383,9 @@ def _header_parts(profile: Profile) -> list[str]:
         repeat = meta.repeat
         passes = "1 measured pass" if repeat == 1 else f"median of {repeat} passes"
         parts.append(f"{passes} after {meta.warmup} warm-up")
+    elif meta.mode == "context" and _step_medians(profile):
+        steps = profile.figures.steps
+        parts.append(f"median of {steps} step{'s' if steps != 1 else ''}")
     elif meta.mode == "context":
         parts.append("one profiled run")
     elif meta.mode == "count":
@@ -451,6 +454,21 @@ def compile_lines(profile: Profile) -> list[str]:
             f"{fmt.time_ns(info.unattributed_time_ns('backward'))}, counted in {profile.root.path or profile.root.type}'s "
             "Bwd self."
         )
+    if not info.graphs and profile.figures.steps is not None:
+        lines.append(
+            "No compiled graph ran in the block (Dynamo ran the model eagerly: its recompile limit was reached, or "
+            "it skipped every frame): the calls' time is the root's"
+        )
+    if info.step_compiles:
+        said = ", ".join(
+            f"step {c.step} {fmt.time_ns(c.time_ns)} ({c.frames} frame{'s' if c.frames != 1 else ''})"
+            for c in info.step_compiles[:_OUTLIERS_NAMED]
+        )
+        more = len(info.step_compiles) - _OUTLIERS_NAMED
+        lines.append(
+            f"Compiled in the block: {said}" + (f" and {len(info.step_compiles) - _OUTLIERS_NAMED} more" if more > 0 else "")
+            + "; a step that compiled is left out of the medians while other steps ran"
+        )
     lines += [f"Graph break at {b.where or '?'}: {b.reason}" for b in breaks]
     return lines
 
@@ -513,7 +531,12 @@ def _step_lines(profile: Profile) -> list[str]:
     shares.extend((fmt.node_name(part.name), part_total(part)) for part in profile.parts)
     parts = " + ".join(f"{name} {fmt.time_ns(ns)}" for name, ns in shares)
     steps = profile.figures.steps
-    if steps is not None:
+    if steps is not None and _step_medians(profile):
+        assert profile.compiled is not None
+        compiled = len(profile.compiled.step_compiles)
+        left_out = f", the {compiled} that compiled left out" if compiled and compiled < steps else ""
+        head = f"Median step of {steps} (each node's median{left_out}): {fmt.time_ns(step)} = {parts}"
+    elif steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
         head = f"Step{_shown_pass(profile)}: {fmt.time_ns(step)} = {parts}"
@@ -522,6 +545,12 @@ def _step_lines(profile: Profile) -> list[str]:
     if profile.meta.complete is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
     return lines
+
+
+def _step_medians(profile: Profile) -> bool:
+    """Whether the tree holds each node's median over a block's steps (a compiled
+    model's block), not their sums."""
+    return profile.compiled is not None and profile.figures.steps is not None
 
 
 def _shown_pass(profile: Profile) -> str:
@@ -595,7 +624,9 @@ def step_spread_lines(profile: Profile) -> list[str]:
     n = len(spread.steps)
     # profile()'s timed passes are medians' inputs; a Profiler's steps are summed.
     unit, units, role = (
-        ("pass", "passes", "the tree is the median pass") if profile.meta.mode == "profile" else ("step", "steps", "in the sums above")
+        ("pass", "passes", "the tree is the median pass") if profile.meta.mode == "profile"
+        else ("step", "steps", "a step that compiled is not in the medians") if _step_medians(profile)
+        else ("step", "steps", "in the sums above")
     )
     lines = [
         f"Step wall time over {n} {units}: min {fmt.time_ns(spread.min_ns)}, median {fmt.time_ns(spread.median_ns)}, "

@@ -1,0 +1,310 @@
+"""A ``Profiler`` block around a ``torch.compile``d model: the split of a step into its
+parts by hand (pure), and real training and inference loops of the zoo's MLP and GPT
+(Inductor on the CPU), each block run once per module of tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope import block, zoo
+from layerscope.attribute.compiled import BLOCK_RULE, StepFold, step_sites
+from layerscope.base.errors import ModelError, ProfilerStateError
+from layerscope.model.check import check_tree
+from layerscope.model.compile_info import StepCompile
+from layerscope.model.documents import profile_from_dict
+from layerscope.model.raw import CompiledGraph, CompiledPass, GraphCall, GraphNode, KernelRange, StepRange
+
+# -- the split of a step, by hand --------------------------------------------------------
+
+_FORWARD = CompiledGraph("f", "0/0", ["extern_kernels.addmm:1"], {"extern_kernels.addmm:1": [GraphNode("addmm", "fc")]})
+_BACKWARD = CompiledGraph(
+    "b", "0/0", ["extern_kernels.mm:2"], {"extern_kernels.mm:2": [GraphNode("mm", "fc")]}, phase="backward",
+)
+
+
+def _step(step_ns: int, *, compile_ns: int = 0) -> CompiledPass:
+    """A training step (ns from its start): zero_grad, the call [100, 300) with a compile
+    of ``compile_ns`` inside it from 110 (which makes what follows that much later), the
+    loss up to the engine's two nodes, AdamW's step."""
+    c = compile_ns
+    ranges = [
+        StepRange("zero_grad", "AdamW", 0, 5),
+        StepRange("forward", "", 100, 300 + c),
+        StepRange("backward", "MeanBackward0", 350 + c, 360 + c),
+        StepRange("backward", "CompiledFunctionBackward", 360 + c, 460 + c),
+        StepRange("optimizer", "AdamW", 500 + c, 560 + c),
+    ]
+    if compile_ns:
+        ranges.append(StepRange("compile", "dynamo", 110, 110 + c))
+    calls = [
+        GraphCall("f", [KernelRange("aten::addmm", 30)], 60),
+        GraphCall("b", [KernelRange("aten::mm", 20)], 40),
+    ]
+    return CompiledPass(step_ns + c, calls, ranges=sorted(ranges, key=lambda r: r.start_ns))
+
+
+def test_a_step_is_split_into_its_parts_and_every_ns_is_in_one() -> None:
+    times, in_kernels, compiling = step_sites({"f": _FORWARD, "b": _BACKWARD}, _step(600), {"", "fc"}, {})
+    assert in_kernels == 50 and compiling == 0
+    assert times == {
+        ("fc", "forward"): 30, ("", "forward"): 200 - 30,  # the call, less fc's kernel
+        ("fc", "backward"): 20, ("", "backward"): 110 - 20,  # the engine's nodes, less fc's kernel
+        ("<loss>", "forward"): 350 - 300,  # from the call's end to the backward's start
+        ("<zero_grad>", "forward"): 5, ("<optimizer:AdamW>", "forward"): 60,
+        ("<other>", "forward"): 600 - 200 - 110 - 50 - 5 - 60,
+    }
+    assert sum(times.values()) == 600
+
+
+def test_time_compiling_is_in_no_part() -> None:
+    graphs = {"f": _FORWARD, "b": _BACKWARD}
+    plain, _, _ = step_sites(graphs, _step(600), {"", "fc"}, {})
+    times, _, compiling = step_sites(graphs, _step(600, compile_ns=10_000), {"", "fc"}, {})
+    assert compiling == 10_000
+    # The compile inside the call is taken out of it: every part is as without it.
+    assert times == plain
+
+
+def test_the_fold_takes_medians_and_leaves_out_steps_that_compiled() -> None:
+    fold = StepFold({"", "fc"})
+    graphs = {"f": _FORWARD, "b": _BACKWARD}
+    fold.add(0, _step(600, compile_ns=50_000), graphs)
+    for number, step_ns in ((1, 600), (2, 700), (3, 800)):
+        fold.add(number, _step(step_ns), graphs)
+    fold.add(4, CompiledPass(30, []), graphs)  # the step the block's end cut short: nothing ran
+    assert fold.step_numbers == [0, 1, 2, 3] and fold.backward
+    times = fold.times(graphs, leave_out={0})
+    # Steps 1-3 differ only in <other> (100 more each): its median is step 2's.
+    assert times.self_ns["<other>"] == 700 - 200 - 110 - 50 - 5 - 60
+    assert times.step_ns == 700
+    assert times.self_ns["fc"] == 30 and times.backward_self_ns["fc"] == 20
+    # With no other step, the compiling one is used.
+    alone = StepFold({"", "fc"})
+    alone.add(0, _step(600, compile_ns=50_000), graphs)
+    assert alone.times(graphs, leave_out={0}).step_ns == 600
+
+
+# -- real loops ---------------------------------------------------------------------------
+
+
+def _train(model: nn.Module, compiled: nn.Module, x: torch.Tensor, steps: int) -> tuple[layerscope.Profiler, Any]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with layerscope.Profiler(compiled) as prof:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = compiled(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            prof.step()
+    return prof, opt
+
+
+@pytest.fixture(scope="module")
+def loops() -> dict[str, Any]:
+    """The zoo MLP's and GPT's compiled training loops and GPT's inference loop, in
+    blocks, with the eager counts of the same steps; each run once."""
+    out: dict[str, Any] = {}
+    for name in ("mlp", "gpt"):
+        entry = zoo.get(name)
+        torch.manual_seed(0)
+        model = entry.build()
+        x = entry.example_inputs(2)
+        compiled = torch.compile(model)
+        before = dict(compiled.__dict__)
+        prof, _ = _train(model, compiled, x, steps=4)
+        after = dict(compiled.__dict__)
+        profile = check_tree(prof.profile)
+        eager = layerscope.count_flops(model, x, backward=True)
+        out[name] = (profile, eager, before, after, model)
+    entry = zoo.get("gpt")
+    model = entry.build()
+    x = entry.example_inputs(2)
+    compiled = torch.compile(model)
+    with torch.no_grad(), layerscope.Profiler(compiled) as prof:
+        for _ in range(3):
+            compiled(x)
+            prof.step()
+    out["gpt-inference"] = (check_tree(prof.profile), layerscope.count_flops(model, x), None, None, model)
+    return out
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_flops_and_macs_equal_the_eager_step_per_module_and_phase(loops: dict[str, Any], name: str) -> None:
+    profile, eager, *_ = loops[name]
+    for node in eager.modules():
+        mine = profile.node(node.path)
+        assert (mine.forward.flops, mine.forward.macs) == (node.forward.flops, node.forward.macs), node.path
+        assert mine.backward is not None and node.backward is not None
+        assert (mine.backward.flops, mine.backward.macs) == (node.backward.flops, node.backward.macs), node.path
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_a_training_step_has_its_parts_with_times_and_unknown_counts(loops: dict[str, Any], name: str) -> None:
+    profile, *_ = loops[name]
+    parts = {part.path: part for part in profile.parts}
+    assert {"<loss>", "<optimizer:AdamW>", "<zero_grad>", "<other>"} <= set(parts)
+    for part in parts.values():
+        assert part.forward.flops is None and part.forward.macs is None  # unknown, never 0
+    assert parts["<optimizer:AdamW>"].forward.self_cpu_time_ns > 0
+    # Every node's median self time adds up to the step the profile states.
+    total = sum(
+        stats.self_cpu_time_ns for tree in [profile.root, *profile.parts] for node in tree.walk()
+        for _, stats in node.phases()
+    )
+    assert total == profile.step_time_ns == profile.compiled.step_time_ns
+    assert profile.figures.steps == 4 and profile.figures.step_numbers == [0, 1, 2, 3]
+    assert len(profile.figures.step_times_ns) == 4
+    assert profile.meta.mode == "context" and profile.meta.step_range == [0, 3]
+    assert BLOCK_RULE in profile.compiled.rule
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_every_kernel_is_in_modules_or_named_unattributed(loops: dict[str, Any], name: str) -> None:
+    profile, *_ = loops[name]
+    info = profile.compiled
+    assert {k.phase for k in info.kernels} == {"forward", "backward"}
+    paths = {node.path for node in profile.modules()}
+    for kernel in info.kernels:
+        assert not kernel.modules or abs(sum(kernel.modules.values()) - 1) < 1e-5
+        assert set(kernel.modules) <= paths
+    every_linear = [n.path for n in profile.modules() if n.type == "Linear"]
+    assert every_linear and all(profile.node(p).backward.self_cpu_time_ns > 0 for p in every_linear)
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+def test_steps_that_compiled_are_named_with_their_time(loops: dict[str, Any]) -> None:
+    profile, *_ = loops["gpt"]
+    info = profile.compiled
+    # A loop of one shape compiles in its first step at most (an earlier compile in the
+    # process may have left nothing to compile).
+    for compiled in info.step_compiles:
+        assert compiled.step == 0 and compiled.time_ns > 0 and compiled.frames >= 1
+    assert info.compile_time_ns == sum(c.time_ns for c in info.step_compiles)
+    text = profile.render("text", width=200)
+    assert "Median step of 4" in text
+    if info.step_compiles:
+        assert f"Compiled in the block: step {info.step_compiles[0].step}" in text
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+def test_an_inference_loop_has_a_forward_and_no_loss(loops: dict[str, Any]) -> None:
+    profile, eager, *_ = loops["gpt-inference"]
+    assert profile.root.backward is None
+    assert {part.path for part in profile.parts} <= {"<other>"}
+    assert profile.root.forward.flops == eager.root.forward.flops
+    assert {k.phase for k in profile.compiled.kernels} == {"forward"}
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_the_model_is_left_as_it_was(loops: dict[str, Any], name: str) -> None:
+    _, _, before, after, model = loops[name]
+    assert after.keys() == before.keys() and all(after[key] is value for key, value in before.items())
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks and not module._backward_hooks
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+def test_a_saved_block_profile_loads_with_its_step_compiles(loops: dict[str, Any]) -> None:
+    profile, *_ = loops["mlp"]
+    loaded = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert loaded.compiled is not None
+    assert loaded.compiled.step_compiles == profile.compiled.step_compiles
+    assert loaded.compiled.kernels == profile.compiled.kernels
+    assert loaded.figures.steps == 4
+    doc = StepCompile(3, 1000, 1).to_dict()
+    assert StepCompile.from_dict(doc) == StepCompile(3, 1000, 1)
+
+
+# -- what a compiled block refuses, and what it keeps -------------------------------------
+
+
+def test_a_forward_that_raises_leaves_the_model_as_it_was() -> None:
+    model = zoo.get("mlp").build()
+    compiled = torch.compile(model)
+    before = dict(compiled.__dict__)
+    with pytest.raises(RuntimeError), layerscope.Profiler(compiled):
+        compiled(torch.randn(2, 3))  # the MLP takes 64 features
+    assert dict(compiled.__dict__).keys() == before.keys()
+    assert all(compiled.__dict__[key] is value for key, value in before.items())
+
+
+def test_a_block_whose_model_never_ran_says_so() -> None:
+    compiled = torch.compile(zoo.get("mlp").build())
+    with layerscope.Profiler(compiled) as prof:
+        pass
+    with pytest.raises(ProfilerStateError, match="never called in the block"):
+        str(prof)
+    with pytest.raises(ProfilerStateError, match="never called in the block"):
+        _ = prof.profile  # the same error on every read
+
+
+def test_another_backend_is_refused() -> None:
+    compiled = torch.compile(zoo.get("mlp").build(), backend="aot_eager")
+    with pytest.raises(ModelError, match="backend 'aot_eager'"), layerscope.Profiler(compiled):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [({"record_ops": False}, "record_ops=False"), ({"schedule": layerscope.schedule(wait=1, active=1)}, "schedule="),
+     ({"paths": ["layers"]}, "paths=")],
+)
+def test_options_a_compiled_block_cannot_honour_are_refused(options: dict[str, Any], named: str) -> None:
+    compiled = torch.compile(zoo.get("mlp").build())
+    with pytest.raises(ValueError, match=named), layerscope.Profiler(compiled, **options):
+        pass
+
+
+def test_inside_a_running_torch_profiler_the_block_says_why_not() -> None:
+    compiled = torch.compile(zoo.get("mlp").build())
+    with torch.profiler.profile(), pytest.raises(ProfilerStateError, match="already running"):
+        with layerscope.Profiler(compiled):
+            pass
+
+
+def test_a_recompile_inside_the_block_is_named_with_its_step() -> None:
+    class Fresh(nn.Module):  # a class of its own: no compile in the process has seen its code
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x))
+
+    compiled = torch.compile(Fresh())
+    with torch.no_grad():
+        compiled(torch.randn(2, 8))  # compiled by the user before the block
+        with layerscope.Profiler(compiled) as prof:
+            for batch in (2, 2, 5, 5):
+                compiled(torch.randn(batch, 8))
+                prof.step()
+    info = check_tree(prof.profile).compiled
+    # layerscope's own compile in the block's first step, and a recompile for the new batch size.
+    assert [c.step for c in info.step_compiles] == [0, 2]
+    assert prof.profile.figures.step_numbers == [0, 1, 2, 3]
+    assert "Compiled in the block: step 0" in prof.render("text", width=300)
+
+
+def test_steps_read_in_windows_are_all_kept_and_on_ready_gets_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(block, "WINDOW_STEPS", 2)  # torch's profiler read back every 2 steps
+    received: list[Any] = []
+    compiled = torch.compile(zoo.get("mlp").build())
+    x = zoo.get("mlp").example_inputs(2)
+    with torch.no_grad(), layerscope.Profiler(compiled, on_ready=received.append) as prof:
+        for _ in range(5):
+            compiled(x)
+            prof.step()
+    assert len(received) == 1 and received[0] is prof.profile
+    profile = check_tree(received[0])
+    assert profile.figures.step_numbers == [0, 1, 2, 3, 4] and len(profile.figures.step_times_ns) == 5
+    assert profile.compiled.kernels and all(k.time_ns > 0 for k in profile.compiled.kernels)
