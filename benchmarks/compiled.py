@@ -18,12 +18,22 @@ timing: *plain* and *torch.profiler* time ``loss(compiled(x)).backward()``, and
 layerscope's figure is ``layerscope.profile(compiled, x, backward=True, ...)``'s step
 (forward + ``<loss>`` + backward, the sum of the nodes' median self times).
 
+With ``--block`` each variant is a compiled training loop with AdamW (zero_grad, forward,
+loss, backward, ``opt.step()``), ``--warm`` steps then ``--calls`` steps each timed with
+``time.perf_counter_ns`` as the user's loop sees it: *plain*; *torch.profiler* (one
+session per round, CPU activity, ``prof.step()`` each step); and *layerscope*, the loop
+in a ``layerscope.Profiler`` block of the compiled model (``prof.step()`` each step). The
+block's exit is timed against torch's own stop for the same steps, and its first read
+(the profile built) against torch's first ``key_averages()``. A block is run first,
+untimed, so layerscope's own compile is not in the rounds, and its FLOPs are checked
+against the eager count.
+
 The report gives each variant's median over the rounds and the ratios of layerscope's
 root to the plain call and to the call under torch.profiler (the bar: no heavier than
 torch.profiler's own). It also checks, once per model, that per-module FLOPs equal the eager
 count's.
 
-Usage: python -m benchmarks.compiled [--rounds 15] [--calls 20] [--warm 3] [--models mlp,gpt,bert,gpt2] [--threads 1] [--train]
+Usage: python -m benchmarks.compiled [--rounds 15] [--calls 20] [--warm 3] [--models mlp,gpt,bert,gpt2] [--threads 1] [--train | --block]
 """
 
 from __future__ import annotations
@@ -167,6 +177,96 @@ def measure(name: str, rounds: int, calls: int = 20, warm: int = 3, train: bool 
     }
 
 
+def _loop(compiled: nn.Module, opt: torch.optim.Optimizer, inputs: object, warm: int, calls: int,
+          step: Callable[[], None] = lambda: None) -> float:
+    """The median of ``calls`` training steps (after ``warm``), each with ``step()`` after it."""
+    def one() -> None:
+        opt.zero_grad()
+        _step(compiled, inputs)
+        opt.step()
+        step()
+
+    for _ in range(warm):
+        one()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter_ns()
+        one()
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times)
+
+
+def measure_block(name: str, rounds: int, calls: int = 20, warm: int = 3) -> dict[str, float]:
+    """A compiled training loop: plain, under torch.profiler, in a layerscope block."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, inputs = MODELS[name]()
+    model.train()
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    start = time.perf_counter()
+    _loop(compiled, opt, inputs, 0, 1)  # the user's compile
+    compile_s = time.perf_counter() - start
+    with layerscope.Profiler(compiled) as first:  # layerscope's compile, untimed
+        _loop(compiled, opt, inputs, 0, 2, first.step)
+    eager = layerscope.count_flops(model, inputs, backward=True)
+    same = _same_flops(first.profile, eager)
+    found: dict[str, list[float]] = {key: [] for key in ("plain", "torch", "block", "torch_stop", "block_exit",
+                                                         "torch_read", "block_read")}
+
+    def run_plain() -> None:
+        found["plain"].append(_loop(compiled, opt, inputs, warm, calls))
+
+    def run_torch() -> None:
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.start()
+        found["torch"].append(_loop(compiled, opt, inputs, warm, calls, prof.step))
+        start = time.perf_counter_ns()
+        prof.stop()
+        found["torch_stop"].append(time.perf_counter_ns() - start)
+        start = time.perf_counter_ns()
+        prof.key_averages()
+        found["torch_read"].append(time.perf_counter_ns() - start)
+
+    def run_block() -> None:
+        prof = layerscope.Profiler(compiled)
+        prof.__enter__()
+        found["block"].append(_loop(compiled, opt, inputs, warm, calls, prof.step))
+        start = time.perf_counter_ns()
+        prof.__exit__(None, None, None)
+        found["block_exit"].append(time.perf_counter_ns() - start)
+        start = time.perf_counter_ns()
+        _ = prof.profile
+        found["block_read"].append(time.perf_counter_ns() - start)
+
+    variants = [run_plain, run_torch, run_block]
+    for round_ in range(rounds):  # the order rotates each round: none always runs warmed by another
+        for run in variants[round_ % 3 :] + variants[: round_ % 3]:
+            run()
+    info = first.profile.compiled
+    assert info is not None
+    out: dict[str, float] = {key: statistics.median(values) for key, values in found.items()}
+    out.update(compile_s=compile_s, kernels=len(info.kernels), shared=sum(1 for k in info.kernels if k.shared),
+               flops_equal=same)
+    return out
+
+
+def _block_report(args: argparse.Namespace) -> None:
+    print("| model | kernel calls (shared) | plain step | under torch.profiler | in a layerscope block | x plain "
+          "| x torch.profiler | exit vs torch's stop | first read vs key_averages() | FLOPs = eager |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        r = measure_block(name, args.rounds, args.calls, args.warm)
+        print(
+            f"| {name} | {r['kernels']:.0f} ({r['shared']:.0f}) | {r['plain'] / 1e3:.1f} us | {r['torch'] / 1e3:.1f} us | "
+            f"{r['block'] / 1e3:.1f} us | x{r['block'] / r['plain']:.3f} | x{r['block'] / r['torch']:.3f} | "
+            f"{r['block_exit'] / 1e6:.1f} vs {r['torch_stop'] / 1e6:.1f} ms (x{r['block_exit'] / r['torch_stop']:.2f}) | "
+            f"{r['block_read'] / 1e6:.1f} vs {r['torch_read'] / 1e6:.1f} ms (x{r['block_read'] / r['torch_read']:.2f}) | "
+            f"{bool(r['flops_equal'])} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -174,11 +274,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20, help="timed calls per variant and round (their median)")
     parser.add_argument("--warm", type=int, default=3, help="untimed calls first, per variant and round")
-    parser.add_argument("--train", action="store_true", help="each call a training step: forward, loss, backward")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--train", action="store_true", help="each call a training step: forward, loss, backward")
+    mode.add_argument("--block", action="store_true",
+                      help="a compiled training loop with AdamW in a layerscope.Profiler block, against plain and torch.profiler")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} thread(s), {args.rounds} rounds "
-          f"of {args.warm} warm + {args.calls} timed {'training steps' if args.train else 'calls'}")
+          f"of {args.warm} warm + {args.calls} timed {'training steps' if args.train or args.block else 'calls'}")
+    if args.block:
+        _block_report(args)
+        return
     print("| model | kernel calls (shared) | plain | under torch.profiler | layerscope root | x plain | x torch.profiler | FLOPs = eager |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
