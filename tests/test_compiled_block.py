@@ -4,7 +4,9 @@ parts by hand (pure), and real training and inference loops of the zoo's MLP and
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +17,14 @@ import layerscope
 from layerscope import block, zoo
 from layerscope.attribute.compiled import BLOCK_RULE, StepFold, step_sites
 from layerscope.base.errors import ModelError, ProfilerStateError
+from layerscope.base.kineto_json import open_trace
+from layerscope.convert.compiled import FORWARD_RANGE, STEP_RANGE, compiled_passes
+from layerscope.convert.ranges import KernelSpan, Range
 from layerscope.model.check import check_tree
 from layerscope.model.compile_info import StepCompile
 from layerscope.model.documents import profile_from_dict
 from layerscope.model.raw import CompiledGraph, CompiledPass, GraphCall, GraphNode, KernelRange, StepRange
+from layerscope.traces.ranges import read_ranges
 
 # -- the split of a step, by hand --------------------------------------------------------
 
@@ -50,8 +56,8 @@ def _step(step_ns: int, *, compile_ns: int = 0) -> CompiledPass:
 
 
 def test_a_step_is_split_into_its_parts_and_every_ns_is_in_one() -> None:
-    times, in_kernels, compiling = step_sites({"f": _FORWARD, "b": _BACKWARD}, _step(600), {"", "fc"}, {})
-    assert in_kernels == 50 and compiling == 0
+    times, device, in_kernels, compiling = step_sites({"f": _FORWARD, "b": _BACKWARD}, _step(600), {"", "fc"})
+    assert in_kernels == 50 and compiling == 0 and device is None  # no device work recorded
     assert times == {
         ("fc", "forward"): 30, ("", "forward"): 200 - 30,  # the call, less fc's kernel
         ("fc", "backward"): 20, ("", "backward"): 110 - 20,  # the engine's nodes, less fc's kernel
@@ -64,8 +70,8 @@ def test_a_step_is_split_into_its_parts_and_every_ns_is_in_one() -> None:
 
 def test_time_compiling_is_in_no_part() -> None:
     graphs = {"f": _FORWARD, "b": _BACKWARD}
-    plain, _, _ = step_sites(graphs, _step(600), {"", "fc"}, {})
-    times, _, compiling = step_sites(graphs, _step(600, compile_ns=10_000), {"", "fc"}, {})
+    plain, *_ = step_sites(graphs, _step(600), {"", "fc"})
+    times, _, _, compiling = step_sites(graphs, _step(600, compile_ns=10_000), {"", "fc"})
     assert compiling == 10_000
     # The compile inside the call is taken out of it: every part is as without it.
     assert times == plain
@@ -308,3 +314,163 @@ def test_steps_read_in_windows_are_all_kept_and_on_ready_gets_the_profile(monkey
     profile = check_tree(received[0])
     assert profile.figures.step_numbers == [0, 1, 2, 3, 4] and len(profile.figures.step_times_ns) == 5
     assert profile.compiled.kernels and all(k.time_ns > 0 for k in profile.compiled.kernels)
+
+
+# -- device time: each kernel call's device work, and every ns of a step's in one place ----
+
+
+def _window() -> tuple[list[Range], list[KernelSpan]]:
+    """A training step on a device, by hand (ns): zero_grad launches nothing; the call
+    [100, 300) runs graph f (an addmm launching two kernels, correlation 11); the loss
+    launches a kernel (20) at 320; the engine's nodes run graph b (an mm, 31, one kernel)
+    and accumulate a gradient (40, one kernel); AdamW's step launches two (51, 52)."""
+    def r(name: str, start: int, end: int, corr: int = 0, *children: Range) -> Range:
+        return Range(name, start, end, 1, corr, list(children))
+
+    step = r(STEP_RANGE, 0, 600, 1,
+        r("Optimizer.zero_grad#AdamW.zero_grad", 0, 5, 2),
+        r(FORWARD_RANGE, 100, 300, 3, r("## Call CompiledFxGraph f ##", 150, 250, 10, r("aten::addmm", 160, 190, 11))),
+        r("aten::mean", 320, 330, 20),
+        r("autograd::engine::evaluate_function: CompiledFunctionBackward", 360, 460, 30,
+          r("## Call CompiledFxGraph b ##", 370, 450, 32, r("aten::mm", 380, 400, 31))),
+        r("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 460, 470, 40),
+        r("Optimizer.step#AdamW.step", 500, 560, 50, r("aten::_foreach_add_", 510, 520, 51), r("aten::sqrt", 530, 540, 52)),
+    )
+    kernels = [
+        KernelSpan(11, 1000, 1400), KernelSpan(11, 1400, 1500),  # the addmm's two: 500
+        KernelSpan(20, 1600, 1610),  # the loss's: 10
+        KernelSpan(31, 1700, 1900),  # the mm's: 200
+        KernelSpan(40, 1900, 1930),  # gradient accumulation: 30
+        KernelSpan(51, 2000, 2040), KernelSpan(52, 2040, 2045),  # AdamW's: 45
+    ]
+    return [step], kernels
+
+
+def test_each_kernel_call_has_the_device_time_it_launched() -> None:
+    roots, kernels = _window()
+    (one,) = compiled_passes(roots, kernels, has_device=True)
+    assert [(g.graph, [(k.name, k.duration_ns, k.device_ns) for k in g.kernels]) for g in one.graph_calls] == [
+        ("f", [("aten::addmm", 30, 500)]), ("b", [("aten::mm", 20, 200)]),
+    ]
+    device = {(r.kind, r.name): r.device_ns for r in one.ranges}
+    assert device == {
+        ("zero_grad", "zero_grad"): 0, ("forward", ""): 500, ("backward", "CompiledFunctionBackward"): 200,
+        ("backward", "torch::autograd::AccumulateGrad"): 30, ("optimizer", "AdamW"): 45,
+    }
+    assert one.loose_device == [(320, 10)]  # the loss's kernel, launched outside every part
+    # Without device work recorded, nothing says 0: every device figure is unknown.
+    (host,) = compiled_passes(roots, kernels, has_device=False)
+    assert host.graph_calls[0].kernels[0].device_ns is None and host.ranges[1].device_ns is None
+    assert not host.loose_device and not host.has_device
+
+
+def test_a_steps_device_time_is_split_like_its_host_time_and_every_ns_is_in_one_place() -> None:
+    roots, kernels = _window()
+    (one,) = compiled_passes(roots, kernels, has_device=True)
+    graphs = {"f": _FORWARD, "b": _BACKWARD}
+    _, device, _, _ = step_sites(graphs, one, {"", "fc"})
+    assert device == {
+        ("fc", "forward"): 500, ("fc", "backward"): 200,
+        ("", "backward"): 30,  # gradient accumulation: the engine's, in no kernel call
+        ("<loss>", "forward"): 10, ("<optimizer:AdamW>", "forward"): 45,
+    }
+    assert sum(device.values()) == sum(k.end_ns - k.start_ns for k in kernels)
+
+
+def test_the_shared_h100_compiled_step_puts_every_device_ns_in_one_place(shared_traces: Path) -> None:
+    """A real torch.profiler trace of one compiled AdamW step of GPT-2 on an H100 (no
+    layerscope range in it: one pass), read by the trace reader and converted by the
+    same code as a live window: each kernel call's device time is that of the kernels
+    the trace links to its range, and every kernel is in one place."""
+    path = shared_traces / "h100_compiled_gpt2_train.json.gz"
+    with open_trace(path) as trace:
+        ranges = read_ranges(trace.events())
+    roots = [root for thread in ranges.roots.values() for root in thread]
+    (one,) = compiled_passes(roots, ranges.kernels, has_device=True)
+    # The same figures straight from the file: each kernel's duration by the External id
+    # of the cpu_op that launched it.
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    device_by_op: dict[int, float] = {}
+    for event in events:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            op = event["args"]["External id"]
+            device_by_op[op] = device_by_op.get(op, 0.0) + event["dur"]
+    launched = {e["args"]["External id"]: e["name"] for e in events if e.get("cat") == "cpu_op"}
+    calls = [kernel for call in one.graph_calls for kernel in call.kernels]
+    assert len(one.graph_calls) == 4 and len(calls) == 88
+    by_name: dict[str, float] = {}
+    for op, us in device_by_op.items():
+        by_name[launched.get(op, "?")] = by_name.get(launched.get(op, "?"), 0.0) + us
+    triton = [k for k in calls if k.name.startswith("triton_")]
+    assert triton and all(k.device_ns and k.device_ns > 0 for k in triton)
+    # Each Triton kernel name is launched once per step here: its range's device time is its kernels'.
+    for kernel in triton:
+        if sum(1 for k in calls if k.name == kernel.name) == 1:
+            assert kernel.device_ns == pytest.approx(by_name[kernel.name] * 1000, abs=2)
+    # Every ns: the parts' ranges (the engine's nodes hold the backward graphs), the
+    # forward graphs' calls, and what was launched outside all of them.
+    in_parts = sum(r.device_ns or 0 for r in one.ranges)
+    part_spans = [(r.start_ns, r.end_ns) for r in one.ranges]
+    forward_calls = sum(
+        k.device_ns or 0 for call, rng in zip(one.graph_calls, _graph_ranges(roots), strict=True)
+        if not any(s <= rng[0] - _origin(roots) and rng[1] - _origin(roots) <= e for s, e in part_spans)
+        for k in call.kernels
+    )
+    total = sum(k.end_ns - k.start_ns for k in ranges.kernels)
+    assert in_parts + forward_calls + sum(ns for _, ns in one.loose_device) == total
+    assert total == pytest.approx(sum(device_by_op.values()) * 1000, abs=len(device_by_op))
+
+
+def _origin(roots: list[Range]) -> int:
+    return min(r.start_time_ns for r in roots)
+
+
+def _graph_ranges(roots: list[Range]) -> list[tuple[int, int]]:
+    """The graph calls' spans, in start order."""
+    found = []
+    stack = list(roots)
+    while stack:
+        rng = stack.pop()
+        if rng.name.startswith("## Call CompiledFxGraph"):
+            found.append((rng.start_time_ns, rng.end_time_ns))
+        stack.extend(rng.children)
+    return sorted(found)
+
+
+def test_a_profile_built_from_device_steps_holds_device_time_per_module_and_part() -> None:
+    """The hand-made device step above, built into a profile with the eager count of a
+    real model whose one module is ``fc``: each node's device time is its share."""
+    from layerscope.attribute.compiled import build_compiled_steps
+    from layerscope.attribute.profile import op_walk
+    from layerscope.capture.counting import count_capture
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    raw = count_capture(Net(), torch.randn(2, 4), None, False, True, None, False)
+    ops = op_walk(raw)
+    assert ops is not None
+    roots, kernels = _window()
+    graphs = {"f": _FORWARD, "b": _BACKWARD}
+    fold = StepFold({"", "fc"})
+    for number in range(3):
+        (one,) = compiled_passes(roots, kernels, has_device=True)
+        fold.add(number, one, graphs)
+    profile = check_tree(build_compiled_steps(raw, ops, fold, graphs, graph_breaks=[], step_compiles=[]))
+    fc = profile.node("fc")
+    assert (fc.forward.self_device_time_ns, fc.backward.self_device_time_ns) == (500, 200)
+    assert profile.root.backward.self_device_time_ns == 30
+    parts = {part.path: part.forward.self_device_time_ns for part in profile.parts}
+    assert parts["<loss>"] == 10 and parts["<optimizer:AdamW>"] == 45
+    by_call = {k.call: k.device_ns for k in profile.compiled.kernels}
+    assert by_call == {"extern_kernels.addmm:1": 500, "extern_kernels.mm:2": 200}
+    table = profile.render("kernels")
+    assert "Device time" in table and "500ns" in table
+    loaded = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert [k.device_ns for k in loaded.compiled.kernels] == [500, 200]

@@ -290,7 +290,36 @@ def test_compiled_model_on_cuda_matches_triton_kernels_to_modules() -> None:
     assert any(k.call.startswith("triton") for k in kernels), [k.call for k in kernels]
     matched = [k for k in kernels if k.modules]
     assert len(matched) == len(kernels)
-    assert prof.root.forward.device_time_ns is None or prof.root.forward.device_time_ns >= 0
+    # Each kernel call's device time is the kernels it launched, and each Linear's is its kernels'.
+    assert all(k.device_ns is not None and k.device_ns > 0 for k in kernels), [(k.call, k.device_ns) for k in kernels]
+    for node in prof.modules():
+        if node.type == "Linear":
+            assert node.forward.self_device_time_ns > 0, node.path
+
+
+def test_compiled_training_loop_in_a_block_on_cuda_has_device_time_per_module_and_part() -> None:
+    pytest.importorskip("triton")
+    entry = zoo.get("mlp")
+    model = entry.build().cuda()
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters())
+    x = entry.example_inputs(8).cuda()
+    with layerscope.Profiler(compiled) as prof:
+        for _ in range(4):
+            opt.zero_grad()
+            compiled(x).pow(2).mean().backward()
+            opt.step()
+            prof.step()
+    profile = layerscope.check_tree(prof.profile)
+    info = profile.compiled
+    assert info is not None and {k.phase for k in info.kernels} == {"forward", "backward"}
+    assert all(k.device_ns is not None and k.device_ns > 0 for k in info.kernels), [(k.call, k.device_ns) for k in info.kernels]
+    for node in profile.modules():
+        if node.type == "Linear":
+            assert node.forward.self_device_time_ns > 0 and node.backward.self_device_time_ns > 0, node.path
+    parts = {part.path: part for part in profile.parts}
+    assert parts["<optimizer:AdamW>"].forward.self_device_time_ns > 0  # AdamW's kernels
+    assert "Device time" in profile.render("kernels")
 
 
 def test_ddp_over_nccl_on_one_gpu_counts_collective_bytes(tmp_path: Path) -> None:

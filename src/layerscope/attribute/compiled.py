@@ -167,6 +167,10 @@ class CompiledTimes:
     #: The median time in kernel calls (the rest of the step is wrapper, guards, eager).
     kernel_ns: int = 0
     backward_self_ns: dict[str, int] = field(default_factory=dict)
+    #: The same split of the device time launched in each part (None: no device work
+    #: was recorded): a kernel call's device time goes where its host time goes.
+    device_self_ns: dict[str, int] | None = None
+    backward_device_self_ns: dict[str, int] | None = None
 
 
 def _modules_of(graph: CompiledGraph, call: str, known: set[str]) -> dict[str, float]:
@@ -185,10 +189,27 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
     step (a pass with a loss range) the forward is the pass up to the loss, the
     backward the pass after it, and the loss is ``<loss>``'s."""
     per_pass: list[dict[tuple[str, str], float]] = []
+    per_pass_device: list[dict[tuple[str, str], float]] = []
     kernel_totals: list[int] = []
-    kernel_samples: dict[tuple[str, str], list[int]] = {}
+    samples = _Samples()
     for one in passes:
-        times, in_kernels = _kernel_sites(graphs, one, known, kernel_samples)
+        times, device, in_kernels = _kernel_sites(graphs, one, known, samples)
+        loss_site = (LOSS if LOSS in known else "", "forward")
+        if one.has_device:
+            # The autograd engine's nodes: what the backward graphs' kernel calls leave is the root's.
+            _add(device, ("", "backward"), _device_of(one.ranges, "backward") - _phase_total(device, "backward"))
+            spans = [(r.start_ns, r.end_ns, r.path) for r in one.eager]
+            for at, ns in one.loose_device:  # device work launched outside the kernel calls and the engine
+                inner = [span for span in spans if span[0] <= at < span[1]]
+                if inner:  # a module run eagerly: the innermost one's
+                    path = min(inner, key=lambda span: span[1] - span[0])[2]
+                    site = (path if path in known else "", "forward")
+                elif one.loss is None or at < one.loss.start_ns:
+                    site = ("", "forward")
+                else:
+                    site = loss_site if at < one.loss.end_ns else ("", "backward")
+                _add(device, site, ns)
+            per_pass_device.append(device)
         for path, ns in eager_self(one.eager, one.regions).items():
             site = (path if path in known else "", "forward")
             times[site] = times.get(site, 0.0) + ns
@@ -198,61 +219,105 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
             times[("", "forward")] = times.get(("", "forward"), 0.0) + max(one.step_ns - forward - backward, 0)
         else:
             loss_ns = one.loss.end_ns - one.loss.start_ns
-            loss_site = (LOSS if LOSS in known else "", "forward")
             times[loss_site] = times.get(loss_site, 0.0) + loss_ns
             times[("", "forward")] = times.get(("", "forward"), 0.0) + max(one.loss.start_ns - forward, 0)
             times[("", "backward")] = times.get(("", "backward"), 0.0) + max(one.step_ns - one.loss.end_ns - backward, 0)
         per_pass.append(times)
         kernel_totals.append(in_kernels)
-    return _medians(graphs, per_pass, kernel_totals, kernel_samples, known)
+    return _medians(graphs, per_pass, kernel_totals, samples, known, per_pass_device or None)
+
+
+@dataclass
+class _Samples:
+    """Each kernel call's host times, and device times where recorded, over the passes."""
+
+    host: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    device: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
 
 def _kernel_sites(
-    graphs: Mapping[str, CompiledGraph], one: CompiledPass, known: set[str],
-    kernel_samples: dict[tuple[str, str], list[int]],
-) -> tuple[dict[tuple[str, str], float], int]:
-    """One pass's kernel time per (module, phase) by :func:`shares`, and its time in
-    kernel calls; each kernel call's time is added to ``kernel_samples``."""
+    graphs: Mapping[str, CompiledGraph], one: CompiledPass, known: set[str], samples: _Samples,
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float], int]:
+    """One pass's kernel time per (module, phase) by :func:`shares`, host and device
+    (empty without device work), and its host time in kernel calls; each kernel call's
+    times are added to ``samples``."""
     times: dict[tuple[str, str], float] = {}
+    device: dict[tuple[str, str], float] = {}
     in_kernels = 0
     for graph_call in one.graph_calls:
         key = graph_call.graph
         graph = graphs.get(key)
         if graph is None:
             continue
-        for call, ns in match_calls(graph.calls, graph_call.kernels):
-            if call is None:
+        ranges = graph_call.kernels
+        for call, at in match_calls(graph.calls, [(k.name, n) for n, k in enumerate(ranges)]):
+            kernel = ranges[at]
+            if call is None:  # a range of no kernel call: its device work is the root's, as its host time is
+                if kernel.device_ns:
+                    _add(device, ("", graph.phase), kernel.device_ns)
                 continue
+            ns, device_ns = kernel.duration_ns, kernel.device_ns
             in_kernels += ns
-            kernel_samples.setdefault((key, call), []).append(ns)
+            samples.host.setdefault((key, call), []).append(ns)
+            if device_ns is not None:
+                samples.device.setdefault((key, call), []).append(device_ns)
             for path, share in _modules_of(graph, call, known).items():
                 site = (path, graph.phase)
                 times[site] = times.get(site, 0.0) + ns * share
-    return times, in_kernels
+                if device_ns is not None:
+                    device[site] = device.get(site, 0.0) + device_ns * share
+    return times, device, in_kernels
+
+
+def _split(per_pass: Sequence[dict[tuple[str, str], float]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each site's median over the passes (a site a pass lacks counts 0 in it), forward
+    and backward apart."""
+    sites = {site for times in per_pass for site in times}
+    medians = {site: round(median(times.get(site, 0.0) for times in per_pass)) for site in sorted(sites)}
+    return (
+        {path: ns for (path, phase), ns in medians.items() if phase == "forward"},
+        {path: ns for (path, phase), ns in medians.items() if phase == "backward"},
+    )
 
 
 def _medians(
     graphs: Mapping[str, CompiledGraph], per_pass: Sequence[dict[tuple[str, str], float]], kernel_totals: list[int],
-    kernel_samples: dict[tuple[str, str], list[int]], known: set[str],
+    samples: _Samples, known: set[str], per_pass_device: Sequence[dict[tuple[str, str], float]] | None = None,
 ) -> CompiledTimes:
-    """Each site's median over the passes (a site a pass lacks counts 0 in it), the step
-    (their sum), and each kernel call's median time with its shares."""
-    sites = {site for times in per_pass for site in times}
-    medians = {site: round(median(times.get(site, 0.0) for times in per_pass)) for site in sorted(sites)}
-    self_ns = {path: ns for (path, phase), ns in medians.items() if phase == "forward"}
-    backward_self_ns = {path: ns for (path, phase), ns in medians.items() if phase == "backward"}
-    step_ns = sum(medians.values())
+    """Each site's median over the passes, host and device, the step (the host medians'
+    sum), and each kernel call's median times with its shares."""
+    self_ns, backward_self_ns = _split(per_pass)
+    step_ns = sum(self_ns.values()) + sum(backward_self_ns.values())
     kernels = []
     for key, graph in graphs.items():
         for call in graph.calls:
-            samples = kernel_samples.get((key, call))
-            if samples:
+            host = samples.host.get((key, call))
+            if host:
                 # Shares as saved (6 places): a loaded profile's kernels equal these.
                 shares_saved = {path: round(share, 6) for path, share in _modules_of(graph, call, known).items()}
-                kernels.append(KernelTime(key, call, median_floor(samples), shares_saved, graph.phase))
+                device = samples.device.get((key, call))
+                kernels.append(KernelTime(
+                    key, call, median_floor(host), shares_saved, graph.phase, median_floor(device) if device else None,
+                ))
+    device_self, backward_device_self = _split(per_pass_device) if per_pass_device else (None, None)
     return CompiledTimes(
         self_ns, step_ns, kernels, median_floor(kernel_totals) if kernel_totals else 0, backward_self_ns,
+        device_self, backward_device_self,
     )
+
+
+def _add(sites: dict[tuple[str, str], float], site: tuple[str, str], ns: float) -> None:
+    if ns > 0:
+        sites[site] = sites.get(site, 0.0) + ns
+
+
+def _phase_total(sites: dict[tuple[str, str], float], phase: str) -> float:
+    return sum(ns for (_, at), ns in sites.items() if at == phase)
+
+
+def _device_of(ranges: Sequence[StepRange], kind: str) -> int:
+    """The device time launched in ``kind``'s ranges."""
+    return sum(r.device_ns or 0 for r in ranges if r.kind == kind)
 
 
 def _length(ranges: Sequence[StepRange], kind: str) -> int:
@@ -268,47 +333,47 @@ def _overlap(ranges: Sequence[StepRange], kinds: Sequence[str], within: Sequence
 
 
 def step_sites(
-    graphs: Mapping[str, CompiledGraph], one: CompiledPass, known: set[str],
-    kernel_samples: dict[tuple[str, str], list[int]],
-) -> tuple[dict[tuple[str, str], float], int, int]:
+    graphs: Mapping[str, CompiledGraph], one: CompiledPass, known: set[str], samples: _Samples | None = None,
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float] | None, int, int]:
     """A block's step around a compiled model, split into sites (``(path, phase)``):
-    the :data:`BLOCK_RULE`. Returns the sites, the time in kernel calls and the time
-    compiling (in no site)."""
-    times, in_kernels = _kernel_sites(graphs, one, known, kernel_samples)
+    the :data:`BLOCK_RULE`. Returns the host sites, the device sites (None without
+    device work), the host time in kernel calls and the time compiling (in no site);
+    each kernel call's times are added to ``samples``."""
+    times, device, in_kernels = _kernel_sites(graphs, one, known, samples or _Samples())
     ranges = one.ranges
     forward_ranges = [r for r in ranges if r.kind == "forward"]
     backward_ranges = [r for r in ranges if r.kind == "backward"]
     compiling = _length(ranges, "compile")
     forward = _length(ranges, "forward") - _overlap(ranges, ("compile",), forward_ranges)
     backward = _length(ranges, "backward")
-
-    def add(site: tuple[str, str], ns: float) -> None:
-        if ns > 0:
-            times[site] = times.get(site, 0.0) + ns
-
-    in_forward = sum(ns for (_, phase), ns in times.items() if phase == "forward")
-    in_backward = sum(ns for (_, phase), ns in times.items() if phase == "backward")
     if forward_ranges:
-        add(("", "forward"), max(forward - in_forward, 0))
+        _add(times, ("", "forward"), forward - _phase_total(times, "forward"))
+        _add(device, ("", "forward"), _device_of(ranges, "forward") - _phase_total(device, "forward"))
     if backward_ranges:
-        add(("", "backward"), max(backward - in_backward, 0))
+        _add(times, ("", "backward"), backward - _phase_total(times, "backward"))
+        _add(device, ("", "backward"), _device_of(ranges, "backward") - _phase_total(device, "backward"))
     parts = 0
     for r in ranges:
         if r.kind in ("optimizer", "zero_grad"):
             path = f"<optimizer:{r.name}>" if r.kind == "optimizer" else "<zero_grad>"
-            add((path, "forward"), r.end_ns - r.start_ns)
+            _add(times, (path, "forward"), r.end_ns - r.start_ns)
+            _add(device, (path, "forward"), r.device_ns or 0)
             parts += r.end_ns - r.start_ns
+    gap: tuple[int, int] | None = None
     if forward_ranges and backward_ranges:
         # The loss: from the end of the last call before the backward to the backward's start.
         first_backward = min(r.start_ns for r in backward_ranges)
         ends = [r.end_ns for r in forward_ranges if r.end_ns <= first_backward]
         if ends:
-            gap = StepRange("loss", "", max(ends), first_backward)
-            loss = gap.end_ns - gap.start_ns - _overlap(ranges, ("optimizer", "zero_grad", "compile"), [gap])
-            add((LOSS, "forward"), loss)
+            gap = (max(ends), first_backward)
+            within = StepRange("loss", "", *gap)
+            loss = gap[1] - gap[0] - _overlap(ranges, ("optimizer", "zero_grad", "compile"), [within])
+            _add(times, (LOSS, "forward"), loss)
             parts += max(loss, 0)
-    add((OTHER, "forward"), one.step_ns - forward - backward - parts - compiling)
-    return times, in_kernels, compiling
+    _add(times, (OTHER, "forward"), one.step_ns - forward - backward - parts - compiling)
+    for at, ns in one.loose_device:  # launched outside every part and kernel call
+        _add(device, (LOSS if gap is not None and gap[0] <= at < gap[1] else OTHER, "forward"), ns)
+    return times, device if one.has_device else None, in_kernels, compiling
 
 
 #: How a block's step around a compiled model is split, as profiles state it.
@@ -321,42 +386,64 @@ BLOCK_RULE = (
 )
 
 
+class _Columns:
+    """A figure per site per step, in compact arrays (a site a step lacks is 0 in it)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[tuple[str, str], array[float]] = {}
+
+    def add(self, at: int, sites: dict[tuple[str, str], float]) -> None:
+        """Step ``at``'s figures (the steps before it are in)."""
+        for site, ns in sites.items():
+            column = self.columns.get(site)
+            if column is None:
+                column = self.columns[site] = array("d", bytes(8 * at))
+            column.append(ns)
+        for column in self.columns.values():
+            if len(column) == at:
+                column.append(0.0)
+
+    def steps(self, keep: Sequence[int]) -> list[dict[tuple[str, str], float]]:
+        return [{site: column[at] for site, column in self.columns.items()} for at in keep]
+
+
 @dataclass
 class StepFold:
     """A block's steps around a compiled model, folded as they are read: each step's
-    wall time and sites (:func:`step_sites`), kept per step in compact arrays (medians
-    need every step's figure), and each kernel call's times."""
+    wall time and sites (:func:`step_sites`), host and device, kept per step in compact
+    arrays (medians need every step's figure), and each kernel call's times."""
 
     known: set[str]
     step_numbers: list[int] = field(default_factory=list)
     step_ns: list[int] = field(default_factory=list)
     compile_ns: list[int] = field(default_factory=list)
-    _sites: dict[tuple[str, str], array[float]] = field(default_factory=dict)
     #: Whether a step ran a backward (the autograd engine's nodes).
     backward: bool = False
+    #: Whether device work was recorded.
+    has_device: bool = False
+    _host: _Columns = field(default_factory=_Columns)
+    _device: _Columns = field(default_factory=_Columns)
     _kernel_totals: list[int] = field(default_factory=list)
-    _kernel_samples: dict[tuple[str, str], array[int]] = field(default_factory=dict)
-    _kernel_steps: dict[tuple[str, str], array[int]] = field(default_factory=dict)
+    #: Per kernel call: (step index, host ns, device ns or -1) of each call, flat.
+    _kernels: dict[tuple[str, str], array[int]] = field(default_factory=dict)
 
     def add(self, number: int, one: CompiledPass, graphs: Mapping[str, CompiledGraph]) -> None:
         """Fold step ``number``; a step in which nothing ran (no call, no part: the one
         a block's end cuts short after its last ``step()``) is not one."""
         if not one.graph_calls and not one.ranges:
             return
-        samples: dict[tuple[str, str], list[int]] = {}
-        times, in_kernels, compiling = step_sites(graphs, one, self.known, samples)
+        samples = _Samples()
+        times, device, in_kernels, compiling = step_sites(graphs, one, self.known, samples)
         at = len(self.step_numbers)
-        for site, ns in times.items():
-            column = self._sites.get(site)
-            if column is None:
-                column = self._sites[site] = array("d", bytes(8 * at))
-            column.append(ns)
-        for column in self._sites.values():
-            if len(column) == at:
-                column.append(0.0)
-        for key, values in samples.items():
-            self._kernel_samples.setdefault(key, array("q")).extend(values)
-            self._kernel_steps.setdefault(key, array("q")).extend([at] * len(values))
+        self._host.add(at, times)
+        if device is not None:
+            self.has_device = True
+            self._device.add(at, device)
+        for key, values in samples.host.items():
+            devices = samples.device.get(key, [])
+            flat = self._kernels.setdefault(key, array("q"))
+            for n, ns in enumerate(values):
+                flat.extend((at, ns, devices[n] if n < len(devices) else -1))
         self.backward = self.backward or any(r.kind == "backward" for r in one.ranges)
         self.step_numbers.append(number)
         self.step_ns.append(one.step_ns)
@@ -370,15 +457,32 @@ class StepFold:
         if not keep:
             keep = list(range(len(self.step_numbers)))
         kept = set(keep)
-        per_step = [{site: column[at] for site, column in self._sites.items()} for at in keep]
-        samples = {
-            key: [ns for ns, at in zip(values, self._kernel_steps[key], strict=True) if at in kept]
-            for key, values in self._kernel_samples.items()
-        }
+        samples = _Samples()
+        for key, flat in self._kernels.items():
+            for n in range(0, len(flat), 3):
+                if flat[n] in kept:
+                    samples.host.setdefault(key, []).append(flat[n + 1])
+                    if flat[n + 2] >= 0:
+                        samples.device.setdefault(key, []).append(flat[n + 2])
         return _medians(
-            graphs, per_step, [self._kernel_totals[at] for at in keep], {k: v for k, v in samples.items() if v},
-            self.known,
+            graphs, self._host.steps(keep), [self._kernel_totals[at] for at in keep], samples, self.known,
+            self._device.steps(keep) if self.has_device else None,
         )
+
+
+def _sites_of(times: CompiledTimes, index: dict[str, int]) -> tuple[dict[Site, int], dict[Site, int] | None]:
+    """The times' medians as a walk's self figures, host and device (None: none recorded),
+    a module by its table index, a part by its path."""
+
+    def sites(forward: dict[str, int], backward: dict[str, int]) -> dict[Site, int]:
+        found: dict[Site, int] = {(index.get(path, path), "forward"): ns for path, ns in forward.items()}
+        found.update({(index.get(path, path), "backward"): ns for path, ns in backward.items()})
+        return found
+
+    host = sites(times.self_ns, times.backward_self_ns)
+    if times.device_self_ns is None:
+        return host, None
+    return host, sites(times.device_self_ns, times.backward_device_self_ns or {})
 
 
 def with_ops(raw: RawCapture, ops: PassResult) -> set[str]:
@@ -397,10 +501,11 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
     paths = [info.path for info in raw.modules]
     index = {path: n for n, path in enumerate(paths)}
     times = attribute(run.graphs, run.passes, set(paths) | set(ops.dynamic))
-    self_cpu = {(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()}
-    self_cpu.update({(index.get(path, path), "backward"): ns for path, ns in times.backward_self_ns.items()})
+    self_cpu, self_dev = _sites_of(times, index)
+    if self_dev is not None:
+        raw = dataclasses.replace(raw, has_device_time=True)
     result = PassResult(
-        self_cpu=self_cpu,
+        self_cpu=self_cpu, self_dev=self_dev or {},
         calls=dict(ops.calls), dynamic=dict(ops.dynamic), phases=set(ops.phases),
         enclosing=dict(ops.enclosing),
     )
@@ -438,13 +543,14 @@ def build_compiled_steps(
     paths = [info.path for info in raw.modules]
     index = {path: n for n, path in enumerate(paths)}
     times = fold.times(graphs, {c.step for c in step_compiles})
-    self_cpu: dict[Site, int] = {(index.get(path, path), "forward"): ns for path, ns in times.self_ns.items()}
-    self_cpu.update({(index.get(path, path), "backward"): ns for path, ns in times.backward_self_ns.items()})
+    self_cpu, self_dev = _sites_of(times, index)
+    if self_dev is not None:
+        raw = dataclasses.replace(raw, has_device_time=True)
     dynamic = {path: dyn for path, dyn in ops.dynamic.items() if not path.startswith("<")}
     for path in {path for path in (*times.self_ns, *times.backward_self_ns) if path.startswith("<")}:
         dynamic[path] = _part(path)
     result = PassResult(
-        self_cpu=self_cpu, calls=dict(ops.calls), dynamic=dynamic, phases=set(ops.phases),
+        self_cpu=self_cpu, self_dev=self_dev or {}, calls=dict(ops.calls), dynamic=dynamic, phases=set(ops.phases),
         enclosing=dict(ops.enclosing),
     )
     untimed = dataclasses.replace(

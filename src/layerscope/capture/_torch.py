@@ -492,6 +492,16 @@ _declare(
     "not established", "compile time cannot be read", lazy=True,
 )
 _declare(
+    "torch.autograd.profiler._run_on_profiler_start",
+    _COMPILED + ": Python's flag that torch's profiler runs, which Inductor reads before recording its graph "
+    "and kernel ranges (set as torch.profiler sets it)", None, "not established",
+    "a compiled model's graph calls cannot be seen", lazy=True,
+)
+_declare(
+    "torch.autograd.profiler._run_on_profiler_stop", _COMPILED + ": the same flag cleared", None, "not established",
+    "a compiled model's graph calls cannot be seen", lazy=True,
+)
+_declare(
     "torch._dynamo.eval_frame.innermost_backend",
     _COMPILED + " in a Profiler block: the backend and Inductor settings (mode, options) the user compiled with",
     None, "not established", "a compiled model cannot be profiled in a block", lazy=True,
@@ -865,6 +875,13 @@ def compile_with_provenance(
     patches = {**(settings or {}), "trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}
     with functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+def python_profiler_flag(running: bool) -> None:
+    """Set Python's flag that torch's profiler runs (``_is_profiler_enabled``), as
+    torch.profiler does around its session: Inductor records its graph calls' and
+    Triton kernels' ranges only while it is set."""
+    require(f"torch.autograd.profiler._run_on_profiler_{'start' if running else 'stop'}")()
 
 
 def compile_request(model: Any) -> tuple[str, dict[str, Any], bool]:

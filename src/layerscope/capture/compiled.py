@@ -35,7 +35,6 @@ import logging
 import re
 import time
 import weakref
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,49 +51,18 @@ from layerscope.capture.kineto import (
     quiet_profiler,
     read_before_next_session,
 )
-from layerscope.convert.ranges import EVALUATE, label_kind
+from layerscope.capture.modules import model_device
+from layerscope.capture.torch_events import read_window
+from layerscope.convert.compiled import FORWARD_RANGE, LOSS_RANGE, MODULE_RANGE, STEP_RANGE, compiled_passes
 from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
     CompiledPass,
-    CompiledRegion,
-    EagerRange,
     GraphBreak,
-    GraphCall,
     GraphNode,
-    KernelRange,
-    LossRange,
-    StepRange,
 )
 
-#: The range layerscope wraps each timed call in.
-STEP_RANGE = "layerscope#compiled_step"
-_CALL = re.compile(r"## Call CompiledFxGraph (\S+) ##")
-#: The range around a module that ran eagerly (its path follows).
-MODULE_RANGE = "layerscope#eager:"
-#: The range around a training step's loss, between the forward and the backward.
-LOSS_RANGE = "layerscope#loss"
-_REGION = "Torch-Compiled Region"
 _HANDLE = re.compile(r"# \[Provenance debug handles\] (\S+):(\d+)")
-#: The range around each call of a compiled model in a ``Profiler`` block.
-FORWARD_RANGE = "layerscope#compiled_forward"
-#: How Dynamo's compile-time ranges end (``_compile.compile_inner (dynamo_timed)``).
-_COMPILING = " (dynamo_timed)"
-
-
-def _step_range(name: str) -> tuple[str, str] | None:
-    """The kind and name of a block step's part a profiler range is, or None: a call of
-    the compiled model, the autograd engine running a node (the model's backward graphs,
-    the loss's gradient, gradient accumulation), an optimizer's ``step`` or
-    ``zero_grad``, Dynamo compiling."""
-    if name == FORWARD_RANGE:
-        return "forward", ""
-    if name.startswith(EVALUATE):
-        return "backward", name[len(EVALUATE) :]
-    if name.endswith(_COMPILING):
-        return "compile", name
-    kind, label = label_kind(name)
-    return (kind, label) if kind != "label" else None
 
 
 def module_path(stack_key: str) -> str:
@@ -317,74 +285,6 @@ def _graph_breaks(records: list[tuple[dict[str, Any], Any]]) -> list[GraphBreak]
     return breaks
 
 
-def _ns(us: float) -> int:
-    return round(us * 1000)
-
-
-def _passes(events: Any) -> list[CompiledPass]:
-    """The figures of each profiled call (a ``STEP_RANGE`` range each), from torch's
-    events: every event belongs to the call whose range it starts in."""
-    steps = sorted((e for e in events if e.name == STEP_RANGE), key=lambda e: e.time_range.start)
-    starts = [step.time_range.start for step in steps]
-    inside: list[list[Any]] = [[] for _ in steps]
-    for event in events:
-        at = bisect_right(starts, event.time_range.start) - 1
-        if at >= 0 and event.time_range.start <= steps[at].time_range.end:
-            inside[at].append(event)
-    return [_pass(step, mine) for step, mine in zip(steps, inside, strict=True)]
-
-
-def _pass(step: Any, events: list[Any]) -> CompiledPass:
-    """The figures of one profiled call, from its step range and the events in it."""
-    origin = step.time_range.start
-
-    def span(event: Any) -> tuple[int, int]:
-        return _ns(event.time_range.start - origin), _ns(event.time_range.end - origin)
-
-    graph_calls: list[GraphCall] = []
-    eager: list[EagerRange] = []
-    regions: list[CompiledRegion] = []
-    loss: LossRange | None = None
-    ranges = _step_ranges(events, span)
-    compiling = [(r.start_ns, r.end_ns) for r in ranges if r.kind == "compile"]
-    for event in events:
-        if compiling and _within(span(event), compiling):
-            continue  # Dynamo's and Inductor's own work while compiling (tracing, benchmarking)
-        if event.name == LOSS_RANGE:
-            loss = LossRange(*span(event))
-        elif event.name.startswith(MODULE_RANGE):
-            eager.append(EagerRange(event.name[len(MODULE_RANGE) :], *span(event)))
-        elif event.name.startswith(_REGION):
-            regions.append(CompiledRegion(*span(event)))
-        found = _CALL.fullmatch(event.name)
-        if found is None:
-            continue
-        children = sorted(event.cpu_children, key=lambda c: c.time_range.start)
-        kernels = [KernelRange(child.name, _ns(child.time_range.elapsed_us())) for child in children]
-        graph_calls.append(GraphCall(found.group(1), kernels, _ns(event.time_range.elapsed_us())))
-    return CompiledPass(_ns(step.time_range.elapsed_us()), graph_calls, eager, regions, loss, ranges)
-
-
-def _within(span: tuple[int, int], outer: list[tuple[int, int]]) -> bool:
-    return any(start <= span[0] and span[1] <= end for start, end in outer)
-
-
-def _step_ranges(events: list[Any], span: Callable[[Any], tuple[int, int]]) -> list[StepRange]:
-    """A step's parts (:func:`_step_range`), the outermost range of each kind; the
-    engine's and optimizers' ranges inside a compile (tracing the backward) left out."""
-    found: list[StepRange] = []
-    open_until: dict[str, int] = {}
-    for start, end, kind, name in sorted(
-        (*span(event), *known) for event in events if (known := _step_range(event.name)) is not None
-    ):
-        if start < open_until.get(kind, -1):
-            continue  # inside one of its kind (a node's own nested call)
-        open_until[kind] = end
-        found.append(StepRange(kind, name, start, end))
-    compiling = [(r.start_ns, r.end_ns) for r in found if r.kind == "compile"]
-    return [r for r in found if r.kind in ("compile", "forward") or not _within((r.start_ns, r.end_ns), compiling)]
-
-
 @contextlib.contextmanager
 def _eager_ranges(eager: nn.Module, paths: list[str]) -> Iterator[None]:
     """A profiler range around each call of the modules at ``paths`` (ones that ran
@@ -426,20 +326,52 @@ def _keep_graphs(records: list[tuple[dict[str, Any], Any]]) -> None:
         _GRAPHS.popitem(last=False)
 
 
+class _Session:
+    """torch's profiler as the eager windows run it (its C++ entry points), recording
+    ranges and, on a GPU, device work: no shapes, memory or stacks. Its result is read
+    by the capture's adapter (``torch_events.read_window``) and converted by
+    ``convert/compiled.py``, the way every window is."""
+
+    def __init__(self, *, has_device: bool) -> None:
+        self.has_device = has_device
+
+    def start(self) -> None:
+        from torch.autograd.profiler import ProfilerActivity
+
+        config = _torch.profiler_config(False, False, False)
+        activities = {ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.has_device else [])}
+        with quiet_profiler():
+            _torch.prepare_profiler(config, activities)
+            _torch.python_profiler_flag(True)
+            try:
+                _torch.enable_profiler(config, activities)
+            except BaseException:
+                _torch.python_profiler_flag(False)
+                raise
+
+    def stop(self) -> Any:
+        try:
+            with quiet_profiler():
+                return _torch.disable_profiler()
+        finally:
+            _torch.python_profiler_flag(False)
+
+    def passes(self, result: Any) -> list[CompiledPass]:
+        window = read_window(result, has_device=self.has_device, detail=False)
+        return compiled_passes(window.roots, window.kernels, has_device=self.has_device)
+
+
 def _profiled(
     call: Callable[[], Any], passes: int = 1, progress: Callable[[int], None] | None = None,
-    prepare: Callable[[], None] = lambda: None,
+    prepare: Callable[[], None] = lambda: None, has_device: bool = False,
 ) -> list[CompiledPass]:
     """``passes`` calls, each in a ``STEP_RANGE`` range (``prepare``d outside it), in one
     session of torch's profiler; the session's first call, which pays for the profiler's
     start (a few hundred µs on a small model), is made first and not measured."""
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU])
+    session = _Session(has_device=has_device)
     # One session of torch's profiler per process: held until its events are read.
     with profiler_held():
-        with quiet_profiler():
-            prof.start()
+        session.start()
         try:
             prepare()
             call()
@@ -452,9 +384,8 @@ def _profiled(
                 if progress is not None:
                     progress(n + 1)
         finally:
-            with quiet_profiler():
-                prof.stop()
-        return _passes(prof.events())
+            result = session.stop()
+        return session.passes(result)
 
 
 def time_compiled(
@@ -503,6 +434,7 @@ def time_compiled(
         for n in range(warmup):
             step()
             progress("warmup", n + 2, warmup + 1)
+        on_device = model_device(eager).type == "cuda"
         keys = {graph_call.graph for graph_call in _profiled(call, prepare=clear_grads)[0].graph_calls}
         graphs = {key: _GRAPHS[key] for key in keys if key in _GRAPHS}
         if not graphs:
@@ -525,7 +457,9 @@ def time_compiled(
                 if _COMPILER.compiles != compiles:  # the hooks were traced: drop them
                     ranges.close()
                     outside = []
-            passes = _profiled(call, repeat, lambda done: progress("measure", done, repeat), prepare=clear_grads)
+            passes = _profiled(
+                call, repeat, lambda done: progress("measure", done, repeat), prepare=clear_grads, has_device=on_device,
+            )
     breaks, compile_ns = _COMPILES.get(eager, ([], 0))
     return CompiledCapture(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))
 
@@ -571,19 +505,14 @@ class CompiledSteps:
         self.compiles: list[tuple[int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
         self._collector: _Collector | None = None
-        self._prof: Any = None
+        self._session = _Session(has_device=model_device(self.eager).type == "cuda")
+        self._running = False
         self._step_range: Any = None
         self._window_steps: list[int] = []
         self._step = 0
         self._compiles = 0
         self._metrics = 0
         self._parsed = 0
-        self.device_events = self._device().type == "cuda"
-
-    def _device(self) -> torch.device:
-        for tensor in (*self.eager.parameters(), *self.eager.buffers()):
-            return tensor.device
-        return torch.device("cpu")
 
     def __enter__(self) -> CompiledSteps:
         stack = contextlib.ExitStack()
@@ -630,21 +559,15 @@ class CompiledSteps:
                 state["forward"] = saved
 
     def _start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if self.device_events:
-            activities.append(ProfilerActivity.CUDA)
-        self._prof = profile(activities=activities)
-        with quiet_profiler():
-            self._prof.start()
+        self._session.start()
+        self._running = True
 
     def _stop_profiler(self) -> Any:
-        prof, self._prof = self._prof, None
-        if prof is not None:
-            with quiet_profiler():
-                prof.stop()
-        return prof
+        """Stop torch's profiler if it runs: its result, else None."""
+        if not self._running:
+            return None
+        self._running = False
+        return self._session.stop()
 
     def _begin_step(self) -> None:
         self._compiles = _COMPILER.compiles
@@ -670,10 +593,10 @@ class CompiledSteps:
         self._end_step()
         read: list[tuple[int, CompiledPass]] = []
         if len(self._window_steps) >= self._window:
-            prof = self._stop_profiler()
+            result = self._stop_profiler()
             steps, self._window_steps = self._window_steps, []
             self._note_graphs()
-            read = list(zip(steps, _passes(prof.events()), strict=False))
+            read = list(zip(steps, self._session.passes(result), strict=False))
             self._start()
         self._begin_step()
         return read
@@ -702,13 +625,14 @@ class CompiledSteps:
             self._end_step()
             self._note_graphs()
         finally:
-            prof = self._stop_profiler()
+            result = self._stop_profiler()
             if stack is not None:
                 stack.close()
         steps, self._window_steps = self._window_steps, []
+        session = self._session
 
         def read() -> list[tuple[int, CompiledPass]]:
-            return list(zip(steps, _passes(prof.events()) if prof is not None else [], strict=False))
+            return list(zip(steps, session.passes(result) if result is not None else [], strict=False))
 
         pending = PendingRead(read)
         read_before_next_session(pending)

@@ -24,6 +24,8 @@ class KernelTime:
     time_ns: int
     modules: dict[str, float]
     phase: str = "forward"
+    #: Its median device time: the kernels it launched (None: no device work recorded).
+    device_ns: int | None = None
 
     @property
     def shared(self) -> bool:
@@ -35,11 +37,15 @@ class KernelTime:
             "modules": {path: round(share, 6) for path, share in self.modules.items()},
             # Written only for a backward kernel: a forward profile's file is as before.
             **({"phase": self.phase} if self.phase != "forward" else {}),
+            **({"device_ns": self.device_ns} if self.device_ns is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KernelTime:
-        return cls(data["graph"], data["call"], data["time_ns"], dict(data["modules"]), data.get("phase", "forward"))
+        return cls(
+            data["graph"], data["call"], data["time_ns"], dict(data["modules"]), data.get("phase", "forward"),
+            data.get("device_ns"),
+        )
 
 
 @dataclass
@@ -85,6 +91,12 @@ class CompileInfo:
         """The time of ``phase``'s kernels that no module's node is in (the sum of their
         median times): it stays with the root's time in that phase."""
         return sum(k.time_ns for k in self.kernels if k.phase == phase and not k.modules)
+
+    def unattributed_device_ns(self, phase: str = "backward") -> int | None:
+        """The same kernels' device time (None: no device work was recorded)."""
+        if not any(k.device_ns is not None for k in self.kernels):
+            return None
+        return sum(k.device_ns or 0 for k in self.kernels if k.phase == phase and not k.modules)
 
     def to_dict(self) -> dict[str, Any]:
         return {

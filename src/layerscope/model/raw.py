@@ -283,10 +283,13 @@ class RawCapture:
 
 
 class KernelRange(NamedTuple):
-    """One range under a graph call in torch's profiler (a kernel call's, mostly)."""
+    """One range under a graph call in torch's profiler (a kernel call's, mostly): its
+    host time, and the device time of the kernels launched in it (None: no device work
+    was recorded)."""
 
     name: str
     duration_ns: int
+    device_ns: int | None = None
 
 
 class GraphCall(NamedTuple):
@@ -331,6 +334,8 @@ class StepRange(NamedTuple):
     name: str
     start_ns: int
     end_ns: int
+    #: The device time of the kernels launched in it (None: no device work recorded).
+    device_ns: int | None = None
 
 
 @dataclass
@@ -338,7 +343,9 @@ class CompiledPass:
     """One timed call of the compiled model (with its loss and backward, in a training
     step): its length, its graph calls in order, the ranges of the modules that ran
     eagerly and of the compiled regions, and the loss's range (None: forward only).
-    A block's step has its parts' ranges (``ranges``) instead of a loss range."""
+    A block's step has its parts' ranges (``ranges``) instead of a loss range. Where
+    device work was recorded (``has_device``), ``loose_device`` is the device work
+    launched outside every part and graph call: (launch time from the pass's start, ns)."""
 
     step_ns: int
     graph_calls: list[GraphCall]
@@ -346,6 +353,8 @@ class CompiledPass:
     regions: list[CompiledRegion] = field(default_factory=list)
     loss: LossRange | None = None
     ranges: list[StepRange] = field(default_factory=list)
+    loose_device: list[tuple[int, int]] = field(default_factory=list)
+    has_device: bool = False
 
 
 class GraphNode(NamedTuple):

@@ -2,7 +2,7 @@
 module, the kernels its work went into and how much of its eager op list was fused.
 
 The kernel table lists every kernel call of every graph in call order with its median
-time and the modules it is split over (``*`` marks a call shared by several modules).
+time (on a device, its host time and the device time of the kernels it launched) and the modules it is split over (``*`` marks a call shared by several modules).
 The module table says, per module whose work is in some kernel: the kernel calls, how
 many of them are shared, its eager op calls (from the eager pass), and how many of
 those did not survive as an op of their own (fused into a generated kernel, or folded
@@ -35,16 +35,24 @@ def render_kernels(profile: Profile) -> str:
     kernels = info.kernels
     # A training step's kernels say which phase each is of (a forward's table is as before).
     phased = any(kernel.phase != "forward" for kernel in kernels)
+    # On a device, each call's device time: the kernels it launched (a table without one is as before).
+    on_device = any(kernel.device_ns is not None for kernel in kernels)
     rows = []
     for kernel in kernels:
         ranked = sorted(kernel.modules.items(), key=lambda m: -m[1])
         split = ", ".join(f"{_label(path)} {fmt.percent(round(share * 1000), 1000)}" for path, share in ranked)
         mark = "*" if kernel.shared else ""
         no_module = "(root: no module, unattributed)" if kernel.phase == "backward" else "(root: no module)"
-        row = [kernel.call + mark, fmt.time_ns(kernel.time_ns), split or no_module]
+        row = [kernel.call + mark, fmt.time_ns(kernel.time_ns)]
+        if on_device:
+            row.append(fmt.time_ns(kernel.device_ns) if kernel.device_ns is not None else "-")
+        row.append(split or no_module)
         rows.append([row[0], kernel.phase, *row[1:]] if phased else row)
     out = [f"Kernel calls of {profile.meta.model or profile.root.type}, compiled ({info.backend}), in call order:"]
-    columns = [Column("Kernel call", "<"), Column("Time"), Column("Modules", "<")]
+    columns = [Column("Kernel call", "<"), Column("Host time" if on_device else "Time")]
+    if on_device:
+        columns.append(Column("Device time"))
+    columns.append(Column("Modules", "<"))
     if phased:
         columns.insert(1, Column("Phase", "<"))
     out += draw(columns, rows)

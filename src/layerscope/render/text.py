@@ -451,8 +451,9 @@ def compile_lines(profile: Profile) -> list[str]:
         lines.append(
             f"Backward: {len(backward)} of the kernel calls, "
             f"{sum(1 for k in backward if not k.modules)} of them with no module's node: unattributed "
-            f"{fmt.time_ns(info.unattributed_time_ns('backward'))}, counted in {profile.root.path or profile.root.type}'s "
-            "Bwd self."
+            f"{fmt.time_ns(info.unattributed_time_ns('backward'))}"
+            + (f" (device {fmt.time_ns(device)})" if (device := info.unattributed_device_ns("backward")) is not None else "")
+            + f", counted in {profile.root.path or profile.root.type}'s Bwd self."
         )
     if not info.graphs and profile.figures.steps is not None:
         lines.append(
