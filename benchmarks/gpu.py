@@ -31,7 +31,8 @@ Parts, each timed and reported ok / failed (with the error) / skipped (with the 
    - MFU per module, with the peak FLOP/s assumed;
 4. ``exit_scaling``: a GPT-2 block's exit for 2, 5 and 11 steps beside torch.profiler's
    stop (and each first read), and ``exit_profile``: where an 11-step exit and first read go (cProfile);
-5. a ``torch.compile``d model: its kernels matched to modules;
+5. a ``torch.compile``d model: its kernels matched to modules, and a compiled AdamW loop in
+   a block, each module's device time against torch.profiler's trace of the same step;
 6. DDP on one device (NCCL on a GPU, gloo on the CPU): collective bytes and waiting;
 7. the HTML report of the training step, saved into OUT.
 
@@ -392,7 +393,87 @@ def compiled(args: argparse.Namespace) -> Result:
         "apportioned_over_several": sum(k.shared for k in matched),
         "matched_time_share": sum(k.time_ns for k in matched) / total if total else None,
         "graph_breaks": len(run.graph_breaks), "problems": _problems(prof),
+        "kernels_with_device_time": sum(1 for k in run.kernels if k.device_ns is not None),
+        "block": _compiled_block(model, x, device),
     }
+
+
+def _compiled_block(model: nn.Module, x: torch.Tensor, device: torch.device) -> Result:
+    """A compiled AdamW loop in a 4-step block, and torch.profiler's own trace of one
+    more step of the user's compiled model: each kernel call of the trace is paired with
+    the block's by its place in its graph call (the same kernel names in the same order),
+    and each module's device time from the trace (split by the block's shares) is set
+    against the block's median (issue 36's check of a compiled step on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from layerscope.attribute.compiled import event_name
+
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        compiled(x).pow(2).mean().backward()
+        opt.step()
+
+    step()
+    _sync(device)
+    with layerscope.Profiler(compiled) as prof:
+        for _ in range(4):
+            step()
+            prof.step()
+    _sync(device)
+    profile_ = prof.profile
+    run = profile_.compiled
+    assert run is not None
+    found: Result = {
+        "steps": profile_.figures.steps, "step_compiles": [c.to_dict() for c in run.step_compiles],
+        "kernels": len(run.kernels), "kernels_with_device_time": sum(1 for k in run.kernels if k.device_ns is not None),
+        "problems": _problems(profile_),
+    }
+    if device.type != "cuda":
+        found["against_torch_trace"] = "skipped: no device time on the CPU"
+        return found
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as traced:
+        step()
+        _sync(device)
+    calls = [e for e in traced.events() if e.name.startswith("## Call CompiledFxGraph")]
+    ours: dict[str, list[Any]] = {}
+    for kernel in run.kernels:
+        ours.setdefault(kernel.graph, []).append(kernel)
+    from_trace: dict[tuple[str, str], float] = {}
+    paired = 0
+    for call in calls:
+        children = sorted(call.cpu_children, key=lambda c: c.time_range.start)
+        names = [c.name for c in children]
+        for kernels in ours.values():
+            expected = [event_name(k.call) or k.call.rsplit(":", 1)[0] for k in kernels]
+            if expected != names:
+                continue
+            for kernel, child in zip(kernels, children, strict=True):
+                paired += 1
+                for path, share in kernel.modules.items():
+                    site = (path, kernel.phase)
+                    from_trace[site] = from_trace.get(site, 0.0) + child.device_time_total * 1000 * share
+            break
+    worst = None
+    for (path, phase), ns in from_trace.items():
+        node = profile_.node(path) if path else profile_.root
+        stats = node.backward if phase == "backward" else node.forward
+        mine = None if stats is None else stats.self_device_time_ns
+        if mine is None or ns < 50_000:  # modules of 50 us or more
+            continue
+        off = abs(mine - ns) / ns
+        if worst is None or off > worst[0]:
+            worst = (off, path, phase, mine, round(ns))
+    found.update(
+        against_torch_trace={"graph_calls": len(calls), "kernel_calls_paired": paired, "modules_compared": len(from_trace)},
+        worst_module_off=None if worst is None else {
+            "off": round(worst[0], 4), "module": worst[1], "phase": worst[2], "block_ns": worst[3], "trace_ns": worst[4],
+        },
+    )
+    return found
 
 
 def ddp(args: argparse.Namespace, out: Path) -> Result:
