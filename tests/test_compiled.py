@@ -433,6 +433,7 @@ def test_paths_of_a_compiled_model_are_refused_with_why() -> None:
         layerscope.profile(compiled, x, paths=["layers.0"])
 
 
+@pytest.mark.slow  # two cold commands that compile: out of the fast tier
 def test_cli_compile_lists_kernels_and_a_saved_profile_shows_them_again(tmp_path: Path) -> None:
     run = run_cli("profile", "zoo:mlp", "--compile", "--repeat", "2", "--warmup", "1", "-o", "mlp.json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr

@@ -156,6 +156,7 @@ def test_the_text_and_kernel_views_name_the_backward_and_its_unattributed_time(
     assert sum(" backward " in line for line in kernel_rows) == len(backward)
 
 
+@pytest.mark.slow  # a cold command that compiles: out of the fast tier
 def test_the_command_profiles_a_compiled_training_step(tmp_path: Any) -> None:
     done = run_layerscope(
         ["profile", "zoo:mlp", "--compile", "--backward", "--warmup", "0", "--repeat", "1", "--format", "kernels"], tmp_path,

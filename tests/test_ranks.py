@@ -509,6 +509,7 @@ def _rank_copies(shared_traces: Path, tmp_path: Path, world_size: int) -> list[P
     return paths
 
 
+@pytest.mark.slow  # starts a process per rank trace: out of the fast tier
 def test_rank_traces_load_in_processes_of_their_own_and_merge_as_read_here(
     shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
