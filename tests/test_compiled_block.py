@@ -262,7 +262,7 @@ def test_another_backend_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("options", "named"),
-    [({"record_ops": False}, "record_ops=False"), ({"schedule": layerscope.schedule(wait=1, active=1)}, "schedule="),
+    [({"record_ops": False}, "record_ops=False"), ({"with_stack": True}, "with_stack=True"),
      ({"paths": ["layers"]}, "paths=")],
 )
 def test_options_a_compiled_block_cannot_honour_are_refused(options: dict[str, Any], named: str) -> None:
@@ -474,3 +474,21 @@ def test_a_profile_built_from_device_steps_holds_device_time_per_module_and_part
     assert "Device time" in table and "500ns" in table
     loaded = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
     assert [k.device_ns for k in loaded.compiled.kernels] == [500, 200]
+
+
+def test_a_schedule_records_its_active_steps_and_delivers_each_cycle() -> None:
+    received: list[Any] = []
+    compiled = torch.compile(zoo.get("mlp").build())
+    x = zoo.get("mlp").example_inputs(2)
+    schedule = layerscope.schedule(wait=1, warmup=1, active=2, repeat=2)
+    with torch.no_grad(), layerscope.Profiler(compiled, schedule=schedule, on_ready=received.append) as prof:
+        for _ in range(9):
+            compiled(x)
+            prof.step()
+    # Cycles of 4 steps: wait (step 0), warm-up (1), active (2, 3); then 4-7; step 8 is past the schedule.
+    assert [check_tree(p).figures.step_numbers for p in received] == [[2, 3], [6, 7]]
+    assert all(p.meta.schedule is not None and p.meta.complete for p in received)
+    assert prof.profile is received[-1]
+    # The block compiled in its warm-up step (unless an earlier one in the process left
+    # nothing to compile): that step is in no cycle, so no cycle names it.
+    assert all(c.step in p.figures.step_numbers for p in received for c in p.compiled.step_compiles)

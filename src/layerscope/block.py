@@ -21,6 +21,7 @@ from layerscope.attribute import parent_indices
 from layerscope.attribute.compiled import StepFold, build_compiled_steps
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.profile import op_walk
+from layerscope.attribute.walk import PassResult
 from layerscope.base.errors import ProfilerStateError
 from layerscope.base.peaks import check_peak_tflops
 from layerscope.base.schedule import Action
@@ -100,72 +101,105 @@ def _ranged(raw: RawCapture, cycle: Cycle) -> RawCapture:
 class _CompiledBlock:
     """A block around a model compiled whole: its steps recorded from the kernels of
     layerscope's compile (``capture/compiled.py``), folded as they are read
-    (``attribute/compiled.py``), and built with one eager step's count of the model
-    (the first call's inputs) on first use."""
+    (``attribute/compiled.py``), each cycle built with one eager step's count of the
+    model (the first call's inputs; made once, on the first build). A schedule's idle
+    steps record nothing and its warm-up steps are recorded and dropped, as in an eager
+    block."""
 
     def __init__(self, model: nn.Module, options: _Options) -> None:
         given = [
             name for name, unsupported in (
                 ("paths=", options.paths is not None), ("record_ops=False", not options.record_ops),
                 ("with_stack=True", options.with_stack), ("clock=", options.clock is not None),
-                ("schedule=", options.schedule is not None),
             ) if unsupported
         ]
         if given:
             raise ValueError(
-                f"{', '.join(given)}: not for a torch.compile'd model, whose block records every step from its "
+                f"{', '.join(given)}: not for a torch.compile'd model, whose block records its steps from its "
                 "kernels; drop them, or profile model._orig_mod for the eager steps"
             )
         self.options = options
-        self.steps = CompiledSteps(model, window=WINDOW_STEPS)
-        self.fold = StepFold({path for path, _ in self.steps.eager.named_modules()})
+        self.steps = CompiledSteps(model)
+        self._paths = {path for path, _ in self.steps.eager.named_modules()}
+        self.fold = StepFold(self._paths)
+        #: What each step recorded is for (a warm-up step's pass is dropped), until folded.
+        self._actions: dict[int, Action] = {}
+        self._counted: tuple[RawCapture, PassResult] | None = None
 
     def __enter__(self) -> _CompiledBlock:
         self.steps.__enter__()
         return self
 
-    def step(self) -> None:
-        self._fold(self.steps.step())
+    def begin(self, number: int, action: Action) -> None:
+        if action is not Action.NONE:
+            self._actions[number] = action
+            self.steps.begin_step(number)
 
-    def _fold(self, steps: list[tuple[int, CompiledPass]]) -> None:
+    def end(self, number: int) -> None:
+        """End step ``number``; every ``WINDOW_STEPS`` recorded steps, they are read."""
+        if number in self._actions:
+            self.steps.end_step()
+            if self.steps.window_steps >= WINDOW_STEPS:
+                self._fold(self.steps.read_window(), self.fold)
+
+    def _fold(self, steps: list[tuple[int, CompiledPass]], fold: StepFold) -> None:
         if steps:
             graphs = self.steps.graphs()
             for number, one in steps:
-                self.fold.add(number, one, graphs)
+                if self._actions.pop(number, None) is not Action.WARMUP:
+                    fold.add(number, one, graphs)
 
-    def stop(self, *, complete: bool, identity: dict[str, Any]) -> Callable[[], Profile]:
-        """Stop recording; the profile's build, for the first read."""
+    def cycle(self, *, complete: bool, identity: dict[str, Any]) -> Profile | None:
+        """The cycle's profile (its steps read now), and a new cycle; None when it
+        recorded no step."""
+        self._fold(self.steps.read_window(), self.fold)
+        fold, self.fold = self.fold, StepFold(self._paths)
+        return self._build(fold, complete, identity)
+
+    def stop(self, *, complete: bool, identity: dict[str, Any]) -> Callable[[], Profile | None]:
+        """Stop recording; the last cycle's build, for the first read."""
         pending = self.steps.stop()
-        steps = self.steps
-        breaks = steps.graph_breaks()
-        peak = self.options.peak_tflops
+        fold = self.fold
 
-        def build() -> Profile:
-            self._fold(pending.streams())
-            if steps.inputs is None or not self.fold.step_numbers:
+        def build() -> Profile | None:
+            self._fold(pending.streams(), fold)
+            if self.steps.inputs is None:
                 raise ProfilerStateError(
                     "the compiled model was never called in the block: nothing to profile (call it inside the "
                     "`with layerscope.Profiler(model) as prof:` block)"
                 )
-            graphs = steps.graphs()
+            return self._build(fold, complete, identity)
+
+        return build
+
+    def _build(self, fold: StepFold, complete: bool, identity: dict[str, Any]) -> Profile | None:
+        steps = self.steps
+        if not fold.step_numbers or steps.inputs is None:
+            return None
+        if self._counted is None:
             raw = count_capture(
-                steps.eager, None, None, not steps.grad_enabled, self.fold.backward, None, self.options.memory,
+                steps.eager, None, None, not steps.grad_enabled, fold.backward, None, self.options.memory,
                 split=steps.inputs,
             )
             ops = op_walk(raw)
             assert ops is not None  # a count always has its op pass
-            first, last = self.fold.step_numbers[0], self.fold.step_numbers[-1]
-            meta = dataclasses.replace(
-                raw.meta, timed=None, mode="context", complete=complete, step_range=[first, last],
-                peak_flops_per_s=peak_flops_per_s(peak, model_device(steps.eager), model_dtype(steps.eager)),
-                **identity,
-            )
-            return build_compiled_steps(
-                dataclasses.replace(raw, meta=meta), ops, self.fold, graphs, graph_breaks=breaks,
-                step_compiles=[StepCompile(step, ns, frames) for step, ns, frames in steps.compiles],
-            )
-
-        return build
+            self._counted = raw, ops
+        raw, ops = self._counted
+        graphs = steps.graphs()
+        numbers = set(fold.step_numbers)
+        meta = dataclasses.replace(
+            raw.meta, timed=None, mode="context", complete=complete,
+            step_range=[fold.step_numbers[0], fold.step_numbers[-1]],
+            schedule=None if self.options.schedule is None else str(self.options.schedule),
+            peak_flops_per_s=peak_flops_per_s(
+                self.options.peak_tflops, model_device(steps.eager), model_dtype(steps.eager),
+            ),
+            **identity,
+        )
+        return build_compiled_steps(
+            dataclasses.replace(raw, meta=meta), ops, fold, graphs, graph_breaks=steps.graph_breaks(),
+            step_compiles=[StepCompile(step, ns, frames) for step, ns, frames in steps.compiles if step in numbers],
+        )
 
 
 class Profiler:
@@ -274,6 +308,7 @@ class Profiler:
         self._delivered = 0
         #: A model compiled whole is recorded from its kernels instead (set while it runs).
         self._compiled: _CompiledBlock | None = None
+        self._identity: dict[str, Any] = {}
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -284,6 +319,8 @@ class Profiler:
             compiled = _CompiledBlock(self.model, options)
             compiled.__enter__()
             self._compiled, self._stack = compiled, contextlib.ExitStack()
+            self._identity = distributed.identity()
+            compiled.begin(self._step, self._action(self._step))
             return self
         # Every step goes through one backend. With ops: torch's profiler, recording
         # shapes and memory, times and detail from the same run, held for the whole block
@@ -377,8 +414,7 @@ class Profiler:
                 "`with layerscope.Profiler(model) as prof:` block, once per training step"
             )
         if self._compiled is not None:
-            self._step += 1
-            self._compiled.step()
+            self._compiled_step()
             return
         action = self._step_action if self._running is not None else Action.NONE
         try:
@@ -392,6 +428,26 @@ class Profiler:
                 self._deliver(complete=True)
         finally:
             self._begin_step()
+
+    def _compiled_step(self) -> None:
+        """A compiled model's step ended: a cycle's last one delivers its profile."""
+        compiled = self._compiled
+        assert compiled is not None
+        action = self._action(self._step)
+        try:
+            try:
+                compiled.end(self._step)
+            finally:
+                self._step += 1
+            if action is Action.RECORD_AND_SAVE:
+                profile = compiled.cycle(complete=True, identity=self._identity)
+                if profile is not None:
+                    self._profile = profile
+                    self._delivered += 1
+                    if self._on_ready is not None:
+                        self._on_ready(profile)
+        finally:
+            compiled.begin(self._step, self._action(self._step))
 
     def _deliver(self, *, complete: bool) -> Profile | None:
         self._read_window()
@@ -446,13 +502,16 @@ class Profiler:
             note_raising_module(exc_info[1], self.model)
         if self._compiled is not None:
             self._stack = None
-            build = self._compiled.stop(complete=not failed, identity=distributed.identity())
+            complete = not failed and self._options.schedule is None
+            build = self._compiled.stop(complete=complete, identity=self._identity)
             if self._on_ready is None:
                 self._later = build
             else:
-                self._profile = build()
-                self._delivered += 1
-                self._on_ready(self._profile)
+                profile = build()
+                if profile is not None:
+                    self._profile = profile
+                    self._delivered += 1
+                    self._on_ready(profile)
             return False
         try:
             self._end_step()
@@ -484,7 +543,7 @@ class Profiler:
         if self._profile is None:
             if self._stack is not None:
                 state = "still running"
-            elif self._capture is not None:
+            elif self._capture is not None or self._compiled is not None:
                 state = "finished without recording a step (the schedule never reached an active step)"
             else:
                 state = "not started"

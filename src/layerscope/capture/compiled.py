@@ -478,13 +478,16 @@ class CompiledSteps:
     (:class:`~layerscope.model.compile_info.StepCompile`), which is never in a step's
     figures.
 
-    Every step runs in a ``STEP_RANGE`` range under torch's profiler, read back every
-    ``window`` steps (:meth:`read_window`) as :class:`CompiledPass`es with their parts'
-    ranges (forward calls, the autograd engine's nodes, optimizer steps, compiles); the
-    last window is read on first use (:meth:`stop`). The inputs of the first call are
-    kept for the eager count of the model's FLOPs and shapes."""
+    Each recorded step (:meth:`begin_step` to :meth:`end_step`) runs in a ``STEP_RANGE``
+    range under torch's profiler, started at the first recorded step after a read; steps
+    not recorded (a schedule's idle ones) run with nothing installed but the model's
+    swapped ``forward``. :meth:`read_window` stops the profiler and gives the window's
+    steps as :class:`CompiledPass`es with their parts' ranges (forward calls, the
+    autograd engine's nodes, optimizer steps, compiles); the last window is read on
+    first use (:meth:`stop`). The inputs of the first call are kept for the eager count
+    of the model's FLOPs and shapes."""
 
-    def __init__(self, model: nn.Module, *, window: int) -> None:
+    def __init__(self, model: nn.Module) -> None:
         _torch.require_compiled_profiling()
         backend, settings, fullgraph = _torch.compile_request(model)
         if backend != "inductor":
@@ -497,7 +500,6 @@ class CompiledSteps:
         self.eager: nn.Module = _torch.eager_of(model)
         self._settings = settings
         self._fullgraph = fullgraph
-        self._window = window
         #: The first call's positional and keyword arguments, and whether grad was on.
         self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.grad_enabled = False
@@ -509,7 +511,7 @@ class CompiledSteps:
         self._running = False
         self._step_range: Any = None
         self._window_steps: list[int] = []
-        self._step = 0
+        self._step: int | None = None
         self._compiles = 0
         self._metrics = 0
         self._parsed = 0
@@ -526,10 +528,8 @@ class CompiledSteps:
             stack.enter_context(_COMPILER.model(self.eager, self._settings))
             self._collector = stack.enter_context(_structured_trace())
             stack.enter_context(self._forward_swapped())
-            self._start()
             stack.callback(self._stop_profiler)
             self._stack = stack.pop_all()
-        self._begin_step()
         return self
 
     @contextlib.contextmanager
@@ -569,15 +569,20 @@ class CompiledSteps:
         self._running = False
         return self._session.stop()
 
-    def _begin_step(self) -> None:
+    def begin_step(self, number: int) -> None:
+        """Record step ``number`` (torch's profiler started if it is not running)."""
+        if not self._running:
+            self._start()
+        self._step = number
         self._compiles = _COMPILER.compiles
         self._metrics = len(_torch.compilation_metrics())
         self._step_range = _torch.FastRange(STEP_RANGE)
         self._step_range.__enter__()
 
-    def _end_step(self) -> None:
+    def end_step(self) -> None:
+        """End the recorded step (nothing when none is)."""
         step_range, self._step_range = self._step_range, None
-        if step_range is None:
+        if step_range is None or self._step is None:
             return
         step_range.__exit__(None, None, None)
         if _COMPILER.compiles != self._compiles:
@@ -585,21 +590,21 @@ class CompiledSteps:
             seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             self.compiles.append((self._step, round(seconds * 1e9), len(metrics)))
         self._window_steps.append(self._step)
-        self._step += 1
 
-    def step(self) -> list[tuple[int, CompiledPass]]:
-        """End the running step and begin the next; every ``window`` steps, the window's
-        steps read back (their numbers and passes), else nothing."""
-        self._end_step()
-        read: list[tuple[int, CompiledPass]] = []
-        if len(self._window_steps) >= self._window:
-            result = self._stop_profiler()
-            steps, self._window_steps = self._window_steps, []
-            self._note_graphs()
-            read = list(zip(steps, self._session.passes(result), strict=False))
-            self._start()
-        self._begin_step()
-        return read
+    @property
+    def window_steps(self) -> int:
+        """Steps recorded since the last read."""
+        return len(self._window_steps)
+
+    def read_window(self) -> list[tuple[int, CompiledPass]]:
+        """Stop torch's profiler and read the steps recorded since the last read (their
+        numbers and passes); it starts again at the next recorded step."""
+        result = self._stop_profiler()
+        steps, self._window_steps = self._window_steps, []
+        self._note_graphs()
+        if result is None:
+            return []
+        return list(zip(steps, self._session.passes(result), strict=False))
 
     def _note_graphs(self) -> None:
         """The graphs compiled since the last look, kept (``_GRAPHS``) with their breaks."""
@@ -622,7 +627,7 @@ class CompiledSteps:
 
         stack, self._stack = self._stack, None
         try:
-            self._end_step()
+            self.end_step()
             self._note_graphs()
         finally:
             result = self._stop_profiler()
