@@ -16,7 +16,8 @@ Parts, each timed and reported ok / failed (with the error) / skipped (with the 
 2. ``record``: recorded captures for the suite to replay without a GPU
    (``layerscope.capture.replay``; ``--record DIR``, copied into ``tests/data/captures``):
    a BERT-base forward, a GPT-2 AdamW step, GPT-2 with activation checkpointing, a bf16
-   Llama and DDP over NCCL, each block's windows as torch's profiler handed them over,
+   Llama, DDP over NCCL and the zoo MLP compiled in an AdamW block
+   (``compiled_mlp_train``, with its graphs), each block's windows as torch's profiler handed them over,
    with torch's own trace of the same session read back as the oracle (every module's
    device time), the kernels' union and the allocator's peak;
 3. for a BERT-base forward and a GPT-2 (small config) AdamW training step, in fp32 and
@@ -542,11 +543,44 @@ def record(args: argparse.Namespace, out: Path) -> Result:
         )
         print(f"  record {name}: {results[name].get('status')} {results[name].get('error', '')}", flush=True)
     results["ddp_nccl_train"] = _part(lambda: _record_ddp(args, out, target, replay))
+    results["compiled_mlp_train"] = _part(lambda: _record_compiled(args, target, replay))
     failed = [name for name, part in results.items() if part.get("status") == "failed"]
     if failed:
         results["status"] = "failed"
         results["error"] = f"recording failed for {', '.join(failed)}"
     return results
+
+
+def _record_compiled(args: argparse.Namespace, target: Path, replay: Any) -> Result:
+    """The zoo MLP compiled, 3 AdamW steps in a block (batch 8): its windows and graphs,
+    replayed here at once (it must give the live profile again)."""
+    from layerscope import zoo
+
+    device = torch.device(args.device)
+    entry = zoo.get("mlp")
+    torch.manual_seed(0)
+    model = entry.build().to(device)
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = entry.example_inputs(8).to(device)
+    with replay.CompiledRecorder() as recorder, layerscope.Profiler(compiled) as prof:
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            compiled(x).pow(2).mean().backward()
+            opt.step()
+            prof.step()
+    live = prof.profile
+    name = "compiled_mlp_train"
+    data = replay.compiled_recording(recorder, live, about=f"{name}: zoo mlp, batch 8, 3 steps on {args.device}")
+    replayed = replay.replay_compiled(data, entry.build(), entry.example_inputs(8))
+    same = replay.node_figures(replayed) == data["live"]
+    path = target / f"{name}.json.gz"
+    replay.save_json(data, path)
+    return {
+        "path": str(path), "bytes": path.stat().st_size, "replays_the_same": same,
+        "kernels_with_device_time": sum(1 for k in data["kernels"] if k.get("device_ns") is not None),
+        "problems": _problems(live) + _problems(replayed),
+    }
 
 
 def _record_one(name: str, build: Callable[..., Any], train: bool, dtype: torch.dtype, steps: int,

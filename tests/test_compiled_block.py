@@ -492,3 +492,53 @@ def test_a_schedule_records_its_active_steps_and_delivers_each_cycle() -> None:
     # The block compiled in its warm-up step (unless an earlier one in the process left
     # nothing to compile): that step is in no cycle, so no cycle names it.
     assert all(c.step in p.figures.step_numbers for p in received for c in p.compiled.step_compiles)
+
+
+def test_a_recorded_compiled_block_replays_as_the_same_profile() -> None:
+    """A compiled block's windows recorded as torch's profiler handed them over, saved
+    as JSON and replayed through the same adapter, conversion and fold: the same node
+    times and kernels (what a GPU run records, ``benchmarks/gpu.py --record``)."""
+    from layerscope.capture import replay
+
+    entry = zoo.get("mlp")
+    model = entry.build()
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters())
+    x = entry.example_inputs(2)
+    with replay.CompiledRecorder() as recorder, layerscope.Profiler(compiled) as prof:
+        for _ in range(3):
+            opt.zero_grad()
+            compiled(x).pow(2).mean().backward()
+            opt.step()
+            prof.step()
+    live = check_tree(prof.profile)
+    data = json.loads(json.dumps(replay.compiled_recording(recorder, live, about="zoo mlp, 3 steps on the CPU")))
+    assert [w["steps"] for w in data["windows"]] == [[0, 1, 2, 3]]  # the step the block's end cut short too
+    replayed = check_tree(replay.replay_compiled(data, entry.build(), x))
+    assert {n.path: [n.forward.self_cpu_time_ns, n.backward and n.backward.self_cpu_time_ns]
+            for n in [*replayed.root.walk(), *replayed.parts]} == {k: v for k, v in data["live_host"].items()}
+    assert replayed.compiled.kernels == live.compiled.kernels
+    assert replay.node_figures(replayed) == data["live"]
+    with pytest.raises(ValueError, match="not a compiled block's recording"):
+        replay.replay_compiled({"format": "layerscope-capture/1"}, model, x)
+
+
+COMPILED_CAPTURE = Path(__file__).parent / "data" / "captures" / "compiled_mlp_train.json.gz"
+
+
+@pytest.mark.skipif(
+    not COMPILED_CAPTURE.exists(),
+    reason="no compiled block recorded on a GPU yet: benchmarks/gpu.py --record makes "
+    "tests/data/captures/compiled_mlp_train.json.gz",
+)
+def test_a_compiled_block_recorded_on_a_gpu_replays_as_it_ran() -> None:
+    from layerscope.capture import replay
+
+    data = replay.load_json(COMPILED_CAPTURE)
+    entry = zoo.get("mlp")
+    replayed = check_tree(replay.replay_compiled(data, entry.build(), entry.example_inputs(8)))
+    assert replay.node_figures(replayed) == data["live"]
+    assert all(k.device_ns is not None and k.device_ns > 0 for k in replayed.compiled.kernels)
+    for node in replayed.modules():
+        if node.type == "Linear":
+            assert node.forward.self_device_time_ns > 0 and node.backward.self_device_time_ns > 0, node.path

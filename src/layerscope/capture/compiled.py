@@ -464,6 +464,17 @@ def time_compiled(
     return CompiledCapture(graphs, passes, breaks, compile_ns, len({g.frame for g in graphs.values()}))
 
 
+def known_graphs() -> dict[str, CompiledGraph]:
+    """The graphs layerscope's compiles made in this process (the newest few hundred), by key."""
+    return dict(_GRAPHS)
+
+
+#: Called with each stopped window of a compiled model's block, as it is read: the
+#: step numbers, torch's result and whether device work was recorded
+#: (``capture/replay.py``'s ``CompiledRecorder``).
+RESULT_OBSERVERS: list[Callable[[list[int], Any, bool], None]] = []
+
+
 class CompiledSteps:
     """A ``Profiler`` block's steps around a model compiled whole
     (``torch.compile(model)``), recorded from its kernels.
@@ -604,6 +615,11 @@ class CompiledSteps:
         self._note_graphs()
         if result is None:
             return []
+        return self._read(steps, result)
+
+    def _read(self, steps: list[int], result: Any) -> list[tuple[int, CompiledPass]]:
+        for observer in RESULT_OBSERVERS:
+            observer(steps, result, self._session.has_device)
         return list(zip(steps, self._session.passes(result), strict=False))
 
     def _note_graphs(self) -> None:
@@ -615,7 +631,7 @@ class CompiledSteps:
 
     def graphs(self) -> dict[str, CompiledGraph]:
         """The graphs layerscope's compiles of this model made (all it knows of)."""
-        return dict(_GRAPHS)
+        return known_graphs()
 
     def graph_breaks(self) -> list[GraphBreak]:
         return _graph_breaks(self._collector.records) if self._collector is not None else []
@@ -634,11 +650,13 @@ class CompiledSteps:
             if stack is not None:
                 stack.close()
         steps, self._window_steps = self._window_steps, []
-        session = self._session
 
         def read() -> list[tuple[int, CompiledPass]]:
-            return list(zip(steps, session.passes(result) if result is not None else [], strict=False))
+            return self._read(steps, result) if result is not None else []
 
         pending = PendingRead(read)
-        read_before_next_session(pending)
+        if RESULT_OBSERVERS:
+            pending.streams()  # an observer sees the window while it is installed
+        else:
+            read_before_next_session(pending)
         return pending

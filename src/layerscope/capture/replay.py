@@ -20,21 +20,29 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from layerscope.attribute import parent_indices
+from layerscope.attribute.compiled import StepFold, build_compiled_steps
 from layerscope.attribute.cycle import Cycle
+from layerscope.attribute.profile import op_walk
 from layerscope.base.io import write_atomic
+from layerscope.capture.compiled import RESULT_OBSERVERS, known_graphs
+from layerscope.capture.counting import count_capture
 from layerscope.capture.kineto import WINDOW_OBSERVERS
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import module_table
 from layerscope.capture.torch_events import ReplayedResult, dump_result, read_window
+from layerscope.convert.compiled import compiled_passes
 from layerscope.convert.ranges import WindowCapture
 from layerscope.convert.streams import convert_window
 from layerscope.flops.recorded import CATALOG
-from layerscope.model.raw import Event, ModuleInfo, ModuleShapes, RawCapture
+from layerscope.model.compile_info import StepCompile
+from layerscope.model.raw import CompiledGraph, Event, GraphBreak, ModuleInfo, ModuleShapes, RawCapture
 from layerscope.model.runfacts import RunFacts
 from layerscope.model.tree import Profile
 
@@ -132,6 +140,82 @@ def load(path: str | Path) -> dict[str, Any]:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path}: not a recorded capture (format {found!r}, expected {FORMAT!r})")
     return data
+
+
+COMPILED_FORMAT = "layerscope-compiled-capture/1"
+
+
+class CompiledRecorder:
+    """While it is open, every window of a compiled model's block is recorded as torch's
+    profiler handed it over (``windows``: its step numbers, whether device work was
+    recorded, the events the adapter reads)."""
+
+    def __init__(self) -> None:
+        self.windows: list[dict[str, Any]] = []
+
+    def _observe(self, steps: list[int], result: Any, has_device: bool) -> None:
+        self.windows.append({"steps": list(steps), "has_device": has_device, "result": dump_result(result)})
+
+    def __enter__(self) -> CompiledRecorder:
+        RESULT_OBSERVERS.append(self._observe)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        RESULT_OBSERVERS.remove(self._observe)
+
+
+def compiled_recording(
+    recorder: CompiledRecorder, profile: Profile, *, about: str = "", truth: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A recording (``layerscope-compiled-capture/1``) of a compiled model's block: its
+    windows, the graphs its kernels are read with (those the profile's kernels name),
+    the compiles and breaks, the live profile's facts and figures (each node's device
+    figures and host self times, each kernel call's times) and ``truth`` from elsewhere."""
+    info = profile.compiled
+    assert info is not None, "a compiled model's profile"
+    used = {k.graph for k in info.kernels}
+    graphs = known_graphs()
+    return {
+        "format": COMPILED_FORMAT,
+        "about": about,
+        "backward": profile.root.backward is not None,
+        "graphs": [graph.to_dict() for key, graph in sorted(graphs.items()) if key in used],
+        "step_compiles": [c.to_dict() for c in info.step_compiles],
+        "graph_breaks": [b.to_dict() for b in info.graph_breaks],
+        "meta": profile.meta.to_dict(),
+        "windows": recorder.windows,
+        "live": node_figures(profile),
+        "live_host": {node.path: [node.forward.self_cpu_time_ns, None if node.backward is None else node.backward.self_cpu_time_ns]
+                      for node in [*profile.root.walk(), *profile.parts]},
+        "kernels": [k.to_dict() for k in info.kernels],
+        "truth": truth or {},
+    }
+
+
+def replay_compiled(data: dict[str, Any], model: nn.Module, inputs: Any) -> Profile:
+    """The profile of a compiled block's recording: its windows through the adapter and
+    ``convert/compiled.py``, folded and built as the live block did, with the eager
+    count of ``model`` on ``inputs`` (the recorded model, on any device: counts do not
+    depend on it)."""
+    if data.get("format") != COMPILED_FORMAT:
+        raise ValueError(f"not a compiled block's recording: format {data.get('format')!r}, expected {COMPILED_FORMAT!r}")
+    backward = bool(data["backward"])
+    raw = count_capture(model, inputs, None, not backward, backward, None, False)
+    ops = op_walk(raw)
+    assert ops is not None  # a count always has its op pass
+    graphs = {g["key"]: CompiledGraph.from_dict(g) for g in data["graphs"]}
+    fold = StepFold({info.path for info in raw.modules})
+    for item in data["windows"]:
+        window = read_window(ReplayedResult(item["result"]), has_device=item["has_device"], detail=False)
+        passes = compiled_passes(window.roots, window.kernels, has_device=item["has_device"])
+        for number, one in zip(item["steps"], passes, strict=False):
+            fold.add(number, one, graphs)
+    meta = RunFacts.from_dict(data["meta"])
+    return build_compiled_steps(
+        replace(raw, meta=meta), ops, fold, graphs,
+        graph_breaks=[GraphBreak(b["where"], b["reason"]) for b in data["graph_breaks"]],
+        step_compiles=[StepCompile.from_dict(c) for c in data["step_compiles"]],
+    )
 
 
 def windows(data: dict[str, Any]) -> list[WindowCapture]:

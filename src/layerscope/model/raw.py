@@ -380,6 +380,22 @@ class CompiledGraph:
     modules: set[str] = field(default_factory=set)
     phase: str = "forward"
 
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON (a recorded capture keeps the graphs its kernels are read with)."""
+        return {
+            "key": self.key, "frame": self.frame, "calls": list(self.calls),
+            "nodes": {call: [[n.name, n.module] for n in nodes] for call, nodes in self.nodes.items()},
+            "modules": sorted(self.modules), "phase": self.phase,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompiledGraph:
+        return cls(
+            data["key"], data["frame"], list(data["calls"]),
+            {call: [GraphNode(name, module) for name, module in nodes] for call, nodes in data["nodes"].items()},
+            set(data["modules"]), data["phase"],
+        )
+
 
 @dataclass
 class GraphBreak:
