@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from torch import nn
 
 import layerscope
 from layerscope import block, zoo
-from layerscope.attribute.compiled import BLOCK_RULE, StepFold, step_sites
+from layerscope.attribute.compiled import BLOCK_RULE, StepFold, build_compiled_steps, step_sites
 from layerscope.base.errors import ModelError, ProfilerStateError
 from layerscope.base.kineto_json import open_trace
 from layerscope.convert.compiled import FORWARD_RANGE, STEP_RANGE, compiled_passes
@@ -413,9 +414,8 @@ def test_the_shared_h100_compiled_step_puts_every_device_ns_in_one_place(shared_
     in_parts = sum(r.device_ns or 0 for r in one.ranges)
     part_spans = [(r.start_ns, r.end_ns) for r in one.ranges]
     forward_calls = sum(
-        k.device_ns or 0 for call, rng in zip(one.graph_calls, _graph_ranges(roots), strict=True)
+        call.device_ns or 0 for call, rng in zip(one.graph_calls, _graph_ranges(roots), strict=True)
         if not any(s <= rng[0] - _origin(roots) and rng[1] - _origin(roots) <= e for s, e in part_spans)
-        for k in call.kernels
     )
     total = sum(k.end_ns - k.start_ns for k in ranges.kernels)
     assert in_parts + forward_calls + sum(ns for _, ns in one.loose_device) == total
@@ -438,10 +438,8 @@ def _graph_ranges(roots: list[Range]) -> list[tuple[int, int]]:
     return sorted(found)
 
 
-def test_a_profile_built_from_device_steps_holds_device_time_per_module_and_part() -> None:
-    """The hand-made device step above, built into a profile with the eager count of a
-    real model whose one module is ``fc``: each node's device time is its share."""
-    from layerscope.attribute.compiled import build_compiled_steps
+def _net_counted() -> tuple[Any, Any]:
+    """The eager count (raw capture and its op walk) of a real model whose one module is ``fc``."""
     from layerscope.attribute.profile import op_walk
     from layerscope.capture.counting import count_capture
 
@@ -456,6 +454,13 @@ def test_a_profile_built_from_device_steps_holds_device_time_per_module_and_part
     raw = count_capture(Net(), torch.randn(2, 4), None, False, True, None, False)
     ops = op_walk(raw)
     assert ops is not None
+    return raw, ops
+
+
+def test_a_profile_built_from_device_steps_holds_device_time_per_module_and_part() -> None:
+    """The hand-made device step above, built into a profile with the eager count of a
+    real model whose one module is ``fc``: each node's device time is its share."""
+    raw, ops = _net_counted()
     roots, kernels = _window()
     graphs = {"f": _FORWARD, "b": _BACKWARD}
     fold = StepFold({"", "fc"})
@@ -463,6 +468,7 @@ def test_a_profile_built_from_device_steps_holds_device_time_per_module_and_part
         (one,) = compiled_passes(roots, kernels, has_device=True)
         fold.add(number, one, graphs)
     profile = check_tree(build_compiled_steps(raw, ops, fold, graphs, graph_breaks=[], step_compiles=[]))
+    assert profile.compiled.unattributed_device_ns("backward") == 0  # every backward kernel has its module
     fc = profile.node("fc")
     assert (fc.forward.self_device_time_ns, fc.backward.self_device_time_ns) == (500, 200)
     assert profile.root.backward.self_device_time_ns == 30
@@ -542,3 +548,86 @@ def test_a_compiled_block_recorded_on_a_gpu_replays_as_it_ran() -> None:
     for node in replayed.modules():
         if node.type == "Linear":
             assert node.forward.self_device_time_ns > 0 and node.backward.self_device_time_ns > 0, node.path
+
+
+def test_the_shared_h100_cuda_graph_step_names_each_replay_and_loses_no_device_ns(shared_traces: Path) -> None:
+    """The same GPT-2 step compiled with mode="reduce-overhead": its kernels are replayed
+    from CUDA graphs, with no launch of their own. Each graph call's own device time
+    (outside its kernel calls) is the replay, equal to the kernels the file links to the
+    compiled regions; and every kernel is still in one place."""
+    path = shared_traces / "h100_compiled_gpt2_cudagraphs.json.gz"
+    with open_trace(path) as trace:
+        ranges = read_ranges(trace.events())
+    roots = [root for thread in ranges.roots.values() for root in thread]
+    (one,) = compiled_passes(roots, ranges.kernels, has_device=True)
+    replays = [call.device_ns - sum(k.device_ns or 0 for k in call.kernels) for call in one.graph_calls]
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    regions = {e["args"]["External id"] for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("CompiledFunction")}
+    replayed = sum(
+        e["dur"] for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e["args"].get("External id") in regions
+    )
+    assert sum(1 for ns in replays if ns > 0) == 4  # two forward graphs, two backward ones, each replayed
+    assert sum(replays) == pytest.approx(replayed * 1000, abs=200)
+    part_spans = [(r.start_ns, r.end_ns) for r in one.ranges]
+    outside = sum(
+        call.device_ns or 0 for call, rng in zip(one.graph_calls, _graph_ranges(roots), strict=True)
+        if not any(s <= rng[0] - _origin(roots) and rng[1] - _origin(roots) <= e for s, e in part_spans)
+    )
+    total = sum(k.end_ns - k.start_ns for k in ranges.kernels)
+    assert sum(r.device_ns or 0 for r in one.ranges) + outside + sum(ns for _, ns in one.loose_device) == total
+
+
+def test_a_graphs_own_device_work_is_a_named_replay_in_the_roots_time() -> None:
+    """A graph call whose kernels were replayed from a CUDA graph launches them itself
+    (its own correlation): that device time is the root's, and named."""
+    def r(name: str, start: int, end: int, corr: int = 0, *children: Range) -> Range:
+        return Range(name, start, end, 1, corr, list(children))
+
+    roots = [r(STEP_RANGE, 0, 400, 1,
+               r(FORWARD_RANGE, 0, 300, 2, r("## Call CompiledFxGraph f ##", 10, 290, 10, r("aten::addmm", 20, 40, 11))))]
+    kernels = [KernelSpan(10, 1000, 1700), KernelSpan(11, 1700, 1750)]  # the replay's 700, the addmm's 50
+    (one,) = compiled_passes(roots, kernels, has_device=True)
+    assert one.graph_calls[0].device_ns == 750
+    graphs = {"f": _FORWARD}
+    _, device, _, _ = step_sites(graphs, one, {"", "fc"})
+    assert device == {("fc", "forward"): 50, ("", "forward"): 700}
+    fold = StepFold({"", "fc"})
+    fold.add(0, one, graphs)
+    assert fold.times(graphs, set()).replay_device_ns == {"forward": 700}
+    raw, ops = _net_counted()
+    profile = check_tree(build_compiled_steps(raw, ops, fold, graphs, graph_breaks=[], step_compiles=[]))
+    info = profile.compiled
+    assert info.replay_device_ns == {"forward": 700} and info.unattributed_device_ns("forward") == 700
+    assert profile.root.forward.self_device_time_ns == 700 and profile.node("fc").forward.self_device_time_ns == 50
+    assert "CUDA-graph replays (device work the graphs launched outside their kernel calls): forward 700ns" in (
+        profile.render("text", width=400)
+    )
+    loaded = profile_from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert loaded.compiled.replay_device_ns == {"forward": 700}
+
+
+def test_a_graph_break_is_named_with_the_step_that_compiled_it(capsys: pytest.CaptureFixture[str]) -> None:
+    class Chatty(nn.Module):  # a class of its own: compiled for the first time in this block
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            print("layerscope-test block graph break")  # Dynamo cannot trace print: a graph break
+            return self.fc(x).relu()
+
+    compiled = torch.compile(Chatty())
+    with torch.no_grad(), layerscope.Profiler(compiled) as prof:
+        for _ in range(3):
+            compiled(torch.randn(2, 8))
+            prof.step()
+    info = check_tree(prof.profile).compiled
+    first = info.step_compiles[0]
+    assert first.step == 0 and first.graph_breaks >= 1 and info.graph_breaks
+    assert all(c.graph_breaks == 0 for c in info.step_compiles[1:])
+    text = prof.render("text", width=400)
+    plural = "s" if first.graph_breaks != 1 else ""
+    assert re.search(rf"Compiled in the block: step 0 \S+ \(\d+ frames?, {first.graph_breaks} graph break{plural}\)", text)
+    assert "layerscope-test block graph break" in capsys.readouterr().out  # the user's print still ran

@@ -171,6 +171,9 @@ class CompiledTimes:
     #: was recorded): a kernel call's device time goes where its host time goes.
     device_self_ns: dict[str, int] | None = None
     backward_device_self_ns: dict[str, int] | None = None
+    #: Per phase, the median device time the graphs launched outside their kernel calls
+    #: (CUDA-graph replays): in the root's device time, named as unattributed.
+    replay_device_ns: dict[str, int] = field(default_factory=dict)
 
 
 def _modules_of(graph: CompiledGraph, call: str, known: set[str]) -> dict[str, float]:
@@ -229,10 +232,12 @@ def attribute(graphs: dict[str, CompiledGraph], passes: Sequence[CompiledPass], 
 
 @dataclass
 class _Samples:
-    """Each kernel call's host times, and device times where recorded, over the passes."""
+    """Each kernel call's host times, and device times where recorded, over the passes;
+    and per pass, per phase, the device time the graphs launched outside their calls."""
 
     host: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     device: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    replays: list[dict[str, int]] = field(default_factory=list)
 
 
 def _kernel_sites(
@@ -243,6 +248,7 @@ def _kernel_sites(
     times are added to ``samples``."""
     times: dict[tuple[str, str], float] = {}
     device: dict[tuple[str, str], float] = {}
+    replays: dict[str, int] = {}
     in_kernels = 0
     for graph_call in one.graph_calls:
         key = graph_call.graph
@@ -250,6 +256,12 @@ def _kernel_sites(
         if graph is None:
             continue
         ranges = graph_call.kernels
+        if graph_call.device_ns is not None:
+            # What the graph launched itself, outside its kernel calls: a CUDA graph's replay.
+            own = graph_call.device_ns - sum(k.device_ns or 0 for k in ranges)
+            if own > 0:
+                _add(device, ("", graph.phase), own)
+                replays[graph.phase] = replays.get(graph.phase, 0) + own
         for call, at in match_calls(graph.calls, [(k.name, n) for n, k in enumerate(ranges)]):
             kernel = ranges[at]
             if call is None:  # a range of no kernel call: its device work is the root's, as its host time is
@@ -266,6 +278,8 @@ def _kernel_sites(
                 times[site] = times.get(site, 0.0) + ns * share
                 if device_ns is not None:
                     device[site] = device.get(site, 0.0) + device_ns * share
+    if one.has_device:
+        samples.replays.append(replays)
     return times, device, in_kernels
 
 
@@ -300,9 +314,11 @@ def _medians(
                     key, call, median_floor(host), shares_saved, graph.phase, median_floor(device) if device else None,
                 ))
     device_self, backward_device_self = _split(per_pass_device) if per_pass_device else (None, None)
+    phases = sorted({phase for replays in samples.replays for phase in replays})
+    replay = {phase: median_floor([replays.get(phase, 0) for replays in samples.replays]) for phase in phases}
     return CompiledTimes(
         self_ns, step_ns, kernels, median_floor(kernel_totals) if kernel_totals else 0, backward_self_ns,
-        device_self, backward_device_self,
+        device_self, backward_device_self, {phase: ns for phase, ns in replay.items() if ns},
     )
 
 
@@ -426,6 +442,8 @@ class StepFold:
     _kernel_totals: list[int] = field(default_factory=list)
     #: Per kernel call: (step index, host ns, device ns or -1) of each call, flat.
     _kernels: dict[tuple[str, str], array[int]] = field(default_factory=dict)
+    #: Per step, per phase: the device time the graphs launched outside their calls.
+    _replays: list[dict[str, int]] = field(default_factory=list)
 
     def add(self, number: int, one: CompiledPass, graphs: Mapping[str, CompiledGraph]) -> None:
         """Fold step ``number``; a step in which nothing ran (no call, no part: the one
@@ -444,6 +462,7 @@ class StepFold:
             flat = self._kernels.setdefault(key, array("q"))
             for n, ns in enumerate(values):
                 flat.extend((at, ns, devices[n] if n < len(devices) else -1))
+        self._replays.append(samples.replays[0] if samples.replays else {})
         self.backward = self.backward or any(r.kind == "backward" for r in one.ranges)
         self.step_numbers.append(number)
         self.step_ns.append(one.step_ns)
@@ -464,6 +483,8 @@ class StepFold:
                     samples.host.setdefault(key, []).append(flat[n + 1])
                     if flat[n + 2] >= 0:
                         samples.device.setdefault(key, []).append(flat[n + 2])
+        if self.has_device:
+            samples.replays = [self._replays[at] for at in keep]
         return _medians(
             graphs, self._host.steps(keep), [self._kernel_totals[at] for at in keep], samples, self.known,
             self._device.steps(keep) if self.has_device else None,
@@ -517,7 +538,7 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
     info = CompileInfo(
         backend="inductor", rule=BACKWARD_RULE if backward else RULE, compile_time_ns=run.compile_time_ns, frames=run.frames,
         graphs=len(run.graphs), graph_breaks=list(run.graph_breaks), step_time_ns=times.step_ns,
-        kernel_time_ns=times.kernel_ns, kernels=times.kernels,
+        kernel_time_ns=times.kernel_ns, kernels=times.kernels, replay_device_ns=dict(times.replay_device_ns),
     )
     return assemble(raw, result, untimed, RunFigures(), compiled=info)
 
@@ -567,6 +588,7 @@ def build_compiled_steps(
         compile_time_ns=sum(c.time_ns for c in step_compiles), frames=len({graph.frame for graph in used}),
         graphs=len(used), graph_breaks=list(graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels, step_compiles=list(step_compiles),
+        replay_device_ns=dict(times.replay_device_ns),
     )
     figures = RunFigures(steps=len(fold.step_numbers), step_numbers=list(fold.step_numbers), step_times_ns=list(fold.step_ns))
     profile = assemble(raw, result, untimed, figures, compiled=info)

@@ -514,8 +514,8 @@ class CompiledSteps:
         #: The first call's positional and keyword arguments, and whether grad was on.
         self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.grad_enabled = False
-        #: Steps that compiled: (step number, compile time in ns, frames compiled).
-        self.compiles: list[tuple[int, int, int]] = []
+        #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
+        self.compiles: list[tuple[int, int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
         self._collector: _Collector | None = None
         self._session = _Session(has_device=model_device(self.eager).type == "cuda")
@@ -525,6 +525,7 @@ class CompiledSteps:
         self._step: int | None = None
         self._compiles = 0
         self._metrics = 0
+        self._records = 0
         self._parsed = 0
 
     def __enter__(self) -> CompiledSteps:
@@ -587,6 +588,7 @@ class CompiledSteps:
         self._step = number
         self._compiles = _COMPILER.compiles
         self._metrics = len(_torch.compilation_metrics())
+        self._records = len(self._collector.records) if self._collector is not None else 0
         self._step_range = _torch.FastRange(STEP_RANGE)
         self._step_range.__enter__()
 
@@ -599,7 +601,8 @@ class CompiledSteps:
         if _COMPILER.compiles != self._compiles:
             metrics = _torch.compilation_metrics()[self._metrics :]
             seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
-            self.compiles.append((self._step, round(seconds * 1e9), len(metrics)))
+            records = self._collector.records[self._records :] if self._collector is not None else []
+            self.compiles.append((self._step, round(seconds * 1e9), len(metrics), len(_graph_breaks(records))))
         self._window_steps.append(self._step)
 
     @property

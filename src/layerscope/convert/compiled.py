@@ -15,7 +15,9 @@ a replayed one, or a torch.profiler trace file's (``traces/ranges.py``). The out
   its kernel calls' ranges, in order, each with its host time and, where device work was
   recorded, the device time of the kernels launched inside it (its own and its nested
   ops'): an extern kernel's aten op launches its kernels, and Inductor names a range
-  after each Triton kernel it launches.
+  after each Triton kernel it launches. The call's own device time holds its kernel
+  calls' and what the graph launched outside them (a CUDA graph's replay: its kernels
+  have no launch of their own).
 - A block's step has its parts' ranges (:class:`StepRange`, the outermost of each kind),
   each with the device time launched inside it, and the device work launched outside
   every part and graph call (``CompiledPass.loose_device``: when and how long), so each
@@ -154,7 +156,7 @@ def _pass(step: Range, ranges: list[Range], tree: _Tree) -> CompiledPass:
         kernels = []
         for child in sorted(rng.children, key=lambda c: c.start_time_ns):
             kernels.append(KernelRange(child.name, child.end_time_ns - child.start_time_ns, tree.device_ns(child)))
-        graph_calls.append(GraphCall(found.group(1), kernels, rng.end_time_ns - rng.start_time_ns))
+        graph_calls.append(GraphCall(found.group(1), kernels, rng.end_time_ns - rng.start_time_ns, tree.device_ns(rng)))
     loose: list[tuple[int, int]] = []
     if tree.has_device:
         part_spans = [(r.start_ns, r.end_ns) for r in parts]

@@ -52,18 +52,25 @@ class KernelTime:
 class StepCompile:
     """A ``Profiler`` block's step in which torch.compile compiled (the first, or a
     recompile when a guard failed): its number, the time compiling (Dynamo and
-    Inductor, none of it in the profile's times) and the Dynamo frames compiled."""
+    Inductor, none of it in the profile's times), the Dynamo frames compiled and the
+    graph breaks met."""
 
     step: int
     time_ns: int
     frames: int
+    #: The graph breaks Dynamo met compiling in this step (``CompileInfo.graph_breaks``
+    #: says where and why).
+    graph_breaks: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "time_ns": self.time_ns, "frames": self.frames}
+        return {
+            "step": self.step, "time_ns": self.time_ns, "frames": self.frames,
+            **({"graph_breaks": self.graph_breaks} if self.graph_breaks else {}),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepCompile:
-        return cls(data["step"], data["time_ns"], data["frames"])
+        return cls(data["step"], data["time_ns"], data["frames"], data.get("graph_breaks", 0))
 
 
 @dataclass
@@ -86,6 +93,10 @@ class CompileInfo:
     #: In a ``Profiler`` block: the steps that compiled, with their compile time (those
     #: steps' figures are left out of the medians when other steps ran).
     step_compiles: list[StepCompile] = field(default_factory=list)
+    #: Per phase, the median device time the graphs launched outside their kernel calls
+    #: (a CUDA graph's replay, whose kernels have no launch of their own): in the root's
+    #: device time, named as unattributed.
+    replay_device_ns: dict[str, int] = field(default_factory=dict)
 
     def unattributed_time_ns(self, phase: str = "backward") -> int:
         """The time of ``phase``'s kernels that no module's node is in (the sum of their
@@ -93,10 +104,12 @@ class CompileInfo:
         return sum(k.time_ns for k in self.kernels if k.phase == phase and not k.modules)
 
     def unattributed_device_ns(self, phase: str = "backward") -> int | None:
-        """The same kernels' device time (None: no device work was recorded)."""
-        if not any(k.device_ns is not None for k in self.kernels):
+        """The same kernels' device time and the graphs' replays in ``phase`` (None: no
+        device work was recorded)."""
+        if not any(k.device_ns is not None for k in self.kernels) and not self.replay_device_ns:
             return None
-        return sum(k.device_ns or 0 for k in self.kernels if k.phase == phase and not k.modules)
+        kernels = sum(k.device_ns or 0 for k in self.kernels if k.phase == phase and not k.modules)
+        return kernels + self.replay_device_ns.get(phase, 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +119,7 @@ class CompileInfo:
             "kernel_time_ns": self.kernel_time_ns, "kernels": [k.to_dict() for k in self.kernels],
             # Written only for a block: a profile()'s file is as before.
             **({"step_compiles": [c.to_dict() for c in self.step_compiles]} if self.step_compiles else {}),
+            **({"replay_device_ns": dict(self.replay_device_ns)} if self.replay_device_ns else {}),
         }
 
     @classmethod
@@ -117,4 +131,5 @@ class CompileInfo:
             step_time_ns=data["step_time_ns"], kernel_time_ns=data["kernel_time_ns"],
             kernels=[KernelTime.from_dict(k) for k in data["kernels"]],
             step_compiles=[StepCompile.from_dict(c) for c in data.get("step_compiles", ())],
+            replay_device_ns=dict(data.get("replay_device_ns", {})),
         )

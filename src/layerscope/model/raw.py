@@ -294,11 +294,14 @@ class KernelRange(NamedTuple):
 
 class GraphCall(NamedTuple):
     """One call of an Inductor graph (``graph``: its cache key): the ranges under it in
-    call order, and its own length."""
+    call order, its own length, and the device time launched in it (None: no device work
+    recorded), which holds its kernel calls' and what the graph launched itself (a CUDA
+    graph's replay)."""
 
     graph: str
     kernels: list[KernelRange]
     duration_ns: int
+    device_ns: int | None = None
 
 
 class EagerRange(NamedTuple):

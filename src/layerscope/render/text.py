@@ -455,6 +455,12 @@ def compile_lines(profile: Profile) -> list[str]:
             + (f" (device {fmt.time_ns(device)})" if (device := info.unattributed_device_ns("backward")) is not None else "")
             + f", counted in {profile.root.path or profile.root.type}'s Bwd self."
         )
+    if info.replay_device_ns:
+        said = ", ".join(f"{phase} {fmt.time_ns(ns)}" for phase, ns in sorted(info.replay_device_ns.items()))
+        lines.append(
+            f"CUDA-graph replays (device work the graphs launched outside their kernel calls): {said}; "
+            f"unattributed, counted in {profile.root.path or profile.root.type}'s self device time."
+        )
     if not info.graphs and profile.figures.steps is not None:
         lines.append(
             "No compiled graph ran in the block (Dynamo ran the model eagerly: its recompile limit was reached, or "
@@ -462,7 +468,8 @@ def compile_lines(profile: Profile) -> list[str]:
         )
     if info.step_compiles:
         said = ", ".join(
-            f"step {c.step} {fmt.time_ns(c.time_ns)} ({c.frames} frame{'s' if c.frames != 1 else ''})"
+            f"step {c.step} {fmt.time_ns(c.time_ns)} ({c.frames} frame{'s' if c.frames != 1 else ''}"
+            + (f", {c.graph_breaks} graph break{'s' if c.graph_breaks != 1 else ''})" if c.graph_breaks else ")")
             for c in info.step_compiles[:_OUTLIERS_NAMED]
         )
         more = len(info.step_compiles) - _OUTLIERS_NAMED
