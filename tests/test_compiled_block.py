@@ -519,7 +519,9 @@ def test_a_recorded_compiled_block_replays_as_the_same_profile() -> None:
             prof.step()
     live = check_tree(prof.profile)
     data = json.loads(json.dumps(replay.compiled_recording(recorder, live, about="zoo mlp, 3 steps on the CPU")))
-    assert [w["steps"] for w in data["windows"]] == [[0, 1, 2, 3]]  # the step the block's end cut short too
+    # The first step is read at once (the graphs it called tell which modules run
+    # eagerly); the rest at the end, with the step the block's end cut short.
+    assert [w["steps"] for w in data["windows"]] == [[0], [1, 2, 3]]
     replayed = check_tree(replay.replay_compiled(data, entry.build(), x))
     assert {n.path: [n.forward.self_cpu_time_ns, n.backward and n.backward.self_cpu_time_ns]
             for n in [*replayed.root.walk(), *replayed.parts]} == {k: v for k, v in data["live_host"].items()}
@@ -631,3 +633,29 @@ def test_a_graph_break_is_named_with_the_step_that_compiled_it(capsys: pytest.Ca
     plural = "s" if first.graph_breaks != 1 else ""
     assert re.search(rf"Compiled in the block: step 0 \S+ \(\d+ frames?, {first.graph_breaks} graph break{plural}\)", text)
     assert "layerscope-test block graph break" in capsys.readouterr().out  # the user's print still ran
+
+
+def test_modules_run_eagerly_between_graphs_are_timed_by_their_own_ranges(capsys: pytest.CaptureFixture[str]) -> None:
+    class Loud(nn.Module):  # a class of its own: compiled for the first time in this block
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            print("layerscope-test eager neighbours")  # a graph break
+            return self.linear(x).relu()
+
+    model = nn.Sequential(nn.Linear(8, 8), Loud(), nn.Linear(8, 4))
+    compiled = torch.compile(model)
+    with torch.no_grad(), layerscope.Profiler(compiled) as prof:
+        for _ in range(4):
+            compiled(torch.randn(2, 8))
+            prof.step()
+    profile = check_tree(prof.profile)
+    # Dynamo gives up on Sequential's loop at the break: layers 0 and 2 run eagerly, and
+    # each has a time of its own (from the second step on); Loud's code after the print is a graph.
+    for path in ("0", "1.linear", "2"):
+        assert profile[path].forward.self_cpu_time_ns > 0, path
+    assert {k.call.split(":")[0] for k in profile.compiled.kernels} == {"extern_kernels.addmm", "cpp_fused_relu_0"}
+    assert not any(hooks for m in model.modules() for hooks in (m._forward_hooks, m._forward_pre_hooks))
+    capsys.readouterr()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from layerscope.attribute import parent_indices
-from layerscope.attribute.compiled import StepFold, build_compiled_steps
+from layerscope.attribute.compiled import StepFold, build_compiled_steps, with_ops
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.profile import op_walk
 from layerscope.attribute.walk import PassResult
@@ -125,6 +125,8 @@ class _CompiledBlock:
         #: What each step recorded is for (a warm-up step's pass is dropped), until folded.
         self._actions: dict[int, Action] = {}
         self._counted: tuple[RawCapture, PassResult] | None = None
+        #: Whether the modules that run eagerly were looked for (after the first call).
+        self._eager_looked = False
 
     def __enter__(self) -> _CompiledBlock:
         self.steps.__enter__()
@@ -139,8 +141,41 @@ class _CompiledBlock:
         """End step ``number``; every ``WINDOW_STEPS`` recorded steps, they are read."""
         if number in self._actions:
             self.steps.end_step()
-            if self.steps.window_steps >= WINDOW_STEPS:
+            if not self._eager_looked and self.steps.inputs is not None:
+                self._time_eager_modules()
+            elif self.steps.window_steps >= WINDOW_STEPS:
                 self._fold(self.steps.read_window(), self.fold)
+
+    def _time_eager_modules(self) -> None:
+        """After the first recorded step that called the model: its window read (the
+        graphs it called now known), the eager count made, and the modules with ops of
+        their own that no forward graph holds (they ran eagerly, between graphs) timed by
+        ranges of their own from the next step on, as ``profile()`` times them."""
+        self._eager_looked = True
+        window = self.steps.read_window()
+        backward = any(r.kind == "backward" for _, one in window for r in one.ranges)
+        self._fold(window, self.fold)
+        raw, ops = self._count(backward)
+        graphs = self.steps.graphs()
+        called = {call.graph for _, one in window for call in one.graph_calls}
+        traced = {
+            path for key in called if (graph := graphs.get(key)) is not None and graph.phase == "forward"
+            for path in graph.modules
+        }
+        self.steps.time_eager_modules(sorted(with_ops(raw, ops) - traced))
+
+    def _count(self, backward: bool) -> tuple[RawCapture, PassResult]:
+        """The eager count of one step of the model on its first call's inputs (made once)."""
+        if self._counted is None:
+            steps = self.steps
+            assert steps.inputs is not None
+            raw = count_capture(
+                steps.eager, None, None, not steps.grad_enabled, backward, None, self.options.memory, split=steps.inputs,
+            )
+            ops = op_walk(raw)
+            assert ops is not None  # a count always has its op pass
+            self._counted = raw, ops
+        return self._counted
 
     def _fold(self, steps: list[tuple[int, CompiledPass]], fold: StepFold) -> None:
         if steps:
@@ -176,15 +211,7 @@ class _CompiledBlock:
         steps = self.steps
         if not fold.step_numbers or steps.inputs is None:
             return None
-        if self._counted is None:
-            raw = count_capture(
-                steps.eager, None, None, not steps.grad_enabled, fold.backward, None, self.options.memory,
-                split=steps.inputs,
-            )
-            ops = op_walk(raw)
-            assert ops is not None  # a count always has its op pass
-            self._counted = raw, ops
-        raw, ops = self._counted
+        raw, ops = self._count(fold.backward)
         graphs = steps.graphs()
         numbers = set(fold.step_numbers)
         meta = dataclasses.replace(

@@ -362,6 +362,8 @@ def step_sites(
     compiling = _length(ranges, "compile")
     forward = _length(ranges, "forward") - _overlap(ranges, ("compile",), forward_ranges)
     backward = _length(ranges, "backward")
+    for path, ns in eager_self(one.eager, one.regions).items():  # modules run eagerly, between graphs
+        _add(times, (path if path in known else "", "forward"), ns)
     if forward_ranges:
         _add(times, ("", "forward"), forward - _phase_total(times, "forward"))
         _add(device, ("", "forward"), _device_of(ranges, "forward") - _phase_total(device, "forward"))

@@ -527,6 +527,10 @@ class CompiledSteps:
         self._metrics = 0
         self._records = 0
         self._parsed = 0
+        #: The ranges around modules run eagerly (between graphs), while they are kept,
+        #: and the step that tells whether they were traced (a compile in it drops them).
+        self._eager_ranges: contextlib.ExitStack | None = None
+        self._eager_check = False
 
     def __enter__(self) -> CompiledSteps:
         stack = contextlib.ExitStack()
@@ -603,7 +607,36 @@ class CompiledSteps:
             seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             records = self._collector.records[self._records :] if self._collector is not None else []
             self.compiles.append((self._step, round(seconds * 1e9), len(metrics), len(_graph_breaks(records))))
+            if self._eager_check and self._eager_ranges is not None:
+                # Dynamo compiled again with the ranges' hooks on: it traced them, so they go
+                # (those modules' time stays with the root, as before).
+                self._eager_ranges.close()
+                self._eager_ranges = None
+        self._eager_check = False
         self._window_steps.append(self._step)
+
+    def time_eager_modules(self, paths: list[str]) -> None:
+        """From the next recorded step on, a range around each call of the modules at
+        ``paths`` (ones with ops that no graph holds: they run eagerly, between graphs),
+        as ``profile()`` times them; dropped if Dynamo compiles in that step (it traced
+        the hooks), and at the block's end."""
+        if self._stack is None or not paths or self._eager_ranges is not None:
+            return
+        ranges = contextlib.ExitStack()
+        ranges.enter_context(_eager_ranges(self.eager, paths))
+        self._eager_ranges = ranges
+        self._eager_check = True
+        self._stack.callback(self._drop_eager_ranges)
+
+    def _drop_eager_ranges(self) -> None:
+        ranges, self._eager_ranges = self._eager_ranges, None
+        if ranges is not None:
+            ranges.close()
+
+    @property
+    def eager_modules_timed(self) -> bool:
+        """Whether modules run eagerly are timed by ranges of their own now."""
+        return self._eager_ranges is not None
 
     @property
     def window_steps(self) -> int:
