@@ -24,7 +24,15 @@ from layerscope.convert.ranges import KernelSpan, Range
 from layerscope.model.check import check_tree
 from layerscope.model.compile_info import StepCompile
 from layerscope.model.documents import profile_from_dict
-from layerscope.model.raw import CompiledGraph, CompiledPass, GraphCall, GraphNode, KernelRange, StepRange
+from layerscope.model.raw import (
+    CompiledGraph,
+    CompiledPass,
+    GraphBreak,
+    GraphCall,
+    GraphNode,
+    KernelRange,
+    StepRange,
+)
 from layerscope.traces.ranges import read_ranges
 
 # -- the split of a step, by hand --------------------------------------------------------
@@ -659,3 +667,29 @@ def test_modules_run_eagerly_between_graphs_are_timed_by_their_own_ranges(capsys
     assert {k.call.split(":")[0] for k in profile.compiled.kernels} == {"extern_kernels.addmm", "cpp_fused_relu_0"}
     assert not any(hooks for m in model.modules() for hooks in (m._forward_hooks, m._forward_pre_hooks))
     capsys.readouterr()
+
+
+def test_a_compiled_blocks_report_reads_as_written(golden: Any) -> None:
+    """The text and kernel table of a compiled block's profile, from hand-made steps on
+    a device (deterministic figures) and the eager count of a real model: step 0
+    compiled (its figures left out of the medians) and its graph replayed some work."""
+    import dataclasses
+
+    raw, ops = _net_counted()
+    _, kernels = _window()
+    graphs = {"f": _FORWARD, "b": _BACKWARD}
+    fold = StepFold({"", "fc"})
+    replay = KernelSpan(10, 3000, 3070)  # launched by graph f's call itself: a replay
+    for number, extra in ((0, 5_000), (1, 0), (2, 0), (3, 0)):
+        step_roots, _ = _window()
+        step_roots[0].end_time_ns += extra
+        (one,) = compiled_passes(step_roots, [*kernels, replay], has_device=True)
+        fold.add(number, one, graphs)
+    meta = dataclasses.replace(raw.meta, mode="context", timed=None, step_range=[0, 3])
+    profile = check_tree(build_compiled_steps(
+        dataclasses.replace(raw, meta=meta), ops, fold, graphs,
+        graph_breaks=[GraphBreak("model.py:12", "print is not traced")],
+        step_compiles=[StepCompile(0, 2_500_000_000, 1, 1)],
+    ))
+    golden("compiled_block_device.out", profile.render("text", width=120))
+    golden("compiled_block_device_kernels.out", profile.render("kernels"))
