@@ -247,19 +247,34 @@ def test_a_forward_that_raises_leaves_the_model_as_it_was() -> None:
     model = zoo.get("mlp").build()
     compiled = torch.compile(model)
     before = dict(compiled.__dict__)
-    with pytest.raises(RuntimeError), layerscope.Profiler(compiled):
+    with pytest.raises(RuntimeError) as raised, layerscope.Profiler(compiled) as prof:
         compiled(torch.randn(2, 3))  # the MLP takes 64 features
     assert dict(compiled.__dict__).keys() == before.keys()
     assert all(compiled.__dict__[key] is value for key, value in before.items())
+    assert "layerscope: raised in module '(the model)' (MLP)" in raised.value.__notes__
+    with pytest.raises(ProfilerStateError, match="never returned from a call in the block"):
+        _ = prof.profile
+
+
+def test_steps_before_a_raise_are_kept_and_the_profile_says_it_is_incomplete() -> None:
+    entry = zoo.get("mlp")
+    compiled = torch.compile(entry.build())
+    x = entry.example_inputs(2)
+    with pytest.raises(RuntimeError), torch.no_grad(), layerscope.Profiler(compiled) as prof:
+        for bad in (False, False, True):
+            compiled(torch.randn(2, 3) if bad else x)
+            prof.step()
+    profile = check_tree(prof.profile)
+    assert profile.meta.complete is False and profile.figures.step_numbers == [0, 1, 2]
 
 
 def test_a_block_whose_model_never_ran_says_so() -> None:
     compiled = torch.compile(zoo.get("mlp").build())
     with layerscope.Profiler(compiled) as prof:
         pass
-    with pytest.raises(ProfilerStateError, match="never called in the block"):
+    with pytest.raises(ProfilerStateError, match="never returned from a call in the block"):
         str(prof)
-    with pytest.raises(ProfilerStateError, match="never called in the block"):
+    with pytest.raises(ProfilerStateError, match="never returned from a call in the block"):
         _ = prof.profile  # the same error on every read
 
 

@@ -200,8 +200,8 @@ class _CompiledBlock:
             self._fold(pending.streams(), fold)
             if self.steps.inputs is None:
                 raise ProfilerStateError(
-                    "the compiled model was never called in the block: nothing to profile (call it inside the "
-                    "`with layerscope.Profiler(model) as prof:` block)"
+                    "the compiled model never returned from a call in the block (it was not called, or every call "
+                    "raised): nothing to profile; call it inside the `with layerscope.Profiler(model) as prof:` block"
                 )
             return self._build(fold, complete, identity)
 
@@ -526,7 +526,7 @@ class Profiler:
         assert self._stack is not None
         failed = exc_info[0] is not None
         if isinstance(exc_info[1], Exception):
-            note_raising_module(exc_info[1], self.model)
+            note_raising_module(exc_info[1], eager_module(self.model) or self.model)
         if self._compiled is not None:
             self._stack = None
             complete = not failed and self._options.schedule is None

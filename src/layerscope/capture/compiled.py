@@ -511,7 +511,8 @@ class CompiledSteps:
         self.eager: nn.Module = _torch.eager_of(model)
         self._settings = settings
         self._fullgraph = fullgraph
-        #: The first call's positional and keyword arguments, and whether grad was on.
+        #: The first call's positional and keyword arguments (of one that returned), and
+        #: whether grad was on.
         self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.grad_enabled = False
         #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
@@ -559,11 +560,12 @@ class CompiledSteps:
         saved = state.get("forward", missing)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if self.inputs is None:
+            with _torch.FastRange(FORWARD_RANGE):
+                output = compiled_forward(*args, **kwargs)
+            if self.inputs is None:  # the first call that returned: what the eager count runs on
                 self.inputs = (args, dict(kwargs))
                 self.grad_enabled = torch.is_grad_enabled()
-            with _torch.FastRange(FORWARD_RANGE):
-                return compiled_forward(*args, **kwargs)
+            return output
 
         state["forward"] = forward
         try:
