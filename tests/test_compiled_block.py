@@ -708,3 +708,13 @@ def test_a_compiled_blocks_report_reads_as_written(golden: Any) -> None:
     ))
     golden("compiled_block_device.out", profile.render("text", width=120))
     golden("compiled_block_device_kernels.out", profile.render("kernels"))
+
+
+@pytest.mark.slow  # the loops fixture compiles three models: out of the fast tier
+def test_torchs_key_averages_of_a_compiled_block_say_its_op_times_were_never_measured(loops: dict[str, Any]) -> None:
+    from layerscope.compat.torch_profiler import key_averages
+
+    profile, *_ = loops["mlp"]
+    table = key_averages(profile).table(row_limit=3)
+    assert "aten::addmm" in table
+    assert "have no times of their own: the times here are 0, never measured" in table

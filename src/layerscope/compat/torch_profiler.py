@@ -104,12 +104,17 @@ class KeyAverages(EventList):
         ``cpu_memory_usage``, ``self_cpu_memory_usage``, ``count``, ...); any other
         attribute (an average) on the events themselves. A key this profile has no
         figures for (CUDA time on the CPU) keeps the default order and says so."""
+        compiled = [] if self.profile.compiled is None else [
+            "(a compiled model's ops ran fused into its kernels and have no times of their own: the times here are "
+            "0, never measured; prof.render(\"kernels\") times each kernel call)"
+        ]
         if sort_by is not None and sort_by not in TORCH_SORT_KEYS:
-            return super()._ordered(sort_by)
+            events, notes = super()._ordered(sort_by)
+            return events, [*notes, *compiled]
         try:
-            return self._events(sort_by), []
+            return self._events(sort_by), compiled
         except OpTableError as exc:
-            return list(self), [f"({str(exc).split(';')[0]}; rows in the default order, by self CPU time)"]
+            return list(self), [f"({str(exc).split(';')[0]}; rows in the default order, by self CPU time)", *compiled]
 
 
 def key_averages(profile: Profile, group_by_input_shape: bool = False, group_by_stack_n: int = 0) -> KeyAverages:
