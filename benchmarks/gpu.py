@@ -33,7 +33,8 @@ Parts, each timed and reported ok / failed (with the error) / skipped (with the 
 4. ``exit_scaling``: a GPT-2 block's exit for 2, 5 and 11 steps beside torch.profiler's
    stop (and each first read), and ``exit_profile``: where an 11-step exit and first read go (cProfile);
 5. a ``torch.compile``d model: its kernels matched to modules, and a compiled AdamW loop in
-   a block, each module's device time against torch.profiler's trace of the same step;
+   a block, each module's device time against torch.profiler's trace of the same step
+   (run right after ``record``: the compiled path has run on no GPU yet);
 6. DDP on one device (NCCL on a GPU, gloo on the CPU): collective bytes and waiting;
 7. the HTML report of the training step, saved into OUT.
 
@@ -842,12 +843,13 @@ def _plan(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[], Result]]
         return lambda: check_model(name, build, train, dtype, args, args.out)
 
     yield "record", lambda: record(args, args.out)
+    # The compiled path has run on no GPU yet (its device time, each module against torch's trace): early.
+    yield "compiled", lambda: compiled(args)
     models = (("bert_base_forward", bert, False), ("gpt2_adamw_step", gpt2, True))
     for name, build, train in models:
         yield f"{name}_float32", model_part(name, build, train, torch.float32)
     yield "exit_scaling", lambda: exit_scaling(args)
     yield "exit_profile", lambda: exit_profile(args)
-    yield "compiled", lambda: compiled(args)
     yield "ddp_one_device", lambda: ddp(args, args.out)
     if args.device == "cuda":
         for name, build, train in models:
