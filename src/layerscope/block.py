@@ -102,9 +102,9 @@ class _CompiledBlock:
     """A block around a model compiled whole: its steps recorded from the kernels of
     layerscope's compile (``capture/compiled.py``), folded as they are read
     (``attribute/compiled.py``), each cycle built with one eager step's count of the
-    model (the first call's inputs; made once, on the first build). A schedule's idle
-    steps record nothing and its warm-up steps are recorded and dropped, as in an eager
-    block."""
+    model (on the first call's inputs; made once, after the first recorded step that
+    called it). A schedule's idle steps record nothing and its warm-up steps are
+    recorded and dropped, as in an eager block."""
 
     def __init__(self, model: nn.Module, options: _Options) -> None:
         given = [
@@ -137,11 +137,15 @@ class _CompiledBlock:
             self._actions[number] = action
             self.steps.begin_step(number)
 
+    def action(self, number: int) -> Action:
+        """What step ``number`` was begun for (``NONE``: it records nothing)."""
+        return self._actions.get(number, Action.NONE)
+
     def end(self, number: int) -> None:
         """End step ``number``; every ``WINDOW_STEPS`` recorded steps, they are read."""
         if number in self._actions:
             self.steps.end_step()
-            if not self._eager_looked and self.steps.inputs is not None:
+            if not self._eager_looked and self.steps.returned:
                 self._time_eager_modules()
             elif self.steps.window_steps >= WINDOW_STEPS:
                 self._fold(self.steps.read_window(), self.fold)
@@ -175,6 +179,7 @@ class _CompiledBlock:
             ops = op_walk(raw)
             assert ops is not None  # a count always has its op pass
             self._counted = raw, ops
+            steps.inputs = None  # counted: the user's tensors are not held any longer
         return self._counted
 
     def _fold(self, steps: list[tuple[int, CompiledPass]], fold: StepFold) -> None:
@@ -198,7 +203,7 @@ class _CompiledBlock:
 
         def build() -> Profile | None:
             self._fold(pending.streams(), fold)
-            if self.steps.inputs is None:
+            if not self.steps.returned:
                 raise ProfilerStateError(
                     "the compiled model never returned from a call in the block (it was not called, or every call "
                     "raised): nothing to profile; call it inside the `with layerscope.Profiler(model) as prof:` block"
@@ -209,7 +214,7 @@ class _CompiledBlock:
 
     def _build(self, fold: StepFold, complete: bool, identity: dict[str, Any]) -> Profile | None:
         steps = self.steps
-        if not fold.step_numbers or steps.inputs is None:
+        if not fold.step_numbers or not steps.returned:
             return None
         raw, ops = self._count(fold.backward)
         graphs = steps.graphs()
@@ -345,9 +350,13 @@ class Profiler:
         if eager_module(self.model) is not None:
             compiled = _CompiledBlock(self.model, options)
             compiled.__enter__()
+            try:
+                self._identity = distributed.identity()
+                compiled.begin(self._step, self._action(self._step))
+            except BaseException:
+                compiled.steps.stop()  # the model's forward put back, torch's profiler stopped
+                raise
             self._compiled, self._stack = compiled, contextlib.ExitStack()
-            self._identity = distributed.identity()
-            compiled.begin(self._step, self._action(self._step))
             return self
         # Every step goes through one backend. With ops: torch's profiler, recording
         # shapes and memory, times and detail from the same run, held for the whole block
@@ -460,7 +469,7 @@ class Profiler:
         """A compiled model's step ended: a cycle's last one delivers its profile."""
         compiled = self._compiled
         assert compiled is not None
-        action = self._action(self._step)
+        action = compiled.action(self._step)
         try:
             try:
                 compiled.end(self._step)

@@ -515,6 +515,8 @@ class CompiledSteps:
         #: whether grad was on.
         self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.grad_enabled = False
+        #: Whether a call of the model returned in the block (the inputs are let go once counted).
+        self.returned = False
         #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
         self.compiles: list[tuple[int, int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
@@ -562,9 +564,10 @@ class CompiledSteps:
         def forward(*args: Any, **kwargs: Any) -> Any:
             with _torch.FastRange(FORWARD_RANGE):
                 output = compiled_forward(*args, **kwargs)
-            if self.inputs is None:  # the first call that returned: what the eager count runs on
+            if not self.returned:  # the first call that returned: what the eager count runs on
                 self.inputs = (args, dict(kwargs))
                 self.grad_enabled = torch.is_grad_enabled()
+                self.returned = True
             return output
 
         state["forward"] = forward
