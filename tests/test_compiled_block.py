@@ -684,10 +684,10 @@ def test_modules_run_eagerly_between_graphs_are_timed_by_their_own_ranges(capsys
     capsys.readouterr()
 
 
-def test_a_compiled_blocks_report_reads_as_written(golden: Any) -> None:
-    """The text and kernel table of a compiled block's profile, from hand-made steps on
-    a device (deterministic figures) and the eager count of a real model: step 0
-    compiled (its figures left out of the medians) and its graph replayed some work."""
+def device_block_profile() -> Any:
+    """A compiled block's profile from hand-made steps on a device (deterministic
+    figures) and the eager count of a real model: step 0 compiled (its figures left out
+    of the medians) with a graph break, and graph f's call replayed some work itself."""
     import dataclasses
 
     raw, ops = _net_counted()
@@ -701,11 +701,16 @@ def test_a_compiled_blocks_report_reads_as_written(golden: Any) -> None:
         (one,) = compiled_passes(step_roots, [*kernels, replay], has_device=True)
         fold.add(number, one, graphs)
     meta = dataclasses.replace(raw.meta, mode="context", timed=None, step_range=[0, 3])
-    profile = check_tree(build_compiled_steps(
+    return check_tree(build_compiled_steps(
         dataclasses.replace(raw, meta=meta), ops, fold, graphs,
         graph_breaks=[GraphBreak("model.py:12", "print is not traced")],
         step_compiles=[StepCompile(0, 2_500_000_000, 1, 1)],
     ))
+
+
+def test_a_compiled_blocks_report_reads_as_written(golden: Any) -> None:
+    """The text and kernel table of :func:`device_block_profile`."""
+    profile = device_block_profile()
     golden("compiled_block_device.out", profile.render("text", width=120))
     golden("compiled_block_device_kernels.out", profile.render("kernels"))
 

@@ -445,3 +445,20 @@ def test_one_pass_says_its_noise_is_not_measured(open_report: Any, step: Profile
     assert step.pass_spread() is None  # repeat=1
     header = open_report(step).page.inner_text("header .facts")
     assert "not measured: one pass" in header
+
+
+@pytest.mark.browser
+def test_a_compiled_blocks_report_shows_its_device_time_and_unknown_part_counts(open_report: Any) -> None:
+    from test_compiled_block import device_block_profile
+
+    profile = device_block_profile()
+    report = open_report(profile, "compiled_block.html")
+    page = report.page
+    assert report.errors == [] and report.dialogs == []
+    rows = report.visible_paths()
+    assert "fc" in rows and "<optimizer:AdamW>" in rows and "<loss>" in rows
+    fc_self = page.eval_on_selector('#tree-table tr[data-path="fc"] td[data-key="forward_self"]', "c => c.dataset.value")
+    assert fc_self == str(profile["fc"].forward.self_cpu_time_ns)
+    # A step part's FLOPs are unknown: no figure, never 0.
+    flops = page.eval_on_selector('#tree-table tr[data-path="<optimizer:AdamW>"] td[data-key="flops"]', "c => c.textContent")
+    assert flops.strip() in ("", "?", "-")
