@@ -457,6 +457,7 @@ def test_a_compiled_blocks_report_shows_its_device_time_and_unknown_part_counts(
     assert report.errors == [] and report.dialogs == []
     rows = report.visible_paths()
     assert "fc" in rows and "<optimizer:AdamW>" in rows and "<loss>" in rows
+    assert "each node's median over the steps, the 1 that compiled left out" in page.inner_text("header .facts")
     fc_self = page.eval_on_selector('#tree-table tr[data-path="fc"] td[data-key="forward_self"]', "c => c.dataset.value")
     assert fc_self == str(profile["fc"].forward.self_cpu_time_ns)
     # A step part's FLOPs are unknown: no figure, never 0.

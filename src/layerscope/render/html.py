@@ -69,6 +69,10 @@ def report_data(profile: Profile) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "meta": meta_to_dict(profile.meta, profile.figures),
+        # A compiled model's block: its nodes are medians over the steps, those that compiled left out.
+        "compiled_steps_left_out": (
+            None if profile.compiled is None or profile.figures.steps is None else len(profile.compiled.step_compiles)
+        ),
         # The inputs as the text header names them (shapes with dtypes, keywords by name).
         "inputs_text": _inputs(profile),
         "param_bytes": profile.param_bytes,

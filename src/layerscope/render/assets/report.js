@@ -138,6 +138,11 @@
       fact("noise", "not measured: one pass (profile(repeat=…) or more steps measure it); a figure may be far from typical");
     }
     if (META.step_range) fact("steps", META.step_range[0] + "–" + META.step_range[1] + (META.steps !== undefined ? " (" + META.steps + " timed)" : ""));
+    // A compiled model's block holds medians, not sums (its FLOPs are one eager step's).
+    const compiled = DATA.compiled_steps_left_out;
+    if (compiled !== null && compiled !== undefined) {
+      fact("figures", "each node's median over the steps" + (compiled ? ", the " + compiled + " that compiled left out" : "") + " (a compiled model's block)");
+    }
     const spread = DATA.step_spread;
     if (spread) {
       fact("step time", "median " + fmt.time(spread.median_ns) + ", p90 " + fmt.time(spread.p90_ns) + ", min " + fmt.time(spread.min_ns) + ", max " + fmt.time(spread.max_ns) + " over " + spread.steps + " steps");
