@@ -19,9 +19,9 @@ a replayed one, or a torch.profiler trace file's (``traces/ranges.py``). The out
   calls' and what the graph launched outside them (a CUDA graph's replay: its kernels
   have no launch of their own).
 - A block's step has its parts' ranges (:class:`StepRange`, the outermost of each kind),
-  each with the device time launched inside it, and the device work launched outside
-  every part and graph call (``CompiledPass.loose_device``: when and how long), so each
-  ns of a step's device time is in one place.
+  each with the device time launched inside it (in its subtree), and the device work
+  launched outside every part's and graph call's subtree (``CompiledPass.loose_device``:
+  when and how long), so each ns of a step's device time is in one place.
 """
 
 from __future__ import annotations
@@ -133,13 +133,18 @@ def _pass(step: Range, ranges: list[Range], tree: _Tree) -> CompiledPass:
     def span(rng: Range) -> tuple[int, int]:
         return rng.start_time_ns - origin, rng.end_time_ns - origin
 
-    parts = _step_ranges(ranges, span, tree)
+    kept = _step_ranges(ranges, span, tree)
+    parts = [part for part, _ in kept]
     compiling = [(r.start_ns, r.end_ns) for r in parts if r.kind == "compile"]
     graph_calls: list[GraphCall] = []
     eager: list[EagerRange] = []
     regions: list[CompiledRegion] = []
     loss: LossRange | None = None
-    covered: set[int] = set()  # ranges whose device work is in a part or a kernel call
+    # The ranges whose device work a part or a graph call holds: their subtrees, the
+    # ranges each one's device time was summed over.
+    covered: set[int] = set()
+    for _, rng in kept:
+        _cover(rng, covered)
     for rng in ranges:
         if compiling and _within(span(rng), compiling):
             continue  # Dynamo's and Inductor's own work while compiling (tracing, benchmarking)
@@ -157,12 +162,9 @@ def _pass(step: Range, ranges: list[Range], tree: _Tree) -> CompiledPass:
         for child in sorted(rng.children, key=lambda c: c.start_time_ns):
             kernels.append(KernelRange(child.name, child.end_time_ns - child.start_time_ns, tree.device_ns(child)))
         graph_calls.append(GraphCall(found.group(1), kernels, rng.end_time_ns - rng.start_time_ns, tree.device_ns(rng)))
+        _cover(rng, covered)
     loose: list[tuple[int, int]] = []
     if tree.has_device:
-        part_spans = [(r.start_ns, r.end_ns) for r in parts]
-        for rng in ranges:
-            if _CALL.fullmatch(rng.name) or (part_spans and _within(span(rng), part_spans)):
-                _cover(rng, covered)
         for rng in ranges:
             ns = tree.launched.get(rng.correlation_id, 0) if rng.correlation_id else 0
             if ns and id(rng) not in covered:
@@ -181,10 +183,13 @@ def _cover(rng: Range, covered: set[int]) -> None:
         stack.extend(one.children)
 
 
-def _step_ranges(ranges: list[Range], span: Callable[[Range], tuple[int, int]], tree: _Tree) -> list[StepRange]:
-    """A step's parts (:func:`step_range`), the outermost range of each kind; the
-    engine's and optimizers' ranges inside a compile (tracing the backward) left out."""
-    found: list[StepRange] = []
+def _step_ranges(
+    ranges: list[Range], span: Callable[[Range], tuple[int, int]], tree: _Tree,
+) -> list[tuple[StepRange, Range]]:
+    """A step's parts (:func:`step_range`), each with its range: the outermost range of
+    each kind; the engine's and optimizers' ranges inside a compile (tracing the
+    backward) left out."""
+    found: list[tuple[StepRange, Range]] = []
     open_until: dict[str, int] = {}
     for rng in ranges:  # in start order
         known = step_range(rng.name)
@@ -195,6 +200,9 @@ def _step_ranges(ranges: list[Range], span: Callable[[Range], tuple[int, int]], 
         if start < open_until.get(kind, -1):
             continue  # inside one of its kind (a node's own nested call)
         open_until[kind] = end
-        found.append(StepRange(kind, name, start, end, tree.device_ns(rng)))
-    compiling = [(r.start_ns, r.end_ns) for r in found if r.kind == "compile"]
-    return [r for r in found if r.kind in ("compile", "forward") or not _within((r.start_ns, r.end_ns), compiling)]
+        found.append((StepRange(kind, name, start, end, tree.device_ns(rng)), rng))
+    compiling = [(r.start_ns, r.end_ns) for r, _ in found if r.kind == "compile"]
+    return [
+        (r, rng) for r, rng in found
+        if r.kind in ("compile", "forward") or not _within((r.start_ns, r.end_ns), compiling)
+    ]
