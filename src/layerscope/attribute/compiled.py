@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from layerscope.attribute.memory import Site
 from layerscope.attribute.profile import assemble
-from layerscope.attribute.walk import LOSS, OTHER, Dynamic, PassResult
+from layerscope.attribute.walk import LOSS, OTHER, Dynamic, PassResult, part_node
 from layerscope.base.stats import median, median_floor
 from layerscope.model.compile_info import CompileInfo, KernelTime, StepCompile
 from layerscope.model.raw import (
@@ -373,7 +373,7 @@ def step_sites(
     parts = 0
     for r in ranges:
         if r.kind in ("optimizer", "zero_grad"):
-            path = f"<optimizer:{r.name}>" if r.kind == "optimizer" else "<zero_grad>"
+            path = part_node(r.kind, r.name).path
             _add(times, (path, "forward"), r.end_ns - r.start_ns)
             _add(device, (path, "forward"), r.device_ns or 0)
             parts += r.end_ns - r.start_ns
@@ -439,6 +439,11 @@ class StepFold:
     backward: bool = False
     #: Whether device work was recorded.
     has_device: bool = False
+    #: The step parts' nodes, by path: the loss, the rest, and each optimizer's step and
+    #: zero_grad the steps ran.
+    parts: dict[str, Dynamic] = field(default_factory=lambda: {
+        node.path: node for node in (part_node("loss", "loss"), part_node("other", "other"))
+    })
     _host: _Columns = field(default_factory=_Columns)
     _device: _Columns = field(default_factory=_Columns)
     _kernel_totals: list[int] = field(default_factory=list)
@@ -465,6 +470,10 @@ class StepFold:
             for n, ns in enumerate(values):
                 flat.extend((at, ns, devices[n] if n < len(devices) else -1))
         self._replays.append(samples.replays[0] if samples.replays else {})
+        for r in one.ranges:
+            if r.kind in ("optimizer", "zero_grad"):
+                node = part_node(r.kind, r.name)
+                self.parts.setdefault(node.path, node)
         self.backward = self.backward or any(r.kind == "backward" for r in one.ranges)
         self.step_numbers.append(number)
         self.step_ns.append(one.step_ns)
@@ -545,14 +554,6 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
     return assemble(raw, result, untimed, RunFigures(), compiled=info)
 
 
-def _part(path: str) -> Dynamic:
-    """The node of a block's step part (``<optimizer:AdamW>``, ``<zero_grad>``, ...)."""
-    if path.startswith("<optimizer:"):
-        return Dynamic(path, None, "optimizer", path[len("<optimizer:") : -1])
-    name = path[1:-1]
-    return Dynamic(path, None, name if name in ("loss", "zero_grad") else "other", name)
-
-
 def build_compiled_steps(
     raw: RawCapture, ops: PassResult, fold: StepFold, graphs: Mapping[str, CompiledGraph], *,
     graph_breaks: Sequence[GraphBreak], step_compiles: Sequence[StepCompile],
@@ -571,7 +572,7 @@ def build_compiled_steps(
         raw = dataclasses.replace(raw, has_device_time=True)
     dynamic = {path: dyn for path, dyn in ops.dynamic.items() if not path.startswith("<")}
     for path in {path for path in (*times.self_ns, *times.backward_self_ns) if path.startswith("<")}:
-        dynamic[path] = _part(path)
+        dynamic[path] = fold.parts[path]
     result = PassResult(
         self_cpu=self_cpu, self_dev=self_dev or {}, calls=dict(ops.calls), dynamic=dynamic, phases=set(ops.phases),
         enclosing=dict(ops.enclosing),

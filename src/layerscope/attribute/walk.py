@@ -757,7 +757,7 @@ class PassWalker:
         entry on)."""
         if key not in self.result.dynamic:
             kind = {LOSS: "loss", COMMUNICATION: "communication"}.get(key, "other")
-            self.result.dynamic[key] = Dynamic(key, None, kind, key[1:-1])
+            self.result.dynamic[key] = part_node(kind, key[1:-1])
 
     def ensure_dynamic(self, parent: Key | None, name: str, kind: str) -> str:
         """The node of a label or step part entered inside ``parent``; returns its path."""
@@ -910,6 +910,12 @@ def _as_lists(shapes: Any) -> Any:
             for s in shapes
         ]
     return shapes
+
+
+def part_node(kind: str, name: str) -> Dynamic:
+    """A step part's node, at the top level: ``<loss>``, ``<optimizer:NAME>``,
+    ``<zero_grad>``, ``<other>`` (a compiled model's block makes its parts with it)."""
+    return Dynamic(_label_path(None, name, kind), None, kind, name)
 
 
 def _label_path(parent_path: str | None, name: str, kind: str) -> str:
