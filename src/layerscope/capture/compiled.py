@@ -46,6 +46,7 @@ from layerscope.base.errors import ModelError, ProfilerStateError
 from layerscope.capture import _torch
 from layerscope.capture.kineto import (
     PendingRead,
+    profiler_activities,
     profiler_held,
     profiler_session,
     quiet_profiler,
@@ -336,10 +337,8 @@ class _Session:
         self.has_device = has_device
 
     def start(self) -> None:
-        from torch.autograd.profiler import ProfilerActivity
-
         config = _torch.profiler_config(False, False, False)
-        activities = {ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.has_device else [])}
+        activities = profiler_activities(self.has_device)
         with quiet_profiler():
             _torch.prepare_profiler(config, activities)
             _torch.python_profiler_flag(True)

@@ -249,6 +249,16 @@ def profiler_session(*, bounded: bool) -> Iterator[bool]:
         _CLAIM.give()
 
 
+def profiler_activities(has_device: bool) -> set[Any]:
+    """What torch's profiler records: the CPU, and the device's work when there is one."""
+    from torch.autograd.profiler import ProfilerActivity
+
+    activities = {ProfilerActivity.CPU}
+    if has_device:
+        activities.add(ProfilerActivity.CUDA)
+    return activities
+
+
 def read_before_next_session(pending: PendingRead[Any]) -> None:
     """A stopped result left unread, read at the latest before torch's profiler is next
     prepared in the process (``_Claim``)."""
@@ -328,12 +338,7 @@ class KinetoWindow:
         self._constant: tuple[Any, ...] | None = None
 
     def _activities(self) -> set[Any]:
-        from torch.autograd.profiler import ProfilerActivity
-
-        activities = {ProfilerActivity.CPU}
-        if self.has_device:
-            activities.add(ProfilerActivity.CUDA)
-        return activities
+        return profiler_activities(self.has_device)
 
     # -- notes: what Python knows, placed on the profiler's clock ------------------------
     def _note(self, items: list[tuple[Any, ...]] | Callable[[], list[tuple[Any, ...]]]) -> None:
