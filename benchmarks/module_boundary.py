@@ -14,7 +14,17 @@ torch thread, no_grad, 5 forwards per sample, rounds interleaved (order rotated)
 - *tp + per-module hooks + range*: the same hooks registered on each module;
 - *tp + forward wrapper + range*: no hook at all: each module's ``forward`` replaced, for
   the run, by a wrapper that opens the range around the original (so calls keep torch's
-  hook-free fast path).
+  hook-free fast path);
+- *tp + 2 empty global hooks*: hooks that do nothing, the floor of any hook-based
+  mechanism (torch's hooked call path alone);
+- *tp + 2 global hooks + range, always_call*: the post hook registered as a step
+  registers it (``always_call=True``, so it runs when ``forward`` raises);
+- *tp + 2 global hooks + one range object per module*: each module's range made once
+  and entered on every call, instead of one made per call;
+- *layerscope step*: a ``layerscope.Profiler`` block's steady steps (its own torch
+  profiler with shapes and memory, its hooks and ranges), each step ``--layers``
+  forwards as above, the first step of the block (which also reads module shapes) left
+  out.
 """
 
 from __future__ import annotations
@@ -106,12 +116,59 @@ def main() -> None:
                 del m.forward
         return undo
 
+    def empty_hooks() -> Callable[[], None]:
+        def pre(module: nn.Module, inputs: Any) -> None:
+            pass
+
+        def post(module: nn.Module, inputs: Any, output: Any) -> None:
+            pass
+
+        handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post)]
+        return lambda: _remove(handles)
+
+    def always_call() -> Callable[[], None]:
+        pre, post = ranges()
+        handles = [
+            nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post, always_call=True),
+        ]
+        return lambda: _remove(handles)
+
+    def kept_ranges() -> Callable[[], None]:
+        made = {key: _Fast(name) for key, name in names.items()}
+        opened: list[Any] = []
+
+        def pre(module: nn.Module, inputs: Any) -> None:
+            rf = made[id(module)]
+            rf.__enter__()
+            opened.append(rf)
+
+        def post(module: nn.Module, inputs: Any, output: Any) -> None:
+            opened.pop().__exit__(None, None, None)
+
+        handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post)]
+        return lambda: _remove(handles)
+
+    def layerscope_steps() -> float:
+        import layerscope
+
+        times = []
+        with layerscope.Profiler(model) as prof:
+            for _ in range(4):
+                times.append(forwards())
+                prof.step()
+        _ = prof.profile  # read, as a user's first look at it would
+        return statistics.median(times[1:])
+
     variants: dict[str, Callable[[], float]] = {
         "plain": forwards,
         "tp": under(),
         "tp + 2 global hooks + range": under(global_hooks),
         "tp + per-module hooks + range": under(module_hooks),
         "tp + forward wrapper + range": under(wrappers),
+        "tp + 2 empty global hooks": under(empty_hooks),
+        "tp + 2 global hooks + range, always_call": under(always_call),
+        "tp + 2 global hooks + one range per module": under(kept_ranges),
+        "layerscope step": layerscope_steps,
     }
     seen: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(2):  # warm
@@ -126,8 +183,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, python {platform.python_version()}, {args.layers} x Linear(16, 16), {args.rounds} rounds")
     for name, values in seen.items():
         median = statistics.median(values)
-        extra = f"   +{(median - tp) / args.layers / 1e3:.2f} us per module call over tp" if name.startswith("tp +") else ""
-        print(f"  {name:32s} {median / 1e3:9.0f} us   x{median / plain:.2f} plain{extra}")
+        extra = f"   x{median / tp:.3f} tp   +{(median - tp) / args.layers / 1e3:.2f} us per module call over tp" if name != "plain" and name != "tp" else ""
+        print(f"  {name:44s} {median / 1e3:9.0f} us   x{median / plain:.2f} plain{extra}")
 
 
 if __name__ == "__main__":
