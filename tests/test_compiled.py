@@ -5,9 +5,11 @@ and a model with a graph break (Inductor on the CPU)."""
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -444,6 +446,89 @@ def test_cli_compile_lists_kernels_and_a_saved_profile_shows_them_again(tmp_path
     assert shown.stdout == saved.render("kernels")
     assert "extern_kernels.addmm:1" in shown.stdout and "Per module" in shown.stdout
     assert "Compiled (inductor)" in run_cli("show", "mlp.json", cwd=tmp_path).stdout
+
+
+def _wrapped(forward: Any) -> Any:
+    """A decorator as model libraries put on ``forward`` (transformers' output-tuple and
+    input-check wrappers): the frame Dynamo compiles is ``wrapper(*args, **kwargs)``."""
+
+    @functools.wraps(forward)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    return wrapper
+
+
+class _Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+        self.head = nn.Linear(32, 16)
+
+    @_wrapped
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_kernels_reach_modules_when_forward_is_a_decorators_wrapper() -> None:
+    # Dynamo names the modules from the wrapper's arguments (L['args'][0].head); before,
+    # no path matched the model's and every kernel stayed with the root, forward and
+    # backward alike (a transformers Llama lost all of them).
+    torch.manual_seed(0)
+    model, x = _Decorated(), torch.randn(4, 16)
+    prof, eager = _compiled(model, x)
+    kernels = prof.compiled.kernels
+    assert kernels and all(k.modules for k in kernels), [(k.call, k.modules) for k in kernels]
+    assert prof["head"].forward.self_cpu_time_ns > 0 and prof["body.0"].forward.self_cpu_time_ns > 0
+    _same_flops(prof, eager)
+    step = check_tree(layerscope.profile(torch.compile(model), x, backward=True, warmup=1, repeat=2))
+    backward = [k for k in step.compiled.kernels if k.phase == "backward"]
+    assert backward and all(k.modules for k in backward), [(k.call, k.modules) for k in backward]
+    assert step.compiled.unattributed_time_ns("backward") == 0
+
+
+class _Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+class _Renamed(_Plain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.a(x)  # Dynamo names the graph's nodes after these locals
+        hidden = torch.relu(hidden)
+        out = self.b(hidden)
+        return out
+
+
+def test_two_forwards_of_one_structure_each_get_their_own_kernels_modules() -> None:
+    # Inductor's graph cache keys a graph by its structure. A second forward of the same
+    # layers, whose graph nodes are named after other locals (hidden, out, not linear,
+    # relu), hit the first one's entry (in this process, or another's, from the cache on
+    # disk) and replayed its provenance, which names the first graph's nodes: no kernel
+    # had a module. layerscope's compile keeps that cache off.
+    x = torch.randn(4, 16)
+    for model in (_Plain(), _Renamed()):
+        prof, _ = _compiled(model, x)
+        kernels = prof.compiled.kernels
+        assert kernels and all(k.modules for k in kernels), [(type(model).__name__, k.call, k.modules) for k in kernels]
+        assert prof["a"].forward.self_cpu_time_ns > 0 and prof["b"].forward.self_cpu_time_ns > 0
+
+
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled:UserWarning")
+def test_a_compile_with_every_cache_off_is_profiled_per_module() -> None:
+    # TORCHINDUCTOR_FORCE_DISABLE_CACHES=1, as users set it to debug a compile: before,
+    # the graphs were named by their cache events, which a disabled cache never writes,
+    # and the profile was refused ("made no Inductor graph ... layerscope can read").
+    torch.manual_seed(0)
+    with torch.compiler.config.patch(force_disable_caches=True):
+        prof, eager = _compiled(_Plain(), torch.randn(4, 16))
+    kernels = prof.compiled.kernels
+    assert kernels and all(k.modules for k in kernels), [(k.call, k.modules) for k in kernels]
+    _same_flops(prof, eager)
 
 
 def test_kernels_reach_modules_whatever_the_compiled_frame_calls_itself() -> None:

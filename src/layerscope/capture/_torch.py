@@ -524,9 +524,12 @@ _FORMATS = {
     "[Provenance debug handles]": ("torch._inductor.codegen.wrapper", "kernel calls in order, in Inductor's wrapper code"),
     "cppCodeToPost": ("torch._inductor.debug", "kernel -> post-grad node provenance map"),
     "inductor_provenance_tracking_node_mappings": ("torch._inductor.compile_fx", "the provenance map's trace artifact"),
-    "fx_graph_cache_hit": ("torch._inductor.compile_fx", "a graph's cache key, on a hit as on a miss"),
     "inductor_output_code": ("torch._inductor.graph", "a graph's wrapper code in the trace"),
     "Call CompiledFxGraph": ("torch._inductor.output_code", "the profiler range around each graph call"),
+    "## Call CompiledFxGraph {self._fx_graph_cache_key} ##": (
+        "torch._inductor.output_code", "the graph call's range is named by the attribute layerscope sets (name_graph_calls)",
+    ),
+    "fx_graph_remote_cache": ("torch._inductor.config", "Inductor's graph caches, turned off for layerscope's compile"),
     "dynamo_graph_break_reason": ("torch._dynamo.symbolic_convert", "graph breaks, where and why"),
     "Torch-Compiled Region": ("torch._dynamo.convert_frame", "the profiler range around each compiled region"),
     "(dynamo_timed)": ("torch._dynamo.utils", "Dynamo's compile-time profiler ranges (a block's steps that compiled)"),
@@ -851,15 +854,19 @@ def compile_with_provenance(
     gm: Any, example_inputs: Any, on_graph: Callable[[Any, bool], None], settings: dict[str, Any] | None = None,
 ) -> Any:
     """Inductor's compile of a Dynamo graph with provenance tracking (kernel -> FX nodes)
-    and a profiler range per generated kernel; ``on_graph(graph, is_backward)`` sees
-    each forward and backward graph Inductor compiled, after its post-grad passes.
+    and a profiler range per generated kernel; ``on_graph(graph, is_backward, compiled)``
+    sees each forward and backward graph Inductor compiled, after its post-grad passes,
+    and what Inductor made of it (``name_graph_calls`` names its calls' ranges).
 
     The settings reach the backward too: they are ``compile_fx``'s ``config_patches``
     (which it re-enters around the inner compile), and the backward is compiled with the
     forward, not lazily at the first ``backward()``: a lazy compile runs outside
-    Inductor's provenance tracking and dumps an empty map. AOTAutograd's cache is off, so
-    ``on_graph`` sees every graph (a hit would skip the inner compile); Inductor's own
-    graph cache stays on (its key names each graph's profiler range)."""
+    Inductor's provenance tracking and dumps an empty map. Both caches are off.
+    AOTAutograd's, so ``on_graph`` sees every graph (a hit would skip the inner
+    compile). Inductor's graph cache, because a hit replays the provenance map of the
+    graph first compiled under its key: the key is the same for a structurally identical
+    graph of another model (another process's, from the cache on disk), whose Dynamo
+    node names the map holds, and every kernel would lose its module."""
     compile_fx = require("torch._inductor.compile_fx.compile_fx")
     compile_fx_inner = require("torch._inductor.compile_fx.compile_fx_inner")
     require("torch._functorch.config.force_non_lazy_backward_lowering")
@@ -868,13 +875,24 @@ def compile_with_provenance(
 
     def inner_compile(graph: Any, inputs: Any, **kwargs: Any) -> Any:
         compiled = compile_fx_inner(graph, inputs, **kwargs)
-        on_graph(graph, bool(kwargs.get("is_backward", False)))
+        on_graph(graph, bool(kwargs.get("is_backward", False)), compiled)
         return compiled
 
-    # The user's own Inductor settings (``settings``: a mode's and ``options=``), and layerscope's two.
-    patches = {**(settings or {}), "trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True}
+    # The user's own Inductor settings (``settings``: a mode's and ``options=``), and layerscope's.
+    patches = {
+        **(settings or {}), "trace.provenance_tracking_level": 1, "cpp.enable_kernel_profile": True,
+        "fx_graph_cache": False, "fx_graph_remote_cache": False,
+    }
     with functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+def name_graph_calls(compiled: Any, key: str) -> None:
+    """Name the profiler range around each call of a graph Inductor compiled for
+    layerscope (``## Call CompiledFxGraph <key> ##``): its cache key names it, which is
+    None with Inductor's graph cache off."""
+    require("torch._inductor.output_code: '## Call CompiledFxGraph {self._fx_graph_cache_key} ##'")
+    compiled._fx_graph_cache_key = key
 
 
 def python_profiler_flag(running: bool) -> None:

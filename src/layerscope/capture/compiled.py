@@ -10,11 +10,12 @@ What is read, all in the process, nothing written to disk:
 
 - each Dynamo graph's nodes and the module each came from (``nn_module_stack``), in
   layerscope's backend, which then hands the graph to Inductor's ``compile_fx``;
-- from torch's structured trace (a handler on the ``torch.__trace`` logger, which
-  Inductor feeds on a cache hit as on a miss): each Inductor graph's cache key, its
-  wrapper code (whose ``# [Provenance debug handles]`` lines give the kernel calls in
-  order) and its provenance map (kernel call -> post-grad nodes -> Dynamo nodes), and
-  the graph breaks with where they happened;
+- from torch's structured trace (a handler on the ``torch.__trace`` logger): each
+  Inductor graph's wrapper code (whose ``# [Provenance debug handles]`` lines give the
+  kernel calls in order) and its provenance map (kernel call -> post-grad nodes ->
+  Dynamo nodes), closed by layerscope's own record of the graph with the key it gives
+  it (Inductor's graph cache is off: a hit would replay another graph's provenance),
+  and the graph breaks with where they happened;
 - each pass's profiler events: under every ``## Call CompiledFxGraph <key> ##`` range,
   its kernels' ranges in call order.
 
@@ -88,6 +89,13 @@ class _Collector(logging.Handler):
         self.records.append((getattr(record, "metadata", {}) or {}, getattr(record, "payload", None)))
 
 
+#: The collectors reading the structured trace now (``_structured_trace``).
+_ACTIVE: list[_Collector] = []
+#: The record that closes a graph's records in the trace: layerscope's own, added when
+#: Inductor hands the graph back, with the key its calls' ranges carry.
+GRAPH_RECORD = "layerscope_graph"
+
+
 @contextlib.contextmanager
 def _structured_trace() -> Iterator[_Collector]:
     logger = _torch.structured_trace_logger()
@@ -96,9 +104,11 @@ def _structured_trace() -> Iterator[_Collector]:
     logger.setLevel(logging.DEBUG)
     logger.propagate = False  # the records are layerscope's, not the application's logs
     logger.addHandler(collector)
+    _ACTIVE.append(collector)
     try:
         yield collector
     finally:
+        _ACTIVE.remove(collector)
         logger.removeHandler(collector)
         logger.setLevel(level)
         logger.propagate = propagate
@@ -122,6 +132,8 @@ class _Compiler:
         #: backward graph each post-grad node's module (its forward's)
         self.inductor_graphs: dict[str, list[tuple[str, dict[str, str]]]] = {}
         self.compiles = 0
+        #: Graphs Inductor compiled for layerscope in this process: each one's key.
+        self.graphs_made = 0
         #: The Inductor settings compiles meanwhile use (the user's mode and options).
         self.settings: dict[str, Any] = {}
         self._tensors: dict[int, str] = {}
@@ -146,34 +158,52 @@ class _Compiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
         self.compiles += 1
         frame = _torch.current_compile_frame()
-        prefix = self._prefix(gm, example_inputs)
+        prefix, residue = self._prefix(gm, example_inputs)
+
+        def path_of(stack: dict[str, Any]) -> str:
+            assert prefix is not None
+            return _joined(prefix, _within(module_path(list(stack.values())[-1][0]), residue))
+
         names: dict[str, str] = {}
         if prefix is not None:
             for node in gm.graph.nodes:
                 stack = node.meta.get("nn_module_stack") or {}
                 # A node of the frame's own code (no module call around it) is its self's.
-                names[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0])) if stack else prefix
+                names[node.name] = path_of(stack) if stack else prefix
         self.node_modules[frame] = names
         graphs = self.inductor_graphs.setdefault(frame, [])
 
-        def on_graph(graph: torch.fx.GraphModule, is_backward: bool) -> None:
+        def on_graph(graph: torch.fx.GraphModule, is_backward: bool, compiled: Any) -> None:
             modules: dict[str, str] = {}
             if is_backward and prefix is not None:
                 for node in graph.graph.nodes:
                     stack = _torch.forward_module_stack(node)
                     if stack:
-                        modules[node.name] = _joined(prefix, module_path(list(stack.values())[-1][0]))
+                        modules[node.name] = path_of(stack)
             graphs.append(("backward" if is_backward else "forward", modules))
+            # The graph's code and provenance are in the trace by now: this record closes
+            # them, under the key its calls' ranges will carry.
+            self.graphs_made += 1
+            key = f"layerscope-{self.graphs_made}"
+            _torch.name_graph_calls(compiled, key)
+            frame_id, _, compile_id = frame.partition("/")
+            for collector in _ACTIVE:
+                collector.records.append(
+                    ({GRAPH_RECORD: {"key": key}, "frame_id": frame_id, "frame_compile_id": compile_id}, None)
+                )
 
         return _torch.compile_with_provenance(gm, example_inputs, on_graph, self.settings)
 
-    def _prefix(self, gm: torch.fx.GraphModule, example_inputs: Any) -> str | None:
-        """Where this frame's ``self`` sits in the model: Dynamo names modules from the
-        compiled frame's ``self``, which is a submodule when a graph break restarted
-        tracing inside it. Found from a parameter the graph takes (its path in the model
-        against its path from ``self``), else from a model type only one module has, else
-        (the model's own frame) from every module the graph names being at that path in
-        the model; None when none tells."""
+    def _prefix(self, gm: torch.fx.GraphModule, example_inputs: Any) -> tuple[str | None, str]:
+        """Where this frame's ``self`` sits in the model, and how Dynamo's names of its
+        modules begin (``_within``). Dynamo names modules from the compiled frame's
+        ``self``, which is a submodule when a graph break restarted tracing inside it,
+        and is reached through the frame's arguments when the frame is a decorator's
+        wrapper (``L['args'][0].model.layers[0]``: the names begin with ``0``). Found
+        from a parameter the graph takes (its path in the model against its path from
+        ``self``), else from a model type only one module has, else (the model's own
+        frame) from every module the graph names being at that path in the model; a
+        prefix of None when none tells."""
         placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
         for node, value in zip(placeholders, example_inputs):
             name = self._tensors.get(id(value))
@@ -183,21 +213,34 @@ class _Compiler:
             owner = name.rpartition(".")[0]
             relative = module_path(list(stack.values())[-1][0])
             if relative == owner or owner.endswith("." + relative) or not relative:
-                return owner[: len(owner) - len(relative)].rstrip(".")
+                return owner[: len(owner) - len(relative)].rstrip("."), ""
+            if relative.endswith("." + owner) or not owner:
+                # The names begin with how the frame reaches the model (a wrapper's args).
+                return "", relative[: len(relative) - len(owner)].rstrip(".")
         named: set[str] = set()
         for node in gm.graph.nodes:
             for key, kind in (node.meta.get("nn_module_stack") or {}).values():
                 if module_path(key) == "":
                     paths = self._types.get(kind, [])
-                    return paths[0] if len(paths) == 1 else None
+                    return (paths[0] if len(paths) == 1 else None), ""
                 named.add(module_path(key))
         # The model's own frame, whose stacks name its submodules but never itself (no
         # parameter placeholder carries a stack): every module the graph names is where
         # the model has it.
         known = {path for paths in self._types.values() for path in paths}
         if named and named <= known:
-            return ""
-        return None
+            return "", ""
+        return None, ""
+
+
+def _within(path: str, residue: str) -> str:
+    """``path`` (a module's name as Dynamo built it) from the frame's ``self`` on: without
+    ``residue``, how the frame reached ``self`` (``0`` for ``L['args'][0]``)."""
+    if not residue:
+        return path
+    if path == residue:
+        return ""
+    return path[len(residue) + 1 :] if path.startswith(residue + ".") else path
 
 
 def _joined(prefix: str, path: str) -> str:
@@ -209,11 +252,11 @@ def _graphs(
     inductor_graphs: dict[str, list[tuple[str, dict[str, str]]]] | None = None,
 ) -> dict[str, CompiledGraph]:
     """Each Inductor graph, from its structured-trace records: a graph's code and
-    provenance arrive before its cache hit or miss, which names its key. A frame's
-    graphs arrive in the order Inductor compiled them (``inductor_graphs``: the forward,
-    then its backward): a backward graph's kernels hold backward nodes, whose modules
-    are their forward's, not the Dynamo nodes the provenance map's ``postToPre`` names
-    (that map is the forward's)."""
+    provenance arrive before layerscope's record of it (``GRAPH_RECORD``), which names
+    its key. A frame's graphs arrive in the order Inductor compiled them
+    (``inductor_graphs``: the forward, then its backward): a backward graph's kernels
+    hold backward nodes, whose modules are their forward's, not the Dynamo nodes the
+    provenance map's ``postToPre`` names (that map is the forward's)."""
     graphs: dict[str, CompiledGraph] = {}
     pending: dict[str, dict[str, Any]] = {}
     seen: dict[str, int] = {}
@@ -229,8 +272,8 @@ def _graphs(
             current["code"] = payload or ""
         elif name == "inductor_provenance_tracking_node_mappings":
             current["provenance"] = json.loads(payload or "{}")
-        elif name in ("fx_graph_cache_hit", "fx_graph_cache_miss", "fx_graph_cache_bypass"):
-            key = (json.loads(payload or "{}") or {}).get("key")
+        elif kind == GRAPH_RECORD:
+            key = info.get("key")
             order = (inductor_graphs or {}).get(frame, [])
             n = seen[frame] = seen.get(frame, -1) + 1
             phase, backward_modules = order[n] if n < len(order) else ("forward", {})

@@ -293,7 +293,7 @@ class KernelRange(NamedTuple):
 
 
 class GraphCall(NamedTuple):
-    """One call of an Inductor graph (``graph``: its cache key): the ranges under it in
+    """One call of an Inductor graph (``graph``: the key its range names): the ranges under it in
     call order, its own length, and the device time launched in it (None: no device work
     recorded), which holds its kernel calls' and what the graph launched itself (a CUDA
     graph's replay)."""
@@ -370,7 +370,8 @@ class GraphNode(NamedTuple):
 
 @dataclass
 class CompiledGraph:
-    """One Inductor graph: its cache key, the Dynamo frame it belongs to, its kernel
+    """One Inductor graph: its key (``layerscope-N`` for layerscope's compile, Inductor's
+    cache key in a trace file), the Dynamo frame it belongs to, its kernel
     calls in order (``name:handle``), each call's nodes, every module with a node in
     the graph (whether or not a kernel kept it), and its phase: ``forward``, or
     ``backward`` for the graph AOTAutograd made of the forward's gradients (its nodes'
