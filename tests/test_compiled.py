@@ -531,6 +531,22 @@ def test_a_compile_with_every_cache_off_is_profiled_per_module() -> None:
     _same_flops(prof, eager)
 
 
+def test_a_model_compiled_in_place_is_profiled_from_its_kernels() -> None:
+    # model.compile() was refused ("compiled with torch.compile, whose graphs replay
+    # module hooks"); it is profiled as torch.compile(model) is, and left compiled.
+    model, x = _zoo("mlp")
+    model.compile()
+    user_call = model._compiled_call_impl
+    prof = check_tree(layerscope.profile(model, x, warmup=1, repeat=2))
+    assert model._compiled_call_impl is user_call
+    assert prof.compiled is not None and prof.compiled.kernels
+    assert all(k.modules for k in prof.compiled.kernels), [(k.call, k.modules) for k in prof.compiled.kernels]
+    _same_flops(prof, check_tree(layerscope.count_flops(_zoo("mlp")[0], x)))
+    # FLOPs of a model compiled in place are its eager forward's too.
+    _same_flops(check_tree(layerscope.count_flops(model, x)), check_tree(layerscope.count_flops(_zoo("mlp")[0], x)))
+    assert model._compiled_call_impl is user_call
+
+
 def test_kernels_reach_modules_whatever_the_compiled_frame_calls_itself() -> None:
     # Dynamo names the frame's first local as the code does: L['fn'] for a module
     # compiled whole (a Sequential), L['s'] for a forward(s, x). Both map to the model's

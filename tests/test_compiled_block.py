@@ -240,6 +240,53 @@ def test_a_saved_block_profile_loads_with_its_step_compiles(loops: dict[str, Any
     assert StepCompile.from_dict(doc) == StepCompile(3, 1000, 1)
 
 
+def test_a_model_compiled_in_place_is_recorded_as_one_compiled_whole() -> None:
+    # model.compile() (torch's in-place compile: no wrapper, the module's own call is
+    # compiled) was refused as a model whose hooks Dynamo traces. It is the same compile
+    # as torch.compile(model): its block records the same steps from the kernels, and
+    # the call model.compile() set is put back after.
+    entry = zoo.get("mlp")
+    torch.manual_seed(0)
+    model = entry.build()
+    x = entry.example_inputs(2)
+    model.compile()
+    user_call = model._compiled_call_impl
+    before = dict(model.__dict__)
+    prof, _ = _train(model, model, x, steps=3)
+    assert model._compiled_call_impl is user_call
+    assert model.__dict__.keys() == before.keys() and all(model.__dict__[k] is v for k, v in before.items())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    profile = check_tree(prof.profile)
+    assert profile.compiled is not None and profile.figures.steps == 3
+    # Step 0 compiled, unless an earlier compile of the MLP's structure in this process
+    # is reused (Dynamo guards the module's structure, not its identity).
+    assert [c.step for c in profile.compiled.step_compiles] in ([0], [])
+    kernels = profile.compiled.kernels
+    assert {k.phase for k in kernels} == {"forward", "backward"} and all(k.modules for k in kernels)
+    eager = layerscope.count_flops(entry.build(), x, backward=True)  # a model never compiled
+    for node in eager.modules():
+        mine = profile.node(node.path)
+        assert (mine.forward.flops, mine.forward.macs) == (node.forward.flops, node.forward.macs), node.path
+        assert (mine.backward.flops, mine.backward.macs) == (node.backward.flops, node.backward.macs), node.path
+
+
+def test_a_model_compiled_in_place_gets_its_compiled_call_back_when_forward_raises() -> None:
+    model = zoo.get("mlp").build()
+    model.compile()
+    user_call = model._compiled_call_impl
+    with pytest.raises(RuntimeError), layerscope.Profiler(model):
+        model(torch.randn(2, 3))  # the MLP takes 64 features
+    assert model._compiled_call_impl is user_call
+
+
+def test_a_model_compiled_in_place_with_another_backend_is_refused_naming_how_to_run_it_eagerly() -> None:
+    model = zoo.get("mlp").build()
+    model.compile(backend="aot_eager")
+    with pytest.raises(ModelError, match=r"backend 'aot_eager'.*the model before model.compile\(\)"):
+        layerscope.Profiler(model).__enter__()
+    assert model._compiled_call_impl is not None
+
+
 # -- what a compiled block refuses, and what it keeps -------------------------------------
 
 

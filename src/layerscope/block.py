@@ -31,6 +31,7 @@ from layerscope.capture.compiled import CompiledSteps
 from layerscope.capture.counting import count_capture
 from layerscope.capture.kineto import paused_gc
 from layerscope.capture.modules import (
+    eager_hint,
     eager_module,
     model_device,
     model_dtype,
@@ -116,7 +117,7 @@ class _CompiledBlock:
         if given:
             raise ValueError(
                 f"{', '.join(given)}: not for a torch.compile'd model, whose block records its steps from its "
-                "kernels; drop them, or profile model._orig_mod for the eager steps"
+                f"kernels; drop them, or profile {eager_hint(model)} for the eager steps"
             )
         self.options = options
         self.steps = CompiledSteps(model)

@@ -20,6 +20,7 @@ from layerscope.capture.compiled import time_compiled
 from layerscope.capture.counting import count_capture, grad_mode, run_step
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import (
+    eager_calls,
     eager_module,
     model_device,
     model_dtype,
@@ -182,7 +183,8 @@ def _profile_compiled(
     def loss(output: Any) -> torch.Tensor:
         return loss_of(output, loss_fn)
 
-    with exclusive(eager), grad, grads_restored(eager, clear=backward) as clear_grads, state_restored(eager):
+    with exclusive(eager), grad, grads_restored(eager, clear=backward) as clear_grads, state_restored(eager), \
+            eager_calls(eager):  # compiled in place: layerscope's compile runs its eager forward
         run = time_compiled(
             eager, args, kwargs, warmup=warmup, repeat=repeat, working=with_ops(raw, ops), progress=report,
             loss=loss if backward else None, clear_grads=clear_grads,

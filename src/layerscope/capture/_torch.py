@@ -28,7 +28,7 @@ import operator
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -506,6 +506,31 @@ _declare(
     _COMPILED + " in a Profiler block: the backend and Inductor settings (mode, options) the user compiled with",
     None, "not established", "a compiled model cannot be profiled in a block", lazy=True,
 )
+def _context_in_closure(fn: Any) -> Any:
+    context_type = _resolve("torch._dynamo.eval_frame._TorchDynamoContext")
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, context_type):
+            return value
+    raise AttributeError("torch.compile(fn)'s wrapper no longer holds its Dynamo context in its closure")
+
+
+def _find_context_in_closure() -> Callable[[Any], Any]:
+    probe = torch.compile(lambda x: x, backend="eager")
+    _context_in_closure(probe)  # this torch's wrapper still holds it
+    return _context_in_closure
+
+
+_declare(
+    "torch.compile(fn)'s Dynamo context, in its wrapper's closure",
+    _COMPILED + " for a model compiled in place (model.compile()): the backend and settings it was compiled with",
+    None, "not established: torch.compile(fn) returns a wrapper closing over its _TorchDynamoContext",
+    "a model compiled in place cannot be profiled per module (torch.compile(model) can)", lazy=True,
+    find=_find_context_in_closure,
+)
 _declare(
     "torch._TorchCompileInductorWrapper",
     _COMPILED + " in a Profiler block: the Inductor settings of the user's mode and options (its config)", None,
@@ -742,6 +767,29 @@ def compiled_in_place(module: torch.nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
+@contextmanager
+def swapped_attribute(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """While it runs, ``owner``'s own attribute ``name`` is ``value``; put back as it was
+    after (set, or absent), whatever happens meanwhile."""
+    state = owner.__dict__
+    missing = object()
+    saved = state.get(name, missing)
+    state[name] = value
+    try:
+        yield
+    finally:
+        if saved is missing:
+            state.pop(name, None)
+        else:
+            state[name] = saved
+
+
+def compiled_call_swapped(module: torch.nn.Module, call: Callable[..., Any] | None) -> Any:
+    """While it runs, ``module`` (compiled in place by ``module.compile()``) calls
+    ``call`` instead of its compiled call (None: its eager ``forward``, with its hooks)."""
+    return swapped_attribute(module, "_compiled_call_impl", call)
+
+
 # -- torch's profiler -----------------------------------------------------------------------
 
 #: A cheap ``record_function`` range (a context manager) on the profiler's clock.
@@ -902,11 +950,19 @@ def python_profiler_flag(running: bool) -> None:
     require(f"torch.autograd.profiler._run_on_profiler_{'start' if running else 'stop'}")()
 
 
+def _compile_context(model: Any) -> Any:
+    """The Dynamo context ``torch.compile`` made for ``model``: its wrapper's
+    (``torch.compile(model)``), or the one held by the call ``model.compile()`` set."""
+    if isinstance(model, require("torch._dynamo.eval_frame.OptimizedModule")):
+        return model.dynamo_ctx
+    return require("torch.compile(fn)'s Dynamo context, in its wrapper's closure")(model._compiled_call_impl)
+
+
 def compile_request(model: Any) -> tuple[str, dict[str, Any], bool]:
-    """How ``torch.compile(model, ...)`` was asked: the backend's name (``inductor``
-    for the default), its Inductor settings (the mode's and ``options=``'s) and
-    ``fullgraph``."""
-    context = model.dynamo_ctx
+    """How ``torch.compile(model, ...)`` or ``model.compile(...)`` was asked: the
+    backend's name (``inductor`` for the default), its Inductor settings (the mode's and
+    ``options=``'s) and ``fullgraph``."""
+    context = _compile_context(model)
     backend = require("torch._dynamo.eval_frame.innermost_backend")(context.callback)
     fullgraph = bool(require("torch._dynamo.eval_frame._TorchDynamoContext.fullgraph")(context))
     if isinstance(backend, require("torch._TorchCompileInductorWrapper")):

@@ -53,7 +53,7 @@ from layerscope.capture.kineto import (
     quiet_profiler,
     read_before_next_session,
 )
-from layerscope.capture.modules import model_device
+from layerscope.capture.modules import eager_hint, eager_module, model_device
 from layerscope.capture.torch_events import read_window
 from layerscope.convert.compiled import FORWARD_RANGE, LOSS_RANGE, MODULE_RANGE, STEP_RANGE, compiled_passes
 from layerscope.model.raw import (
@@ -547,10 +547,12 @@ class CompiledSteps:
             raise ModelError(
                 f"the model is compiled with backend {backend!r}: layerscope times a compiled model per module from "
                 "Inductor's kernels, so a Profiler block takes a model compiled with the default backend "
-                "(torch.compile(model), any mode); profile model._orig_mod for the eager steps"
+                f"(torch.compile(model) or model.compile(), any mode); profile {eager_hint(model)} for the eager steps"
             )
         self.model = model
-        self.eager: nn.Module = _torch.eager_of(model)
+        eager = eager_module(model)
+        assert eager is not None, "CompiledSteps takes a model compiled as a whole"
+        self.eager: nn.Module = eager
         self._settings = settings
         self._fullgraph = fullgraph
         #: The first call's positional and keyword arguments (of one that returned), and
@@ -595,13 +597,16 @@ class CompiledSteps:
 
     @contextlib.contextmanager
     def _forward_swapped(self) -> Iterator[None]:
-        """The compiled model's ``forward`` (an attribute torch.compile's wrapper sets)
-        through layerscope's compile while the block runs; put back as it was."""
-        ours = torch.compile(self.eager, backend=_COMPILER, fullgraph=self._fullgraph)
-        compiled_forward = ours.forward
-        state = self.model.__dict__
-        missing = object()
-        saved = state.get("forward", missing)
+        """The compiled model's calls through layerscope's compile while the block runs:
+        its ``forward`` (an attribute torch.compile's wrapper sets) or, for a model
+        compiled in place, the call ``model.compile()`` set; put back as they were."""
+        in_place = self.eager is self.model
+        if in_place:
+            # Compiled as model.compile() does, from the module's own call: a compile of
+            # the module would call its compiled call, which is this block's.
+            compiled_forward = torch.compile(self.eager._call_impl, backend=_COMPILER, fullgraph=self._fullgraph)
+        else:
+            compiled_forward = torch.compile(self.eager, backend=_COMPILER, fullgraph=self._fullgraph).forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             with _torch.FastRange(FORWARD_RANGE):
@@ -612,14 +617,10 @@ class CompiledSteps:
                 self.returned = True
             return output
 
-        state["forward"] = forward
-        try:
+        swapped = _torch.compiled_call_swapped(self.model, forward) if in_place else \
+            _torch.swapped_attribute(self.model, "forward", forward)
+        with swapped:
             yield
-        finally:
-            if saved is missing:
-                state.pop("forward", None)
-            else:
-                state["forward"] = saved
 
     def _start(self) -> None:
         self._session.start()

@@ -14,7 +14,7 @@ from torch import nn
 
 from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.inputs import split_inputs
-from layerscope.capture.modules import eager_module, note_raising_module, require_module
+from layerscope.capture.modules import eager_calls, eager_module, note_raising_module, require_module
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.model.raw import RawCapture
 
@@ -66,16 +66,17 @@ def count_capture(
     model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
     no_grad, grad = grad_mode(no_grad, backward)
     args, kwargs = split if split is not None else split_inputs(inputs)
-    assembly = Assembly(CapturePlan(
-        model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
-        torch_profiler=False,
-    ))
-    with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
-        clear_grads()
-        assembly.begin_step()
-        try:
-            run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
-        finally:
-            assembly.end_step()
-    (op_pass,) = assembly.collect()
-    return assembly.capture(op_pass=op_pass, mode="count", no_grad=no_grad, backward=backward)
+    with eager_calls(model):  # a model compiled in place runs its eager forward for the count
+        assembly = Assembly(CapturePlan(
+            model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
+            torch_profiler=False,
+        ))
+        with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
+            clear_grads()
+            assembly.begin_step()
+            try:
+                run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
+            finally:
+                assembly.end_step()
+        (op_pass,) = assembly.collect()
+        return assembly.capture(op_pass=op_pass, mode="count", no_grad=no_grad, backward=backward)

@@ -195,10 +195,31 @@ def compiled_modules(model: nn.Module) -> list[str]:
 
 
 def eager_module(model: nn.Module) -> nn.Module | None:
-    """The eager module behind a model compiled as a whole (``torch.compile(model)``),
-    else None."""
+    """The eager module behind a model compiled as a whole: ``torch.compile(model)``'s
+    (its ``_orig_mod``), or the model itself when ``model.compile()`` compiled it in
+    place (run it eagerly inside :func:`eager_calls`); else None."""
     wrapper = _torch.optimized_module_type()
-    return _torch.eager_of(model) if wrapper is not None and isinstance(model, wrapper) else None
+    if wrapper is None:
+        return None  # nothing can have been compiled in this process
+    if isinstance(model, wrapper):
+        return _torch.eager_of(model)
+    return model if _torch.compiled_in_place(model) else None
+
+
+def eager_hint(model: nn.Module) -> str:
+    """How a user reaches the eager model behind ``model`` (said in refusals)."""
+    wrapper = _torch.optimized_module_type()
+    if wrapper is not None and isinstance(model, wrapper):
+        return "model._orig_mod"
+    return "the model before model.compile()" if eager_module(model) is model else "the model before torch.compile"
+
+
+def eager_calls(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """While it runs, calls of ``model`` run its eager ``forward`` (with its hooks) if
+    ``model.compile()`` compiled it in place; its compiled call is put back after."""
+    if _torch.optimized_module_type() is None or not _torch.compiled_in_place(model):
+        return contextlib.nullcontext()
+    return _torch.compiled_call_swapped(model, None)
 
 
 def refuse_compiled(model: nn.Module) -> None:
@@ -209,7 +230,7 @@ def refuse_compiled(model: nn.Module) -> None:
     if not found:
         return
     where = "the model" if found[0] == "" else f"module{'s' if len(found) > 1 else ''} {', '.join(repr(p) for p in found[:3])}"
-    eager = "model._orig_mod" if eager_module(model) is not None else "the model before torch.compile"
+    eager = eager_hint(model)
     raise ModelError(
         f"{where} is compiled with torch.compile, whose graphs replay module hooks, so per-module "
         f"figures from hooks would be wrong: layerscope.profile(torch.compile(model), inputs) profiles a "
