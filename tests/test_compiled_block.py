@@ -22,7 +22,7 @@ from layerscope.base.kineto_json import open_trace
 from layerscope.convert.compiled import FORWARD_RANGE, STEP_RANGE, compiled_passes
 from layerscope.convert.ranges import KernelSpan, Range
 from layerscope.model.check import check_tree
-from layerscope.model.compile_info import StepCompile
+from layerscope.model.compile_info import CompileInfo, StepCompile, steps_in_medians
 from layerscope.model.documents import profile_from_dict
 from layerscope.model.raw import (
     CompiledGraph,
@@ -285,6 +285,50 @@ def test_a_model_compiled_in_place_with_another_backend_is_refused_naming_how_to
     with pytest.raises(ModelError, match=r"backend 'aot_eager'.*the model before model.compile\(\)"):
         layerscope.Profiler(model).__enter__()
     assert model._compiled_call_impl is not None
+
+
+def test_the_medians_leave_out_steps_that_compiled_or_ran_other_input_shapes_while_others_ran() -> None:
+    numbers = [0, 1, 2, 3, 4]
+    assert steps_in_medians(numbers, compiled=[0, 2], other_inputs=[2, 4]) == [1, 3]
+    # Only the count's own step had its shapes, and it compiled: that step.
+    assert steps_in_medians(numbers, compiled=[0, 1], other_inputs=[1, 2, 3, 4]) == [0]
+    # No step had the count's shapes (it was a warm-up step): those that did not compile.
+    assert steps_in_medians(numbers, compiled=[0], other_inputs=numbers) == [1, 2, 3, 4]
+    assert steps_in_medians([0], compiled=[0], other_inputs=[0]) == [0]
+    info = CompileInfo("inductor", "", 0, 1, 1, step_compiles=[StepCompile(0, 5, 1)], other_input_steps=[2, 4])
+    assert info.left_out(numbers) == (1, 2)
+    assert CompileInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+
+
+@pytest.mark.slow  # compiles a model twice (two sequence lengths)
+def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -> None:
+    # The FLOPs are one eager step's, on the first call's inputs: a step of another
+    # sequence length did other work. Before, its time went into the medians beside
+    # FLOPs of the first length, and FLOP/s set one against the other.
+    entry = zoo.get("gpt")
+    torch.manual_seed(0)
+    model = entry.build()
+    x = entry.example_inputs(2)
+    compiled = torch.compile(model, dynamic=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    lengths = (16, 16, 24, 16, 24, 16)
+    with layerscope.Profiler(compiled) as prof:
+        for n in lengths:
+            opt.zero_grad()
+            compiled(x[:, :n]).float().pow(2).mean().backward()
+            opt.step()
+            prof.step()
+    profile = check_tree(prof.profile)
+    info = profile.compiled
+    assert info.other_input_steps == [2, 4]
+    kept = info.median_steps(profile.figures.step_numbers)
+    assert kept and not set(kept) & {0, 2, 4}
+    assert info.left_out(profile.figures.step_numbers)[1] >= 1
+    text = profile.render("text")
+    assert "Other input shapes than the eager count's (the FLOPs', shapes' and memory's) in steps 2, 4" in text
+    assert "with other input shapes than the FLOPs' count left out" in text
+    eager = layerscope.count_flops(entry.build(), x[:, :16], backward=True)
+    assert (profile.root.forward.flops, profile.root.backward.flops) == (eager.root.forward.flops, eager.root.backward.flops)
 
 
 # -- what a compiled block refuses, and what it keeps -------------------------------------

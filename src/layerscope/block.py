@@ -232,6 +232,7 @@ class _CompiledBlock:
         return build_compiled_steps(
             dataclasses.replace(raw, meta=meta), ops, fold, graphs, graph_breaks=steps.graph_breaks(),
             step_compiles=[StepCompile(*compiled) for compiled in steps.compiles if compiled[0] in numbers],
+            other_input_steps=steps.other_input_steps(),
         )
 
 

@@ -43,7 +43,7 @@ from layerscope.attribute.memory import Site
 from layerscope.attribute.profile import assemble
 from layerscope.attribute.walk import LOSS, OTHER, Dynamic, PassResult, part_node
 from layerscope.base.stats import median, median_floor
-from layerscope.model.compile_info import CompileInfo, KernelTime, StepCompile
+from layerscope.model.compile_info import CompileInfo, KernelTime, StepCompile, steps_in_medians
 from layerscope.model.raw import (
     CompiledCapture,
     CompiledGraph,
@@ -556,17 +556,21 @@ def build_compiled(raw: RawCapture, ops: PassResult, run: CompiledCapture) -> Pr
 
 def build_compiled_steps(
     raw: RawCapture, ops: PassResult, fold: StepFold, graphs: Mapping[str, CompiledGraph], *,
-    graph_breaks: Sequence[GraphBreak], step_compiles: Sequence[StepCompile],
+    graph_breaks: Sequence[GraphBreak], step_compiles: Sequence[StepCompile], other_input_steps: Sequence[int] = (),
 ) -> Profile:
     """A ``Profiler`` block's profile of a compiled model: the tree, FLOPs, MACs, shapes
     and memory of one eager step of its module (``raw``, walked into ``ops``), and each
-    node's median self time over the block's steps (``fold``; steps that compiled left
-    out while others ran) by :data:`BLOCK_RULE`. The step's parts (loss, optimizers,
-    the rest) have times only: their FLOPs and memory are unknown (the eager step's
-    loss stood in for the user's). ``ops`` is left as it was."""
+    node's median self time over the block's steps (``fold``; steps that compiled, and
+    steps whose inputs had other shapes than the count's, ``other_input_steps``, left
+    out while others ran: ``CompileInfo.median_steps``) by :data:`BLOCK_RULE`. The
+    step's parts (loss, optimizers, the rest) have times only: their FLOPs and memory
+    are unknown (the eager step's loss stood in for the user's). ``ops`` is left as it
+    was."""
     paths = [info.path for info in raw.modules]
     index = {path: n for n, path in enumerate(paths)}
-    times = fold.times(graphs, {c.step for c in step_compiles})
+    other = sorted(set(other_input_steps) & set(fold.step_numbers))
+    kept = steps_in_medians(fold.step_numbers, [c.step for c in step_compiles], other)
+    times = fold.times(graphs, set(fold.step_numbers) - set(kept))
     self_cpu, self_dev = _sites_of(times, index)
     if self_dev is not None:
         raw = dataclasses.replace(raw, has_device_time=True)
@@ -591,7 +595,7 @@ def build_compiled_steps(
         compile_time_ns=sum(c.time_ns for c in step_compiles), frames=len({graph.frame for graph in used}),
         graphs=len(used), graph_breaks=list(graph_breaks), step_time_ns=times.step_ns,
         kernel_time_ns=times.kernel_ns, kernels=times.kernels, step_compiles=list(step_compiles),
-        replay_device_ns=dict(times.replay_device_ns),
+        replay_device_ns=dict(times.replay_device_ns), other_input_steps=other,
     )
     figures = RunFigures(steps=len(fold.step_numbers), step_numbers=list(fold.step_numbers), step_times_ns=list(fold.step_ns))
     profile = assemble(raw, result, untimed, figures, compiled=info)

@@ -45,6 +45,7 @@ from torch import nn
 
 from layerscope.base.errors import ModelError, ProfilerStateError
 from layerscope.capture import _torch
+from layerscope.capture.inputs import shapes_of
 from layerscope.capture.kineto import (
     PendingRead,
     profiler_activities,
@@ -353,6 +354,8 @@ def _eager_ranges(eager: nn.Module, paths: list[str]) -> Iterator[None]:
 
 
 _COMPILER = _Compiler()
+#: Distinct input shapes a block tells apart (more are only "not the counted ones").
+_MAX_SHAPES = 1024
 #: The graphs layerscope compiled, by key (a later profile of the same model meets them
 #: again with no compile, so nothing new is traced): the newest few hundred.
 _GRAPHS: OrderedDict[str, CompiledGraph] = OrderedDict()
@@ -561,6 +564,11 @@ class CompiledSteps:
         self.grad_enabled = False
         #: Whether a call of the model returned in the block (the inputs are let go once counted).
         self.returned = False
+        #: Each recorded step's model inputs (its first call's), as the number of their
+        #: shapes among those met (``_shapes_number``), and the counted call's.
+        self.step_inputs: dict[int, int] = {}
+        self.counted_inputs: int | None = None
+        self._shapes: dict[str, int] = {}
         #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
         self.compiles: list[tuple[int, int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
@@ -609,10 +617,14 @@ class CompiledSteps:
             compiled_forward = torch.compile(self.eager, backend=_COMPILER, fullgraph=self._fullgraph).forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
+            recording = self._step_range is not None and self._step is not None
+            if recording and self._step not in self.step_inputs:
+                self.step_inputs[self._step] = self._shapes_number(args, kwargs)
             with _torch.FastRange(FORWARD_RANGE):
                 output = compiled_forward(*args, **kwargs)
             if not self.returned:  # the first call that returned: what the eager count runs on
                 self.inputs = (args, dict(kwargs))
+                self.counted_inputs = self._shapes_number(args, kwargs)
                 self.grad_enabled = torch.is_grad_enabled()
                 self.returned = True
             return output
@@ -621,6 +633,22 @@ class CompiledSteps:
             _torch.swapped_attribute(self.model, "forward", forward)
         with swapped:
             yield
+
+    def _shapes_number(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """The number of these inputs' shapes among those met in the block (-1 past
+        ``_MAX_SHAPES`` of them: told apart from the counted ones only)."""
+        key = repr(shapes_of([list(args), kwargs]))
+        found = self._shapes.get(key)
+        if found is None:
+            if len(self._shapes) >= _MAX_SHAPES:
+                return -1
+            found = self._shapes[key] = len(self._shapes)
+        return found
+
+    def other_input_steps(self) -> list[int]:
+        """The recorded steps whose model inputs had other shapes than the counted call's."""
+        counted = self.counted_inputs
+        return sorted(n for n, shapes in self.step_inputs.items() if shapes != counted or shapes == -1)
 
     def _start(self) -> None:
         self._session.start()

@@ -7,6 +7,7 @@ Pure data, no torch. Saved under ``meta["compile"]`` in a ``layerscope/1`` docum
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,18 @@ class StepCompile:
         return cls(data["step"], data["time_ns"], data["frames"], data.get("graph_breaks", 0))
 
 
+def steps_in_medians(step_numbers: Sequence[int], compiled: Collection[int], other_inputs: Collection[int]) -> list[int]:
+    """The steps a compiled block's medians are over: those that neither compiled nor
+    ran other input shapes than the eager count's; failing any, those with the count's
+    shapes; failing any (the count's step was a warm-up), those that did not compile;
+    failing any, all of them."""
+    for leave in ({*compiled, *other_inputs}, set(other_inputs), set(compiled)):
+        kept = [n for n in step_numbers if n not in leave]
+        if kept:
+            return kept
+    return list(step_numbers)
+
+
 @dataclass
 class CompileInfo:
     """How the compiled model ran: the compiler (``backend``), the rule that split
@@ -97,6 +110,23 @@ class CompileInfo:
     #: (a CUDA graph's replay, whose kernels have no launch of their own): in the root's
     #: device time, named as unattributed.
     replay_device_ns: dict[str, int] = field(default_factory=dict)
+    #: In a ``Profiler`` block: the steps whose model inputs had other shapes than the
+    #: eager count's (the inputs the FLOPs, shapes and memory are of). They are left out
+    #: of the medians while a step with the count's shapes ran: a node's FLOPs and its
+    #: time are then of the same shapes.
+    other_input_steps: list[int] = field(default_factory=list)
+
+    def median_steps(self, step_numbers: Sequence[int]) -> list[int]:
+        """Of a block's recorded ``step_numbers``, those each node's median is over."""
+        return steps_in_medians(step_numbers, [c.step for c in self.step_compiles], self.other_input_steps)
+
+    def left_out(self, step_numbers: Sequence[int]) -> tuple[int, int]:
+        """How many of a block's ``step_numbers`` its medians leave out: those that
+        compiled, and those (not compiling) with other input shapes than the count's."""
+        kept = set(self.median_steps(step_numbers))
+        compiled = {c.step for c in self.step_compiles}
+        out = [n for n in step_numbers if n not in kept]
+        return sum(1 for n in out if n in compiled), sum(1 for n in out if n not in compiled)
 
     def unattributed_time_ns(self, phase: str = "backward") -> int:
         """The time of ``phase``'s kernels that no module's node is in (the sum of their
@@ -120,6 +150,7 @@ class CompileInfo:
             # Written only for a block: a profile()'s file is as before.
             **({"step_compiles": [c.to_dict() for c in self.step_compiles]} if self.step_compiles else {}),
             **({"replay_device_ns": dict(self.replay_device_ns)} if self.replay_device_ns else {}),
+            **({"other_input_steps": list(self.other_input_steps)} if self.other_input_steps else {}),
         }
 
     @classmethod
@@ -132,4 +163,5 @@ class CompileInfo:
             kernels=[KernelTime.from_dict(k) for k in data["kernels"]],
             step_compiles=[StepCompile.from_dict(c) for c in data.get("step_compiles", ())],
             replay_device_ns=dict(data.get("replay_device_ns", {})),
+            other_input_steps=list(data.get("other_input_steps", ())),
         )

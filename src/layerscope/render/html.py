@@ -69,9 +69,15 @@ def report_data(profile: Profile) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "meta": meta_to_dict(profile.meta, profile.figures),
-        # A compiled model's block: its nodes are medians over the steps, those that compiled left out.
+        # A compiled model's block: its nodes are medians over the steps, those that
+        # compiled and those with other input shapes than the FLOPs' count left out.
         "compiled_steps_left_out": (
-            None if profile.compiled is None or profile.figures.steps is None else len(profile.compiled.step_compiles)
+            None if profile.compiled is None or profile.figures.steps is None
+            else profile.compiled.left_out(profile.figures.step_numbers or [])[0]
+        ),
+        "other_input_steps_left_out": (
+            None if profile.compiled is None or profile.figures.steps is None
+            else profile.compiled.left_out(profile.figures.step_numbers or [])[1]
         ),
         # The inputs as the text header names them (shapes with dtypes, keywords by name).
         "inputs_text": _inputs(profile),

@@ -477,8 +477,36 @@ def compile_lines(profile: Profile) -> list[str]:
             f"Compiled in the block: {said}" + (f" and {len(info.step_compiles) - _OUTLIERS_NAMED} more" if more > 0 else "")
             + "; a step that compiled is left out of the medians while other steps ran"
         )
+    if info.other_input_steps:
+        numbers = profile.figures.step_numbers or []
+        kept = set(info.median_steps(numbers))
+        named = ", ".join(str(n) for n in info.other_input_steps[:_OUTLIERS_NAMED])
+        more = len(info.other_input_steps) - _OUTLIERS_NAMED
+        steps = f"step{'s' if len(info.other_input_steps) != 1 else ''} {named}" + (f" and {more} more" if more > 0 else "")
+        if any(n not in info.other_input_steps for n in kept):
+            lines.append(
+                f"Other input shapes than the eager count's (the FLOPs', shapes' and memory's) in {steps}: left out of "
+                "the medians, so each node's FLOPs and times are of the same inputs"
+            )
+        else:
+            lines.append(
+                f"No step in the medians ran the eager count's input shapes ({steps} ran others): the FLOPs, shapes and "
+                "memory are the count's, the times those steps', so FLOP/s and MFU set one against the other"
+            )
     lines += [f"Graph break at {b.where or '?'}: {b.reason}" for b in breaks]
     return lines
+
+
+def _left_out(profile: Profile) -> str:
+    """Which of a compiled block's steps its medians leave out, and why ("" for none)."""
+    assert profile.compiled is not None
+    compiled, other = profile.compiled.left_out(profile.figures.step_numbers or [])
+    said = [
+        f"the {count} {why}" for count, why in (
+            (compiled, "that compiled"), (other, "with other input shapes than the FLOPs' count"),
+        ) if count
+    ]
+    return f", {' and '.join(said)} left out" if said else ""
 
 
 def _footer(profile: Profile) -> list[str]:
@@ -541,9 +569,7 @@ def _step_lines(profile: Profile) -> list[str]:
     steps = profile.figures.steps
     if steps is not None and _step_medians(profile):
         assert profile.compiled is not None
-        compiled = len(profile.compiled.step_compiles)
-        left_out = f", the {compiled} that compiled left out" if compiled and compiled < steps else ""
-        head = f"Median step of {steps} (each node's median{left_out}): {fmt.time_ns(step)} = {parts}"
+        head = f"Median step of {steps} (each node's median{_left_out(profile)}): {fmt.time_ns(step)} = {parts}"
     elif steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:

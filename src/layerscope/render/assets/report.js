@@ -141,7 +141,8 @@
     // A compiled model's block holds medians, not sums (its FLOPs are one eager step's).
     const compiled = DATA.compiled_steps_left_out;
     if (compiled !== null && compiled !== undefined) {
-      fact("figures", "each node's median over the steps" + (compiled ? ", the " + compiled + " that compiled left out" : "") + " (a compiled model's block)");
+      const other = DATA.other_input_steps_left_out;
+      fact("figures", "each node's median over the steps" + (compiled ? ", the " + compiled + " that compiled left out" : "") + (other ? ", the " + other + " with other input shapes than the FLOPs' count left out" : "") + " (a compiled model's block)");
     }
     const spread = DATA.step_spread;
     if (spread) {
