@@ -317,6 +317,36 @@ def test_hf_trainer_profiles_the_scheduled_optimizer_steps(hf: Any, tmp_path: Pa
     assert list(model.state_dict()) == keys
 
 
+@pytest.mark.slow  # the Trainer compiles the model
+def test_hf_trainer_with_torch_compile_profiles_the_model_it_compiled(hf: Any, tmp_path: Path) -> None:
+    # torch_compile=True: the Trainer runs torch.compile(model) and hands callbacks the
+    # eager model. Before, the block hooked that one: Dynamo traced the hooks (graph
+    # breaks at every module) and the profile was of eager modules under broken graphs,
+    # with no word of it. Now the block is the compiled wrapper's, from its kernels.
+    from transformers import Trainer, TrainingArguments
+
+    model = tiny_bert()
+    attrs = attrs_of_submodules(model)
+    callback = hf.LayerscopeTrainerCallback(schedule=layerscope.schedule(wait=1, warmup=1, active=2, repeat=1))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4, report_to=[], save_strategy="no",
+        logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_pin_memory=False, torch_compile=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Sentences(), callbacks=[callback])
+    trainer.train()
+    (path,) = callback.paths
+    prof = check_tree(layerscope.load(path))
+    assert prof.compiled is not None and prof.compiled.kernels
+    assert prof.figures.steps == 2 and prof.meta.step_range == [2, 3]
+    assert {k.phase for k in prof.compiled.kernels} == {"forward", "backward"}
+    assert prof["classifier"].forward.flops > 0 and prof["classifier"].backward.flops > 0
+    assert "<optimizer:AdamW>" in [p.path for p in prof.parts]
+    # The wrapper's forward is torch.compile's again (the block's own has no such mark).
+    assert hasattr(trainer.model_wrapped.__dict__["forward"], "_torchdynamo_orig_callable")
+    assert_no_hooks_left(model)
+    assert attrs_of_submodules(model) == attrs
+
+
 def test_hf_trainer_run_that_raises_is_closed_by_the_with_block(hf: Any, tmp_path: Path) -> None:
     # One forward per optimizer step: step 3's forward (the 4th) raises, mid-cycle.
     model = tiny_bert(fail_at_call=4)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -204,6 +206,21 @@ def eager_module(model: nn.Module) -> nn.Module | None:
     if isinstance(model, wrapper):
         return _torch.eager_of(model)
     return model if _torch.compiled_in_place(model) else None
+
+
+def compiled_wrapper_of(model: nn.Module) -> nn.Module | None:
+    """The ``torch.compile(model)`` wrapper that holds ``model``, found among the
+    process's objects: the one a framework made and calls (a Hugging Face Trainer with
+    ``torch_compile=True`` hands its callbacks the eager model); None when there is
+    none, or more than one."""
+    wrapper = _torch.optimized_module_type()
+    if wrapper is None:
+        return None
+    with warnings.catch_warnings():
+        # Some objects warn when their class is asked (a deprecated alias of torch's).
+        warnings.simplefilter("ignore")
+        found = [obj for obj in gc.get_objects() if isinstance(obj, wrapper) and _torch.eager_of(obj) is model]
+    return found[0] if len(found) == 1 else None
 
 
 def eager_hint(model: nn.Module) -> str:

@@ -17,10 +17,13 @@ Importing this module imports transformers (``pip install layerscope[transformer
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
+from layerscope.base.errors import LayerscopeWarning
+from layerscope.capture.modules import compiled_wrapper_of
 from layerscope.integrations._run import Schedule, TrainingRun, default_schedule
 
 if TYPE_CHECKING:
@@ -51,6 +54,10 @@ class LayerscopeTrainerCallback(TrainerCallback):
     does not leave the profiler's hooks on the model, use the callback as a context
     manager around ``train()`` (or call :meth:`close` in a ``finally``): a cycle cut
     short is then written as ``..._incomplete.json``.
+
+    With ``torch_compile=True`` the steps are those of the model the Trainer compiled,
+    recorded from its kernels as a ``Profiler`` block records ``torch.compile(model)``
+    (``record_ops=False`` is refused there).
     """
 
     def __init__(
@@ -87,6 +94,20 @@ class LayerscopeTrainerCallback(TrainerCallback):
             raise ValueError("LayerscopeTrainerCallback needs the model: the Trainer passes it to on_train_begin")
         # A run left open by a train() that raised (without close()) is closed first.
         self.close(RuntimeError("a new train() started before the previous one ended"))
+        if getattr(args, "torch_compile", False):
+            # The Trainer calls torch.compile(model), and hands callbacks the eager model:
+            # hooks on that one would be traced into the compiled graphs (and break them).
+            # Its block is the compiled wrapper's, recorded from the kernels.
+            wrapper = compiled_wrapper_of(model)
+            if wrapper is None:
+                warnings.warn(
+                    "LayerscopeTrainerCallback: torch_compile=True, and the Trainer's torch.compile(model) wrapper was "
+                    "not found (a regional compile, or another wrapper): nothing is profiled in this train(); profile "
+                    "without torch_compile, or wrap the compiled model in layerscope.Profiler yourself",
+                    LayerscopeWarning, stacklevel=2,
+                )
+                return
+            model = wrapper
         self._run = TrainingRun(
             model,
             schedule=self.schedule,
