@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import nn
 import layerscope
 from layerscope import block, zoo
 from layerscope.attribute.compiled import BLOCK_RULE, StepFold, build_compiled_steps, step_sites
-from layerscope.base.errors import ModelError, ProfilerStateError
+from layerscope.base.errors import LayerscopeWarning, ModelError, ProfilerStateError
 from layerscope.base.kineto_json import open_trace
 from layerscope.convert.compiled import FORWARD_RANGE, STEP_RANGE, compiled_passes
 from layerscope.convert.ranges import KernelSpan, Range
@@ -332,6 +333,25 @@ def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -
 
 
 # -- what a compiled block refuses, and what it keeps -------------------------------------
+
+
+def test_a_block_on_the_eager_model_whose_compiled_wrapper_ran_in_it_says_so() -> None:
+    # Profiler(model) while the code calls compiled = torch.compile(model): the block's
+    # hooks are on the eager model, and Dynamo traces them into the wrapper's graphs
+    # (graph breaks at every module). Before, the profile of that run came with no word.
+    entry = zoo.get("mlp")
+    model = entry.build()
+    x = entry.example_inputs(2)
+    compiled = torch.compile(model)
+    compiled(x)
+    with pytest.warns(LayerscopeWarning, match=r"Dynamo traced layerscope's module hooks.*layerscope.Profiler\(compiled\)"):
+        with layerscope.Profiler(model):
+            compiled(x)
+    plain = zoo.get("mlp").build()  # no wrapper of it: nothing to say, though Dynamo compiled before
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LayerscopeWarning)
+        with layerscope.Profiler(plain):
+            plain(x)
 
 
 def test_a_forward_that_raises_leaves_the_model_as_it_was() -> None:

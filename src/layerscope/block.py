@@ -33,11 +33,13 @@ from layerscope.capture.kineto import paused_gc
 from layerscope.capture.modules import (
     eager_hint,
     eager_module,
+    frames_compiled,
     model_device,
     model_dtype,
     note_raising_module,
     peak_flops_per_s,
     require_module,
+    warn_if_compiled_traced_hooks,
 )
 from layerscope.capture.recorder import Clock
 from layerscope.model.compile_info import StepCompile
@@ -343,6 +345,9 @@ class Profiler:
         #: A model compiled whole is recorded from its kernels instead (set while it runs).
         self._compiled: _CompiledBlock | None = None
         self._identity: dict[str, Any] = {}
+        #: Frames Dynamo had compiled when an eager block began (a compile during it may
+        #: have traced the block's hooks).
+        self._frames_compiled = 0
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -372,6 +377,7 @@ class Profiler:
             with_stack=options.with_stack, clock=options.clock, torch_profiler=options.record_ops, bounded=False,
             with_repr=options.record_ops,
         ))
+        self._frames_compiled = frames_compiled()
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(assembly)
@@ -556,6 +562,7 @@ class Profiler:
         finally:
             try:
                 self._stack.close()
+                warn_if_compiled_traced_hooks(self.model, self._frames_compiled)
             finally:
                 self._stack = None
                 # Without a schedule the block is one cycle; with one, steps recorded

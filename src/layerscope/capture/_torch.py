@@ -985,6 +985,12 @@ def compilation_metrics() -> list[Any]:
     return list(require("torch._dynamo.utils.get_compilation_metrics")())
 
 
+def frames_compiled() -> int:
+    """How many frames Dynamo has compiled in this process (0 while it is not imported:
+    it compiles nothing before; asking does not import it)."""
+    return len(compilation_metrics()) if "torch._dynamo" in sys.modules else 0
+
+
 def structured_trace_logger() -> Any:
     """The logger torch's structured trace (tlparse's input) goes to."""
     return require("torch._logging._internal.trace_log")

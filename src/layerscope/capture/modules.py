@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from layerscope.base.errors import ModelError
+from layerscope.base.errors import LayerscopeWarning, ModelError
 from layerscope.base.peaks import datasheet_tflops, given_peak_flops_per_s
 from layerscope.capture import _torch
 from layerscope.capture.inputs import dtype_name
@@ -216,11 +216,37 @@ def compiled_wrapper_of(model: nn.Module) -> nn.Module | None:
     wrapper = _torch.optimized_module_type()
     if wrapper is None:
         return None
+    found = []
     with warnings.catch_warnings():
         # Some objects warn when their class is asked (a deprecated alias of torch's).
         warnings.simplefilter("ignore")
-        found = [obj for obj in gc.get_objects() if isinstance(obj, wrapper) and _torch.eager_of(obj) is model]
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, wrapper) and _torch.eager_of(obj) is model:
+                    found.append(obj)
+            except ReferenceError:  # a weak proxy whose object is gone
+                continue
     return found[0] if len(found) == 1 else None
+
+
+def frames_compiled() -> int:
+    """How many frames Dynamo has compiled in this process (asking imports nothing)."""
+    return _torch.frames_compiled()
+
+
+def warn_if_compiled_traced_hooks(model: nn.Module, frames_before: int) -> None:
+    """Warn when Dynamo compiled while hooks were on the eager ``model`` (since
+    ``frames_before``: :func:`frames_compiled`) and a ``torch.compile`` wrapper of it
+    exists: if the wrapper was called, its graphs traced the hooks."""
+    if _torch.frames_compiled() == frames_before or compiled_wrapper_of(model) is None:
+        return
+    warnings.warn(
+        "layerscope: torch.compile compiled while the block ran, and a torch.compile(model) wrapper of the profiled "
+        "model exists: if the block called the wrapper, Dynamo traced layerscope's module hooks into its graphs "
+        "(breaking them), and this profile is of that run, not of your compiled model; profile the compiled model "
+        "itself: layerscope.Profiler(compiled)",
+        LayerscopeWarning, stacklevel=3,
+    )
 
 
 def eager_hint(model: nn.Module) -> str:
