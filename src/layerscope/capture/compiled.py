@@ -564,11 +564,14 @@ class CompiledSteps:
         self.grad_enabled = False
         #: Whether a call of the model returned in the block (the inputs are let go once counted).
         self.returned = False
-        #: Each recorded step's model inputs (its first call's), as the number of their
-        #: shapes among those met (``_shapes_number``), and the counted call's.
+        #: The recorded steps whose model inputs (their first call's) may differ from the
+        #: counted call's: the number of their shapes among those met
+        #: (``_shapes_number``); once the counted call is known, only those that differ
+        #: are kept (a long run keeps nothing per step).
         self.step_inputs: dict[int, int] = {}
         self.counted_inputs: int | None = None
         self._shapes: dict[str, int] = {}
+        self._shapes_step: int | None = None
         #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
         self.compiles: list[tuple[int, int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
@@ -617,14 +620,17 @@ class CompiledSteps:
             compiled_forward = torch.compile(self.eager, backend=_COMPILER, fullgraph=self._fullgraph).forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            recording = self._step_range is not None and self._step is not None
-            if recording and self._step not in self.step_inputs:
-                self.step_inputs[self._step] = self._shapes_number(args, kwargs)
+            if self._step_range is not None and self._step is not None and self._step != self._shapes_step:
+                self._shapes_step = self._step  # the step's first call
+                number = self._shapes_number(args, kwargs)
+                if number != self.counted_inputs or number == -1:
+                    self.step_inputs[self._step] = number
             with _torch.FastRange(FORWARD_RANGE):
                 output = compiled_forward(*args, **kwargs)
             if not self.returned:  # the first call that returned: what the eager count runs on
                 self.inputs = (args, dict(kwargs))
-                self.counted_inputs = self._shapes_number(args, kwargs)
+                counted = self.counted_inputs = self._shapes_number(args, kwargs)
+                self.step_inputs = {n: s for n, s in self.step_inputs.items() if s != counted or s == -1}
                 self.grad_enabled = torch.is_grad_enabled()
                 self.returned = True
             return output
