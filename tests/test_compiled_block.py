@@ -335,6 +335,9 @@ def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -
 # -- what a compiled block refuses, and what it keeps -------------------------------------
 
 
+# torch's own warnings about the run this test makes on purpose (hooks under torch.compile).
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks:UserWarning")
+@pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace the builtin:UserWarning")
 def test_a_block_on_the_eager_model_whose_compiled_wrapper_ran_in_it_says_so() -> None:
     # Profiler(model) while the code calls compiled = torch.compile(model): the block's
     # hooks are on the eager model, and Dynamo traces them into the wrapper's graphs
