@@ -332,6 +332,26 @@ def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -
     assert (profile.root.forward.flops, profile.root.backward.flops) == (eager.root.forward.flops, eager.root.backward.flops)
 
 
+def test_a_steps_compile_time_is_read_past_the_64_compiles_torch_keeps() -> None:
+    # torch keeps the metrics of its last 64 compiles: a count of them stops changing
+    # there, and a step that compiled after 64 compiles in the process read no compile
+    # time (0 ns, as if free). The mark is the last compile's own record.
+    for n in range(70):  # 70 functions of their own code: 70 frames compiled
+        namespace: dict[str, Any] = {}
+        exec(f"def add(x):\n    return x + {n}", namespace)  # a fresh code object each
+        torch.compile(namespace["add"], backend="eager")(torch.ones(2))
+    entry = zoo.get("mlp")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 8))  # a structure nothing compiled before
+    compiled = torch.compile(model)
+    with torch.no_grad(), layerscope.Profiler(compiled) as prof:
+        for _ in range(2):
+            compiled(entry.example_inputs(2))
+            prof.step()
+    (first,) = check_tree(prof.profile).compiled.step_compiles
+    assert first.step == 0 and first.frames >= 1 and first.time_ns > 0
+
+
 # -- what a compiled block refuses, and what it keeps -------------------------------------
 
 

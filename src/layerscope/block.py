@@ -31,9 +31,9 @@ from layerscope.capture.compiled import CompiledSteps
 from layerscope.capture.counting import count_capture
 from layerscope.capture.kineto import paused_gc
 from layerscope.capture.modules import (
+    compile_mark,
     eager_hint,
     eager_module,
-    frames_compiled,
     model_device,
     model_dtype,
     note_raising_module,
@@ -345,9 +345,9 @@ class Profiler:
         #: A model compiled whole is recorded from its kernels instead (set while it runs).
         self._compiled: _CompiledBlock | None = None
         self._identity: dict[str, Any] = {}
-        #: Frames Dynamo had compiled when an eager block began (a compile during it may
-        #: have traced the block's hooks).
-        self._frames_compiled = 0
+        #: Dynamo's compiles when an eager block began (a compile during it may have
+        #: traced the block's hooks).
+        self._compile_mark: Any = None
 
     # -- running ------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -377,7 +377,7 @@ class Profiler:
             with_stack=options.with_stack, clock=options.clock, torch_profiler=options.record_ops, bounded=False,
             with_repr=options.record_ops,
         ))
-        self._frames_compiled = frames_compiled()
+        self._compile_mark = compile_mark()
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(assembly)
@@ -562,7 +562,7 @@ class Profiler:
         finally:
             try:
                 self._stack.close()
-                warn_if_compiled_traced_hooks(self.model, self._frames_compiled)
+                warn_if_compiled_traced_hooks(self.model, self._compile_mark)
             finally:
                 self._stack = None
                 # Without a schedule the block is one cycle; with one, steps recorded

@@ -985,10 +985,26 @@ def compilation_metrics() -> list[Any]:
     return list(require("torch._dynamo.utils.get_compilation_metrics")())
 
 
-def frames_compiled() -> int:
-    """How many frames Dynamo has compiled in this process (0 while it is not imported:
-    it compiles nothing before; asking does not import it)."""
-    return len(compilation_metrics()) if "torch._dynamo" in sys.modules else 0
+def compile_mark() -> Any:
+    """A mark of the frames Dynamo has compiled so far, for :func:`compiled_since` (None
+    before any; asking does not import Dynamo, which compiles nothing before it is)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    metrics = compilation_metrics()
+    return metrics[-1] if metrics else None
+
+
+def compiled_since(mark: Any) -> list[Any]:
+    """The compilation metrics of the frames Dynamo compiled since ``mark``. torch keeps
+    the last 64: a mark older than those gives them all. (A count of them is no mark:
+    past 64 compiles in a process it stops changing.)"""
+    if "torch._dynamo" not in sys.modules:
+        return []
+    metrics = compilation_metrics()
+    for at in range(len(metrics) - 1, -1, -1):
+        if metrics[at] is mark:
+            return metrics[at + 1 :]
+    return metrics
 
 
 def structured_trace_logger() -> Any:

@@ -464,14 +464,14 @@ def time_compiled(
         call()
 
     with _COMPILER.model(eager):
-        before = len(_torch.compilation_metrics())
+        before = _torch.compile_mark()
         compiles = _COMPILER.compiles
         with _structured_trace() as collector:
             start = time.perf_counter_ns()
             step()
             first_ns = time.perf_counter_ns() - start
         if _COMPILER.compiles != compiles:
-            metrics = _torch.compilation_metrics()[before:]
+            metrics = _torch.compiled_since(before)
             compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             _COMPILES[eager] = (_graph_breaks(collector.records), round(compile_s * 1e9) if compile_s else first_ns)
             _keep_graphs(collector.records)
@@ -582,7 +582,7 @@ class CompiledSteps:
         self._window_steps: list[int] = []
         self._step: int | None = None
         self._compiles = 0
-        self._metrics = 0
+        self._metrics: Any = None
         self._records = 0
         self._parsed = 0
         #: The ranges around modules run eagerly (between graphs), while they are kept,
@@ -673,7 +673,7 @@ class CompiledSteps:
             self._start()
         self._step = number
         self._compiles = _COMPILER.compiles
-        self._metrics = len(_torch.compilation_metrics())
+        self._metrics = _torch.compile_mark()
         self._records = len(self._collector.records) if self._collector is not None else 0
         self._step_range = _torch.FastRange(STEP_RANGE)
         self._step_range.__enter__()
@@ -685,7 +685,7 @@ class CompiledSteps:
             return
         step_range.__exit__(None, None, None)
         if _COMPILER.compiles != self._compiles:
-            metrics = _torch.compilation_metrics()[self._metrics :]
+            metrics = _torch.compiled_since(self._metrics)
             seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)
             records = self._collector.records[self._records :] if self._collector is not None else []
             self.compiles.append((self._step, round(seconds * 1e9), len(metrics), len(_graph_breaks(records))))

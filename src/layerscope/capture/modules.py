@@ -224,21 +224,21 @@ def compiled_wrapper_of(model: nn.Module) -> nn.Module | None:
             try:
                 if isinstance(obj, wrapper) and _torch.eager_of(obj) is model:
                     found.append(obj)
-            except ReferenceError:  # a weak proxy whose object is gone
+            except Exception:  # an object that cannot say its class (a dead weak proxy) is no wrapper
                 continue
     return found[0] if len(found) == 1 else None
 
 
-def frames_compiled() -> int:
-    """How many frames Dynamo has compiled in this process (asking imports nothing)."""
-    return _torch.frames_compiled()
+def compile_mark() -> Any:
+    """A mark of the frames Dynamo has compiled so far (asking imports nothing)."""
+    return _torch.compile_mark()
 
 
-def warn_if_compiled_traced_hooks(model: nn.Module, frames_before: int) -> None:
-    """Warn when Dynamo compiled while hooks were on the eager ``model`` (since
-    ``frames_before``: :func:`frames_compiled`) and a ``torch.compile`` wrapper of it
-    exists: if the wrapper was called, its graphs traced the hooks."""
-    if _torch.frames_compiled() == frames_before or compiled_wrapper_of(model) is None:
+def warn_if_compiled_traced_hooks(model: nn.Module, mark: Any) -> None:
+    """Warn when Dynamo compiled while hooks were on the eager ``model`` (since ``mark``:
+    :func:`compile_mark`) and a ``torch.compile`` wrapper of it exists: if the wrapper
+    was called, its graphs traced the hooks."""
+    if not _torch.compiled_since(mark) or compiled_wrapper_of(model) is None:
         return
     warnings.warn(
         "layerscope: torch.compile compiled while the block ran, and a torch.compile(model) wrapper of the profiled "
