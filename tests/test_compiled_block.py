@@ -326,8 +326,9 @@ def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -
     assert kept and not set(kept) & {0, 2, 4}
     assert info.left_out(profile.figures.step_numbers)[1] >= 1
     text = profile.render("text")
-    assert "Other input shapes than the eager count's (the FLOPs', shapes' and memory's) in steps 2, 4" in text
-    assert "with other input shapes than the FLOPs' count left out" in text
+    assert "Other model calls than the eager count's step (other input shapes, or another number of calls" in text
+    assert "in steps 2, 4: left out of the medians" in text
+    assert "with other calls than the FLOPs' count left out" in text
     eager = layerscope.count_flops(entry.build(), x[:, :16], backward=True)
     assert (profile.root.forward.flops, profile.root.backward.flops) == (eager.root.forward.flops, eager.root.backward.flops)
 
@@ -350,6 +351,42 @@ def test_a_steps_compile_time_is_read_past_the_64_compiles_torch_keeps() -> None
             prof.step()
     (first,) = check_tree(prof.profile).compiled.step_compiles
     assert first.step == 0 and first.frames >= 1 and first.time_ns > 0
+
+
+def test_a_step_that_calls_the_model_twice_is_counted_with_both_calls() -> None:
+    # The eager count ran the first call alone: with two calls a step (two views of a
+    # batch; gradient accumulation inside a step), Calls said 1 and the FLOPs were half
+    # the step's, while the times were both calls'. The count now replays the step's
+    # calls; a step with another number of calls is named and left out.
+    entry = zoo.get("gpt")
+    torch.manual_seed(0)
+    model = entry.build()
+    x = entry.example_inputs(2)
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with layerscope.Profiler(compiled) as prof:
+        for calls in (2, 2, 2, 1, 2):
+            opt.zero_grad()
+            sum(compiled(x).float().pow(2).mean() for _ in range(calls)).backward()
+            opt.step()
+            prof.step()
+    profile = check_tree(prof.profile)
+    once = layerscope.count_flops(entry.build(), x)
+    assert profile.root.calls == 2
+    assert profile.root.forward.flops == 2 * once.root.forward.flops
+    # The same two-call step in an eager block: its backward holds each parameter's
+    # gradient accumulated over both calls, which is not twice one call's.
+    eager = entry.build()
+    with layerscope.Profiler(eager) as eager_prof:
+        sum(eager(x).float().pow(2).mean() for _ in range(2)).backward()
+    for node in check_tree(eager_prof.profile).modules():
+        mine = profile.node(node.path)
+        assert mine.calls == node.calls, node.path  # 2 for every module called (a ModuleList is not)
+        assert mine.forward.flops == node.forward.flops == 2 * once.node(node.path).forward.flops, node.path
+        if node.path:  # the root's own backward holds each loss's, which differ
+            assert mine.backward.flops == node.backward.flops, node.path
+    assert profile.compiled.other_input_steps == [3]
+    assert 3 not in profile.compiled.median_steps(profile.figures.step_numbers)
 
 
 # -- what a compiled block refuses, and what it keeps -------------------------------------

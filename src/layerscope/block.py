@@ -177,7 +177,7 @@ class _CompiledBlock:
             steps = self.steps
             assert steps.inputs is not None
             raw = count_capture(
-                steps.eager, None, None, not steps.grad_enabled, backward, None, self.options.memory, split=steps.inputs,
+                steps.eager, None, None, not steps.grad_enabled, backward, None, self.options.memory, calls=steps.inputs,
             )
             ops = op_walk(raw)
             assert ops is not None  # a count always has its op pass

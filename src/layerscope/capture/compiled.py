@@ -558,20 +558,23 @@ class CompiledSteps:
         self.eager: nn.Module = eager
         self._settings = settings
         self._fullgraph = fullgraph
-        #: The first call's positional and keyword arguments (of one that returned), and
-        #: whether grad was on.
-        self.inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        #: The calls of the first recorded step whose every call returned (each call's
+        #: positional and keyword arguments): what the eager count runs, as the step ran
+        #: them; and whether grad was on.
+        self.inputs: list[tuple[tuple[Any, ...], dict[str, Any]]] | None = None
         self.grad_enabled = False
-        #: Whether a call of the model returned in the block (the inputs are let go once counted).
+        #: Whether such a step ended (the inputs are let go once counted).
         self.returned = False
-        #: The recorded steps whose model inputs (their first call's) may differ from the
-        #: counted call's: the number of their shapes among those met
-        #: (``_shapes_number``); once the counted call is known, only those that differ
-        #: are kept (a long run keeps nothing per step).
-        self.step_inputs: dict[int, int] = {}
-        self.counted_inputs: int | None = None
+        #: Each recorded step's calls, as the numbers of their inputs' shapes among those
+        #: met (``_shapes_number``), in call order; the counted step's, and the steps
+        #: whose calls differ from it (once it is known, only those are kept: a long run
+        #: keeps nothing per step).
+        self.counted_inputs: tuple[int, ...] | None = None
+        self.step_inputs: dict[int, tuple[int, ...]] = {}
         self._shapes: dict[str, int] = {}
-        self._shapes_step: int | None = None
+        self._step_calls: list[int] = []
+        self._step_kept: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self._step_grad = False
         #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
         self.compiles: list[tuple[int, int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
@@ -620,19 +623,15 @@ class CompiledSteps:
             compiled_forward = torch.compile(self.eager, backend=_COMPILER, fullgraph=self._fullgraph).forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if self._step_range is not None and self._step is not None and self._step != self._shapes_step:
-                self._shapes_step = self._step  # the step's first call
-                number = self._shapes_number(args, kwargs)
-                if number != self.counted_inputs or number == -1:
-                    self.step_inputs[self._step] = number
+            recording = self._step_range is not None
+            if recording:
+                self._step_calls.append(self._shapes_number(args, kwargs))
             with _torch.FastRange(FORWARD_RANGE):
                 output = compiled_forward(*args, **kwargs)
-            if not self.returned:  # the first call that returned: what the eager count runs on
-                self.inputs = (args, dict(kwargs))
-                counted = self.counted_inputs = self._shapes_number(args, kwargs)
-                self.step_inputs = {n: s for n, s in self.step_inputs.items() if s != counted or s == -1}
-                self.grad_enabled = torch.is_grad_enabled()
-                self.returned = True
+            if recording and self.counted_inputs is None:  # kept until a step is counted
+                if not self._step_kept:
+                    self._step_grad = torch.is_grad_enabled()
+                self._step_kept.append((args, dict(kwargs)))
             return output
 
         swapped = _torch.compiled_call_swapped(self.model, forward) if in_place else \
@@ -651,10 +650,24 @@ class CompiledSteps:
             found = self._shapes[key] = len(self._shapes)
         return found
 
+    def _step_inputs_ended(self, number: int) -> None:
+        """The ended step's calls: the counted ones if none are yet and every call of the
+        step returned, else kept where they differ from those."""
+        calls, self._step_calls = tuple(self._step_calls), []
+        kept, self._step_kept = self._step_kept, []
+        if self.counted_inputs is None and calls and len(kept) == len(calls):
+            self.inputs, self.counted_inputs, self.grad_enabled, self.returned = kept, calls, self._step_grad, True
+            self.step_inputs = {n: other for n, other in self.step_inputs.items() if not self._same_calls(other)}
+        elif not self._same_calls(calls):
+            self.step_inputs[number] = calls
+
+    def _same_calls(self, calls: tuple[int, ...]) -> bool:
+        return calls == self.counted_inputs and -1 not in calls
+
     def other_input_steps(self) -> list[int]:
-        """The recorded steps whose model inputs had other shapes than the counted call's."""
-        counted = self.counted_inputs
-        return sorted(n for n, shapes in self.step_inputs.items() if shapes != counted or shapes == -1)
+        """The recorded steps whose calls differ from the counted step's: in number, or
+        in their inputs' shapes."""
+        return sorted(n for n, calls in self.step_inputs.items() if not self._same_calls(calls))
 
     def _start(self) -> None:
         self._session.start()
@@ -684,6 +697,7 @@ class CompiledSteps:
         if step_range is None or self._step is None:
             return
         step_range.__exit__(None, None, None)
+        self._step_inputs_ended(self._step)
         if _COMPILER.compiles != self._compiles:
             metrics = _torch.compiled_since(self._metrics)
             seconds = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)

@@ -41,12 +41,33 @@ def run_step(
 ) -> None:
     """One pass: forward, and with ``backward`` the loss (a step part) and backward. An
     exception the model raises is noted with the module it came from."""
+    run_calls(model, [(args, kwargs)], capture, backward=backward, loss_fn=loss_fn)
+
+
+def run_calls(
+    model: nn.Module,
+    calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
+    capture: Assembly,
+    *,
+    backward: bool,
+    loss_fn: Callable[[Any], Any] | None,
+) -> None:
+    """:func:`run_step` of several calls of the model in one step (each call's positional
+    and keyword arguments): their forwards in order, and with ``backward`` the sum of
+    their losses (a step part) and one backward."""
     try:
-        output = model(*args, **kwargs)
-        if backward:
-            with capture.part("loss", "loss"):
-                loss = loss_of(output, loss_fn)
+        losses: list[torch.Tensor] = []
+        for n, (args, kwargs) in enumerate(calls):
+            output = model(*args, **kwargs)
+            if backward:
+                with capture.part("loss", "loss"):
+                    losses.append(loss_of(output, loss_fn))
+                    if n == len(calls) - 1 and len(losses) > 1:
+                        losses = [torch.stack([value.float() for value in losses]).sum()]
             del output
+        if backward:
+            (loss,) = losses
+            del losses
             with capture.backward():
                 loss.backward()
     except Exception as exc:
@@ -56,16 +77,19 @@ def run_step(
 
 def count_capture(
     model: nn.Module, inputs: Any, paths: Sequence[str] | None, no_grad: bool | None, backward: bool,
-    loss_fn: Callable[[Any], Any] | None, memory: bool, *, split: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    loss_fn: Callable[[Any], Any] | None, memory: bool, *,
+    calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]] | None = None,
 ) -> RawCapture:
-    """The raw capture of ``count_flops``'s one untimed pass (its arguments; ``split``:
-    the call's positional and keyword arguments as they were, instead of ``inputs``):
-    the tree, FLOPs, MACs, shapes and memory that a compiled model's profile and block
-    take from its eager module too."""
+    """The raw capture of ``count_flops``'s one untimed pass (its arguments; ``calls``:
+    instead of ``inputs``, the calls of one step, each call's positional and keyword
+    arguments as they were, run as :func:`run_calls` runs them): the tree, FLOPs, MACs,
+    shapes and memory that a compiled model's profile and block take from its eager
+    module too."""
     require_module(model)
     model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
     no_grad, grad = grad_mode(no_grad, backward)
-    args, kwargs = split if split is not None else split_inputs(inputs)
+    steps = list(calls) if calls is not None else [split_inputs(inputs)]
+    args, kwargs = steps[0]
     with eager_calls(model):  # a model compiled in place runs its eager forward for the count
         assembly = Assembly(CapturePlan(
             model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
@@ -75,7 +99,7 @@ def count_capture(
             clear_grads()
             assembly.begin_step()
             try:
-                run_step(model, args, kwargs, assembly, backward=backward, loss_fn=loss_fn)
+                run_calls(model, steps, assembly, backward=backward, loss_fn=loss_fn)
             finally:
                 assembly.end_step()
         (op_pass,) = assembly.collect()

@@ -76,8 +76,8 @@ class StepCompile:
 
 def steps_in_medians(step_numbers: Sequence[int], compiled: Collection[int], other_inputs: Collection[int]) -> list[int]:
     """The steps a compiled block's medians are over: those that neither compiled nor
-    ran other input shapes than the eager count's; failing any, those with the count's
-    shapes; failing any (the count's step was a warm-up), those that did not compile;
+    made other calls than the eager count's step (other input shapes, or another number
+    of calls); failing any, those with the count's calls; failing any (the count's step was a warm-up), those that did not compile;
     failing any, all of them."""
     for leave in ({*compiled, *other_inputs}, set(other_inputs), set(compiled)):
         kept = [n for n in step_numbers if n not in leave]
@@ -110,10 +110,11 @@ class CompileInfo:
     #: (a CUDA graph's replay, whose kernels have no launch of their own): in the root's
     #: device time, named as unattributed.
     replay_device_ns: dict[str, int] = field(default_factory=dict)
-    #: In a ``Profiler`` block: the steps whose model inputs had other shapes than the
-    #: eager count's (the inputs the FLOPs, shapes and memory are of). They are left out
-    #: of the medians while a step with the count's shapes ran: a node's FLOPs and its
-    #: time are then of the same shapes.
+    #: In a ``Profiler`` block: the steps whose calls of the model differ from those of
+    #: the step the eager count replayed (the calls the FLOPs, shapes and memory are of):
+    #: other input shapes, or another number of calls. They are left out of the medians
+    #: while a step with the count's calls ran: a node's FLOPs and its time are then of
+    #: the same calls.
     other_input_steps: list[int] = field(default_factory=list)
 
     def median_steps(self, step_numbers: Sequence[int]) -> list[int]:
@@ -122,7 +123,7 @@ class CompileInfo:
 
     def left_out(self, step_numbers: Sequence[int]) -> tuple[int, int]:
         """How many of a block's ``step_numbers`` its medians leave out: those that
-        compiled, and those (not compiling) with other input shapes than the count's."""
+        compiled, and those (not compiling) with other calls than the count's step."""
         kept = set(self.median_steps(step_numbers))
         compiled = {c.step for c in self.step_compiles}
         out = [n for n in step_numbers if n not in kept]

@@ -70,7 +70,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
         "schema": SCHEMA,
         "meta": meta_to_dict(profile.meta, profile.figures),
         # A compiled model's block: its nodes are medians over the steps, those that
-        # compiled and those with other input shapes than the FLOPs' count left out.
+        # compiled and those with other calls than the FLOPs' count left out.
         "compiled_steps_left_out": (
             None if profile.compiled is None or profile.figures.steps is None
             else profile.compiled.left_out(profile.figures.step_numbers or [])[0]

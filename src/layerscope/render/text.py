@@ -485,13 +485,15 @@ def compile_lines(profile: Profile) -> list[str]:
         steps = f"step{'s' if len(info.other_input_steps) != 1 else ''} {named}" + (f" and {more} more" if more > 0 else "")
         if any(n not in info.other_input_steps for n in kept):
             lines.append(
-                f"Other input shapes than the eager count's (the FLOPs', shapes' and memory's) in {steps}: left out of "
-                "the medians, so each node's FLOPs and times are of the same inputs"
+                f"Other model calls than the eager count's step (other input shapes, or another number of calls; the "
+                f"FLOPs', shapes' and memory's step) in {steps}: left out of the medians, so each node's FLOPs and "
+                "times are of the same calls"
             )
         else:
             lines.append(
-                f"No step in the medians ran the eager count's input shapes ({steps} ran others): the FLOPs, shapes and "
-                "memory are the count's, the times those steps', so FLOP/s and MFU set one against the other"
+                f"No step in the medians made the eager count's calls ({steps} made others: other input shapes, or "
+                "another number of calls): the FLOPs, shapes and memory are the count's, the times those steps', so "
+                "FLOP/s and MFU set one against the other"
             )
     lines += [f"Graph break at {b.where or '?'}: {b.reason}" for b in breaks]
     return lines
@@ -503,7 +505,7 @@ def _left_out(profile: Profile) -> str:
     compiled, other = profile.compiled.left_out(profile.figures.step_numbers or [])
     said = [
         f"the {count} {why}" for count, why in (
-            (compiled, "that compiled"), (other, "with other input shapes than the FLOPs' count"),
+            (compiled, "that compiled"), (other, "with other calls than the FLOPs' count"),
         ) if count
     ]
     return f", {' and '.join(said)} left out" if said else ""

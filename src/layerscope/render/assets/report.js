@@ -142,7 +142,7 @@
     const compiled = DATA.compiled_steps_left_out;
     if (compiled !== null && compiled !== undefined) {
       const other = DATA.other_input_steps_left_out;
-      fact("figures", "each node's median over the steps" + (compiled ? ", the " + compiled + " that compiled left out" : "") + (other ? ", the " + other + " with other input shapes than the FLOPs' count left out" : "") + " (a compiled model's block)");
+      fact("figures", "each node's median over the steps" + (compiled ? ", the " + compiled + " that compiled left out" : "") + (other ? ", the " + other + " with other calls than the FLOPs' count left out" : "") + " (a compiled model's block)");
     }
     const spread = DATA.step_spread;
     if (spread) {
