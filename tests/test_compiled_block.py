@@ -389,6 +389,29 @@ def test_a_step_that_calls_the_model_twice_is_counted_with_both_calls() -> None:
     assert 3 not in profile.compiled.median_steps(profile.figures.step_numbers)
 
 
+def test_the_count_runs_under_the_autocast_the_steps_ran_in() -> None:
+    # Under torch.autocast the steps ran in bfloat16 (with bf16 copies of the weights);
+    # the eager count ran in float32, so the activations and memory were another run's.
+    entry = zoo.get("gpt")
+    torch.manual_seed(0)
+    model = entry.build()
+    x = entry.example_inputs(2)
+    compiled = torch.compile(model)
+    with layerscope.Profiler(compiled) as prof:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = compiled(x).float().pow(2).mean()
+            loss.backward()
+            prof.step()
+    profile = check_tree(prof.profile)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = layerscope.count_flops(entry.build(), x, backward=True)
+    plain = layerscope.count_flops(entry.build(), x, backward=True)
+    assert amp.root.forward.activation_bytes != plain.root.forward.activation_bytes  # the test tells them apart
+    assert profile.root.forward.activation_bytes == amp.root.forward.activation_bytes
+    assert profile.root.forward.flops == amp.root.forward.flops
+
+
 # -- what a compiled block refuses, and what it keeps -------------------------------------
 
 

@@ -224,6 +224,10 @@ def test_mfu_peak_is_the_datasheets_or_unknown_with_the_device_named() -> None:
         assert "MFU" not in prof.render("text"), name
     else:
         assert "MFU" in prof.render("text")
+    # Under autocast the matrix units run bfloat16: the peak is that dtype's.
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        amp = layerscope.profile(model, torch.randn(8, 64, device="cuda"), warmup=1, repeat=2)
+    assert amp.meta.peak_flops_per_s == known_peak_flops_per_s(torch.device("cuda"), "bfloat16")
 
 
 def test_backward_and_checkpoint_recompute_on_autograd_device_thread() -> None:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from layerscope.attribute import parent_indices
@@ -176,9 +177,15 @@ class _CompiledBlock:
         if self._counted is None:
             steps = self.steps
             assert steps.inputs is not None
-            raw = count_capture(
-                steps.eager, None, None, not steps.grad_enabled, backward, None, self.options.memory, calls=steps.inputs,
+            # Under the autocast the counted step's calls ran in (its dtypes, its copies).
+            amp = contextlib.nullcontext() if steps.autocast is None else torch.autocast(
+                model_device(steps.eager).type, dtype=getattr(torch, steps.autocast),
             )
+            with amp:
+                raw = count_capture(
+                    steps.eager, None, None, not steps.grad_enabled, backward, None, self.options.memory,
+                    calls=steps.inputs,
+                )
             ops = op_walk(raw)
             assert ops is not None  # a count always has its op pass
             self._counted = raw, ops
@@ -227,7 +234,7 @@ class _CompiledBlock:
             step_range=[fold.step_numbers[0], fold.step_numbers[-1]],
             schedule=None if self.options.schedule is None else str(self.options.schedule),
             peak_flops_per_s=peak_flops_per_s(
-                self.options.peak_tflops, model_device(steps.eager), model_dtype(steps.eager),
+                self.options.peak_tflops, model_device(steps.eager), steps.autocast or model_dtype(steps.eager),
             ),
             **identity,
         )

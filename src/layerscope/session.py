@@ -20,6 +20,7 @@ from layerscope.capture.compiled import time_compiled
 from layerscope.capture.counting import count_capture, grad_mode, run_step
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import (
+    autocast_dtype,
     eager_calls,
     eager_module,
     model_device,
@@ -125,7 +126,8 @@ def profile(
         model, inputs=(args, kwargs), paths=paths, steps=backward, detail=record_ops, memory=memory,
         with_stack=with_stack, clock=clock, torch_profiler=record_ops or backward,
     ))
-    peak = peak_flops_per_s(peak_tflops, assembly.device, model_dtype(model))
+    # The matrix units run at autocast's dtype when it is on (the datasheet's peak for it).
+    peak = peak_flops_per_s(peak_tflops, assembly.device, autocast_dtype(assembly.device) or model_dtype(model))
     report = progress or (lambda stage, done, total: None)
 
     def step() -> None:
@@ -192,7 +194,7 @@ def _profile_compiled(
     device = model_device(eager)
     meta = dataclasses.replace(
         raw.meta, timed=None, mode="profile", warmup=warmup, repeat=repeat,
-        peak_flops_per_s=peak_flops_per_s(peak_tflops, device, model_dtype(eager)),
+        peak_flops_per_s=peak_flops_per_s(peak_tflops, device, autocast_dtype(device) or model_dtype(eager)),
     )
     return build_compiled(dataclasses.replace(raw, meta=meta), ops, run)
 

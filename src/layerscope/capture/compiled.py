@@ -54,7 +54,7 @@ from layerscope.capture.kineto import (
     quiet_profiler,
     read_before_next_session,
 )
-from layerscope.capture.modules import eager_hint, eager_module, model_device
+from layerscope.capture.modules import autocast_dtype, eager_hint, eager_module, model_device
 from layerscope.capture.torch_events import read_window
 from layerscope.convert.compiled import FORWARD_RANGE, LOSS_RANGE, MODULE_RANGE, STEP_RANGE, compiled_passes
 from layerscope.model.raw import (
@@ -575,6 +575,10 @@ class CompiledSteps:
         self._step_calls: list[int] = []
         self._step_kept: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._step_grad = False
+        #: The autocast dtype the counted step's calls ran under on the model's device
+        #: (None: no autocast), which the count runs under too.
+        self.autocast: str | None = None
+        self._step_autocast: str | None = None
         #: Steps that compiled: (step number, compile time in ns, frames compiled, graph breaks).
         self.compiles: list[tuple[int, int, int, int]] = []
         self._stack: contextlib.ExitStack | None = None
@@ -631,6 +635,7 @@ class CompiledSteps:
             if recording and self.counted_inputs is None:  # kept until a step is counted
                 if not self._step_kept:
                     self._step_grad = torch.is_grad_enabled()
+                    self._step_autocast = autocast_dtype(model_device(self.eager))
                 self._step_kept.append((args, dict(kwargs)))
             return output
 
@@ -657,6 +662,7 @@ class CompiledSteps:
         kept, self._step_kept = self._step_kept, []
         if self.counted_inputs is None and calls and len(kept) == len(calls):
             self.inputs, self.counted_inputs, self.grad_enabled, self.returned = kept, calls, self._step_grad, True
+            self.autocast = self._step_autocast
             self.step_inputs = {n: other for n, other in self.step_inputs.items() if not self._same_calls(other)}
         elif not self._same_calls(calls):
             self.step_inputs[number] = calls
