@@ -288,6 +288,14 @@ def test_a_model_compiled_in_place_with_another_backend_is_refused_naming_how_to
     assert model._compiled_call_impl is not None
 
 
+def _compiled_gpt(**options: Any) -> tuple[Any, nn.Module, torch.Tensor, nn.Module]:
+    """The zoo GPT (seeded), its example inputs and ``torch.compile`` of it."""
+    entry = zoo.get("gpt")
+    torch.manual_seed(0)
+    model = entry.build()
+    return entry, model, entry.example_inputs(2), torch.compile(model, **options)
+
+
 def test_the_medians_leave_out_steps_that_compiled_or_ran_other_input_shapes_while_others_ran() -> None:
     numbers = [0, 1, 2, 3, 4]
     assert steps_in_medians(numbers, compiled=[0, 2], other_inputs=[2, 4]) == [1, 3]
@@ -306,11 +314,7 @@ def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -
     # The FLOPs are one eager step's, on the first call's inputs: a step of another
     # sequence length did other work. Before, its time went into the medians beside
     # FLOPs of the first length, and FLOP/s set one against the other.
-    entry = zoo.get("gpt")
-    torch.manual_seed(0)
-    model = entry.build()
-    x = entry.example_inputs(2)
-    compiled = torch.compile(model, dynamic=False)
+    entry, model, x, compiled = _compiled_gpt(dynamic=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     lengths = (16, 16, 24, 16, 24, 16)
     with layerscope.Profiler(compiled) as prof:
@@ -358,11 +362,7 @@ def test_a_step_that_calls_the_model_twice_is_counted_with_both_calls() -> None:
     # batch; gradient accumulation inside a step), Calls said 1 and the FLOPs were half
     # the step's, while the times were both calls'. The count now replays the step's
     # calls; a step with another number of calls is named and left out.
-    entry = zoo.get("gpt")
-    torch.manual_seed(0)
-    model = entry.build()
-    x = entry.example_inputs(2)
-    compiled = torch.compile(model)
+    entry, model, x, compiled = _compiled_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with layerscope.Profiler(compiled) as prof:
         for calls in (2, 2, 2, 1, 2):
@@ -392,11 +392,7 @@ def test_a_step_that_calls_the_model_twice_is_counted_with_both_calls() -> None:
 def test_the_count_runs_under_the_autocast_the_steps_ran_in() -> None:
     # Under torch.autocast the steps ran in bfloat16 (with bf16 copies of the weights);
     # the eager count ran in float32, so the activations and memory were another run's.
-    entry = zoo.get("gpt")
-    torch.manual_seed(0)
-    model = entry.build()
-    x = entry.example_inputs(2)
-    compiled = torch.compile(model)
+    entry, _, x, compiled = _compiled_gpt()
     with layerscope.Profiler(compiled) as prof:
         for _ in range(2):
             with torch.autocast("cpu", dtype=torch.bfloat16):
