@@ -547,6 +547,35 @@ def test_a_model_compiled_in_place_is_profiled_from_its_kernels() -> None:
     assert model._compiled_call_impl is user_call
 
 
+class _Checkpointed(nn.Module):
+    """A block run under torch.utils.checkpoint (as transformers' gradient checkpointing
+    runs each layer), which Dynamo traces whole into the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.b, torch.relu(self.a(x)), use_reentrant=False)
+
+
+def test_a_checkpointed_regions_forward_kernels_reach_its_modules() -> None:
+    # The provenance map names no Dynamo node for the nodes of a checkpointed region,
+    # traced whole: its forward kernels had no module, and the block's forward time was
+    # the model's (a transformers model with gradient checkpointing lost every layer's).
+    # Each post-grad node's own module stands in.
+    torch.manual_seed(0)
+    model, x = _Checkpointed().train(), torch.randn(4, 16)
+    step = check_tree(layerscope.profile(torch.compile(model), x, backward=True, warmup=1, repeat=2))
+    forward = [k for k in step.compiled.kernels if k.phase == "forward"]
+    assert any(path.startswith("b.") for k in forward for path in k.modules), [(k.call, k.modules) for k in forward]
+    assert step["b.0"].forward.self_cpu_time_ns > 0 and step["b.2"].forward.self_cpu_time_ns > 0
+    eager = check_tree(layerscope.count_flops(model, x, backward=True))
+    for node in eager.modules():
+        assert step.node(node.path).forward.flops == node.forward.flops, node.path
+
+
 def test_kernels_reach_modules_whatever_the_compiled_frame_calls_itself() -> None:
     # Dynamo names the frame's first local as the code does: L['fn'] for a module
     # compiled whole (a Sequential), L['s'] for a forward(s, x). Both map to the model's

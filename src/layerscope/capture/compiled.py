@@ -175,8 +175,11 @@ class _Compiler:
         graphs = self.inductor_graphs.setdefault(frame, [])
 
         def on_graph(graph: torch.fx.GraphModule, is_backward: bool, compiled: Any) -> None:
+            # Each post-grad node's module: a backward node's forward's; a forward node's
+            # own, for the nodes the provenance map leaves without a Dynamo node (a
+            # checkpointed region's, traced whole).
             modules: dict[str, str] = {}
-            if is_backward and prefix is not None:
+            if prefix is not None:
                 for node in graph.graph.nodes:
                     stack = _torch.forward_module_stack(node)
                     if stack:
@@ -277,16 +280,21 @@ def _graphs(
             key = info.get("key")
             order = (inductor_graphs or {}).get(frame, [])
             n = seen[frame] = seen.get(frame, -1) + 1
-            phase, backward_modules = order[n] if n < len(order) else ("forward", {})
+            phase, post_modules = order[n] if n < len(order) else ("forward", {})
             if key and phase == "backward":
-                graphs[key] = _backward_graph(key, frame, current, backward_modules)
+                graphs[key] = _backward_graph(key, frame, current, post_modules)
             elif key:
-                graphs[key] = _graph(key, frame, current, node_modules.get(frame, {}))
+                graphs[key] = _graph(key, frame, current, node_modules.get(frame, {}), post_modules)
             pending[frame] = {}
     return graphs
 
 
-def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str]) -> CompiledGraph:
+def _graph(
+    key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str], post_modules: dict[str, str] | None = None,
+) -> CompiledGraph:
+    """A forward graph: each kernel call's post-grad nodes, each with the module of the
+    Dynamo node the provenance map's ``postToPre`` names, else its own
+    (``post_modules``: the post-grad node's ``nn_module_stack``)."""
     code = found.get("code", "")
     body = code[code.find("def call(") :]
     calls = [f"{name}:{handle}" for name, handle in _HANDLE.findall(body)]
@@ -296,10 +304,17 @@ def _graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, 
     nodes = {}
     for call in calls:
         posts = to_post.get(call, ())
-        nodes[call] = [
-            GraphNode(post, next((node_modules.get(pre) for pre in post_to_pre.get(post, ())), None)) for post in posts
-        ]
+        nodes[call] = [GraphNode(post, _module_of(post, post_to_pre, node_modules, post_modules or {})) for post in posts]
     return CompiledGraph(key, frame, calls, nodes, set(node_modules.values()))
+
+
+def _module_of(
+    post: str, post_to_pre: dict[str, Any], node_modules: dict[str, str], post_modules: dict[str, str],
+) -> str | None:
+    """A forward post-grad node's module: its Dynamo node's (``""``: the frame's own
+    code, the model's), else its own, else None."""
+    found = next((node_modules.get(pre) for pre in post_to_pre.get(post, ())), None)
+    return found if found is not None else post_modules.get(post)
 
 
 def _backward_graph(key: str, frame: str, found: dict[str, Any], node_modules: dict[str, str]) -> CompiledGraph:
