@@ -337,6 +337,7 @@ def test_steps_with_other_input_shapes_than_the_count_are_named_and_left_out() -
     assert (profile.root.forward.flops, profile.root.backward.flops) == (eager.root.forward.flops, eager.root.backward.flops)
 
 
+@pytest.mark.slow  # 70 compiles before the block's own
 def test_a_steps_compile_time_is_read_past_the_64_compiles_torch_keeps() -> None:
     # torch keeps the metrics of its last 64 compiles: a count of them stops changing
     # there, and a step that compiled after 64 compiles in the process read no compile
@@ -357,6 +358,7 @@ def test_a_steps_compile_time_is_read_past_the_64_compiles_torch_keeps() -> None
     assert first.step == 0 and first.frames >= 1 and first.time_ns > 0
 
 
+@pytest.mark.slow  # compiles GPT for a block of two-call steps, and runs it eagerly beside
 def test_a_step_that_calls_the_model_twice_is_counted_with_both_calls() -> None:
     # The eager count ran the first call alone: with two calls a step (two views of a
     # batch; gradient accumulation inside a step), Calls said 1 and the FLOPs were half
@@ -389,6 +391,7 @@ def test_a_step_that_calls_the_model_twice_is_counted_with_both_calls() -> None:
     assert 3 not in profile.compiled.median_steps(profile.figures.step_numbers)
 
 
+@pytest.mark.slow  # compiles GPT under autocast
 def test_the_count_runs_under_the_autocast_the_steps_ran_in() -> None:
     # Under torch.autocast the steps ran in bfloat16 (with bf16 copies of the weights);
     # the eager count ran in float32, so the activations and memory were another run's.
