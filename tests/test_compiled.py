@@ -479,7 +479,7 @@ def test_kernels_reach_modules_when_forward_is_a_decorators_wrapper() -> None:
     prof, eager = _compiled(model, x)
     kernels = prof.compiled.kernels
     assert kernels and all(k.modules for k in kernels), [(k.call, k.modules) for k in kernels]
-    assert prof["head"].forward.self_cpu_time_ns > 0 and prof["body.0"].forward.self_cpu_time_ns > 0
+    assert {"head", "body.0"} <= {path for k in kernels for path in k.modules}
     _same_flops(prof, eager)
     step = check_tree(layerscope.profile(torch.compile(model), x, backward=True, warmup=1, repeat=2))
     backward = [k for k in step.compiled.kernels if k.phase == "backward"]
@@ -515,7 +515,7 @@ def test_two_forwards_of_one_structure_each_get_their_own_kernels_modules() -> N
         prof, _ = _compiled(model, x)
         kernels = prof.compiled.kernels
         assert kernels and all(k.modules for k in kernels), [(type(model).__name__, k.call, k.modules) for k in kernels]
-        assert prof["a"].forward.self_cpu_time_ns > 0 and prof["b"].forward.self_cpu_time_ns > 0
+        assert {"a", "b"} <= {path for k in kernels for path in k.modules}
 
 
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled:UserWarning")
@@ -570,7 +570,7 @@ def test_a_checkpointed_regions_forward_kernels_reach_its_modules() -> None:
     step = check_tree(layerscope.profile(torch.compile(model), x, backward=True, warmup=1, repeat=2))
     forward = [k for k in step.compiled.kernels if k.phase == "forward"]
     assert any(path.startswith("b.") for k in forward for path in k.modules), [(k.call, k.modules) for k in forward]
-    assert step["b.0"].forward.self_cpu_time_ns > 0 and step["b.2"].forward.self_cpu_time_ns > 0
+    assert {"b.0", "b.2"} <= {path for k in forward for path in k.modules}
     eager = check_tree(layerscope.count_flops(model, x, backward=True))
     for node in eager.modules():
         assert step.node(node.path).forward.flops == node.forward.flops, node.path
