@@ -463,3 +463,18 @@ def test_a_compiled_blocks_report_shows_its_device_time_and_unknown_part_counts(
     # A step part's FLOPs are unknown: no figure, never 0.
     flops = page.eval_on_selector('#tree-table tr[data-path="<optimizer:AdamW>"] td[data-key="flops"]', "c => c.textContent")
     assert flops.strip() in ("", "?", "-")
+
+
+@pytest.mark.browser
+def test_a_light_step_blocks_report_says_which_steps_gave_which_figures(open_report: Any) -> None:
+    from test_light_steps import _cycle_profile
+
+    profile = _cycle_profile()
+    report = open_report(profile, "light_steps.html")
+    facts = report.page.inner_text("header .facts")
+    assert "each node's mean over the 2 light steps" in facts
+    assert "op rows from step 0, recorded in detail" in facts
+    a_self = report.page.eval_on_selector(
+        '#tree-table tr[data-path="a"] td[data-key="forward_self"]', "c => c.dataset.value"
+    )
+    assert a_self == "51"  # the light steps' mean, not the detailed step's time

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
     from layerscope.model.sidedocs import MemorySummary, Trace
     from layerscope.model.tree import StepSpread
 
+#: Which steps a block records in detail (``Profiler(detail=...)``).
+DETAIL = ("every", "first")
+
 #: Steps read back from torch's profiler at a time: its events stay in C++ until it
 #: stops, so a long run stops (at a step boundary, after the step's work) every so often.
 WINDOW_STEPS = 32
@@ -71,6 +74,9 @@ class _Options:
     clock: Clock | None
     schedule: Callable[[int], Any] | None
     peak_tflops: float | None
+    #: Which steps are recorded in detail: "every", or "first" (each cycle's first
+    #: recorded step; the others are timed lightly).
+    detail: str = "every"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,6 +282,14 @@ class Profiler:
     stays flat on long runs. Only the thread that opened the block is recorded (and
     autograd's, for its backward).
 
+    ``detail="first"`` records only each cycle's first step in detail and times the
+    others lightly (torch's profiler without shapes, memory or stacks: the cheapest run
+    that times every module, forward and backward, and the device): each node's times
+    are then its mean over the light steps (``figures.step_numbers``), its calls, FLOPs,
+    MACs, shapes, memory and op rows the detailed step's (``figures.detailed_steps``),
+    never scaled from one to the other; op rows have no times and there is no trace
+    (no one run holds both). A compiled model's block already works this way.
+
     ``record_ops=False`` records module forward times only, by two hooks on a clock (no
     torch profiler: no ops, FLOPs, memory or backward), the leanest
     timing; ``memory=False`` keeps ops but not memory;
@@ -314,16 +328,28 @@ class Profiler:
         schedule: Callable[[int], Any] | None = None,
         on_ready: Callable[[Profile], Any] | None = None,
         peak_tflops: float | None = None,
+        detail: str = "every",
     ) -> None:
         self.model = require_module(model)
         peak_tflops = check_peak_tflops(peak_tflops)
+        if detail not in DETAIL:
+            raise ValueError(
+                f"detail must be one of {', '.join(map(repr, DETAIL))}, got {detail!r}: 'every' records every step in "
+                "detail (times, shapes and memory from one run), 'first' details each cycle's first step and times "
+                "the others lightly (faithful module times; counts and memory from the detailed step)"
+            )
+        if detail == "first" and not record_ops:
+            raise ValueError(
+                "detail='first' with record_ops=False: record_ops=False records no detail in any step; "
+                "drop one of them"
+            )
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):
             raise TypeError(f"on_ready must be a callable taking a Profile, got {on_ready!r}")
         self._options = _Options(
             paths=paths, record_ops=record_ops, memory=memory and record_ops, with_stack=with_stack and record_ops,
-            clock=clock, schedule=schedule, peak_tflops=peak_tflops,
+            clock=clock, schedule=schedule, peak_tflops=peak_tflops, detail=detail,
         )
         #: Where each cycle's profile goes.
         self._on_ready = on_ready
@@ -341,6 +367,9 @@ class Profiler:
         self._step_action = Action.NONE
         #: Steps recorded in the profiler's current window: (step number, action).
         self._window_steps: list[tuple[int, Action]] = []
+        #: Whether the profiler's next or running window records its steps in detail
+        #: (with detail="first", only until the cycle has a detailed step).
+        self._window_detailed = True
         self._cycle: Cycle | None = None
         self._profile: Profile | None = None
         #: The block's last cycle, stopped and not yet read (built on first use).
@@ -415,16 +444,29 @@ class Profiler:
             return
         assert self._capture is not None
         assembly = self._capture.assembly
+        if self._windowed and self._options.detail == "first":
+            assert self._cycle is not None
+            self._detail_window(action is not Action.WARMUP and not self._cycle.detailed)
         assembly.begin_step()
         self._running = assembly
         self._step_action = action
         if self._windowed:
             self._window_steps.append((self._step, action))
 
+    def _detail_window(self, detailed: bool) -> None:
+        """Record the next steps in detail or lightly: a window running the other way is
+        read first (torch's profiler records one way from start to stop)."""
+        if detailed == self._window_detailed:
+            return
+        assert self._capture is not None
+        self._read_window()
+        self._capture.assembly.light(not detailed)
+        self._window_detailed = detailed
+
     def _end_step(self) -> None:
         """Close the running step; a dispatch-mode step is walked now, the profiler's
-        when their window is read back (every ``WINDOW_STEPS`` steps, and at the cycle's
-        end)."""
+        when their window is read back (every ``WINDOW_STEPS`` steps, at the cycle's end,
+        and, with detail="first", after the detailed step, so the next is light)."""
         assembly, self._running = self._running, None
         if assembly is None:
             return
@@ -432,7 +474,9 @@ class Profiler:
         if not self._windowed:
             (events,) = assembly.collect()
             self._add_step(events, self._step, self._step_action)
-        elif len(self._window_steps) >= WINDOW_STEPS:
+        elif len(self._window_steps) >= WINDOW_STEPS or (
+            self._options.detail == "first" and self._window_detailed and self._step_action is not Action.WARMUP
+        ):
             self._read_window()
 
     def _read_window(self) -> None:
@@ -441,20 +485,21 @@ class Profiler:
             return
         assert self._capture is not None
         steps, self._window_steps = self._window_steps, []
-        self._fold(self._capture.assembly.collect, steps)
+        self._fold(self._capture.assembly.collect, steps, light=not self._window_detailed)
 
-    def _fold(self, read: Callable[[], list[list[Event]]], steps: list[tuple[int, Action]]) -> None:
-        """Read a stopped window's streams and fold them, one per step, into the cycle."""
+    def _fold(self, read: Callable[[], list[list[Event]]], steps: list[tuple[int, Action]], *, light: bool) -> None:
+        """Read a stopped window's streams and fold them, one per step, into the cycle
+        (``light``: the window timed its steps lightly)."""
         with paused_gc():
             for events, (number, action) in zip(read(), steps):
-                self._add_step(events, number, action)
+                self._add_step(events, number, action, light=light)
 
-    def _add_step(self, events: list[Event], number: int, action: Action) -> None:
+    def _add_step(self, events: list[Event], number: int, action: Action, *, light: bool = False) -> None:
         assert self._cycle is not None and self._capture is not None
         # A lone step is kept even if it ran nothing, so such a block still has a profile.
         self._cycle.add(
             events, number, warmup=action is Action.WARMUP, keep_empty=number == 0 and self._options.schedule is None,
-            has_device=self._capture.assembly.has_device_time,
+            has_device=self._capture.assembly.has_device_time, light=light,
         )
 
     def step(self) -> None:
@@ -521,10 +566,10 @@ class Profiler:
         steps, self._window_steps = self._window_steps, []
         pending = self._capture.assembly.collect_later()
         assert pending is not None, "only a windowed block reads later"
-        cycle, raw = self._cycle, self._raw(complete=complete)
+        cycle, raw, light = self._cycle, self._raw(complete=complete), not self._window_detailed
 
         def build() -> Profile | None:
-            self._fold(pending.streams, steps)
+            self._fold(pending.streams, steps, light=light)
             return None if cycle.empty else cycle.build(_ranged(raw, cycle))
 
         self._later = build

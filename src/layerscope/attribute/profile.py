@@ -100,6 +100,51 @@ def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = Tru
     return assemble(raw, steps.total, steps.total if counted else None, figures)
 
 
+def build_from_light_steps(raw: RawCapture, detailed: Accumulator, light: Accumulator) -> Profile:
+    """The :class:`Profile` of a block that recorded some steps in detail and timed the
+    others lightly (``Profiler(detail="first")``), each figure from the steps that
+    measured it, never scaled from one kind of step to the other: per step, each node's
+    time (CPU, device, communication) is its mean over the ``light`` steps, and its
+    calls, FLOPs, MACs, bytes, memory, op rows and shapes are the ``detailed`` steps'
+    (one step: a cycle details its first). The op rows' times are None: the detailed
+    step's carry the cost of recording every op's shapes and memory, and a light step's
+    ops have no shapes to match them by. No trace: no one run holds both."""
+    n = light.steps
+    counted, timed = detailed.total, light.total
+    # layerscope's own time in the detailed step (its notes) is no node of the light steps'.
+    dynamic = {path: dyn for path, dyn in counted.dynamic.items() if dyn.kind != "overhead" or path in timed.dynamic}
+    times = PassResult(
+        self_cpu=_mean(timed.self_cpu, n), self_dev=_mean(timed.self_dev, n), self_comm=_mean(timed.self_comm, n),
+        calls=dict(counted.calls), dynamic=dynamic, enclosing=dict(counted.enclosing),
+        phases=set(counted.phases) | timed.phases, module_shapes=dict(counted.module_shapes),
+        top_level_ns=round(timed.top_level_ns / n),
+        device_busy=None if timed.device_busy is None else DeviceBusy(*(round(v / n) for v in timed.device_busy)),
+    )
+    for path, dyn in timed.dynamic.items():
+        times.dynamic.setdefault(path, dyn)
+    merge_enclosing(times.enclosing, timed.enclosing)
+    untimed = replace(
+        counted, trace=None, dynamic=dict(times.dynamic),
+        ops={
+            key: replace(op, cpu_time_ns=None, self_cpu_time_ns=None, device_time_ns=None, self_device_time_ns=None)
+            for key, op in counted.ops.items()
+        },
+    )
+    walls = list(light.step_times_ns)
+    figures = RunFigures(
+        steps=n,
+        pass_cpu_time_ns=[times.top_level_ns],
+        step_times_ns=walls or None,
+        step_numbers=list(light.step_numbers) if walls and len(light.step_numbers) == len(walls) else None,
+        detailed_steps=list(detailed.step_numbers),
+    )
+    return assemble(raw, times, untimed, figures)
+
+
+def _mean(sums: dict[Any, int], n: int) -> dict[Any, int]:
+    return {key: round(value / n) for key, value in sums.items()}
+
+
 class _CommFigures(TypedDict, total=False):
     """A node's own communication figures, where collectives ran: :class:`PhaseStats` fields."""
 

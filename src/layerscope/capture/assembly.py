@@ -208,6 +208,19 @@ class Assembly:
     def collect(self) -> list[list[Event]]:
         return self.backend.collect()
 
+    @property
+    def recording(self) -> bool:
+        """Whether torch's profiler is recording steps for it now (a window running)."""
+        return isinstance(self.backend, KinetoSteps) and self.backend.running
+
+    def light(self, light: bool) -> None:
+        """Record the next window's steps lightly: times of every module and op from
+        torch's profiler, without shapes, memory or stacks (what a detailed step pays for
+        per op). Between windows only, and only where torch's profiler records
+        (:attr:`windowed`)."""
+        assert isinstance(self.backend, KinetoSteps)
+        self.backend.light(light)
+
     def collect_later(self) -> PendingRead[list[list[Event]]] | None:
         """Stop capturing now and read the finished steps on first use, where the backend
         reads back windows (torch's profiler); None where it does not (nothing to put off)."""

@@ -119,6 +119,16 @@ class KinetoSteps:
         # The profiler sees autograd's engine by itself.
         yield
 
+    @property
+    def running(self) -> bool:
+        """Whether torch's profiler is recording for it now (a session started)."""
+        return self._window.running
+
+    def light(self, light: bool) -> None:
+        """Record the next session's steps lightly (times only) or as made (see
+        :meth:`KinetoWindow.light`); between sessions only."""
+        self._window.light(light)
+
     def collect_later(self) -> PendingRead[list[list[Event]]]:
         """Stop capturing now; the streams of the finished steps when first asked for
         (whole steps only: a block's)."""

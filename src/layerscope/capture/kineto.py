@@ -321,6 +321,8 @@ class KinetoWindow:
         self.detail = detail
         self.memory = memory and detail
         self.with_stack = with_stack and detail
+        #: What a detailed window of this one's records (``light`` turns it off for a while).
+        self._detailed = (self.detail, self.memory, self.with_stack)
         self._root_id = id(root) if root is not None else None
         #: Each parameter and the module owning it (gradient notes).
         self._owners = owners or []
@@ -512,6 +514,14 @@ class KinetoWindow:
     @property
     def running(self) -> bool:
         return self._stack is not None
+
+    def light(self, light: bool) -> None:
+        """Whether the next session this window starts is *light*: torch's profiler
+        without shapes, overload names, memory or stacks, only op and module ranges (and
+        kernels), the cheapest run that times every module and op. Only between sessions:
+        a running one keeps what it was started with."""
+        assert not self.running, "a window's detail is set between its sessions"
+        self.detail, self.memory, self.with_stack = (False, False, False) if light else self._detailed
 
     def begin_step(self) -> None:
         self._step = _Range(STEP_NAME)

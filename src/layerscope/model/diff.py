@@ -621,8 +621,10 @@ def _summed(items: Sequence[PhaseStats | OpStats], timed: bool) -> dict[str, int
 
     An untimed count (``count_flops``) stores zero times: not measured, so not compared."""
     values: dict[str, int | None] = {
-        "time_ns": sum(item.cpu_time_ns for item in items),
-        "self_time_ns": sum(item.self_cpu_time_ns for item in items),
+        # An op row's time is None where it is unknown (a compiled model's, a block's
+        # detailed step's): not measured, so not compared.
+        "time_ns": _sum(item.cpu_time_ns for item in items),
+        "self_time_ns": _sum(item.self_cpu_time_ns for item in items),
         "device_time_ns": _sum(item.device_time_ns for item in items),
         "self_device_time_ns": _sum(item.self_device_time_ns for item in items),
         "flops": _sum(item.flops for item in items),

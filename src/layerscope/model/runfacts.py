@@ -317,6 +317,11 @@ class RunFigures:
     #: The step's wall time, which the model's phases and the parts add up to; None for
     #: a forward-only or untimed profile.
     step_time_ns: int | None = None
+    #: A block that detailed some steps and timed the others lightly (``detail="first"``):
+    #: the steps its FLOPs, MACs, shapes, memory, calls and op rows are from. Its times
+    #: are then each node's mean over the light steps (``step_numbers``), and ``steps``
+    #: counts those. None where every figure is from the same steps.
+    detailed_steps: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The figures known, for the ``meta`` object (:func:`meta_to_dict`)."""

@@ -220,6 +220,11 @@ def process_events(profile: Profile, pid: int, process_name: str) -> Iterator[st
             "a compiled model's profile keeps no trace (the eager pass's spans would not be the compiled run's); "
             "its kernels and their times: --format kernels"
         )
+    if profile.trace is None and profile.figures.detailed_steps:
+        raise RenderError(
+            "this block's profile keeps no trace: its times are the light steps' means and its op rows the "
+            "detailed step's, and no one run holds both; for a timeline profile with detail='every', the default"
+        )
     if profile.trace is None:
         raise RenderError(
             "this profile has no trace to draw: it was made without recording ops "

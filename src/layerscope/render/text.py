@@ -386,6 +386,9 @@ def _header_parts(profile: Profile) -> list[str]:
     elif meta.mode == "context" and _step_medians(profile):
         steps = profile.figures.steps
         parts.append(f"median of {steps} step{'s' if steps != 1 else ''}")
+    elif meta.mode == "context" and profile.figures.detailed_steps:
+        steps = profile.figures.steps
+        parts.append(f"times: mean of {steps} light step{'s' if steps != 1 else ''}")
     elif meta.mode == "context":
         parts.append("one profiled run")
     elif meta.mode == "count":
@@ -572,15 +575,33 @@ def _step_lines(profile: Profile) -> list[str]:
     if steps is not None and _step_medians(profile):
         assert profile.compiled is not None
         head = f"Median step of {steps} (each node's median{_left_out(profile)}): {fmt.time_ns(step)} = {parts}"
+    elif steps is not None and profile.figures.detailed_steps:
+        head = f"Mean step of {steps} light step{'s' if steps != 1 else ''} (each node's mean): {fmt.time_ns(step)} = {parts}"
     elif steps is not None:
         head = f"{steps} step{'s' if steps != 1 else ''} (summed): {fmt.time_ns(step)} = {parts}"
     else:
         head = f"Step{_shown_pass(profile)}: {fmt.time_ns(step)} = {parts}"
-    lines = [head, *flops]
+    lines = [head, *flops, *light_step_lines(profile)]
     lines.extend(step_spread_lines(profile))
     if profile.meta.complete is False:
         lines.append("Incomplete: the run stopped before this cycle's last active step")
     return lines
+
+
+def light_step_lines(profile: Profile) -> list[str]:
+    """Which steps gave which figures, in a block that detailed some steps and timed the
+    others lightly (``Profiler(detail="first")``)."""
+    figures = profile.figures
+    if not figures.detailed_steps:
+        return []
+    detailed = ", ".join(str(n) for n in figures.detailed_steps)
+    numbers = figures.step_numbers or []
+    light = f"steps {numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else f"step {numbers[0]}" if numbers else "the light steps"
+    plural = "s" if len(figures.detailed_steps) > 1 else ""
+    return [
+        f"Times from {light}, timed lightly (torch's profiler without shapes or memory); FLOPs, calls, shapes, "
+        f"memory and op rows from step{plural} {detailed}, recorded in detail (its times not used: op rows have none)"
+    ]
 
 
 def _step_medians(profile: Profile) -> bool:
@@ -662,6 +683,7 @@ def step_spread_lines(profile: Profile) -> list[str]:
     unit, units, role = (
         ("pass", "passes", "the tree is the median pass") if profile.meta.mode == "profile"
         else ("step", "steps", "a step that compiled is not in the medians") if _step_medians(profile)
+        else ("step", "steps", "in the means above") if profile.figures.detailed_steps
         else ("step", "steps", "in the sums above")
     )
     lines = [

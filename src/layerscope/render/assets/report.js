@@ -144,6 +144,10 @@
       const other = DATA.other_input_steps_left_out;
       fact("figures", "each node's median over the steps" + (compiled ? ", the " + compiled + " that compiled left out" : "") + (other ? ", the " + other + " with other calls than the FLOPs' count left out" : "") + " (a compiled model's block)");
     }
+    // A block that detailed some steps and timed the others lightly: which steps gave what.
+    if (META.detailed_steps) {
+      fact("figures", "times: each node's mean over the " + META.steps + " light steps (timed without shapes or memory); FLOPs, calls, shapes, memory and op rows from step " + META.detailed_steps.join(", ") + ", recorded in detail (its times not used: op rows have none)");
+    }
     const spread = DATA.step_spread;
     if (spread) {
       fact("step time", "median " + fmt.time(spread.median_ns) + ", p90 " + fmt.time(spread.p90_ns) + ", min " + fmt.time(spread.min_ns) + ", max " + fmt.time(spread.max_ns) + " over " + spread.steps + " steps");
