@@ -12,6 +12,9 @@ For each model, in one process, rounds interleave four variants of the same work
 - *layerscope*: a ``layerscope.Profiler`` block running ``steps`` steps with
   ``prof.step()`` after each; every step is timed and detailed (ops, shapes, FLOPs,
   memory) by one run of torch's profiler;
+- *light block*: the same block with ``detail="first"``: its first step recorded in
+  detail (ops, shapes, FLOPs, memory), the others timed lightly (torch's profiler without
+  shapes or memory), each module's time its mean over those;
 - *one-step block*: ``steps`` blocks of one step each (``with Profiler(model): work()``),
   each after two unprofiled steps, as one step profiled in a running loop;
 - *torchprof* and *deepspeed* (forward only): the drop-ins, one step per block or
@@ -31,7 +34,7 @@ layerscope variant's time to the reference's (forward totals; backward totals of
 modules in training steps), how many are within 15%, and the worst ones. Also the
 1000 x ``Linear(16, 16)`` forward, where instrumentation per module dominates.
 
-Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny] [--profile-only]
+Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny] [--profile-only | --blocks-only]
 """
 
 from __future__ import annotations
@@ -188,7 +191,9 @@ def timed_steps(work: Work, steps: int, mark: Callable[[], None] = lambda: None)
     return statistics.median(times)
 
 
-def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) -> dict[str, Any]:
+def run_model(
+    name: str, train: bool, rounds: int, steps: int, min_us: float, blocks_only: bool = False,
+) -> dict[str, Any]:
     from layerscope.compat import deepspeed, torchprof
 
     torch.manual_seed(0)
@@ -197,7 +202,9 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
     work = Work(model, inputs, train)
     for _ in range(5):
         work()
-    ours = ["layerscope", "one-step block"] + ([] if train else ["torchprof", "deepspeed"])
+    ours = ["layerscope", "light block"] + (
+        [] if blocks_only else ["one-step block"] + ([] if train else ["torchprof", "deepspeed"])
+    )
     walls: dict[str, list[float]] = {v: [] for v in ["plain", "reference", *ours, "torch.profiler"]}
     ref_fwd: dict[str, list[float]] = {}
     ref_bwd: dict[str, list[float]] = {}
@@ -206,7 +213,8 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
 
     def keep(variant: str, profiles: list[Any]) -> None:
         """Each module's time per step, from one or more profiles of one round."""
-        total_steps = sum(p.figures.steps for p in profiles)
+        # A light block's nodes hold their means per step already; other profiles sum.
+        total_steps = sum(1 if p.figures.detailed_steps else p.figures.steps for p in profiles)
         for phase in ("forward", "backward"):
             sums: dict[str, int] = {}
             for profile in profiles:
@@ -238,6 +246,11 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
         with layerscope.Profiler(model) as prof:
             walls["layerscope"].append(timed_steps(work, steps, prof.step))
         keep("layerscope", [prof.profile])
+
+    def light_variant() -> None:
+        with layerscope.Profiler(model, detail="first") as prof:
+            walls["light block"].append(timed_steps(work, steps, prof.step))
+        keep("light block", [prof.profile])
 
     def blocks(variant: str, block: Callable[[], Any]) -> None:
         """``steps`` blocks of one step each; the step's own wall time, inside the block.
@@ -281,10 +294,12 @@ def run_model(name: str, train: bool, rounds: int, steps: int, min_us: float) ->
         with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True):
             walls["torch.profiler"].append(timed_steps(work, steps))
 
-    variants = [plain_variant, reference_variant, layerscope_variant, lambda: blocks("one-step block", step_in(layerscope.Profiler)), torch_variant]
+    variants = [plain_variant, reference_variant, layerscope_variant, light_variant, torch_variant]
+    if not blocks_only:
+        variants.append(lambda: blocks("one-step block", step_in(layerscope.Profiler)))
     if train:
         variants.append(backward_reference_variant)
-    else:
+    elif not blocks_only:
         variants += [lambda: blocks("torchprof", step_in(torchprof.Profile)), lambda: blocks("deepspeed", deepspeed_step)]
     for n in range(rounds):
         # The order rotates round by round, so no variant always follows the same one.
@@ -387,6 +402,11 @@ def main() -> None:
     parser.add_argument("--models", default="bert,gpt2,gpt,tiny")
     parser.add_argument("--no-train", action="store_true", help="forward only")
     parser.add_argument("--profile-only", action="store_true", help="only layerscope.profile's rows")
+    parser.add_argument(
+        "--blocks-only", action="store_true",
+        help="only the multi-step blocks (every step detailed, and detail='first') against plain, the reference "
+        "and torch.profiler",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -395,12 +415,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, {args.threads} thread(s)")
     for name in args.models.split(","):
         if not args.profile_only:
-            run_model(name, False, args.rounds, args.steps, args.min_us)
-        run_profile(name, False, args.rounds, args.steps, args.min_us)
+            run_model(name, False, args.rounds, args.steps, args.min_us, args.blocks_only)
+        if not args.blocks_only:
+            run_profile(name, False, args.rounds, args.steps, args.min_us)
         if not args.no_train and name != "tiny":
             if not args.profile_only:
-                run_model(name, True, args.rounds, args.steps, args.min_us)
-            run_profile(name, True, args.rounds, args.steps, args.min_us)
+                run_model(name, True, args.rounds, args.steps, args.min_us, args.blocks_only)
+            if not args.blocks_only:
+                run_profile(name, True, args.rounds, args.steps, args.min_us)
 
 
 if __name__ == "__main__":

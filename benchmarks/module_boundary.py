@@ -21,6 +21,11 @@ torch thread, no_grad, 5 forwards per sample, rounds interleaved (order rotated)
   registers it (``always_call=True``, so it runs when ``forward`` raises);
 - *tp + 2 global hooks + one range object per module*: each module's range made once
   and entered on every call, instead of one made per call;
+- *torch's profiler alone*, *shapes only*, *memory only*: what recording shapes and
+  memory each cost (a light step records neither);
+- *tp + with_stack, with_modules*: torch's own module events (its Python tracer), a
+  mechanism with no hook at all;
+- *layerscope light step*: a ``Profiler(detail="first")`` block's light steps;
 - *layerscope step*: a ``layerscope.Profiler`` block's steady steps (its own torch
   profiler with shapes and memory, its hooks and ranges), each step ``--layers``
   forwards as above, the first step of the block (which also reads module shapes) left
@@ -67,11 +72,13 @@ def main() -> None:
                 model(x)
         return (time.perf_counter_ns() - t) / 5
 
-    def under(setup: Callable[[], Callable[[], None]] | None = None) -> Callable[[], float]:
+    detail = {"record_shapes": True, "profile_memory": True}
+
+    def under(setup: Callable[[], Callable[[], None]] | None = None, **config: bool) -> Callable[[], float]:
         def run() -> float:
             undo = setup() if setup else None
             try:
-                with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True):
+                with profile(activities=[ProfilerActivity.CPU], **(config or detail)):
                     return forwards()
             finally:
                 if undo:
@@ -148,16 +155,18 @@ def main() -> None:
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post)]
         return lambda: _remove(handles)
 
-    def layerscope_steps() -> float:
-        import layerscope
+    def layerscope_steps(**options: str) -> Callable[[], float]:
+        def run() -> float:
+            import layerscope
 
-        times = []
-        with layerscope.Profiler(model) as prof:
-            for _ in range(4):
-                times.append(forwards())
-                prof.step()
-        _ = prof.profile  # read, as a user's first look at it would
-        return statistics.median(times[1:])
+            times = []
+            with layerscope.Profiler(model, **options) as prof:
+                for _ in range(4):
+                    times.append(forwards())
+                    prof.step()
+            _ = prof.profile  # read, as a user's first look at it would
+            return statistics.median(times[1:])
+        return run
 
     variants: dict[str, Callable[[], float]] = {
         "plain": forwards,
@@ -168,7 +177,15 @@ def main() -> None:
         "tp + 2 empty global hooks": under(empty_hooks),
         "tp + 2 global hooks + range, always_call": under(always_call),
         "tp + 2 global hooks + one range per module": under(kept_ranges),
-        "layerscope step": layerscope_steps,
+        "layerscope step": layerscope_steps(),
+        # What a light step leaves out, and its own cost.
+        "torch's profiler alone (no shapes, memory)": under(record_shapes=False),
+        "torch's profiler, shapes only": under(record_shapes=True),
+        "torch's profiler, memory only": under(profile_memory=True),
+        "tp + with_stack, with_modules (torch's own module events)": under(
+            record_shapes=True, profile_memory=True, with_stack=True, with_modules=True,
+        ),
+        "layerscope light step (detail='first')": layerscope_steps(detail="first"),
     }
     seen: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(2):  # warm
