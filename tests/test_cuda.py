@@ -52,6 +52,29 @@ def _chain_on_cuda() -> torch.nn.Sequential:
     ).cuda()
 
 
+def test_a_light_step_block_on_cuda_times_every_module_on_the_device() -> None:
+    entry = zoo.get("gpt")
+    model = entry.build().cuda()
+    x = entry.example_inputs(2).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    with layerscope.Profiler(model, detail="first") as prof:
+        for _ in range(4):
+            model(x).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    profile = layerscope.check_tree(prof.profile)
+    assert profile.figures.detailed_steps == [0] and profile.figures.step_numbers == [1, 2, 3]
+    ledger = profile.device
+    assert ledger is not None and ledger.busy_ns > 0
+    # Every module with kernels in the detailed step has device time of its own in the
+    # light steps' means, forward and backward.
+    for node in profile.modules():
+        for phase, stats in node.phases():
+            if stats.self_flops:
+                assert stats.self_device_time_ns, (node.path, phase)
+
+
 def test_module_memory_agrees_with_memory_allocated_deltas() -> None:
     model = _chain_on_cuda()
     x = torch.randn(8, 64, device="cuda")

@@ -153,3 +153,52 @@ def test_per_module_device_time_matches_the_shared_h100_trace(name: str, shared_
             assert abs(a - b) <= 0.05 * max(a, b), (path, "forward" if i == 1 else "backward", a, b)
             compared += 1
     assert compared >= 20
+
+
+# -- light steps (``Profiler(detail="first")``) on the H100's events ------------------------
+
+#: The recordings of more than one step with work: the first detailed, the rest light.
+MULTI_STEP = ["bert_base_fwd", "ddp_nccl_train", "gpt2_adamw_train"]
+
+
+@pytest.mark.parametrize("name", MULTI_STEP)
+def test_a_light_read_of_a_step_gives_the_device_times_of_its_detailed_read(name: str) -> None:
+    from layerscope.attribute import parent_indices, walk_pass
+    from layerscope.convert.streams import convert_window
+    from layerscope.flops.recorded import CATALOG
+    from layerscope.model.raw import ModuleInfo
+
+    data = replay.load(CAPTURES / f"{name}.json.gz")
+    infos = [ModuleInfo(**m) for m in data["modules"]]
+    paths, parents = [info.path for info in infos], parent_indices(infos)
+    detailed = convert_window(replay.windows(data)[0], CATALOG)[1]
+    light = convert_window(replay._light_windows(data)[0], CATALOG)[1]
+    full = walk_pass(detailed, paths, has_device=True, collect_ops=True, parents=parents)
+    lean = walk_pass(light, paths, has_device=True, parents=parents)
+    # Every node's device time, and the step's device work, read without the detail:
+    # the same kernels land in the same nodes.
+    assert lean.self_dev == full.self_dev and lean.device_busy == full.device_busy
+    assert sum(lean.self_cpu.values()) == sum(full.self_cpu.values())
+    assert not any(op.input_shapes for op in lean.ops.values())
+
+
+@pytest.mark.parametrize("name", MULTI_STEP)
+def test_a_light_step_block_on_the_h100s_events(name: str) -> None:
+    data = replay.load(CAPTURES / f"{name}.json.gz")
+    every = replay.replay(data)
+    mixed = layerscope.check_tree(replay.replay(data, light_after_first=True))
+    assert mixed.figures.detailed_steps == [0] and mixed.figures.step_numbers == [1]
+    # Counts are the detailed step's, once; both steps ran the same model work.
+    for node in mixed.modules():
+        for phase, stats in node.phases():
+            assert stats.flops is not None and 2 * stats.flops == getattr(every.node(node.path), phase).flops, (
+                node.path, phase,
+            )
+    # Every device nanosecond of the light step is in one place, and all of it in a node.
+    ledger = mixed.device
+    assert ledger is not None and ledger.unattributed_ns == 0
+    assert ledger.attributed_ns == sum(
+        stats.self_device_time_ns or 0 for node in mixed.nodes() for _, stats in node.phases()
+    )
+    assert mixed.root.forward.device_time_ns > 0
+    assert all(op.device_time_ns is None and op.cpu_time_ns is None for node in mixed.nodes() for op in node.ops)

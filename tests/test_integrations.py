@@ -318,6 +318,23 @@ def test_hf_trainer_profiles_the_scheduled_optimizer_steps(hf: Any, tmp_path: Pa
 
 
 @pytest.mark.slow  # the Trainer compiles the model
+def test_hf_trainer_with_light_steps_details_the_cycles_first_step(hf: Any, tmp_path: Path) -> None:
+    model = tiny_bert()
+    callback = hf.LayerscopeTrainerCallback(
+        schedule=layerscope.schedule(wait=1, warmup=1, active=3, repeat=1), detail="first",
+    )
+    hf_trainer(tmp_path, model, callback).train()
+    (path,) = json_files(tmp_path)
+    prof = check_tree(layerscope.load(path))
+    assert (prof.figures.detailed_steps, prof.figures.step_numbers, prof.meta.step_range) == ([2], [3, 4], [2, 4])
+    # The weight gradients' MACs are one step's, the detailed one's.
+    query = prof["bert.encoder.layer.0.attention.self.query"]
+    assert query.backward.macs > 0 and query.calls == 1
+    assert_no_hooks_left(model)
+    with pytest.raises(ValueError, match="detail must be one of"):
+        hf.LayerscopeTrainerCallback(detail="all")
+
+
 def test_hf_trainer_with_torch_compile_profiles_the_model_it_compiled(hf: Any, tmp_path: Path) -> None:
     # torch_compile=True: the Trainer runs torch.compile(model) and hands callbacks the
     # eager model. Before, the block hooked that one: Dynamo traced the hooks (graph

@@ -220,3 +220,25 @@ def test_the_model_is_left_as_it_was() -> None:
 def test_bad_detail_options_are_refused(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         layerscope.Profiler(nn.Linear(2, 2), **options)
+
+
+def test_means_add_up_as_their_sums_did() -> None:
+    from layerscope.attribute.profile import _mean, _mean_busy
+    from layerscope.model.raw import DeviceBusy
+
+    # 10/3, 10/3, 11/3: floors 3, 3, 3 leave one ns of the mean of the sum (31 // 3 = 10),
+    # which goes to the largest remainder (11 % 3 = 2).
+    assert _mean({"a": 10, "b": 10, "c": 11}, 3) == {"a": 3, "b": 3, "c": 4}
+    # Equal remainders: the first keeps the ns.
+    assert _mean({"a": 1, "b": 1}, 2) == {"a": 1, "b": 0}
+    # busy = compute + comm - overlap holds for the means too, and no rest is negative.
+    busy = _mean_busy(DeviceBusy(busy_ns=29, compute_ns=20, comm_ns=14, overlap_ns=5, unlinked_ns=2), 3)
+    assert busy == DeviceBusy(busy_ns=6 + 4 - 1, compute_ns=6, comm_ns=4, overlap_ns=1, unlinked_ns=0)
+
+
+def test_sorting_ops_by_time_says_why_they_have_none() -> None:
+    from layerscope.model.ops import OpTableError
+
+    with pytest.raises(OpTableError, match=r"they are the block's detailed step's.*Profiler\(detail='every'\)"):
+        _cycle_profile().ops(sort_by="self_cpu_time")
+    assert _cycle_profile().ops().rows[0].name == "aten::mm"  # sorted by what it has (FLOPs)

@@ -57,6 +57,20 @@ if TYPE_CHECKING:
 #: Which steps a block records in detail (``Profiler(detail=...)``).
 DETAIL = ("every", "first")
 
+def check_detail(detail: str, record_ops: bool) -> None:
+    """``Profiler(detail=...)`` checked against its other arguments (ValueError)."""
+    if detail not in DETAIL:
+        raise ValueError(
+            f"detail must be one of {', '.join(map(repr, DETAIL))}, got {detail!r}: 'every' records every step in "
+            "detail (times, shapes and memory from one run), 'first' details each cycle's first step and times "
+            "the others lightly (faithful module times; counts and memory from the detailed step)"
+        )
+    if detail == "first" and not record_ops:
+        raise ValueError(
+            "detail='first' with record_ops=False: record_ops=False records no detail in any step; drop one of them"
+        )
+
+
 #: Steps read back from torch's profiler at a time: its events stay in C++ until it
 #: stops, so a long run stops (at a step boundary, after the step's work) every so often.
 WINDOW_STEPS = 32
@@ -332,17 +346,7 @@ class Profiler:
     ) -> None:
         self.model = require_module(model)
         peak_tflops = check_peak_tflops(peak_tflops)
-        if detail not in DETAIL:
-            raise ValueError(
-                f"detail must be one of {', '.join(map(repr, DETAIL))}, got {detail!r}: 'every' records every step in "
-                "detail (times, shapes and memory from one run), 'first' details each cycle's first step and times "
-                "the others lightly (faithful module times; counts and memory from the detailed step)"
-            )
-        if detail == "first" and not record_ops:
-            raise ValueError(
-                "detail='first' with record_ops=False: record_ops=False records no detail in any step; "
-                "drop one of them"
-            )
+        check_detail(detail, record_ops)
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):

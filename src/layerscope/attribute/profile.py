@@ -117,8 +117,8 @@ def build_from_light_steps(raw: RawCapture, detailed: Accumulator, light: Accumu
         self_cpu=_mean(timed.self_cpu, n), self_dev=_mean(timed.self_dev, n), self_comm=_mean(timed.self_comm, n),
         calls=dict(counted.calls), dynamic=dynamic, enclosing=dict(counted.enclosing),
         phases=set(counted.phases) | timed.phases, module_shapes=dict(counted.module_shapes),
-        top_level_ns=round(timed.top_level_ns / n),
-        device_busy=None if timed.device_busy is None else DeviceBusy(*(round(v / n) for v in timed.device_busy)),
+        top_level_ns=timed.top_level_ns // n,
+        device_busy=None if timed.device_busy is None else _mean_busy(timed.device_busy, n),
     )
     for path, dyn in timed.dynamic.items():
         times.dynamic.setdefault(path, dyn)
@@ -142,7 +142,26 @@ def build_from_light_steps(raw: RawCapture, detailed: Accumulator, light: Accumu
 
 
 def _mean(sums: dict[Any, int], n: int) -> dict[Any, int]:
-    return {key: round(value / n) for key, value in sums.items()}
+    """Each figure's mean over ``n`` steps, in whole ns, adding up to the mean of their
+    sum (``sum // n``): the remainders' ns go to the largest remainders (the first of
+    equal ones), so a tree of means adds up as its steps did."""
+    means: dict[Any, int] = {}
+    rests: list[tuple[int, int, Any]] = []
+    for order, (key, value) in enumerate(sums.items()):
+        means[key], rest = divmod(value, n)
+        rests.append((-rest, order, key))
+    extra = sum(sums.values()) // n - sum(means.values())
+    for _, _, key in sorted(rests)[:extra]:
+        means[key] += 1
+    return means
+
+
+def _mean_busy(busy: DeviceBusy, n: int) -> DeviceBusy:
+    """The steps' device work per step: each figure's mean, the busy time derived as the
+    steps' is (``compute + comm - overlap``), so the ledger of means adds up exactly and
+    none of its rests is negative."""
+    compute, comm, overlap, unlinked = (busy.compute_ns // n, busy.comm_ns // n, busy.overlap_ns // n, busy.unlinked_ns // n)
+    return DeviceBusy(compute + comm - overlap, compute, comm, overlap, unlinked)
 
 
 class _CommFigures(TypedDict, total=False):

@@ -229,9 +229,19 @@ def windows(data: dict[str, Any]) -> list[WindowCapture]:
     return found
 
 
-def replay(data: dict[str, Any]) -> Profile:
+def _light_windows(data: dict[str, Any]) -> list[WindowCapture]:
+    """The recording's windows read as a light window's: no detail asked of the adapter."""
+    return [
+        read_window(ReplayedResult(item["result"]), has_device=item["has_device"], detail=False)
+        for item in data["windows"]
+    ]
+
+
+def replay(data: dict[str, Any], *, light_after_first: bool = False) -> Profile:
     """The profile of a recording: its windows through the adapter, the conversion and
-    the walker, as the live block built it."""
+    the walker, as the live block built it. ``light_after_first``: as a block with
+    ``detail="first"`` builds it, its first step read in detail and every later one read
+    as a light window's (the same events, read without shapes, overloads or memory)."""
     infos = [ModuleInfo(**m) for m in data["modules"]]
     cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
     number = 0
@@ -239,12 +249,18 @@ def replay(data: dict[str, Any]) -> Profile:
     # The module shapes the live capture read (the recording keeps the profile's), as
     # records in the first step's stream, where the live window put them.
     shapes: list[Event] = [ModuleShapes(i, inputs, outputs) for i, (inputs, outputs) in data["module_shapes"]]
-    for window in windows(data):
+    light = _light_windows(data) if light_after_first else None
+    for w, window in enumerate(windows(data)):
         has_device = has_device or window.has_device
-        for events in convert_window(window, CATALOG):
+        lightly = None if light is None else convert_window(light[w], CATALOG)
+        for s, events in enumerate(convert_window(window, CATALOG)):
             events[:0] = shapes
             shapes = []
-            cycle.add(events, number, warmup=False, keep_empty=False, has_device=window.has_device)
+            is_light = lightly is not None and number > 0
+            if is_light:
+                assert lightly is not None
+                events = lightly[s]
+            cycle.add(events, number, warmup=False, keep_empty=False, has_device=window.has_device, light=is_light)
             number += 1
     raw = RawCapture(
         modules=infos, has_device_time=has_device, param_bytes=data["param_bytes"],

@@ -35,6 +35,7 @@ class TrainingRun:
         *,
         schedule: Schedule,
         record_ops: bool,
+        detail: str = "every",
         folder: str | os.PathLike[str],
         rank: int | None,
         delivered: list[str],
@@ -55,7 +56,9 @@ class TrainingRun:
 
         self._schedule = schedule
         self._steps_ended = 0
-        self._profiler: Any = Profiler(model, schedule=schedule, record_ops=record_ops, on_ready=on_ready)
+        self._profiler: Any = Profiler(
+            model, schedule=schedule, record_ops=record_ops, detail=detail, on_ready=on_ready,
+        )
         self._profiler.__enter__()
 
     @property

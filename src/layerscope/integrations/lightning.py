@@ -44,7 +44,8 @@ class LayerscopeCallback(Callback):
     cycle is written as JSON into ``dirpath``, by default ``<trainer.log_dir>/layerscope``
     (``default_root_dir`` without a logger). The files' paths collect in :attr:`paths`.
     Every rank writes its own files (``..._rank{r}.json``) into the same folder.
-    ``record_ops=False`` records module forward times only.
+    ``record_ops=False`` records module forward times only; ``detail="first"`` details
+    each cycle's first active step and times the others lightly (``layerscope.Profiler``).
 
     In automatic optimization Lightning runs ``training_step`` and backward inside the
     closure it passes to ``optimizer.step``; layerscope still attributes the model's
@@ -60,10 +61,15 @@ class LayerscopeCallback(Callback):
         schedule: Schedule | None = None,
         dirpath: str | os.PathLike[str] | None = None,
         record_ops: bool = True,
+        detail: str = "every",
     ) -> None:
         super().__init__()
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...), got {schedule!r}")
+        from layerscope.block import check_detail
+
+        check_detail(detail, record_ops)
+        self.detail = detail
         self.schedule = schedule if schedule is not None else default_schedule()
         self.dirpath = dirpath
         self.record_ops = record_ops
@@ -85,6 +91,7 @@ class LayerscopeCallback(Callback):
             pl_module,
             schedule=self.schedule,
             record_ops=self.record_ops,
+            detail=self.detail,
             folder=self.folder(trainer),
             rank=trainer.global_rank,
             delivered=self.paths,

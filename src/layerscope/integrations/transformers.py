@@ -48,7 +48,8 @@ class LayerscopeTrainerCallback(TrainerCallback):
     picks the steps; each finished cycle is written as JSON into ``output_dir``, by
     default ``<args.output_dir>/layerscope``. The files' paths collect in :attr:`paths`.
     Every process writes its own files (``..._rank{r}.json``, ``r = args.process_index``)
-    into the same folder. ``record_ops=False`` records module forward times only.
+    into the same folder. ``record_ops=False`` records module forward times only;
+    ``detail="first"`` details each cycle's first active step and times the others lightly.
 
     The Trainer has no callback for a run that raises. So that a failed ``train()``
     does not leave the profiler's hooks on the model, use the callback as a context
@@ -65,9 +66,14 @@ class LayerscopeTrainerCallback(TrainerCallback):
         schedule: Schedule | None = None,
         output_dir: str | os.PathLike[str] | None = None,
         record_ops: bool = True,
+        detail: str = "every",
     ) -> None:
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...), got {schedule!r}")
+        from layerscope.block import check_detail
+
+        check_detail(detail, record_ops)
+        self.detail = detail
         self.schedule = schedule if schedule is not None else default_schedule()
         self.output_dir = output_dir
         self.record_ops = record_ops
@@ -112,6 +118,7 @@ class LayerscopeTrainerCallback(TrainerCallback):
             model,
             schedule=self.schedule,
             record_ops=self.record_ops,
+            detail=self.detail,
             folder=self.folder(args),
             rank=getattr(args, "process_index", None),
             delivered=self.paths,

@@ -249,7 +249,11 @@ def _available(profile: Profile, ops: list[OpStats]) -> dict[str, str | None]:
     """Each metric field, mapped to None if this profile has it, else to why not."""
     untimed = None if profile.timed else "the profile was not timed (count_flops)"
     if untimed is None and ops and all(op.cpu_time_ns is None for op in ops):
-        untimed = "its ops have no times (a compiled model's ops are its eager pass's; kernel times: --format kernels)"
+        untimed = (
+            "its ops have no times (they are the block's detailed step's, and its times the light steps'; "
+            "op times: Profiler(detail='every'), the default)" if profile.figures.detailed_steps
+            else "its ops have no times (a compiled model's ops are its eager pass's; kernel times: --format kernels)"
+        )
     no_device = "the profile has no device time (it ran on the CPU)"
     if any(op.device_time_ns is not None for op in ops):
         no_device = untimed
