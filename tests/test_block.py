@@ -114,3 +114,28 @@ def test_before_the_block_ends_the_delegates_say_why_and_other_names_are_absent(
             prof.meta  # noqa: B018
         assert not hasattr(prof, "compiled")  # an AttributeError, not the state's error
     assert prof.figures.steps == 1
+
+
+def _autocast_steps(under: list[bool], **options: Any) -> layerscope.Profile:
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(4, 16)
+    with layerscope.Profiler(model, **options) as prof:
+        for amp in under:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                y = model(x)
+            y.float().sum().backward()
+            prof.step()
+    return prof.profile
+
+
+def test_autocast_entered_inside_the_steps_is_the_blocks_autocast() -> None:
+    # The usual training loop enters autocast around the forward, inside each step: the
+    # block sees it from the model's own pre-hook, and the header says so.
+    profile = _autocast_steps([True, True])
+    assert profile.meta.autocast == "bfloat16"
+    assert "autocast bfloat16" in profile.render("text").splitlines()[0]
+    # Steps that mixed autocast and not name none (the model's dtype stands).
+    assert _autocast_steps([True, False]).meta.autocast is None
+    assert _autocast_steps([False, False]).meta.autocast is None
+    # A user's peak is theirs, whatever the dtype.
+    assert _autocast_steps([True], peak_tflops=1.5).meta.peak_flops_per_s == 1.5e12

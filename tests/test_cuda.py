@@ -251,6 +251,14 @@ def test_mfu_peak_is_the_datasheets_or_unknown_with_the_device_named() -> None:
     with torch.autocast("cuda", dtype=torch.bfloat16):
         amp = layerscope.profile(model, torch.randn(8, 64, device="cuda"), warmup=1, repeat=2)
     assert amp.meta.peak_flops_per_s == known_peak_flops_per_s(torch.device("cuda"), "bfloat16")
+    # In a block, autocast entered inside each step (the usual training loop) counts too.
+    with layerscope.Profiler(model) as block:
+        for _ in range(2):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                model(torch.randn(8, 64, device="cuda"))
+            block.step()
+    assert block.profile.meta.autocast == "bfloat16"
+    assert block.profile.meta.peak_flops_per_s == known_peak_flops_per_s(torch.device("cuda"), "bfloat16")
 
 
 def test_backward_and_checkpoint_recompute_on_autograd_device_thread() -> None:

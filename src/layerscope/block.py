@@ -587,11 +587,15 @@ class Profiler:
         capture, options = self._capture, self._options
         assert capture is not None
         assembly = capture.assembly
+        # The matrix units ran at autocast's dtype where the forwards ran under it (often
+        # entered inside the step): the datasheet's peak for that dtype.
+        amp = assembly.autocast_seen()
         return assembly.capture(
             mode="context",
             complete=complete,
             schedule=None if options.schedule is None else str(options.schedule),
-            peak_flops_per_s=peak_flops_per_s(options.peak_tflops, assembly.device, model_dtype(self.model)),
+            autocast=amp,
+            peak_flops_per_s=peak_flops_per_s(options.peak_tflops, assembly.device, amp or model_dtype(self.model)),
             **capture.identity,
         )
 

@@ -208,6 +208,13 @@ class Assembly:
     def collect(self) -> list[list[Event]]:
         return self.backend.collect()
 
+    def autocast_seen(self) -> str | None:
+        """The dtype ``torch.autocast`` ran the model's forwards in, where every forward
+        torch's profiler saw ran under it in that one dtype (autocast entered inside a
+        step included); None otherwise (off, mixed, or not seen: the recorder's steps)."""
+        seen = self.backend.autocast if isinstance(self.backend, KinetoSteps) else set()
+        return next(iter(seen)) if len(seen) == 1 else None
+
     @property
     def recording(self) -> bool:
         """Whether torch's profiler is recording steps for it now (a window running)."""

@@ -124,6 +124,11 @@ class KinetoSteps:
         """Whether torch's profiler is recording for it now (a session started)."""
         return self._window.running
 
+    @property
+    def autocast(self) -> set[str | None]:
+        """The autocast dtype of each forward of the model seen so far (None: off)."""
+        return self._window.autocast
+
     def light(self, light: bool) -> None:
         """Record the next session's steps lightly (times only) or as made (see
         :meth:`KinetoWindow.light`); between sessions only."""

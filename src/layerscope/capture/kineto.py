@@ -54,6 +54,7 @@ from layerscope.capture.memory import (
     saved_storages,
     tensors_in,
 )
+from layerscope.capture.modules import autocast_dtype
 from layerscope.capture.torch_events import read_window
 from layerscope.convert.ranges import (
     MODULE_PREFIX,
@@ -324,6 +325,10 @@ class KinetoWindow:
         #: What a detailed window of this one's records (``light`` turns it off for a while).
         self._detailed = (self.detail, self.memory, self.with_stack)
         self._root_id = id(root) if root is not None else None
+        #: The dtype ``torch.autocast`` ran each forward of ``root`` in (None: off), as the
+        #: root's own pre-hook saw it, in every window of this one's: autocast entered
+        #: inside a step is visible nowhere else.
+        self.autocast: set[str | None] = set()
         #: Each parameter and the module owning it (gradient notes).
         self._owners = owners or []
         self._state_tensors = state_tensors or []
@@ -403,13 +408,17 @@ class KinetoWindow:
         make = _Range
         detail = self.detail
         root_id = self._root_id if self.memory else None
+        model_id = self._root_id
         root_seqs: list[int | None] = []
         note = self._note
+        amp, device = self.autocast, self._device
 
         def pre(module: nn.Module, args: Any, kwargs: Any = None) -> None:
             key = id(module)
-            if key == root_id and get_ident() == owner and task() == -1:
-                root_seqs.append(_next_seq())
+            if key == model_id and get_ident() == owner and task() == -1:
+                amp.add(autocast_dtype(device))
+                if root_id is not None:
+                    root_seqs.append(_next_seq())
             name = names_get(key)
             if name is None:
                 return
