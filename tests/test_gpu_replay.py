@@ -161,7 +161,7 @@ def test_per_module_device_time_matches_the_shared_h100_trace(name: str, shared_
 MULTI_STEP = ["bert_base_fwd", "ddp_nccl_train", "gpt2_adamw_train"]
 
 
-@pytest.mark.parametrize("name", MULTI_STEP)
+@pytest.mark.parametrize("name", NAMES)
 def test_a_light_read_of_a_step_gives_the_device_times_of_its_detailed_read(name: str) -> None:
     from layerscope.attribute import parent_indices, walk_pass
     from layerscope.convert.streams import convert_window
@@ -171,15 +171,20 @@ def test_a_light_read_of_a_step_gives_the_device_times_of_its_detailed_read(name
     data = replay.load(CAPTURES / f"{name}.json.gz")
     infos = [ModuleInfo(**m) for m in data["modules"]]
     paths, parents = [info.path for info in infos], parent_indices(infos)
-    detailed = convert_window(replay.windows(data)[0], CATALOG)[1]
-    light = convert_window(replay._light_windows(data)[0], CATALOG)[1]
-    full = walk_pass(detailed, paths, has_device=True, collect_ops=True, parents=parents)
-    lean = walk_pass(light, paths, has_device=True, parents=parents)
-    # Every node's device time, and the step's device work, read without the detail:
-    # the same kernels land in the same nodes.
-    assert lean.self_dev == full.self_dev and lean.device_busy == full.device_busy
-    assert sum(lean.self_cpu.values()) == sum(full.self_cpu.values())
-    assert not any(op.input_shapes for op in lean.ops.values())
+    detailed = convert_window(replay.windows(data)[0], CATALOG)
+    light = convert_window(replay._light_windows(data)[0], CATALOG)
+    assert len(light) == len(detailed)
+    for one, lean_one in zip(detailed, light):
+        full = walk_pass(one, paths, has_device=True, collect_ops=True, parents=parents)
+        lean = walk_pass(lean_one, paths, has_device=True, parents=parents)
+        # Every node's device time, and the step's device work, read without the detail:
+        # the same kernels land in the same nodes (a checkpoint's recompute included,
+        # whose kernels the node's own record once counted a second time).
+        assert lean.self_dev == full.self_dev and lean.device_busy == full.device_busy
+        # The step's CPU time is all there; a few µs of a node's end after its last op
+        # (a gradient accumulation's) may sit in <other> in one read and not the other.
+        assert sum(lean.self_cpu.values()) == sum(full.self_cpu.values())
+        assert not any(op.input_shapes for op in lean.ops.values())
 
 
 @pytest.mark.parametrize("name", MULTI_STEP)

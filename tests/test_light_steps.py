@@ -242,3 +242,11 @@ def test_sorting_ops_by_time_says_why_they_have_none() -> None:
     with pytest.raises(OpTableError, match=r"they are the block's detailed step's.*Profiler\(detail='every'\)"):
         _cycle_profile().ops(sort_by="self_cpu_time")
     assert _cycle_profile().ops().rows[0].name == "aten::mm"  # sorted by what it has (FLOPs)
+
+
+def test_key_averages_says_its_times_were_not_measured() -> None:
+    from layerscope.compat.torch_profiler import key_averages
+
+    table = key_averages(_cycle_profile()).table(sort_by="cpu_time_total", row_limit=5)
+    assert "aten::mm" in table
+    assert "the times here are 0, never measured; Profiler(detail='every') times every op" in table

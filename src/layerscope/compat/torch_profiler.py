@@ -108,6 +108,11 @@ class KeyAverages(EventList):
             "(a compiled model's ops ran fused into its kernels and have no times of their own: the times here are "
             "0, never measured; prof.render(\"kernels\") times each kernel call)"
         ]
+        if self.profile.figures.detailed_steps:
+            compiled = [
+                "(these ops are the block's detailed step's, whose times were not kept, and the modules' times are "
+                "the light steps': the times here are 0, never measured; Profiler(detail='every') times every op)"
+            ]
         if sort_by is not None and sort_by not in TORCH_SORT_KEYS:
             events, notes = super()._ordered(sort_by)
             return events, [*notes, *compiled]

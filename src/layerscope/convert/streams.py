@@ -337,6 +337,7 @@ class _Converter:
             self.emit_node(event, seq)
             return
         at = self.put(event.start_time_ns, Op(event.start_time_ns, event.end_time_ns, node, grad=(seq, None), tid=event.start_tid))
+        first = len(self.records)
         nested = _nested_frames(event)
         if nested:
             self.replace(at, t1_ns=nested[0][0].start_time_ns)
@@ -354,7 +355,10 @@ class _Converter:
                 else:
                     self.walk(child, kind, True, (seq, None))
         if self.has_device:
-            self.replace(at, device_time_ns=self.kernel_time(event))
+            # The work nested in it (a recompute's frames, a collective) holds its own
+            # kernels: the node's record keeps the rest, as a detailed read gives it.
+            inner = sum((r[2].device_time_ns or 0) for r in self.records[first:] if type(r[2]) is Op)
+            self.replace(at, device_time_ns=max(0, self.kernel_time(event) - inner))
 
     # -- detail: ops at the dispatcher's level, with shapes, FLOPs and memory ------------
     def emit(self, event: Range, in_backward: bool, grad: tuple[int, None] | None, name: str | None = None) -> None:
