@@ -317,7 +317,6 @@ def test_hf_trainer_profiles_the_scheduled_optimizer_steps(hf: Any, tmp_path: Pa
     assert list(model.state_dict()) == keys
 
 
-@pytest.mark.slow  # the Trainer compiles the model
 def test_hf_trainer_with_light_steps_details_the_cycles_first_step(hf: Any, tmp_path: Path) -> None:
     model = tiny_bert()
     callback = hf.LayerscopeTrainerCallback(
@@ -335,6 +334,7 @@ def test_hf_trainer_with_light_steps_details_the_cycles_first_step(hf: Any, tmp_
         hf.LayerscopeTrainerCallback(detail="all")
 
 
+@pytest.mark.slow  # the Trainer compiles the model
 def test_hf_trainer_with_torch_compile_profiles_the_model_it_compiled(hf: Any, tmp_path: Path) -> None:
     # torch_compile=True: the Trainer runs torch.compile(model) and hands callbacks the
     # eager model. Before, the block hooked that one: Dynamo traced the hooks (graph
