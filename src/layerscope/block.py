@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 #: Which steps a block records in detail (``Profiler(detail=...)``).
 DETAIL = ("every", "first")
 
+
 def check_detail(detail: str, record_ops: bool) -> None:
     """``Profiler(detail=...)`` checked against its other arguments (ValueError)."""
     if detail not in DETAIL:
