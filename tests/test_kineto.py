@@ -219,7 +219,8 @@ def test_real_profiler_run_converts_to_a_stream_per_step():
 def test_collectives_from_a_gradient_hook_and_gloo_thread() -> None:
     """DDP's reducer starts its all-reduce inside the gradient accumulation node's range
     (a hook); gloo runs it on its own thread. The all-reduce becomes a backward op of the
-    same node, cutting the node's op where it starts; the gloo range becomes a
+    same node, cutting the node's op where it starts (the node's end after it is the
+    node's again); the gloo range becomes a
     ``Collective`` note; a collective range on another thread outside the step is dropped."""
     roots = [
         step(
@@ -237,6 +238,7 @@ def test_collectives_from_a_gradient_hook_and_gloo_thread() -> None:
         ("AddmmBackward0", 110, 150, (7, None)),
         ("torch::autograd::AccumulateGrad", 150, 160, (7, None)),
         ("c10d::allreduce_", 160, 168, (7, None)),
+        (None, 168, 170, (7, None)),  # the node's own end, after the collective, is the node's
     ]
     assert [e for e in stream if isinstance(e, Collective)] == [Collective(165, 390, "gloo:all_reduce")]
 
@@ -263,6 +265,10 @@ def test_a_node_with_hooks_takes_its_number_from_its_own_range_and_its_hook_labe
         LabelEnter(115, "FSDP::pre_backward (0)", "label", None, None, True, (7, None)),
         Op(120, 130, "c10d::_allgather_base_", tid=1),
         LabelExit(150, None, None, True),
+        # After the hook's label, the node's slot resumes: its own range (the formula,
+        # 150 to 190) and the engine's end are the node's work, not the next part's.
+        Op(150, 150, None, grad=(7, None), tid=1),
+        Op(150, 200, None, grad=(7, None), tid=1),
     ]
 
 

@@ -10,8 +10,9 @@ they happened, and adds up self times per node and phase, calls, op tables, span
   node being executed: autograd numbers the nodes it creates in order, and a module's
   forward creates the numbers between its ``Enter`` and ``Exit``. Gradient accumulation
   (nodes without a number) belongs to the module owning the parameter. An op's *slot*
-  runs from its start to the next backward op's start, so the engine's work between ops
-  is charged to the op before it.
+  runs from its start to the next backward op's start (or a module called in backward:
+  a checkpoint's recompute), so the engine's work between ops is charged to the op
+  before it.
 - **Recompute.** Module calls during backward (activation checkpointing) are frames of
   phase ``recompute``, never counted as forward.
 - **Device time.** A frame's device time runs from the device mark at its entry to the
@@ -561,13 +562,16 @@ class PassWalker:
 
     def _close_slot(self, following: Event | None) -> None:
         """Charge the open backward slot: it runs to ``following``'s start if that is a
-        backward op (the engine's work between ops), else to its op's end."""
+        backward op or a module called in backward (a checkpoint's recompute), the
+        engine's work between them, else to its op's end."""
         assert self.open_slot is not None
         key, event = self.open_slot
         self.open_slot = None
         end = event.t1_ns
         if type(following) is Op and following.grad is not None:
             end = max(following.t0_ns, end)
+        elif type(following) is Enter and following.in_backward:
+            end = max(following.t_ns, end)
         slot = max(0, end - event.t0_ns)
         self.last_backward_end = max(self.last_backward_end, end)
         self.charge(key, "backward", slot, event.device_time_ns if self.has_device else None)

@@ -344,6 +344,7 @@ class _Converter:
             for child, kind in nested:
                 if kind == "backward":
                     self.on_backward(child)
+                    self.resume(child, (seq, None))
                 elif kind == "comm":
                     # A collective the node's hooks started (DDP's reducer, from gradient
                     # accumulation): communication of the same node's module.
@@ -354,6 +355,8 @@ class _Converter:
                     self.put(start, op)
                 else:
                     self.walk(child, kind, True, (seq, None))
+                    self.resume(child, (seq, None))
+            self.node_tail(event, first, (seq, None))
         if self.has_device:
             # The work nested in it (a recompute's frames, a collective) holds its own
             # kernels: the node's record keeps the rest, as a detailed read gives it.
@@ -483,8 +486,29 @@ class _Converter:
                 self.on_memory_outside_ops(child, grad)
             elif kind == "backward":
                 self.on_backward(child)
+                self.resume(child, grad)
             else:
                 self.walk(child, kind, in_backward if grad is None else True, grad)
+                self.resume(child, grad)
+
+    def node_tail(self, event: Range, first: int, grad: tuple[int, None]) -> None:
+        """The node's own work after the last record nested in it (from ``first``): the
+        engine's, or a gradient accumulation's end, is the node's slot too, a nameless
+        record (read with detail or without, the same)."""
+        if len(self.records) > first:
+            last = max(r[2].t1_ns if type(r[2]) is Op else r[0] for r in self.records[first:])
+            if last < event.end_time_ns:
+                self.put(last, Op(last, event.end_time_ns, None, grad=grad, tid=event.start_tid))
+
+    def resume(self, nested: Range, grad: tuple[int, None] | None) -> None:
+        """After work nested in an autograd node (a checkpoint's recompute, a reentrant
+        backward), the node's own slot resumes: a nameless instant of the node, whose slot
+        runs to the next record, as an op's does. Without it the node's work after the
+        nested work (restoring what the recompute changed, its own formula) fell to
+        whatever came next, often ``<other>``; read with detail or without, the same."""
+        if grad is not None:
+            end = nested.end_time_ns
+            self.put(end, Op(end, end, None, grad=grad, tid=nested.start_tid))
 
     def emit_node(self, event: Range, seq: int) -> None:
         """An autograd node's work (``evaluate_function``): a nameless record carrying
@@ -500,6 +524,7 @@ class _Converter:
         self.emit_children(event, True, grad)
         if len(self.records) > first:
             self.replace(at, t1_ns=max(event.start_time_ns, min(r[0] for r in self.records[first:])))
+        self.node_tail(event, first, grad)
         if self.has_device:
             nested = sum((r[2].device_time_ns or 0) for r in self.records[first:] if type(r[2]) is Op)
             self.replace(at, device_time_ns=max(0, self.kernel_time(event) - nested))
