@@ -33,6 +33,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -106,8 +107,17 @@ def quiet_fd2() -> Iterator[None]:
         read = _pass_on(sink.fileno(), 0, saved)
         os.dup2(saved, 2)
         os.close(saved)
-        _pass_on(sink.fileno(), read, 2)
+        # A write another thread began into the sink just before descriptor 2 was given
+        # back may land a moment later: read until a short wait brings nothing more.
+        while (more := _pass_on(sink.fileno(), read, 2)) != read or _landing(sink.fileno(), read):
+            read = more
         sink.close()
+
+
+def _landing(sink: int, read: int) -> bool:
+    """Whether more was written into ``sink`` past ``read`` after a short wait (1 ms)."""
+    time.sleep(0.001)
+    return os.fstat(sink).st_size > read
 
 
 def _pass_on(sink: int, start: int, fd: int) -> int:
