@@ -250,3 +250,17 @@ def test_key_averages_says_its_times_were_not_measured() -> None:
     table = key_averages(_cycle_profile()).table(sort_by="cpu_time_total", row_limit=5)
     assert "aten::mm" in table
     assert "the times here are 0, never measured; Profiler(detail='every') times every op" in table
+
+
+def test_inside_a_users_torch_profiler_every_step_is_recorded_as_before() -> None:
+    # Only one torch profiler runs: the block falls back to the dispatch mode for every
+    # step (its times say so), and has no light windows to switch to.
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with torch.profiler.profile(), layerscope.Profiler(model, detail="first") as prof:
+        for _ in range(3):
+            model(torch.randn(2, 8))
+            prof.step()
+    profile = prof.profile
+    assert profile.meta.times_from == "dispatch mode"
+    assert (profile.figures.detailed_steps, profile.figures.steps) == (None, 3)
+    assert profile["0"].forward.flops == 3 * (2 * 2 * 8 * 8 + 2 * 8)
