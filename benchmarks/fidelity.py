@@ -301,6 +301,16 @@ def run_model(
         variants.append(backward_reference_variant)
     elif not blocks_only:
         variants += [lambda: blocks("torchprof", step_in(torchprof.Profile)), lambda: blocks("deepspeed", deepspeed_step)]
+    # One unmeasured round first: a variant's first run can change the process for every
+    # later one (glibc raising its mmap threshold past an optimizer's temporaries made
+    # every later step of BERT's 20 ms faster), so each variant runs once before any is
+    # measured.
+    for variant in variants:
+        variant()
+    for values in (*walls.values(), *(table for phases in found.values() for table in phases.values())):
+        values.clear()
+    ref_fwd.clear()
+    ref_bwd.clear()
     for n in range(rounds):
         # The order rotates round by round, so no variant always follows the same one.
         for variant in variants[n % len(variants) :] + variants[: n % len(variants)]:
