@@ -249,7 +249,11 @@ def test_key_averages_says_its_times_were_not_measured() -> None:
 
     table = key_averages(_cycle_profile()).table(sort_by="cpu_time_total", row_limit=5)
     assert "aten::mm" in table
-    assert "the times here are 0, never measured; Profiler(detail='every') times every op" in table
+    assert "their times are not measured (?); Profiler(detail='every') times every op" in table
+    # An unknown time reads ?, never 0 (nor a share of 0).
+    row = next(line for line in table.splitlines() if "aten::mm" in line)
+    assert "0.000us" not in row and "NaN" not in row and row.split()[1:6] == ["?"] * 5
+    assert "Self CPU time total: ?" in table
 
 
 def test_inside_a_users_torch_profiler_every_step_is_recorded_as_before() -> None:

@@ -139,6 +139,10 @@ def sort_attribute(sort_by: str) -> str:
 class EventList(list[OpEvent]):
     """A list of :class:`OpEvent` that prints as torch.profiler's table."""
 
+    #: Whether the events' times were measured (False: they read 0 as torch's float
+    #: fields must, and the table shows ``?``).
+    times_known = True
+
     def __init__(self, events: Iterable[OpEvent] = ()) -> None:
         super().__init__(events)
 
@@ -166,6 +170,7 @@ class EventList(list[OpEvent]):
             max_shapes_column_width=max_shapes_column_width,
             header=header,
             notes=notes,
+            times_known=self.times_known,
         )
 
     def _ordered(self, sort_by: str | None) -> tuple[list[OpEvent], list[str]]:

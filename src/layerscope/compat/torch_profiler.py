@@ -92,6 +92,8 @@ class KeyAverages(EventList):
         self.profile = profile
         self.group_by = group_by
         super().__init__(self._events(None))
+        ops = [op for node in profile.nodes() for op in node.ops]
+        self.times_known = not ops or any(op.cpu_time_ns is not None for op in ops)
 
     def _events(self, sort_by: str | None) -> list[OpEvent]:
         on_device = _on_device(self.profile)
@@ -105,13 +107,13 @@ class KeyAverages(EventList):
         attribute (an average) on the events themselves. A key this profile has no
         figures for (CUDA time on the CPU) keeps the default order and says so."""
         compiled = [] if self.profile.compiled is None else [
-            "(a compiled model's ops ran fused into its kernels and have no times of their own: the times here are "
-            "0, never measured; prof.render(\"kernels\") times each kernel call)"
+            "(a compiled model's ops ran fused into its kernels and have no times of their own: their times are "
+            "not measured (?); prof.render(\"kernels\") times each kernel call)"
         ]
         if self.profile.figures.detailed_steps:
             compiled = [
                 "(these ops are the block's detailed step's, whose times were not kept, and the modules' times are "
-                "the light steps': the times here are 0, never measured; Profiler(detail='every') times every op)"
+                "the light steps': their times are not measured (?); Profiler(detail='every') times every op)"
             ]
         if sort_by is not None and sort_by not in TORCH_SORT_KEYS:
             events, notes = super()._ordered(sort_by)

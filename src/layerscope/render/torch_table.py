@@ -43,8 +43,11 @@ def format_events(
     max_shapes_column_width: int = 80,
     header: str | None = None,
     notes: Sequence[str] = (),
+    times_known: bool = True,
 ) -> str:
-    """``events`` (already sorted) as torch's table; ``notes`` go under the totals."""
+    """``events`` (already sorted) as torch's table; ``notes`` go under the totals. Without
+    ``times_known`` (ops whose times were not measured: a compiled model's, a light-step
+    block's) the time cells and the total read ``?``, never 0."""
     if not events:
         return ""
     device = any(e.self_device_time_total > 0 for e in events)
@@ -90,7 +93,7 @@ def format_events(
             fmt.profiler_share(event.cpu_time_total, self_cpu_sum),
             fmt.profiler_time(event.cpu_time_total),
             fmt.profiler_time(event.cpu_time),
-        ]
+        ] if times_known else [name, *["?"] * 5]
         if device:
             cells += [
                 fmt.profiler_time(event.self_device_time_total),
@@ -114,7 +117,7 @@ def format_events(
         out += grid.lines(cells)
         if stacks:
             out.append("")
-    out += [rule, f"Self CPU time total: {fmt.profiler_time(self_cpu_sum)}"]
+    out += [rule, f"Self CPU time total: {fmt.profiler_time(self_cpu_sum) if times_known else '?'}"]
     if device:
         out.append(f"Self {_DEVICE} time total: {fmt.profiler_time(self_device_sum)}")
     out += list(notes)
