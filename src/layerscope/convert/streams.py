@@ -358,10 +358,7 @@ class _Converter:
                     self.resume(child, (seq, None))
             self.node_tail(event, first, (seq, None))
         if self.has_device:
-            # The work nested in it (a recompute's frames, a collective) holds its own
-            # kernels: the node's record keeps the rest, as a detailed read gives it.
-            inner = sum((r[2].device_time_ns or 0) for r in self.records[first:] if type(r[2]) is Op)
-            self.replace(at, device_time_ns=max(0, self.kernel_time(event) - inner))
+            self.own_kernels(at, event, first)
 
     # -- detail: ops at the dispatcher's level, with shapes, FLOPs and memory ------------
     def emit(self, event: Range, in_backward: bool, grad: tuple[int, None] | None, name: str | None = None) -> None:
@@ -491,6 +488,13 @@ class _Converter:
                 self.walk(child, kind, in_backward if grad is None else True, grad)
                 self.resume(child, grad)
 
+    def own_kernels(self, at: int, event: Range, first: int) -> None:
+        """The device time of node ``event``'s own record (at ``at``): its kernels less
+        those the records nested in it (from ``first``: its ops, a recompute's frames, a
+        collective) hold, read with detail or without, the same."""
+        inner = sum((r[2].device_time_ns or 0) for r in self.records[first:] if type(r[2]) is Op)
+        self.replace(at, device_time_ns=max(0, self.kernel_time(event) - inner))
+
     def node_tail(self, event: Range, first: int, grad: tuple[int, None]) -> None:
         """The node's own work after the last record nested in it (from ``first``): the
         engine's, or a gradient accumulation's end, is the node's slot too, a nameless
@@ -526,8 +530,7 @@ class _Converter:
             self.replace(at, t1_ns=max(event.start_time_ns, min(r[0] for r in self.records[first:])))
         self.node_tail(event, first, grad)
         if self.has_device:
-            nested = sum((r[2].device_time_ns or 0) for r in self.records[first:] if type(r[2]) is Op)
-            self.replace(at, device_time_ns=max(0, self.kernel_time(event) - nested))
+            self.own_kernels(at, event, first)
 
     def op_allocations(self, event: Range) -> tuple[tuple[int, int], ...] | None:
         """``(allocation id, bytes)`` of what the op allocated and did not free itself;
