@@ -580,11 +580,7 @@ def test_kernels_reach_modules_whatever_the_compiled_frame_calls_itself() -> Non
     # Dynamo names the frame's first local as the code does: L['fn'] for a module
     # compiled whole (a Sequential), L['s'] for a forward(s, x). Both map to the model's
     # paths; before, only L['self'] did, and every kernel stayed with the root.
-    class Named(nn.Module):
-        def __init__(s) -> None:
-            super().__init__()
-            s.a, s.b = nn.Linear(16, 32), nn.Linear(32, 16)
-
+    class Named(_Plain):
         def forward(s, x: torch.Tensor) -> torch.Tensor:
             return s.b(torch.relu(s.a(x)))
 
