@@ -480,3 +480,33 @@ def test_a_shared_module_in_a_later_block_is_drawn_in_the_first_block() -> None:
         "blocks.1": [(40, 45), (55, 70)],
     }
     assert_spans_are_the_times(prof)
+
+
+def test_a_backward_nodes_time_before_a_label_inside_it_is_the_nodes() -> None:
+    """A backward node (autograd number 1, created by the root's forward 10-100) runs its
+    own code 110-130, an op 130-150, its own code again 150-180, then a label inside it
+    180-240 (a compiled backward's graph call, or a hook), then resumes 240-250. Every
+    nanosecond from 110 to 250 is the root's backward, the label's 60 in its own node: the
+    slot of the op at 130 runs to the label's start, as it runs to the next backward op's
+    or a recomputed module's. <other> keeps only 0-10, 100-110 and 250-300."""
+    stream = [
+        Step(0),
+        Enter(10, ROOT, None, 1),
+        Exit(100, ROOT, None, 2),
+        Op(110, 130, None, grad=(1, None)),
+        Op(130, 150, "aten::zeros", grad=(1, None)),
+        LabelEnter(180, "graph", "label", in_backward=True, grad=(1, None)),
+        LabelExit(240, in_backward=True),
+        Op(240, 240, None, grad=(1, None)),
+        Op(240, 250, None, grad=(1, None)),
+        Step(300),
+    ]
+    prof = check_tree(build_profile(RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream])))
+    backward = prof.root.backward
+    assert backward is not None
+    assert (backward.self_cpu_time_ns, backward.cpu_time_ns) == (80, 140)  # 110-180 and 240-250; + the label's 60
+    label = next(node for node in prof.nodes() if node.kind == "label")
+    assert label.backward is not None and label.backward.cpu_time_ns == 60
+    other = next(node for node in prof.parts if node.path == "<other>")
+    assert other.forward.self_cpu_time_ns == 10 + 10 + 50
+    assert prof.step_time_ns == 300

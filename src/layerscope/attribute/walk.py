@@ -562,8 +562,9 @@ class PassWalker:
 
     def _close_slot(self, following: Event | None) -> None:
         """Charge the open backward slot: it runs to ``following``'s start if that is a
-        backward op or a module called in backward (a checkpoint's recompute), the
-        engine's work between them, else to its op's end."""
+        backward op, a module called in backward (a checkpoint's recompute) or a label
+        begun inside a node (its hook, a compiled backward's graph call), the engine's
+        or the node's own work between them, else to its op's end."""
         assert self.open_slot is not None
         key, event = self.open_slot
         self.open_slot = None
@@ -571,6 +572,8 @@ class PassWalker:
         if type(following) is Op and following.grad is not None:
             end = max(following.t0_ns, end)
         elif type(following) is Enter and following.in_backward:
+            end = max(following.t_ns, end)
+        elif type(following) is LabelEnter and following.grad is not None:
             end = max(following.t_ns, end)
         slot = max(0, end - event.t0_ns)
         self.last_backward_end = max(self.last_backward_end, end)
