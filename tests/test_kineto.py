@@ -500,3 +500,39 @@ def test_the_cuda_allocators_block_rule() -> None:
     # round_size: below 512 B one block; above, up to the next multiple of 512.
     assert [held_bytes(n, "cuda") for n in (1, 256, 512, 513, 1024, 5000)] == [512, 512, 512, 1024, 1024, 5120]
     assert [held_bytes(n, "cpu") for n in (1, 256, 513)] == [1, 256, 513]
+
+
+def test_a_range_without_detail_keeps_only_the_kernels_outside_the_frames_nested_in_it() -> None:
+    """Read without detail (a light step), a compiled region's range (no namespace)
+    holds a label (its graph call) whose op launched kernel 7, and launched kernel 8
+    itself: the label's op holds kernel 7's 10 ns, the region's record only its own
+    5 ns. The module's device time is 15, not 25 (kernel 7 counted once)."""
+    tree = [step(0, 500, module(0, 10, 200, op(
+        "Torch-Compiled Region: 0/1", 20, 150,
+        label("## Call CompiledFxGraph f ##", 40, 140, op("triton_poi_fused_add_0", 50, 60, corr=7)), corr=8,
+    )))]
+    kernels = [KernelSpan(7, 1000, 1010, "triton_poi_fused_add_0", 7), KernelSpan(8, 1100, 1105, "memset", 7)]
+    (stream,) = convert(tree, kernels, has_device=True)
+    device = {e.name: e.device_time_ns for e in stream if isinstance(e, Op)}
+    assert device == {"Torch-Compiled Region: 0/1": 5, "triton_poi_fused_add_0": 10}
+    from layerscope.attribute import walk_pass
+
+    result = walk_pass(stream, [""], has_device=True)
+    assert sum(result.self_dev.values()) == 15
+
+
+def test_a_collective_inside_a_custom_op_read_without_detail_is_communication() -> None:
+    """A tensor-parallel all-reduce: ``vllm::all_reduce`` (a custom op, 20-120) runs
+    ``symm_mem::multimem_all_reduce_`` (60-80) inside it. Read without detail, the
+    collective is a record of its own, so its 20 ns are the module's communication time
+    (as with detail), and the custom op's own slot ends where it begins."""
+    tree = [step(0, 200, module(0, 10, 150, op(
+        "vllm::all_reduce", 20, 120, op("aten::empty_like", 25, 30), op("symm_mem::multimem_all_reduce_", 60, 80),
+    )))]
+    (stream,) = convert(tree)
+    ops = [(e.name, e.t0_ns, e.t1_ns) for e in stream if isinstance(e, Op)]
+    assert ops == [("vllm::all_reduce", 20, 60), ("symm_mem::multimem_all_reduce_", 60, 80)]
+    from layerscope.attribute import walk_pass
+
+    assert walk_pass(stream, [""]).self_comm == {(0, "forward"): 20}
+

@@ -220,15 +220,18 @@ class _Converter:
         t_ns, order, record = self.records[at]
         self.records[at] = (t_ns, order, record._replace(**fields))
 
-    def kernel_time(self, event: Range) -> int:
+    def kernel_time(self, event: Range, skip: frozenset[int] = frozenset()) -> int:
         """Device time of the kernels launched from ``event`` or any op under it: looked
         up by the id torch links them with, which op ranges alone carry (0 elsewhere:
-        an allocation, a module or step range)."""
+        an allocation, a module or step range). The subtrees of the ranges in ``skip``
+        (their ``id()``: frames nested in the event, which hold their own) are left out."""
         spans: list[tuple[int, int]] = []
         by_op = self.kernels_by_op
         pending = [event]
         while pending:
             item = pending.pop()
+            if skip and id(item) in skip:
+                continue
             found = by_op.get(item.correlation_id)  # never 0: work launched from no op is no op's
             if found:
                 spans.extend(found)
@@ -296,14 +299,15 @@ class _Converter:
         if seq >= 0 and event.start_tid == self.owner_tid:
             self.seq_marks.append((start, seq))
         at = self.put(start, Op(start, event.end_time_ns, name, fwd_seq=seq if seq >= 0 else None, tid=event.start_tid))
-        if "::" not in name:
-            nested = _nested_frames(event)
-            if nested:
-                self.replace(at, t1_ns=nested[0][0].start_time_ns)
-                for child, kind in nested:
-                    self.walk(child, kind, in_backward)
+        nested = _nested_frames(event) if _may_nest(name) else []
+        if nested:
+            self.replace(at, t1_ns=nested[0][0].start_time_ns)
+            for child, kind in nested:
+                self.walk(child, kind, in_backward)
         if self.has_device:
-            self.replace(at, device_time_ns=self.kernel_time(event))
+            # The frames nested in it hold their own kernels (a compiled region's graph
+            # label, a custom Function's modules): the op's record keeps the rest.
+            self.replace(at, device_time_ns=self.kernel_time(event, frozenset(id(child) for child, _ in nested)))
 
     def walk_children(self, event: Range, in_backward: bool) -> None:
         for child in event.children:
@@ -694,6 +698,16 @@ def _allocation_ids(event: Range) -> list[int]:
             if type(ident) is int:
                 found.append(ident)
     return found
+
+
+def _may_nest(name: str) -> bool:
+    """Whether an op may hold frames or collectives of its own, to be read into: a range
+    that is no namespaced op (a custom ``Function``) or a custom op outside aten
+    (``vllm::all_reduce`` around ``symm_mem::multimem_all_reduce_``), unless it is a
+    collective itself. aten's ops are most of the events, and never do."""
+    if "::" not in name:
+        return True
+    return not name.startswith("aten::") and not is_communication(name)
 
 
 def _nested_frames(event: Range) -> list[tuple[Range, str]]:
