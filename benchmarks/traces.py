@@ -13,7 +13,9 @@ Four measurements, in one run:
    (``ru_maxrss``), so the table shows what the load itself adds. A load's time is split
    into *read* (the file to events: decompressing, decoding, the range trees) and *build*
    (``profile_of_ranges``: the live capture's conversion, the attribution walk and the
-   tree); *peak after read* is the child's peak RSS when the build begins.
+   tree); *peak after read* is the child's peak RSS when the build begins. A third
+   variant reads the file without its shapes (``load_trace(path, shapes=False)``, what
+   ``show --no-shapes`` does): no FLOPs, and no torch imported (checked in the child).
    Targets: at most 3 s and 400 MB peak RSS.
 2. **A 1,000,000-event trace**, the OWLv2 trace tiled by ``benchmarks/trace_tile.py`` into
    a temporary folder: the same measurements and baseline. Targets: at most 15 s and 1 GB.
@@ -94,8 +96,11 @@ def rss_mib():
 
 kind, path = sys.argv[1], sys.argv[2]
 out = {}
-if kind == "layerscope":
-    import layerscope, torch
+if kind.startswith("layerscope"):
+    shapes = kind == "layerscope"
+    import layerscope
+    if shapes:
+        import torch  # what counting FLOPs imports; a read without shapes does not
     from layerscope.traces import load as trace_load
     out["imports_mib"] = rss_mib()
     # The step's name in this checkout (an --against checkout may predate the rename).
@@ -115,8 +120,9 @@ if kind == "layerscope":
 
     setattr(trace_load, build_name, timed_build)
     start = time.perf_counter()
-    profile = trace_load.load_trace(path)
+    profile = trace_load.load_trace(path) if shapes else trace_load.load_trace(path, shapes=False)
     out["seconds"] = time.perf_counter() - start
+    out["torch"] = "torch" in sys.modules
     if len(build_s) != 1:
         sys.exit(f"load_trace called profile_of_ranges {len(build_s)} times, not once: update the split")
     out["build_seconds"] = build_s[0]
@@ -134,6 +140,8 @@ print(json.dumps(out))
 
 BASELINE = "json.load"
 LOAD = "load_trace"
+#: The same file read without its shapes (``--no-shapes``): no FLOPs, no torch.
+NO_SHAPES = "load_trace, shapes=False"
 #: The same load by another checkout's layerscope (``--against``).
 AGAINST = "load_trace, --against"
 
@@ -165,7 +173,10 @@ def loads(path: Path, rounds: int, against: Path | None = None, *, baseline: boo
     if parent_mib > PARENT_LIMIT_MIB:
         raise RuntimeError(f"this process's peak RSS is {parent_mib:.0f} MiB: it would count in every child's peak; "
                            "measure the loads before importing torch here")
-    kinds = {BASELINE: ("json", ROOT / "src"), LOAD: ("layerscope", ROOT / "src")}
+    kinds = {
+        BASELINE: ("json", ROOT / "src"), LOAD: ("layerscope", ROOT / "src"),
+        NO_SHAPES: ("layerscope-noshapes", ROOT / "src"),
+    }
     if not baseline:
         del kinds[BASELINE]
     if against is not None:
@@ -175,6 +186,8 @@ def loads(path: Path, rounds: int, against: Path | None = None, *, baseline: boo
         for name in _rotated(list(kinds), index):
             kind, src = kinds[name]
             runs[name].append(_child(kind, path, src))
+    if any(r["torch"] for r in runs[NO_SHAPES]):
+        raise RuntimeError("the read without shapes imported torch: it must not (tests/test_no_torch.py)")
     medians = {}
     for name, results in runs.items():
         medians[name] = {key: statistics.median(r[key] for r in results) for key in results[0]}
@@ -204,7 +217,11 @@ def load_table(title: str, results: dict[str, dict[str, float]], target_s: float
             f"| `json.load(gzip.open(path))` (parse only) | {base['seconds']:.2f} | 1.00 | | | {base['imports_mib']:.0f} "
             f"| | {base['peak_mib']:,.0f} | {base['peak_mib'] - base['imports_mib']:,.0f} | 1.00 |"
         )
-    for name, label in ((LOAD, "`load_trace(path)` (to a `Profile`)"), (AGAINST, "the same, `--against` checkout")):
+    for name, label in (
+        (LOAD, "`load_trace(path)` (to a `Profile`)"),
+        (NO_SHAPES, "`load_trace(path, shapes=False)` (no FLOPs; torch not imported)"),
+        (AGAINST, "the same, `--against` checkout"),
+    ):
         load = results.get(name)
         if load is None:
             continue

@@ -173,11 +173,29 @@ def browser(playwright: Any) -> Iterator[Any]:
 #: The real GPU traces recorded by others (../shared/traces/ beside the checkout): test
 #: data read in place, never copied into the repository.
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-#: The traces it holds (its README lists them), by file name without ``.json.gz``.
+#: The traces others recorded, by file name without ``.json.gz``.
 REAL_TRACES = (
     "a100_alexnet_no_modules",
     "b200_gptoss_tp8_rank0",
     "h100_bert_small_inference",
+    "h100_owlv2_inference",
+    "h100_qwen1.5_0.5b_inference",
+    "mi300x_bert_small_inference",
+    "mi300x_norm_layers_fwd_bwd",
+    "mi300x_resnet_ddp_actckpt_train_rank0",
+)
+#: Every trace it holds (its README lists them): those and the project's own H100 captures.
+ALL_TRACES = (
+    "a100_alexnet_no_modules",
+    "b200_gptoss_tp8_rank0",
+    "h100_bert_base_fwd",
+    "h100_bert_small_inference",
+    "h100_compiled_gpt2_cudagraphs",
+    "h100_compiled_gpt2_train",
+    "h100_ddp_nccl_train",
+    "h100_gpt2_adamw_train",
+    "h100_gpt2_ckpt_train",
+    "h100_llama_bf16_train",
     "h100_owlv2_inference",
     "h100_qwen1.5_0.5b_inference",
     "mi300x_bert_small_inference",

@@ -536,3 +536,24 @@ def test_a_collective_inside_a_custom_op_read_without_detail_is_communication() 
 
     assert walk_pass(stream, [""]).self_comm == {(0, "forward"): 20}
 
+
+def test_ops_without_recorded_inputs_are_rows_where_a_module_called_them() -> None:
+    """With the catalog of a trace without shapes (``OutermostOps``: names alone, no
+    torch), ``aten::linear`` is one row (its ``addmm`` is not opened), with no shapes
+    and no counts, and keeps what it allocated and did not free (the output, 64 B; the
+    16-byte workspace it freed is nobody's); a custom op outside aten is opened into its
+    parts, so the collective inside it is a row."""
+    from layerscope.convert.ranges import Detail
+    from layerscope.convert.streams import OutermostOps
+
+    tree = [step(0, 500, module(0, 10, 400,
+        _op("aten::linear", 20, 90, _op("aten::addmm", 30, 80, _alloc(35, 1, 64, 0x100), _alloc(40, 2, 16, 0x200),
+                                        _alloc(70, 2, -16, 0x200))),
+        _op("vllm::all_reduce", 100, 300, _op("symm_mem::multimem_all_reduce_", 150, 200)),
+    ))]
+    (stream,) = convert(tree, detail=Detail(), ops=OutermostOps())
+    rows = [(e.name, e.input_shapes, e.flops, e.macs, e.allocs) for e in stream if isinstance(e, Op) and e.name]
+    assert rows == [
+        ("aten::linear", None, None, None, ((1, 64),)),
+        ("symm_mem::multimem_all_reduce_", None, None, None, None),
+    ]

@@ -153,3 +153,19 @@ def test_show_of_a_trace_without_shapes_imports_no_torch_and_with_shapes_counts_
     assert _cold(["show", _trace(tmp_path, record_shapes=False)], tmp_path) == (0, [])
     status, imported = _cold(["show", _trace(tmp_path, record_shapes=True)], tmp_path)
     assert status == 0 and "torch" in imported
+
+
+@pytest.mark.parametrize("fmt", ["text", "ops", "json", "folded", "chrome", "html"])
+def test_show_of_a_trace_with_shapes_read_without_them_imports_no_torch(tmp_path: Path, fmt: str) -> None:
+    """``--no-shapes`` reads a trace with recorded shapes as one without: no FLOP
+    counting, so no torch, in every format; the output says FLOPs are unknown and why."""
+    name = _trace(tmp_path, record_shapes=True)
+    assert _cold(["show", name, "--no-shapes", "--format", fmt, "-o", f"out.{fmt}"], tmp_path) == (0, [])
+    if fmt == "text":
+        assert "FLOPs unknown: the trace was read without its recorded shapes" in (tmp_path / "out.text").read_text()
+
+
+def test_no_shapes_is_refused_for_a_saved_profile(saved: Path) -> None:
+    done = run_layerscope(["show", "x.json", "--no-shapes"], saved)
+    assert done.returncode == 2
+    assert "--no-shapes reads a torch.profiler trace file without its recorded shapes; x.json is a saved document" in done.stderr

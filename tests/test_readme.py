@@ -296,8 +296,8 @@ def test_traces_doc_overview_lines_run(tmp_path: Path, shared_traces: Path) -> N
 
     lines = _cli_lines(_doc("traces.md"), lang="text")
     assert [argv[:2] for argv in lines] == [
-        ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "diff"],
-        ["layerscope", "merge"],
+        ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "show"], ["layerscope", "show"],
+        ["layerscope", "diff"], ["layerscope", "merge"],
     ]
     recorded = run_python(["-c", RECORD_RESNET18], tmp_path)
     assert recorded.returncode == 0, recorded.stderr[-2000:]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import layerscope
-from conftest import REAL_TRACES, tiered
+from conftest import ALL_TRACES, REAL_TRACES, tiered
 from layerscope.base import fmt as text_fmt
 from layerscope.base.comm import is_communication
 from layerscope.base.intervals import union_ns
@@ -758,3 +758,62 @@ def test_show_says_why_mfu_is_blank_for_a_gpu_not_in_the_table(shared_traces: Pa
     assert line.startswith(
         f"layerscope: error: no column 'mfu' (MFU needs the hardware's peak FLOP/s: {why}; give --peak-tflops); it has: "
     ), line
+
+
+#: The figures of a node's phase that are times (and calls): what a trace read without its
+#: shapes must give exactly as the full read does.
+_TIMES = ("cpu_time_ns", "self_cpu_time_ns", "device_time_ns", "self_device_time_ns", "comm_time_ns", "self_comm_time_ns")
+
+
+def _times(profile: Any) -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {
+        (node.path, phase): (node.calls, *(getattr(stats, name) for name in _TIMES))
+        for node in profile.nodes()
+        for phase, stats in node.phases()
+    }
+
+
+@pytest.mark.parametrize("name", tiered(ALL_TRACES))
+def test_a_trace_read_without_its_shapes_has_the_full_reads_times(shared_traces: Path, name: str) -> None:
+    """``shapes=False`` (``--no-shapes``) reads each op as one row where a module called
+    it, uncounted: every node's times, calls and communication time, the step's time and
+    the device ledger are the full read's to the nanosecond, on every real trace, and so
+    are what forwards kept for backward, the gradients and the run's peak. A module's
+    allocations and peak are read at the rows' grain: a temporary that lives only inside
+    one row (``aten::linear``'s, between its parts) is not seen, so they are never more
+    than the full read's. FLOPs are unknown, with the reason, never 0. (A backward node's
+    time before a label inside it, and a compiled region's or custom op's kernels, are
+    where the two reads once disagreed: the compiled GPT-2 and B200 traces.)"""
+    full = _trace(shared_traces, name)
+    light = load_trace(shared_traces / f"{name}.json.gz", shapes=False)
+    assert tree_problems(light) == []
+    assert _times(light) == _times(full)
+    assert light.step_time_ns == full.step_time_ns
+    assert light.device == full.device
+    assert light.meta.device_events == full.meta.device_events
+    assert (light.memory is None) == (full.memory is None)
+    if full.memory is not None:
+        assert light.memory.peak_bytes == full.memory.peak_bytes
+    for ours, theirs in zip(light.nodes(), full.nodes(), strict=True):
+        for (phase, a), (_, b) in zip(ours.phases(), theirs.phases(), strict=True):
+            where = (ours.path, phase)
+            assert (a.activation_bytes, a.grad_bytes) == (b.activation_bytes, b.grad_bytes), where
+            for field in ("alloc_bytes", "self_alloc_bytes", "peak_bytes"):
+                mine, whole = getattr(a, field), getattr(b, field)
+                assert (mine is None) == (whole is None), where
+                assert mine is None or mine <= whole, (where, field)
+    if full.meta.source.record_shapes:
+        assert light.root.forward.flops is None
+        assert light.meta.flops_unknown == "the trace was read without its recorded shapes (shapes=False / --no-shapes)"
+        assert "FLOPs unknown: the trace was read without its recorded shapes" in light.render("text")
+    # What the file recorded is still said as recorded.
+    assert light.meta.source == full.meta.source
+
+
+def test_load_takes_shapes_false_for_traces_alone(shared_traces: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "p.json"
+    _trace(shared_traces, "h100_bert_small_inference").save(saved)
+    with pytest.raises(ValueError, match=r"shapes=False leaves out the shapes of a torch.profiler trace file; .* is not one"):
+        layerscope.load(saved, shapes=False)
+    with pytest.raises(TypeError, match="shapes must be True or False, got 'no'"):
+        layerscope.load(shared_traces / "h100_bert_small_inference.json.gz", shapes="no")  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from torch import nn
 
 import layerscope
 import layerscope.render  # fills the registry
-from conftest import SHARED_TRACES
+from conftest import ALL_TRACES, SHARED_TRACES
 from layerscope import zoo
 from layerscope.base import fmt, formats
 from layerscope.base.errors import RenderError
@@ -48,24 +48,6 @@ from layerscope.render.stacks import rescale
 # -- the corpus -------------------------------------------------------------------------
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
-#: Every trace of ../shared/traces (its README lists them), by file name less ``.json.gz``.
-ALL_TRACES = (
-    "a100_alexnet_no_modules",
-    "b200_gptoss_tp8_rank0",
-    "h100_bert_base_fwd",
-    "h100_bert_small_inference",
-    "h100_compiled_gpt2_cudagraphs",
-    "h100_compiled_gpt2_train",
-    "h100_ddp_nccl_train",
-    "h100_gpt2_adamw_train",
-    "h100_gpt2_ckpt_train",
-    "h100_llama_bf16_train",
-    "h100_owlv2_inference",
-    "h100_qwen1.5_0.5b_inference",
-    "mi300x_bert_small_inference",
-    "mi300x_norm_layers_fwd_bwd",
-    "mi300x_resnet_ddp_actckpt_train_rank0",
-)
 CAPTURE_NAMES = ("bert_base_fwd", "ddp_nccl_train", "gpt2_adamw_train", "gpt2_ckpt_train", "llama_bf16_train")
 
 def _zoo(name: str) -> tuple[nn.Module, Any]:

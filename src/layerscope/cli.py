@@ -445,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  layerscope show merged.json                      # ranks merged by 'layerscope merge'\n"
         "  layerscope show merged.json --rank 3 --depth 2   # the tree of rank 3\n"
         "  layerscope show run.pt.trace.json.gz             # a torch.profiler trace, by module\n"
+        "  layerscope show run.pt.trace.json.gz --no-shapes # times and memory only: fast, no torch\n"
         "  layerscope show run.pt.trace.json.gz --model transformers:BertModel\n"
         "  layerscope show run.pt.trace.json.gz --model transformers:BertModel --config hidden_size=512,num_hidden_layers=4\n",
     )
@@ -525,6 +526,12 @@ def _add_trace_model(parser: Any) -> None:
         "or a module:callable building it), to give the trace's modules (BertLayer_3) their paths and "
         "parameters; built on the meta device, never run; a model whose parameters' shapes the trace's "
         "ops were not given is refused",
+    )
+    parser.add_argument(
+        "--no-shapes", action="store_true",
+        help="for torch.profiler trace files: read it as if it had recorded no shapes: the same "
+        "times, no FLOPs, each op row the op where a module called it (aten::linear, not the addmm "
+        "in it); faster, in less memory, and without importing torch (docs/traces.md)",
     )
     _add_config(parser)
 
@@ -884,7 +891,7 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
 
     import layerscope
     from layerscope.base.kineto_json import is_kineto_trace
-    from layerscope.loading import expect
+    from layerscope.loading import expect, is_trace_file
     from layerscope.model.ranks import MergedRun
     from layerscope.model.tree import Profile
 
@@ -893,8 +900,14 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
         raise UsageError("--config sizes the model --model SPEC names (a transformers: one); give --model too")
     if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
         model = _trace_model(args)
+    no_shapes = args is not None and getattr(args, "no_shapes", False)
+    if no_shapes and os.path.isfile(path) and not is_trace_file(path):
+        raise UsageError(
+            f"--no-shapes reads a torch.profiler trace file without its recorded shapes; {path} is a "
+            "saved document, read whole (--columns and the formats choose what is shown)"
+        )
     try:
-        return expect(layerscope.load(path, model=model), repr(path), Profile, MergedRun)
+        return expect(layerscope.load(path, model=model, shapes=not no_shapes), repr(path), Profile, MergedRun)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:  # a folder, no permission

@@ -81,6 +81,9 @@ Counts = tuple[int | None, int | None, int]
 class OpCatalog(Protocol):
     """What the conversion asks of the torch that recorded the ops (``flops/recorded.py``)."""
 
+    #: Whether the ops' inputs were recorded (their shapes are the rows' shapes).
+    shapes: bool
+
     def is_dispatcher_op(self, name: str) -> bool:
         """Whether ``name`` is an op of torch's dispatcher (``aten::mm``), not a range of
         autograd's or a custom ``Function``."""
@@ -149,6 +152,8 @@ def convert_window(window: WindowCapture, ops: OpCatalog | None = None) -> list[
 class _NoOps:
     """The catalog of a window without detail, which never asks one."""
 
+    shapes = False
+
     def is_dispatcher_op(self, name: str) -> bool:
         raise AssertionError("a window without detail asks no catalog")
 
@@ -160,6 +165,26 @@ class _NoOps:
 
 
 _NO_OPS = _NoOps()
+
+
+class OutermostOps:
+    """The catalog of a detailed window whose ops recorded no inputs (a trace recorded,
+    or read, without shapes): nothing says which overload ran or what it counts, so each
+    op is one row where a module called it (``aten::linear``, not the ``addmm`` in it),
+    uncounted. A namespaced op outside aten that is no collective is opened into its
+    parts, as an op torch's registry lacks is (``vllm::all_reduce`` around
+    ``symm_mem::multimem_all_reduce_``). No torch: the catalog reads names alone."""
+
+    shapes = False
+
+    def is_dispatcher_op(self, name: str) -> bool:
+        return "::" in name and op_like(name) and not _may_nest(name)
+
+    def is_composite(self, name: str, overload: str) -> bool:
+        return False
+
+    def counts(self, name: str, overload: str, inputs: list[Any], concrete: list[Any] | None) -> tuple[Hashable | None, Counts]:
+        return None, (None, None, 0)
 
 
 class _Converter:
@@ -407,7 +432,7 @@ class _Converter:
         allocs = self.op_allocations(event)
         stack = self.stack_of(event)
         op = Op(
-            start, event.end_time_ns, name, input_shapes(inputs), None, flops, macs, nbytes, grad,
+            start, event.end_time_ns, name, input_shapes(inputs) if self.ops.shapes else None, None, flops, macs, nbytes, grad,
             allocs, stack, seq if seq >= 0 and grad is None else None, event.start_tid,
         )
         if self.has_device:
@@ -704,7 +729,8 @@ def _may_nest(name: str) -> bool:
     """Whether an op may hold frames or collectives of its own, to be read into: a range
     that is no namespaced op (a custom ``Function``) or a custom op outside aten
     (``vllm::all_reduce`` around ``symm_mem::multimem_all_reduce_``), unless it is a
-    collective itself. aten's ops are most of the events, and never do."""
+    collective itself. aten's ops are most of the events, and never do. (Read with
+    torch's catalog, an op is opened when torch's registry lacks it instead.)"""
     if "::" not in name:
         return True
     return not name.startswith("aten::") and not is_communication(name)

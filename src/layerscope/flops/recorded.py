@@ -222,6 +222,8 @@ class TorchOps:
     """The op catalog of the torch running here, as the conversion asks it
     (``layerscope.convert.streams.OpCatalog``)."""
 
+    shapes = True
+
     def is_dispatcher_op(self, name: str) -> bool:
         return is_dispatcher_op(name)
 

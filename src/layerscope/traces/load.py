@@ -25,7 +25,7 @@ from layerscope.base.kineto_json import open_trace
 from layerscope.base.peaks import datasheet_tflops
 from layerscope.base.version import __version__
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
-from layerscope.convert.streams import OpCatalog, convert
+from layerscope.convert.streams import OpCatalog, OutermostOps, convert
 from layerscope.model.raw import RawCapture
 from layerscope.model.runfacts import DeviceEvents, ModulesFrom, RunFacts, TraceSource
 from layerscope.model.tree import Profile
@@ -52,20 +52,25 @@ def _catalog() -> OpCatalog:
 
     return CATALOG
 
-def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None) -> Profile:
+def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None, shapes: bool = True) -> Profile:
     """The profile of a torch.profiler (Kineto) trace file, ``.json`` or ``.json.gz``.
 
     Without ``model`` the modules are the trace's instances (``BertModel_0``), their
     parameters unknown; with it (the model's table, read from it by the caller:
     ``capture.modules.traced_model``), each instance is matched to its path in the model
     (``meta.modules_from`` says how).
+
+    With ``shapes=False`` the trace is read as if it had recorded no shapes: the same
+    times, no FLOPs, each op a row where a module called it (``OutermostOps``); torch is
+    not imported to read it (the ops' inputs are read only to check ``model``'s
+    parameter shapes).
     """
     name = os.fspath(path)
     try:
         with open_trace(name) as reader:
-            ranges = read_ranges(reader.events())
+            ranges = read_ranges(reader.events(), inputs=shapes or model is not None)
             file_meta = dict(reader.meta)
-        return profile_of_ranges(ranges, file_meta, model=model, source=os.path.basename(name))
+        return profile_of_ranges(ranges, file_meta, model=model, source=os.path.basename(name), shapes=shapes)
     except MemoryError:
         raise SchemaError(
             f"{name!r} is too large a trace for this machine's memory; record fewer steps "
@@ -74,7 +79,8 @@ def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None)
 
 
 def profile_of_ranges(
-    ranges: TraceRanges, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace"
+    ranges: TraceRanges, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace",
+    shapes: bool = True,
 ) -> Profile:
     """The profile of a trace's ranges (``read_ranges``) and its top-level keys. The
     ranges are spent: ``ranges.roots``, ``modules``, ``steps`` and ``kernels`` are
@@ -105,9 +111,12 @@ def profile_of_ranges(
         roots.extend(_spliced(tid_roots, dropped))
     numbers = _steps(ranges, roots)
     has_device = bool(ranges.device_events)
-    detail = Detail(stacks=None) if ranges.has_shapes else None
+    counted = ranges.has_shapes and shapes
+    detail = Detail(stacks=None)
     windows = [(r.start_time_ns, r.end_time_ns) for r in roots if r.name == STEP_NAME]
-    streams = convert(roots, ranges.kernels, has_device=has_device, detail=detail, ops=_catalog() if detail else None)
+    # Without shapes each op is a row where a module called it, uncounted, read without
+    # torch; memory and op rows are read either way.
+    streams = convert(roots, ranges.kernels, has_device=has_device, detail=detail, ops=_catalog() if counted else OutermostOps())
     # The ranges are spent once converted: released before the walk, as each step's
     # stream is once summed (most of a large trace's memory).
     roots.clear()
@@ -122,11 +131,13 @@ def profile_of_ranges(
     for number in numbers[: len(streams)]:
         cycle.add(streams.pop(), number, warmup=False, keep_empty=keep_empty, has_device=has_device)
     meta = _meta(file_meta, ranges, source, how, model, windows, infos[0].type)
+    if ranges.has_shapes and not shapes:
+        meta.flops_unknown = "the trace was read without its recorded shapes (shapes=False / --no-shapes)"
     if numbers:
         meta.step_range = [min(numbers), max(numbers)]
     raw = RawCapture(
         modules=infos, has_device_time=has_device, param_bytes=param_bytes, meta=meta, memory_notes=False,
-        counts_known=ranges.has_shapes,
+        counts_known=counted,
     )
     if cycle.empty:
         raise SchemaError(

@@ -196,8 +196,11 @@ class TraceRanges:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, inputs: bool = True) -> None:
         self.out = TraceRanges()
+        #: Whether ops' recorded inputs are read (torch's dtypes and schemas: imported
+        #: only when they are).
+        self.read_inputs = inputs
         #: Host events per thread, unnested, in the file's order: ranges, and launches as
         #: (start, end, correlation).
         self.by_thread: dict[int, list[Any]] = {}
@@ -270,8 +273,9 @@ class _Builder:
         types = args.get("Input type")
         if isinstance(types, list):
             self.out.has_shapes = True
-            inputs = self.shared_inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
-            overload = self.overload(name, types)
+            if self.read_inputs:
+                inputs = self.shared_inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
+                overload = self.overload(name, types)
             if name in MATRIX_OPS:
                 key = next((_DTYPE_NAMES[t] for t in types if t in _DTYPE_NAMES), None)
                 if key is not None:
@@ -462,10 +466,12 @@ class _Builder:
         return out
 
 
-def read_ranges(events: Iterable[dict[str, Any]]) -> TraceRanges:
+def read_ranges(events: Iterable[dict[str, Any]], *, inputs: bool = True) -> TraceRanges:
     """The trace's events (dicts, as the file holds them) as host range trees per thread,
-    device events linked to the ranges that launched them, and module calls."""
-    builder = _Builder()
+    device events linked to the ranges that launched them, and module calls. With
+    ``inputs=False`` ops keep no recorded inputs (``has_shapes`` still says whether the
+    file has them), and torch is not imported."""
+    builder = _Builder(inputs)
     for event in events:
         if isinstance(event, dict):
             builder.add(event)
