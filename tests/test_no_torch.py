@@ -165,6 +165,13 @@ def test_show_of_a_trace_with_shapes_read_without_them_imports_no_torch(tmp_path
         assert "FLOPs unknown: the trace was read without its recorded shapes" in (tmp_path / "out.text").read_text()
 
 
+def test_diff_and_merge_of_traces_read_without_shapes_import_no_torch(tmp_path: Path, shared_traces: Path) -> None:
+    name = _trace(tmp_path, record_shapes=True)
+    assert _cold(["diff", name, name, "--no-shapes"], tmp_path) == (0, [])
+    rank = str(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz")
+    assert _cold(["merge", rank, "--no-shapes", "-o", "merged.json"], tmp_path) == (0, [])
+
+
 def test_no_shapes_is_refused_for_a_saved_profile(saved: Path) -> None:
     done = run_layerscope(["show", "x.json", "--no-shapes"], saved)
     assert done.returncode == 2
