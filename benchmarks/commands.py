@@ -44,7 +44,11 @@ def _commands(folder: Path, traces: list[Path]) -> list[list[str]]:
         ["diff", "x.json", "x.json"],
         ["merge", "rank0.json", "rank1.json"],
     ]
-    commands += [["show", str(trace)] for trace in traces if trace.is_file()]
+    for trace in traces:
+        if trace.is_file():
+            # The full read counts FLOPs from the recorded shapes (torch imported); the
+            # same file read without them (--no-shapes) imports none.
+            commands += [["show", str(trace)], ["show", str(trace), "--no-shapes"]]
     return commands
 
 
@@ -75,8 +79,9 @@ def _imports_torch(args: list[str], folder: Path, src: Path) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--trace", type=Path, action="append", help="a trace to show (again for more); "
-                        "default: a shared trace with shapes and one without")
+    # Resolved here: the commands run in a folder of their own.
+    parser.add_argument("--trace", type=lambda path: Path(path).resolve(), action="append",
+                        help="a trace to show (again for more); default: a shared trace with shapes and one without")
     parser.add_argument("--against", type=Path, help="another checkout's src folder, run side by side")
     args = parser.parse_args()
     sources = {"this": HERE, **({"against": args.against.resolve()} if args.against else {})}
@@ -98,15 +103,16 @@ def main() -> None:
                     status[source, i] = done.returncode
         print(f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
               f"medians of {args.rounds} cold runs; " + ", ".join(f"{s}: {src}" for s, src in sources.items()))
-        print(f"{'command':<48} " + " ".join(f"{s:>8} {'exit':>4} {'torch':>5}" for s in sources))
-        for i, command in enumerate(commands):
-            shown = " ".join(Path(a).name if "/" in a else a for a in command)
+        shown_all = [" ".join(Path(a).name if "/" in a else a for a in command) for command in commands]
+        width = max(37, *(len(shown) for shown in shown_all))
+        print(f"{'command':<{width + 11}} " + " ".join(f"{s:>8} {'exit':>4} {'torch':>5}" for s in sources))
+        for i, (command, shown) in enumerate(zip(commands, shown_all)):
             cells = [
                 f"{statistics.median(times[s, i]):>7.2f}s {status[s, i]:>4} "
                 f"{'yes' if _imports_torch(command, folder, src) else 'no':>5}"
                 for s, src in sources.items()
             ]
-            print(f"layerscope {shown:<37} " + " ".join(cells))
+            print(f"layerscope {shown:<{width}} " + " ".join(cells))
 
 
 if __name__ == "__main__":

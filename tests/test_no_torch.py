@@ -97,6 +97,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.param(["show", "x.json", "--peak-tflops", "100"], 0, id="show-peak"),
         pytest.param(["show", "x.json", "--format", "chrome", "-o", "x.trace.json"], 0, id="show-chrome"),
         pytest.param(["show", "missing.json"], 2, id="show-missing-file"),
+        pytest.param(["show", "missing.json.gz", "--no-shapes"], 2, id="show-missing-file-no-shapes"),
         pytest.param(["diff", "x.json", "x.json"], 0, id="diff"),
         pytest.param(["diff", "x.json", "x.json", "--format", "json"], 0, id="diff-json"),
         pytest.param(["merge", "rank0.json", "rank1.json"], 0, id="merge"),

@@ -347,7 +347,7 @@ BENCHMARK_HELP_ONLY = {
     "benchmarks.traces": "OWLv2 loads in fresh processes and six resnet18 recording sessions at the least: 37-90 s",
     "benchmarks.distributed --model gpt2": "the script runs end to end on its MLP line; GPT-2 adds 22 s",
     "benchmarks.gpu": "run in its CPU smoke mode by tests/test_gpu_check.py",
-    "benchmarks.commands": "eleven cold commands, each twice (timed, then under -X importtime), two of them traces: 12 s",
+    "benchmarks.commands": "thirteen cold commands, each twice (timed, then under -X importtime), four of them traces: 14 s",
 }
 
 

@@ -815,5 +815,7 @@ def test_load_takes_shapes_false_for_traces_alone(shared_traces: Path, tmp_path:
     _trace(shared_traces, "h100_bert_small_inference").save(saved)
     with pytest.raises(ValueError, match=r"shapes=False leaves out the shapes of a torch.profiler trace file; .* is not one"):
         layerscope.load(saved, shapes=False)
+    with pytest.raises(FileNotFoundError, match="no such profile file"):
+        layerscope.load(tmp_path / "missing.json.gz", shapes=False)
     with pytest.raises(TypeError, match="shapes must be True or False, got 'no'"):
         layerscope.load(shared_traces / "h100_bert_small_inference.json.gz", shapes="no")  # type: ignore[arg-type]

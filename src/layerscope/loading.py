@@ -64,7 +64,7 @@ def load(path: str | os.PathLike[str], *, model: Any = None, shapes: bool = True
 
         return load_trace(path, model=traced_model(model), shapes=shapes)
     for given, what in ((model is not None, "model= maps the modules"), (not shapes, "shapes=False leaves out the shapes")):
-        if given:
+        if given and os.path.exists(path):  # a missing file is said to be missing (read_saved)
             raise ValueError(
                 f"{what} of a torch.profiler trace file; {os.fspath(path)!r} is not one "
                 "(a saved layerscope profile has its module paths and counts already)"
