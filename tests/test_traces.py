@@ -88,7 +88,7 @@ def test_every_real_trace_loads_and_its_tree_holds(shared_traces: Path, name: st
         ("h100_bert_small_inference", ["BertEmbeddings_0", "BertLayer_1", "BertSdpaSelfAttention_2", "Linear_25"]),
         ("mi300x_bert_small_inference", ["BertEmbeddings_0", "BertLayer_1", "BertSdpaSelfAttention_2", "Linear_25"]),
         ("h100_qwen1.5_0.5b_inference", ["Qwen2DecoderLayer_3", "Qwen2MLP_7", "Qwen2RMSNorm_0"]),
-        ("h100_owlv2_inference", ["Owlv2VisionTransformer_0", "Owlv2EncoderLayer_3"]),
+        pytest.param("h100_owlv2_inference", ["Owlv2VisionTransformer_0", "Owlv2EncoderLayer_3"], marks=pytest.mark.slow),
     ],
 )
 def test_device_time_of_a_module_is_the_union_of_what_it_launched(shared_traces: Path, name: str, instances: list[str]) -> None:

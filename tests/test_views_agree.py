@@ -35,7 +35,7 @@ from torch import nn
 
 import layerscope
 import layerscope.render  # fills the registry
-from conftest import ALL_TRACES, SHARED_TRACES
+from conftest import ALL_TRACES, BIG, SHARED_TRACES, tiered
 from layerscope import zoo
 from layerscope.base import fmt, formats
 from layerscope.base.errors import RenderError
@@ -126,7 +126,7 @@ def _corpus(case: str) -> Profile:
     return check_tree(_build(case))
 
 
-@pytest.fixture(params=CASES)
+@pytest.fixture(params=tiered(CASES, slow=[f"trace {name}" for name in BIG]))
 def profile(request: pytest.FixtureRequest) -> Profile:
     case = request.param
     if case.startswith("trace "):
