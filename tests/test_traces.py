@@ -819,3 +819,62 @@ def test_load_takes_shapes_false_for_traces_alone(shared_traces: Path, tmp_path:
         layerscope.load(tmp_path / "missing.json.gz", shapes=False)
     with pytest.raises(TypeError, match="shapes must be True or False, got 'no'"):
         layerscope.load(shared_traces / "h100_bert_small_inference.json.gz", shapes="no")  # type: ignore[arg-type]
+
+
+def test_a_trace_load_reports_how_far_its_read_and_build_are(shared_traces: Path) -> None:
+    """``progress(stage, done, total)`` hears the read in KiB of the file as stored, from
+    0 to the file's size, never backwards, then each step walked; what it shows is the
+    profile an unreported load gives."""
+    from layerscope.traces.load import BUILD_STAGE, READ_STAGE, REPORT_EVERY
+
+    path = shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz"  # 56,451 events
+    heard: list[tuple[str, int, int]] = []
+    profile = layerscope.load(path, progress=lambda stage, done, total: heard.append((stage, done, total)))
+    reads = [(done, total) for stage, done, total in heard if stage == READ_STAGE]
+    kib = path.stat().st_size // 1024
+    assert reads[0] == (0, kib) and reads[-1] == (kib, kib)
+    assert len(reads) == 2 + 56_451 // REPORT_EVERY
+    assert [done for done, _ in reads] == sorted(done for done, _ in reads)
+    builds = [(done, total) for stage, done, total in heard if stage == BUILD_STAGE]
+    steps = profile.figures.steps
+    assert steps == 3 and builds == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert heard.index((BUILD_STAGE, 0, 3)) > heard.index((READ_STAGE, kib, kib))
+    assert profile.to_dict() == _trace(shared_traces, "mi300x_resnet_ddp_actckpt_train_rank0").to_dict()
+
+
+@pytest.mark.slow  # two cold command lines
+def test_show_of_a_trace_draws_a_bar_on_a_terminal_and_none_elsewhere(shared_traces: Path, tmp_path: Path) -> None:
+    """With stderr a terminal (a pseudo-terminal here), ``show`` of a trace draws its
+    read and build as progress bars there, gone when done; the table on stdout is the
+    same as with stderr a pipe, where nothing is drawn."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    trace = str(shared_traces / "h100_bert_small_inference.json.gz")
+    argv = [sys.executable, "-m", "layerscope", "show", trace, "--depth", "1"]
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "120"}
+    master, slave = pty.openpty()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env=env, cwd=tmp_path)
+    os.close(slave)
+    drawn = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        elif child.poll() is not None:
+            break
+    shown = child.stdout.read().decode() if child.stdout else ""
+    assert child.wait() == 0
+    os.close(master)
+    assert b"reading the trace (KiB)" in drawn and b"building the tree (steps)" in drawn
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+    assert piped.stderr == "" and shown == piped.stdout

@@ -699,7 +699,7 @@ def _show(args: argparse.Namespace) -> int:
     from layerscope.model.ranks import MergedRun
 
     peak = _peak_tflops(args)
-    doc = _load_profile(args.profile, args)
+    doc = _load_profile(args.profile, args, bar=True)
     document, hint = "profile", ""
     if isinstance(doc, MergedRun):
         if args.rank is None:
@@ -884,9 +884,11 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: folder {folder!r} is not writable")
 
 
-def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
+def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: bool = False) -> Any:
     """A saved profile, a merged run of ranks, or a torch.profiler trace (with ``--model
-    SPEC`` mapping its modules); a missing or unreadable file is a usage error (exit 2)."""
+    SPEC`` mapping its modules); a missing or unreadable file is a usage error (exit 2).
+    ``bar``: a trace's read and build show a progress bar where stderr is a terminal (a
+    large trace takes a while; worker processes show none)."""
     import os
 
     import layerscope
@@ -907,7 +909,9 @@ def _load_profile(path: str, args: argparse.Namespace | None = None) -> Any:
             "saved document, read whole (--columns and the formats choose what is shown)"
         )
     try:
-        return expect(layerscope.load(path, model=model, shapes=not no_shapes), repr(path), Profile, MergedRun)
+        with _progress_bar(bar and sys.stderr.isatty() and os.path.isfile(path) and is_trace_file(path)) as report:
+            doc = layerscope.load(path, model=model, shapes=not no_shapes, progress=report)
+        return expect(doc, repr(path), Profile, MergedRun)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:  # a folder, no permission
@@ -1098,7 +1102,7 @@ def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     merged runs: their median ranks' trees, and how each node's imbalance moved."""
     from layerscope.model.ranks import MergedRun, imbalance_changes
 
-    base = _load_profile(args.base, args)
+    base = _load_profile(args.base, args, bar=True)
     if args.ranks is not None:
         if args.new is not None or not isinstance(base, MergedRun):
             raise UsageError("--ranks A B compares two ranks of one merged run: give that run alone (diff MERGED --ranks A B)")
@@ -1106,7 +1110,7 @@ def _diff_sides(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         return _rank_of(base, first, args.base), _rank_of(base, second, args.base), None
     if args.new is None:
         raise UsageError("diff needs BASE and NEW, or a merged run and --ranks A B")
-    new = _load_profile(args.new, args)
+    new = _load_profile(args.new, args, bar=True)
     merged = (isinstance(base, MergedRun), isinstance(new, MergedRun))
     if merged == (True, True):
         return base.median_profile(), new.median_profile(), imbalance_changes(base, new)

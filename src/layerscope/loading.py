@@ -38,7 +38,10 @@ READERS: dict[str, Callable[[Any, str], Document]] = {
 }
 
 
-def load(path: str | os.PathLike[str], *, model: Any = None, shapes: bool = True) -> Document:
+def load(
+    path: str | os.PathLike[str], *, model: Any = None, shapes: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Document:
     """Read any file layerscope reads: a profile saved as JSON (a
     :class:`~layerscope.model.tree.Profile`), a merged run of ranks (a
     :class:`~layerscope.model.ranks.MergedRun`), a benchmark (a
@@ -52,6 +55,8 @@ def load(path: str | os.PathLike[str], *, model: Any = None, shapes: bool = True
     ``shapes=False`` reads a trace as if it had recorded no shapes: the same times, no
     FLOPs, each op row the op where a module called it (``aten::linear``, not the
     ``addmm`` in it); faster, in less memory, and without importing torch.
+    ``progress(stage, done, total)`` (``layerscope.progress.progress_bar``'s callback)
+    hears how far a trace's read and build are; a saved document is read at once.
     """
     if not isinstance(shapes, bool):
         raise TypeError(f"shapes must be True or False, got {shapes!r}")
@@ -59,10 +64,10 @@ def load(path: str | os.PathLike[str], *, model: Any = None, shapes: bool = True
         from layerscope.traces.load import load_trace
 
         if model is None:
-            return load_trace(path, shapes=shapes)
+            return load_trace(path, shapes=shapes, progress=progress)
         from layerscope.capture.modules import traced_model
 
-        return load_trace(path, model=traced_model(model), shapes=shapes)
+        return load_trace(path, model=traced_model(model), shapes=shapes, progress=progress)
     for given, what in ((model is not None, "model= maps the modules"), (not shapes, "shapes=False leaves out the shapes")):
         if given and os.path.exists(path):  # a missing file is said to be missing (read_saved)
             raise ValueError(

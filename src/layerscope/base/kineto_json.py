@@ -228,7 +228,21 @@ class _Source:
                 f"{self.name!r} is a damaged gzip file ({exc}); expected gzip-compressed JSON"
             ) from None
 
+    @property
+    def file_bytes(self) -> int:
+        """The file's size on disk (compressed, for a ``.json.gz``)."""
+        return os.fstat(self.handle.fileno()).st_size if not self.handle.closed else self._size_at_close
+
+    @property
+    def file_bytes_read(self) -> int:
+        """How much of the file (as stored) has been read so far."""
+        return self.handle.tell() if not self.handle.closed else self._size_at_close
+
+    _size_at_close = 0
+
     def close(self) -> None:
+        if not self.handle.closed:
+            self._size_at_close = os.fstat(self.handle.fileno()).st_size
         try:
             if self.stream is not self.handle:
                 self.stream.close()
@@ -308,6 +322,18 @@ class TraceReader:
 
     def close(self) -> None:
         self._source.close()
+
+    @property
+    def file_bytes(self) -> int:
+        """The file's size on disk (compressed, for a ``.json.gz``): what
+        :attr:`file_bytes_read` counts up to, for a progress bar."""
+        return self._source.file_bytes
+
+    @property
+    def file_bytes_read(self) -> int:
+        """How much of the file, as stored, has been read so far (read ahead of the
+        events yielded by at most a chunk)."""
+        return self._source.file_bytes_read
 
     def __enter__(self) -> TraceReader:
         return self

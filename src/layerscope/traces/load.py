@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import os
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +22,7 @@ from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.walk import parent_indices
 from layerscope.base.errors import LayerscopeWarning, SchemaError, TraceModelError
 from layerscope.base.intervals import union_ns
-from layerscope.base.kineto_json import open_trace
+from layerscope.base.kineto_json import TraceReader, open_trace
 from layerscope.base.peaks import datasheet_tflops
 from layerscope.base.version import __version__
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
@@ -52,7 +53,18 @@ def _catalog() -> OpCatalog:
 
     return CATALOG
 
-def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None, shapes: bool = True) -> Profile:
+#: The stages a load reports to ``progress``: the file read (KiB of it as stored), then
+#: the tree built (steps walked).
+READ_STAGE = "reading the trace (KiB)"
+BUILD_STAGE = "building the tree (steps)"
+#: Events read between two reports of the read's progress.
+REPORT_EVERY = 8192
+
+
+def load_trace(
+    path: str | os.PathLike[str], *, model: ModelTable | None = None, shapes: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Profile:
     """The profile of a torch.profiler (Kineto) trace file, ``.json`` or ``.json.gz``.
 
     Without ``model`` the modules are the trace's instances (``BertModel_0``), their
@@ -63,14 +75,18 @@ def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None,
     With ``shapes=False`` the trace is read as if it had recorded no shapes: the same
     times, no FLOPs, each op a row where a module called it (``OutermostOps``); torch is
     not imported to read it (the ops' inputs are read only to check ``model``'s
-    parameter shapes).
+    parameter shapes). ``progress(stage, done, total)`` hears how far the read
+    (:data:`READ_STAGE`) and the build (:data:`BUILD_STAGE`) are.
     """
     name = os.fspath(path)
     try:
         with open_trace(name) as reader:
-            ranges = read_ranges(reader.events(), inputs=shapes or model is not None)
+            events = reader.events() if progress is None else _reported(reader, progress)
+            ranges = read_ranges(events, inputs=shapes or model is not None)
             file_meta = dict(reader.meta)
-        return profile_of_ranges(ranges, file_meta, model=model, source=os.path.basename(name), shapes=shapes)
+        return profile_of_ranges(
+            ranges, file_meta, model=model, source=os.path.basename(name), shapes=shapes, progress=progress,
+        )
     except MemoryError:
         raise SchemaError(
             f"{name!r} is too large a trace for this machine's memory; record fewer steps "
@@ -78,9 +94,21 @@ def load_trace(path: str | os.PathLike[str], *, model: ModelTable | None = None,
         ) from None
 
 
+def _reported(reader: TraceReader, progress: Callable[[str, int, int], None]) -> Iterator[dict[str, Any]]:
+    """``reader``'s events, with the share of the file read told to ``progress`` every
+    :data:`REPORT_EVERY` events and at the end."""
+    total = max(1, reader.file_bytes // 1024)
+    progress(READ_STAGE, 0, total)
+    for count, event in enumerate(reader.events(), 1):
+        yield event
+        if count % REPORT_EVERY == 0:
+            progress(READ_STAGE, min(total, reader.file_bytes_read // 1024), total)
+    progress(READ_STAGE, total, total)
+
+
 def profile_of_ranges(
     ranges: TraceRanges, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace",
-    shapes: bool = True,
+    shapes: bool = True, progress: Callable[[str, int, int], None] | None = None,
 ) -> Profile:
     """The profile of a trace's ranges (``read_ranges``) and its top-level keys. The
     ranges are spent: ``ranges.roots``, ``modules``, ``steps`` and ``kernels`` are
@@ -128,8 +156,12 @@ def profile_of_ranges(
     # step mark, opened after its last step() and closed at its exit, is not).
     keep_empty = len(streams) == 1
     streams.reverse()
-    for number in numbers[: len(streams)]:
+    report = progress or (lambda stage, done, total: None)
+    walked = numbers[: len(streams)]
+    report(BUILD_STAGE, 0, len(walked))
+    for done, number in enumerate(walked, 1):
         cycle.add(streams.pop(), number, warmup=False, keep_empty=keep_empty, has_device=has_device)
+        report(BUILD_STAGE, done, len(walked))
     meta = _meta(file_meta, ranges, source, how, model, windows, infos[0].type)
     if ranges.has_shapes and not shapes:
         meta.flops_unknown = "the trace was read without its recorded shapes (shapes=False / --no-shapes)"
