@@ -557,3 +557,27 @@ def test_ops_without_recorded_inputs_are_rows_where_a_module_called_them() -> No
         ("aten::linear", None, None, None, ((1, 64),)),
         ("symm_mem::multimem_all_reduce_", None, None, None, None),
     ]
+
+
+def test_a_range_outside_every_module_that_runs_one_keeps_its_own_and_its_parts_kernels() -> None:
+    """After the model's forward (module 0, 10-100: the step's <loss> part begins), a
+    custom Function outside every module (200-600) runs an op (``aten::mul``, kernel 20 ns),
+    launches 5 ns itself, and calls module 0 again (300-500, ``aten::add``, 40 ns). Read
+    with detail, with the catalog of a trace without shapes, or without detail, the
+    Function's 25 ns are the <loss> part's and the 40 ns the module's: before, with
+    detail, its record held none when a module ran inside it, and the 25 ns were nobody's."""
+    from layerscope.attribute import walk_pass
+    from layerscope.convert.ranges import Detail
+    from layerscope.convert.streams import OutermostOps
+
+    def tree() -> list[Range]:
+        return [step(0, 1000,
+            module(0, 10, 100, op("aten::relu", 20, 30, corr=4)),
+            op("MyFunction", 200, 600, op("aten::mul", 210, 250, corr=5), module(0, 300, 500, op("aten::add", 310, 350, corr=6)),
+               corr=9),
+        )]
+
+    kernels = [KernelSpan(4, 2000, 2010), KernelSpan(5, 3000, 3020), KernelSpan(6, 4000, 4040), KernelSpan(9, 5000, 5005)]
+    for how in ({}, {"detail": Detail(), "ops": CATALOG}, {"detail": Detail(), "ops": OutermostOps()}):
+        (stream,) = convert(tree(), kernels, has_device=True, **how)
+        assert walk_pass(stream, [""], has_device=True).self_dev == {(0, "forward"): 10 + 40, ("<loss>", "forward"): 25}, how

@@ -417,13 +417,15 @@ class _Converter:
             self.emit_children(event, in_backward, grad)
             if at is not None:
                 # Frames nested in it (a custom Function running modules) take their own
-                # time: the record's ends where the first begins. Otherwise it holds the
-                # kernels of its parts too (its parts are rows only, charged through it).
+                # time: the record's ends where the first begins. It holds the kernels of
+                # its parts (they are rows only, charged through it) and its own, not the
+                # frames' (which hold theirs), as the read without detail does.
                 frames = [r[0] for r in self.records[first:] if type(r[2]) in (Enter, LabelEnter)]
                 if frames:
                     self.replace(at, t1_ns=min(frames))
-                elif self.has_device:
-                    self.replace(at, device_time_ns=self.kernel_time(event))
+                if self.has_device:
+                    nested = frozenset(id(child) for child, _ in _nested_frames(event)) if frames else frozenset()
+                    self.replace(at, device_time_ns=self.kernel_time(event, nested))
             elif grad is None and self.has_device:
                 self._own_kernels(event)
             return
