@@ -238,6 +238,7 @@ def test_collectives_from_a_gradient_hook_and_gloo_thread() -> None:
         ("AddmmBackward0", 110, 150, (7, None)),
         ("torch::autograd::AccumulateGrad", 150, 160, (7, None)),
         ("c10d::allreduce_", 160, 168, (7, None)),
+        (None, 168, 168, (7, None)),  # the node resumes where the collective ends
         (None, 168, 170, (7, None)),  # the node's own end, after the collective, is the node's
     ]
     assert [e for e in stream if isinstance(e, Collective)] == [Collective(165, 390, "gloo:all_reduce")]

@@ -325,8 +325,12 @@ class _Converter:
             self.seq_marks.append((start, seq))
         at = self.put(start, Op(start, event.end_time_ns, name, fwd_seq=seq if seq >= 0 else None, tid=event.start_tid))
         nested = _nested_frames(event) if _may_nest(name) else []
+        if _may_nest(name):
+            self.inner_seq_marks(event, frozenset(id(child) for child, _ in nested))
         if nested:
             self.replace(at, t1_ns=nested[0][0].start_time_ns)
+            if self.depth == 0 and not in_backward:
+                self.own_slots(event, nested)
             for child, kind in nested:
                 self.walk(child, kind, in_backward)
         if self.has_device:
@@ -382,6 +386,7 @@ class _Converter:
                     if self.has_device:
                         op = op._replace(device_time_ns=self.kernel_time(child))
                     self.put(start, op)
+                    self.resume(child, (seq, None))
                 else:
                     self.walk(child, kind, True, (seq, None))
                     self.resume(child, (seq, None))
@@ -411,21 +416,21 @@ class _Converter:
             leaf = False
         if not leaf:
             at = None
+            nested: list[tuple[Range, str]] = []
             if grad is None and self.depth == 0:
-                at = self.put(start, Op(start, event.end_time_ns, None, tid=event.start_tid))
-            first = len(self.records)
+                # Outside every frame its own record (nameless) holds its time, and its
+                # parts are rows only, charged through it. Frames and collectives nested
+                # in it take their own time: its record ends where the first begins, and
+                # its slots between and after them are records of their own.
+                nested = _nested_frames(event)
+                at = self.put(start, Op(start, nested[0][0].start_time_ns if nested else event.end_time_ns, None, tid=event.start_tid))
+                self.own_slots(event, nested)
             self.emit_children(event, in_backward, grad)
             if at is not None:
-                # Frames nested in it (a custom Function running modules) take their own
-                # time: the record's ends where the first begins. It holds the kernels of
-                # its parts (they are rows only, charged through it) and its own, not the
-                # frames' (which hold theirs), as the read without detail does.
-                frames = [r[0] for r in self.records[first:] if type(r[2]) in (Enter, LabelEnter)]
-                if frames:
-                    self.replace(at, t1_ns=min(frames))
                 if self.has_device:
-                    nested = frozenset(id(child) for child, _ in _nested_frames(event)) if frames else frozenset()
-                    self.replace(at, device_time_ns=self.kernel_time(event, nested))
+                    # Its parts' kernels and its own, not the nested frames' (which hold
+                    # theirs), as the read without detail does.
+                    self.replace(at, device_time_ns=self.kernel_time(event, frozenset(id(child) for child, _ in nested)))
             elif grad is None and self.has_device:
                 self._own_kernels(event)
             return
@@ -440,6 +445,10 @@ class _Converter:
         if self.has_device:
             op = op._replace(device_time_ns=self.kernel_time(event))
         self.put(start, op)
+        if grad is not None and is_communication(name):
+            # A collective a node's hook started holds its own time; the node's resumes
+            # at its end (read with detail or without, the same).
+            self.resume(event, grad)
 
     def _own_kernels(self, event: Range) -> None:
         """The kernels an opened range launched itself, not from an op nested in it (a
@@ -518,6 +527,35 @@ class _Converter:
             else:
                 self.walk(child, kind, in_backward if grad is None else True, grad)
                 self.resume(child, grad)
+
+    def inner_seq_marks(self, event: Range, frames: frozenset[int]) -> None:
+        """Autograd's counter as the ops inside a custom ``Function`` or custom op moved
+        it (outside the ``frames`` nested in it, whose ops mark their own when walked):
+        read without detail the range is one record, but a node one of its ops created
+        belongs to the module it ran in, as the read with detail finds."""
+        pending = list(event.children)
+        while pending:
+            item = pending.pop()
+            if id(item) in frames:
+                continue
+            seq = _sequence_nr(item)
+            if seq >= 0 and item.start_tid == self.owner_tid:
+                self.seq_marks.append((item.start_time_ns, seq))
+            pending.extend(item.children)
+
+    def own_slots(self, event: Range, nested: list[tuple[Range, str]]) -> None:
+        """A range's own time between and after the frames and collectives nested in it
+        (outermost, in time order), outside every frame: nameless records, so that time
+        stays with the step's part the range ran in, not ``<other>``. Put before the
+        nested work is read, so at equal times they come first; read with detail or
+        without, the same (its first slot is its own record)."""
+        if not nested:
+            return
+        ends = [child.end_time_ns for child, _ in nested]
+        starts = [child.start_time_ns for child, _ in nested[1:]] + [event.end_time_ns]
+        for t0, t1 in zip(ends, starts, strict=True):
+            if t1 > t0:
+                self.put(t0, Op(t0, t1, None, tid=event.start_tid))
 
     def own_kernels(self, at: int, event: Range, first: int) -> None:
         """The device time of node ``event``'s own record (at ``at``): its kernels less
@@ -739,9 +777,9 @@ def _may_nest(name: str) -> bool:
 
 
 def _nested_frames(event: Range) -> list[tuple[Range, str]]:
-    """Module, label and node ranges and collectives under a backward node or a custom
-    ``Function``, outermost only. Namespaced ops (``aten::mm``) never run modules, so their subtrees
-    (most of the events) are not read."""
+    """Module, label and node ranges and collectives under a backward node, a custom
+    ``Function`` or a custom op, outermost only. aten's ops (``aten::mm``) never run
+    modules, so their subtrees (most of the events) are not read (:func:`_may_nest`)."""
     found: list[tuple[Range, str]] = []
     pending = list(reversed(event.children))
     while pending:
@@ -752,6 +790,6 @@ def _nested_frames(event: Range) -> list[tuple[Range, str]]:
             found.append((item, kind))
         elif is_communication(name):
             found.append((item, "comm"))
-        elif "::" not in name or not op_like(name):
+        elif not op_like(name) or _may_nest(name):
             pending.extend(reversed(item.children))
     return found
