@@ -26,6 +26,9 @@ torch thread, no_grad, 5 forwards per sample, rounds interleaved (order rotated)
 - *tp + with_stack, with_modules*: torch's own module events (its Python tracer), a
   mechanism with no hook at all;
 - *layerscope light step*: a ``Profiler(detail="first")`` block's light steps;
+- *2 empty global hooks, no profiler* and *2 global hooks + clock, no profiler*: per
+  module timing without torch's profiler, the floor of any hook and what the
+  hooks-only reference (``profile(record_ops=False)``'s forward) does;
 - *layerscope step*: a ``layerscope.Profiler`` block's steady steps (its own torch
   profiler with shapes and memory, its hooks and ranges), each step ``--layers``
   forwards as above, the first step of the block (which also reads module shapes) left
@@ -168,8 +171,35 @@ def main() -> None:
             return statistics.median(times[1:])
         return run
 
+    def bare(setup: Callable[[], Callable[[], None]]) -> Callable[[], float]:
+        """The forwards with ``setup``'s hooks and no profiler at all."""
+        def run() -> float:
+            undo = setup()
+            try:
+                return forwards()
+            finally:
+                undo()
+        return run
+
+    def clock_hooks() -> Callable[[], None]:
+        # Module times on a Python clock, as profile(record_ops=False) times a forward.
+        stamps: list[tuple[int, int]] = []
+        clock = time.perf_counter_ns
+
+        def pre(module: nn.Module, inputs: Any) -> None:
+            stamps.append((id(module), clock()))
+
+        def post(module: nn.Module, inputs: Any, output: Any) -> None:
+            stamps.append((id(module), clock()))
+        handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post)]
+        return lambda: _remove(handles)
+
     variants: dict[str, Callable[[], float]] = {
         "plain": forwards,
+        # Per-module timing without torch's profiler: the floor of any hook (nothing in
+        # them), and hooks reading a clock (what the hooks-only reference does).
+        "2 empty global hooks, no profiler": bare(empty_hooks),
+        "2 global hooks + clock, no profiler": bare(clock_hooks),
         "tp": under(),
         "tp + 2 global hooks + range": under(global_hooks),
         "tp + per-module hooks + range": under(module_hooks),
