@@ -740,6 +740,7 @@ with layerscope.Profiler(model):
 """
 
 
+@pytest.mark.slow  # a fresh Python process per setting, to watch its descriptor 2
 @pytest.mark.parametrize("setting", ["quiet", "loud"])
 def test_a_blocks_unknown_block_warning_is_hidden_and_other_warnings_are_not(setting: str, tmp_path: Any) -> None:
     # torch's CPU allocator warns (from C++, on descriptor 2) the first time a block
@@ -755,6 +756,7 @@ def test_a_blocks_unknown_block_warning_is_hidden_and_other_warnings_are_not(set
     assert run.stderr.count("a line on descriptor 2") == 2
 
 
+@pytest.mark.slow  # a fresh Python process per setting, to watch its descriptor 2
 @pytest.mark.parametrize("setting", ["quiet", "loud"])
 def test_torch_profiler_lines_kept_off_stderr_and_nothing_of_the_users_lost(setting: str, tmp_path: Any) -> None:
     # A Profiler block prints nothing of torch's profiler backend (its start and stop
