@@ -313,8 +313,9 @@ class _Converter:
 
     def on_op(self, event: Range, in_backward: bool, name: str | None = None) -> None:
         """An op right inside a frame or the step. A range that is not an aten-level op
-        (a custom autograd ``Function``, such as a reentrant checkpoint) can run modules:
-        those are walked, and the op's own slot ends where they begin."""
+        (a custom autograd ``Function``, such as a reentrant checkpoint, or a custom op)
+        can run modules, labels and collectives: those are walked, the op's own slot ends
+        where they begin, and outside every frame its slots after them are its own."""
         name = event.name if name is None else name
         if self.detail is not None:
             self.emit(event, in_backward, None, name)
@@ -324,9 +325,12 @@ class _Converter:
         if seq >= 0 and event.start_tid == self.owner_tid:
             self.seq_marks.append((start, seq))
         at = self.put(start, Op(start, event.end_time_ns, name, fwd_seq=seq if seq >= 0 else None, tid=event.start_tid))
-        nested = _nested_frames(event) if _may_nest(name) else []
+        nested: list[tuple[Range, str]] = []
+        frames: frozenset[int] = frozenset()
         if _may_nest(name):
-            self.inner_seq_marks(event, frozenset(id(child) for child, _ in nested))
+            nested = _nested_frames(event)
+            frames = frozenset(id(child) for child, _ in nested)
+            self.inner_seq_marks(event, frames)
         if nested:
             self.replace(at, t1_ns=nested[0][0].start_time_ns)
             if self.depth == 0 and not in_backward:
@@ -336,7 +340,7 @@ class _Converter:
         if self.has_device:
             # The frames nested in it hold their own kernels (a compiled region's graph
             # label, a custom Function's modules): the op's record keeps the rest.
-            self.replace(at, device_time_ns=self.kernel_time(event, frozenset(id(child) for child, _ in nested)))
+            self.replace(at, device_time_ns=self.kernel_time(event, frames))
 
     def walk_children(self, event: Range, in_backward: bool) -> None:
         for child in event.children:
