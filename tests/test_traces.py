@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -878,3 +879,23 @@ def test_show_of_a_trace_draws_a_bar_on_a_terminal_and_none_elsewhere(shared_tra
     assert b"reading the trace (KiB)" in drawn and b"building the tree (steps)" in drawn
     piped = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
     assert piped.stderr == "" and shown == piped.stdout
+
+
+def test_figures_a_trace_does_not_have_are_unknown_in_every_view_that_names_them(shared_traces: Path) -> None:
+    """FLOPs of a trace recorded without shapes (the A100 one), or read without them,
+    are unknown wherever they would be shown: DeepSpeed's printout says ``?`` (and its
+    FLOPS), never 0, and a FLOP sort or flamegraph says why there are none."""
+    from layerscope.base.errors import LayerscopeError
+
+    recorded = _trace(shared_traces, "a100_alexnet_no_modules")
+    read = load_trace(shared_traces / "h100_bert_small_inference.json.gz", shapes=False)
+    for profile in (recorded, read):
+        printout = profile.render("deepspeed")
+        flops_lines = [line for line in printout.splitlines() if line.startswith(("fwd flops", "fwd FLOPS", "FLOPS per GPU"))]
+        assert flops_lines and all(line.rstrip().endswith(("?", "? FLOPS")) for line in flops_lines), flops_lines
+        reason = profile.meta.flops_unknown
+        assert reason
+        with pytest.raises(LayerscopeError, match=re.escape(f"the profile has no FLOP counts: {reason}")):
+            profile.ops(sort_by="flops")
+        with pytest.raises(LayerscopeError, match=re.escape(f"this profile has no flops to export: {reason}")):
+            profile.render("folded", metric="flops")

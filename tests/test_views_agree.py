@@ -520,7 +520,7 @@ def test_deepspeed_summary_shows_the_profiles_totals(profile: Profile) -> None:
             shown[label.strip()] = value.strip()
     assert shown["params per GPU"] == deepspeed_render._params(root.params_total).strip()
     assert shown["fwd MACs per GPU"] == deepspeed_render._macs(root.forward.macs).strip()
-    assert shown["fwd flops per GPU"] == fmt.si_number(root.forward.flops or 0).strip()
+    assert shown["fwd flops per GPU"] == deepspeed_render._flops(root.forward.flops).strip()
     if profile.timed:
         # Latency is the busy time: the device's where there is one, as DeepSpeed's.
         assert shown["fwd latency"] == fmt.ds_seconds(root.forward.busy_time_ns / 1e9).strip()

@@ -257,7 +257,7 @@ def _available(profile: Profile, ops: list[OpStats]) -> dict[str, str | None]:
     no_device = "the profile has no device time (it ran on the CPU)"
     if any(op.device_time_ns is not None for op in ops):
         no_device = untimed
-    no_flops: str | None = "the profile has no FLOP counts"
+    no_flops: str | None = "the profile has no FLOP counts" + (f": {profile.meta.flops_unknown}" if profile.meta.flops_unknown else "")
     no_memory: str | None = "the profile has no memory figures (profiled with memory=False)"
     if not ops:
         no_flops = no_memory = "the profile has no ops (profiled with record_ops=False)"

@@ -44,7 +44,20 @@ def _latency_ns(stats: PhaseStats | None) -> int:
 
 
 def _rate(flops: int | None, ns: int) -> str:
-    return fmt.ds_rate((flops or 0) / _seconds(ns)) if ns else fmt.ds_rate(0)
+    # FLOPs not counted (a trace read without its shapes): the rate is unknown too.
+    if flops is None:
+        return "? FLOPS"
+    return fmt.ds_rate(flops / _seconds(ns)) if ns else fmt.ds_rate(0)
+
+
+def _flops(value: int | None) -> str:
+    # Unknown, never zero, as MACs.
+    return "?" if value is None else fmt.si_number(value)
+
+
+def _sum(values: list[int | None]) -> int | None:
+    """The sum, unknown where any part is."""
+    return None if any(value is None for value in values) else sum(value or 0 for value in values)
 
 
 def _macs(value: int | None) -> str:
@@ -85,8 +98,8 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
         ("params per GPU: ", _params(root.params_total)),
         ("params of model = params per GPU * mp_size: ", _params(None if root.params_total is None else root.params_total * mp_size)),
         ("fwd MACs per GPU: ", _macs(fwd.macs)),
-        ("fwd flops per GPU: ", fmt.si_number(fwd.flops or 0)),
-        ("fwd flops of model = fwd flops per GPU * mp_size: ", fmt.si_number((fwd.flops or 0) * mp_size)),
+        ("fwd flops per GPU: ", _flops(fwd.flops)),
+        ("fwd flops of model = fwd flops per GPU * mp_size: ", _flops(None if fwd.flops is None else fwd.flops * mp_size)),
     ]
     timed = profile.timed
     fwd_ns = _latency_ns(fwd)
@@ -100,11 +113,11 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
         # Measured, op by op: DeepSpeed would print 2 * fwd flops here.
         rows += [
             ("bwd MACs per GPU (measured): ", _macs(bwd.macs)),
-            ("bwd flops per GPU (measured): ", fmt.si_number(bwd.flops or 0)),
+            ("bwd flops per GPU (measured): ", _flops(bwd.flops)),
         ]
         if timed:
             bwd_ns = _latency_ns(bwd)
-            both = (fwd.flops or 0) + (bwd.flops or 0)
+            both = _sum([fwd.flops, bwd.flops])
             rows += [
                 ("bwd latency: ", fmt.ds_seconds(_seconds(bwd_ns))),
                 ("bwd FLOPS per GPU = bwd flops per GPU / bwd latency: ", _rate(bwd.flops, bwd_ns)),
@@ -115,7 +128,7 @@ def _summary(profile: Profile, profile_step: int, engine: Mapping[str, Any]) -> 
         optimizer_ns = sum(_latency_ns(part.forward) for part in profile.parts if part.kind == "optimizer")
         if optimizer_ns:
             rows.append(("step latency: ", fmt.ds_seconds(_seconds(optimizer_ns))))
-        total_flops = sum((stats.flops or 0) for _, stats in root.phases())
+        total_flops = _sum([stats.flops for _, stats in root.phases()])
         rows += [
             ("iter latency: ", fmt.ds_seconds(_seconds(step_ns))),
             ("FLOPS per GPU = (fwd+bwd flops per GPU) / iter latency: ", _rate(total_flops, step_ns)),

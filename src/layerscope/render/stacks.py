@@ -93,7 +93,7 @@ def metric_for(profile: Profile, metric: str | None) -> Metric:
         why = {
             "time": "it was counted without timing",
             "device_time": "it has no device time (it did not run on a GPU)",
-        }.get(metric, "no ops were recorded")
+        }.get(metric, profile.meta.flops_unknown or "no ops were recorded")
         raise MetricError(f"this profile has no {metric} to export: {why}")
     return chosen
 
