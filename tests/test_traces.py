@@ -803,6 +803,9 @@ def test_a_trace_read_without_its_shapes_has_the_full_reads_times(shared_traces:
                 mine, whole = getattr(a, field), getattr(b, field)
                 assert (mine is None) == (whole is None), where
                 assert mine is None or mine <= whole, (where, field)
+    # Nothing counted is shown as 0: op rows' counts and collectives' bytes are unknown.
+    assert all(op.flops is None and op.macs is None and op.bytes is None for node in light.nodes() for op in node.ops)
+    assert all(stats.comm_bytes is None for node in light.nodes() for _, stats in node.phases())
     if full.meta.source.record_shapes:
         assert light.root.forward.flops is None
         assert light.meta.flops_unknown == "the trace was read without its recorded shapes (shapes=False / --no-shapes)"

@@ -330,7 +330,9 @@ class _NodeMaker:
         for table_key, op in (op_result.ops.items() if op_result is not None else ()):
             listed = self.ops_by_key.setdefault(table_key[0], [])
             self.op_index[table_key] = len(listed)
-            listed.append(op)
+            # Ops read without their inputs (a trace without shapes) have no counts:
+            # unknown, never 0.
+            listed.append(op if self.counts else replace(op, flops=None, macs=None, bytes=None))
         # Communication figures exist only where a collective ran (timed, or in the op rows).
         self.has_comm = bool(times.self_comm) or any(
             is_communication(op.name) for op in (op_result.ops.values() if op_result else ())
@@ -362,7 +364,7 @@ class _NodeMaker:
             comm_ops = [op for op in own_ops if is_communication(op.name)]
             comm = {
                 "self_comm_time_ns": times.self_comm.get(site, 0) if selected else 0,
-                "self_comm_bytes": sum(op.bytes or 0 for op in comm_ops) if self.counted else None,
+                "self_comm_bytes": sum(op.bytes or 0 for op in comm_ops) if self.counts else None,
             }
             own_ops = [op for op in own_ops if not is_communication(op.name)] if comm_ops else own_ops
         counts = self.counts
