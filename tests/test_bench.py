@@ -319,6 +319,7 @@ def test_compare_ratio_and_noise(golden: Any) -> None:
 # -- command line ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # command lines end to end
 def test_cli_bench_json_plot_and_compare(tmp_path: Path) -> None:
     run = run_cli("bench", "zoo:mlp", "--batch-sizes", "1", "4", "--min-runs", "3", "--min-time", "0.02",
                   "-o", "r.json", "--plot", "r.png", cwd=tmp_path)

@@ -148,6 +148,7 @@ def _trace(folder: Path, *, record_shapes: bool) -> str:
     return name
 
 
+@pytest.mark.slow  # records two traces, then two cold command lines
 def test_show_of_a_trace_without_shapes_imports_no_torch_and_with_shapes_counts_flops(tmp_path: Path) -> None:
     """A trace without recorded shapes has no FLOPs to count: it is read without torch.
     With shapes, torch's op schemas and FLOP formulas are imported, and FLOPs shown."""
@@ -156,6 +157,7 @@ def test_show_of_a_trace_without_shapes_imports_no_torch_and_with_shapes_counts_
     assert status == 0 and "torch" in imported
 
 
+@pytest.mark.slow  # a cold command line per format
 @pytest.mark.parametrize("fmt", ["text", "ops", "json", "folded", "chrome", "html"])
 def test_show_of_a_trace_with_shapes_read_without_them_imports_no_torch(tmp_path: Path, fmt: str) -> None:
     """``--no-shapes`` reads a trace with recorded shapes as one without: no FLOP

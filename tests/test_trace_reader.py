@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import REAL_TRACES, tiered
+from conftest import BIG, REAL_TRACES, tiered
 from layerscope.base.errors import SchemaError
 from layerscope.base.kineto_json import FloatText, is_kineto_trace, open_trace, us_to_ns
 
@@ -69,7 +69,11 @@ def schema_error(path: Path, chunk_bytes: int = 1 << 20) -> str:
 # -- the real traces ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", tiered(REAL_TRACES))
+# The two ranked traces (56k and 25k events) are the slow tier's, with OWLv2: each is
+# parsed twice here, once by json.load.
+@pytest.mark.parametrize(
+    "name", tiered(REAL_TRACES, slow=(*BIG, "mi300x_resnet_ddp_actckpt_train_rank0", "b200_gptoss_tp8_rank0")),
+)
 def test_a_real_trace_reads_as_json_load_reads_it(shared_traces: Path, name: str) -> None:
     path = shared_traces / f"{name}.json.gz"
     events, meta = read(path)

@@ -306,6 +306,7 @@ def test_diff_of_one_model_on_two_vendors_gpus(shared_traces: Path, tmp_path: Pa
     assert mi300x.meta.source.device_names == ("AMD Instinct MI300X VF",)
 
 
+@pytest.mark.slow  # command lines end to end
 def test_rank_traces_merge(shared_traces: Path, tmp_path: Path) -> None:
     # A second rank of the same run, made from rank 0's trace (in a temporary folder):
     # only its distributedInfo differs.
@@ -500,6 +501,7 @@ def test_parameter_memory_of_a_trace_read_with_its_model_is_what_params_counts(t
     assert "Memory: parameters 241.04 KiB\n" in text
 
 
+@pytest.mark.slow  # command lines end to end
 def test_show_a_trace_with_its_model_sized_by_config(shared_traces: Path, tmp_path: Path) -> None:
     from test_cli import assert_usage_error, run_cli
 
