@@ -903,13 +903,15 @@ def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: boo
     if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
         model = _trace_model(args)
     no_shapes = args is not None and getattr(args, "no_shapes", False)
-    if no_shapes and os.path.isfile(path) and not is_trace_file(path):
+    # Sniffed once (its first 64 KiB), only where a flag or a terminal asks.
+    trace = (no_shapes or (bar and sys.stderr.isatty())) and os.path.isfile(path) and is_trace_file(path)
+    if no_shapes and os.path.isfile(path) and not trace:
         raise UsageError(
             f"--no-shapes reads a torch.profiler trace file without its recorded shapes; {path} is a "
             "saved document, read whole (--columns and the formats choose what is shown)"
         )
     try:
-        with _progress_bar(bar and sys.stderr.isatty() and os.path.isfile(path) and is_trace_file(path)) as report:
+        with _progress_bar(bar and sys.stderr.isatty() and trace) as report:
             doc = layerscope.load(path, model=model, shapes=not no_shapes, progress=report)
         return expect(doc, repr(path), Profile, MergedRun)
     except FileNotFoundError as exc:

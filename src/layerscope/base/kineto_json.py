@@ -159,6 +159,8 @@ class _Source:
         except FileNotFoundError:
             raise FileNotFoundError(f"no such trace file: {self.name!r}") from None
         try:
+            #: The file's size on disk (compressed, for a ``.json.gz``).
+            self.file_bytes = os.fstat(self.handle.fileno()).st_size
             self.gzipped = self.handle.peek(2)[:2] == _GZIP_MAGIC
             self.stream: io.BufferedIOBase = (
                 gzip.GzipFile(fileobj=self.handle, mode="rb") if self.gzipped else self.handle
@@ -229,20 +231,11 @@ class _Source:
             ) from None
 
     @property
-    def file_bytes(self) -> int:
-        """The file's size on disk (compressed, for a ``.json.gz``)."""
-        return os.fstat(self.handle.fileno()).st_size if not self.handle.closed else self._size_at_close
-
-    @property
     def file_bytes_read(self) -> int:
         """How much of the file (as stored) has been read so far."""
-        return self.handle.tell() if not self.handle.closed else self._size_at_close
-
-    _size_at_close = 0
+        return self.handle.tell() if not self.handle.closed else self.file_bytes
 
     def close(self) -> None:
-        if not self.handle.closed:
-            self._size_at_close = os.fstat(self.handle.fileno()).st_size
         try:
             if self.stream is not self.handle:
                 self.stream.close()
