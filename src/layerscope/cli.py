@@ -525,7 +525,18 @@ def _add_trace_model(parser: Any) -> None:
         help="for torch.profiler trace files: the model that was traced (zoo:NAME, transformers:NAME, "
         "or a module:callable building it), to give the trace's modules (BertLayer_3) their paths and "
         "parameters; built on the meta device, never run; a model whose parameters' shapes the trace's "
-        "ops were not given is refused",
+        "ops were not given is refused. A trace recorded without with_stack has no module events: its "
+        "ops are aligned to the model's calls, learned from one run of a meta copy of it with the model's "
+        "default input or --input/--inputs (docs/traces.md)",
+    )
+    parser.add_argument(
+        "--input", action="append", default=[], metavar="SHAPE",
+        help="with --model, for a trace without module events: the shape the model was called with "
+        "(8x128:int64; repeat for several positional inputs); only shapes and dtypes are read",
+    )
+    parser.add_argument(
+        "--inputs", metavar="SPEC",
+        help="with --model: a callable returning the inputs the model was called with (Tensor, tuple or dict)",
     )
     parser.add_argument(
         "--no-shapes", action="store_true",
@@ -900,8 +911,12 @@ def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: boo
     model = None
     if args is not None and getattr(args, "config", None) and not getattr(args, "model", None):
         raise UsageError("--config sizes the model --model SPEC names (a transformers: one); give --model too")
+    inputs = None
+    if args is not None and (getattr(args, "input", None) or getattr(args, "inputs", None)) and not getattr(args, "model", None):
+        raise UsageError("--input and --inputs give the inputs of the model --model SPEC names; give --model too")
     if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
         model = _trace_model(args)
+        inputs = _trace_inputs(args)
     no_shapes = args is not None and getattr(args, "no_shapes", False)
     # Sniffed once (its first 64 KiB), only where a flag or a terminal asks.
     trace = (no_shapes or (bar and sys.stderr.isatty())) and os.path.isfile(path) and is_trace_file(path)
@@ -912,7 +927,7 @@ def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: boo
         )
     try:
         with _progress_bar(bar and sys.stderr.isatty() and trace) as report:
-            doc = layerscope.load(path, model=model, shapes=not no_shapes, progress=report)
+            doc = layerscope.load(path, model=model, shapes=not no_shapes, progress=report, inputs=inputs)
         return expect(doc, repr(path), Profile, MergedRun)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
@@ -932,9 +947,22 @@ def _trace_model(args: argparse.Namespace) -> Any:
 
         from layerscope.zoo.specs import resolve_model
 
-        found = resolve_model(args.model, device=torch.device("meta"), config=_config(args)).model
-        args._trace_model = found
+        resolved = resolve_model(args.model, device=torch.device("meta"), config=_config(args))
+        args._trace_resolved = resolved
+        found = args._trace_model = resolved.model
     return found
+
+
+def _trace_inputs(args: argparse.Namespace) -> Any:
+    """The inputs the ``--model`` was called with, for a trace without module events:
+    ``--inputs SPEC``, tensors of the ``--input`` shapes, or the SPEC's default inputs
+    (None: it has none)."""
+    from layerscope.zoo.specs import resolve_inputs
+
+    resolved = args._trace_resolved
+    if getattr(args, "input", None) or getattr(args, "inputs", None):
+        return _inputs_from(args, args.model, _input_shapes(args), resolved, resolve_inputs)
+    return resolved.inputs
 
 
 def _rank_of(run: Any, rank: int, name: str) -> Any:

@@ -40,7 +40,7 @@ READERS: dict[str, Callable[[Any, str], Document]] = {
 
 def load(
     path: str | os.PathLike[str], *, model: Any = None, shapes: bool = True,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None, inputs: Any = None,
 ) -> Document:
     """Read any file layerscope reads: a profile saved as JSON (a
     :class:`~layerscope.model.tree.Profile`), a merged run of ranks (a
@@ -51,7 +51,12 @@ def load(
     trace, so a damaged one is said to be a damaged trace).
 
     ``model`` (an ``nn.Module``, only read, never run) gives a trace's modules their paths
-    in it and their parameters; a saved profile has both already (docs/traces.md).
+    in it and their parameters; a saved profile has both already (docs/traces.md). A trace
+    recorded without ``with_stack`` has no module events: given ``model`` and ``inputs``
+    (the forms ``profile()`` takes; only their shapes and dtypes are read; a transformers
+    model's default inputs when not given), its ops are aligned to the model's call
+    template, learned from one run of a meta copy of the model
+    (``meta.modules_from.placement`` says how each op was placed; docs/traces.md).
     ``shapes=False`` reads a trace as if it had recorded no shapes: the same times, no
     FLOPs, each op row the op where a module called it (``aten::linear``, not the
     ``addmm`` in it); faster, in less memory, and without importing torch.
@@ -67,7 +72,13 @@ def load(
             return load_trace(path, shapes=shapes, progress=progress)
         from layerscope.capture.modules import traced_model
 
-        return load_trace(path, model=traced_model(model), shapes=shapes, progress=progress)
+        template = _template_source(model, inputs)
+        return load_trace(path, model=traced_model(model), shapes=shapes, progress=progress, template=template)
+    if inputs is not None and os.path.exists(path):
+        raise ValueError(
+            f"inputs= give a torch.profiler trace's model its call template (with model=); {os.fspath(path)!r} "
+            "is not a trace file"
+        )
     for given, what in ((model is not None, "model= maps the modules"), (not shapes, "shapes=False leaves out the shapes")):
         if given and os.path.exists(path):  # a missing file is said to be missing (read_saved)
             raise ValueError(
@@ -75,6 +86,25 @@ def load(
                 "(a saved layerscope profile has its module paths and counts already)"
             )
     return read_saved(path)
+
+
+def _template_source(model: Any, inputs: Any) -> Callable[[bool], Any]:
+    """What learns ``model``'s call template called with ``inputs`` (None: a transformers
+    model's default inputs, built from its config; else none is learned), when the trace
+    asks."""
+
+    def learn(grad: bool) -> Any:
+        from layerscope.capture.template import call_template
+        from layerscope.zoo.specs import default_transformers_inputs, is_transformers_model
+
+        given = inputs
+        if given is None:
+            if not is_transformers_model(model):
+                return None
+            given = default_transformers_inputs(model, 1)
+        return call_template(model, given, grad=grad)
+
+    return learn
 
 
 def read_saved(path: str | os.PathLike[str], what: str = "profile") -> Document:

@@ -211,6 +211,44 @@ class TraceSource:
 
 
 @dataclass(frozen=True)
+class OpPlacement:
+    """How a trace without module events had its ops placed in the module calls of the
+    model's call template (``traces/align.py``): counts of the steps' outermost forward
+    ops."""
+
+    #: Ops in one call of the template (one pass), and the passes the steps held.
+    template_ops: int
+    passes: int
+    #: The steps' outermost forward ops, and how each was placed: matched to a template
+    #: op (aligned), given the call its aligned neighbours share (by neighbours), or left
+    #: in no module (unplaced: outside the model's calls, or in a pass not aligned).
+    ops: int
+    aligned: int
+    by_neighbours: int
+    unplaced: int
+    #: The passes not aligned with confidence, each named with the share of the
+    #: template's ops it matched ("step 3, pass 2: 41% of the template matched").
+    unaligned: tuple[str, ...] = ()
+    #: The data-dependent reads the template's meta run answered with a guess.
+    guesses: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "template_ops": self.template_ops, "passes": self.passes, "ops": self.ops, "aligned": self.aligned,
+            "by_neighbours": self.by_neighbours, "unplaced": self.unplaced, "unaligned": list(self.unaligned),
+            "guesses": list(self.guesses),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> OpPlacement:
+        return cls(
+            template_ops=doc["template_ops"], passes=doc["passes"], ops=doc["ops"], aligned=doc["aligned"],
+            by_neighbours=doc["by_neighbours"], unplaced=doc["unplaced"], unaligned=tuple(doc.get("unaligned") or ()),
+            guesses=tuple(doc.get("guesses") or ()),
+        )
+
+
+@dataclass(frozen=True)
 class ModulesFrom:
     """How a trace's module instances were found and matched to a model's modules
     (``meta.modules_from``)."""
@@ -229,6 +267,8 @@ class ModulesFrom:
     shapes: str | None = None
     #: Modules of the model with parameters that ran in no instance (None: none).
     uncalled: tuple[str, ...] | None = None
+    #: For a trace without module events: how its ops were placed in the model's calls.
+    placement: OpPlacement | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -240,15 +280,18 @@ class ModulesFrom:
             out["shapes"] = self.shapes
         if self.uncalled is not None:
             out["uncalled"] = list(self.uncalled)
+        if self.placement is not None:
+            out["placement"] = self.placement.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ModulesFrom:
-        renamed, uncalled = doc.get("renamed"), doc.get("uncalled")
+        renamed, uncalled, placement = doc.get("renamed"), doc.get("uncalled"), doc.get("placement")
         return cls(
             method=doc["method"], instances=doc["instances"], matched=doc["matched"],
             unmatched=tuple(doc.get("unmatched") or ()), renamed=None if renamed is None else dict(renamed),
             shapes=doc.get("shapes"), uncalled=None if uncalled is None else tuple(uncalled),
+            placement=None if placement is None else OpPlacement.from_dict(placement),
         )
 
 

@@ -745,7 +745,24 @@ def trace_lines(meta: RunFacts) -> list[str]:
     rank = f", rank {meta.rank} of {meta.world_size}" if meta.world_size is not None else ""
     lines = [f"From the torch.profiler trace {source.file if source is not None else '?'} ({where}{rank})"]
     how = meta.modules_from
-    if how is not None and how.instances:
+    placed = how.placement if how is not None else None
+    if how is not None and placed is not None:
+        lines.append(
+            f"Modules: {how.method}: {placed.ops} forward ops in {placed.passes} "
+            f"pass{'es' if placed.passes != 1 else ''} of a {placed.template_ops}-op template: "
+            f"{placed.aligned} aligned, {placed.by_neighbours} placed by neighbours, {placed.unplaced} in no module"
+        )
+        if placed.unaligned:
+            lines.append(
+                f"Not aligned (ops left with their labels and steps): {'; '.join(placed.unaligned[:3])}"
+                + (f" and {len(placed.unaligned) - 3} more" if len(placed.unaligned) > 3 else "")
+            )
+        if placed.guesses:
+            lines.append(
+                f"Template guesses (a meta run has no data): {'; '.join(placed.guesses[:3])}"
+                + (f" and {len(placed.guesses) - 3} more" if len(placed.guesses) > 3 else "")
+            )
+    elif how is not None and how.instances:
         line = f"Modules: {how.method}: {how.matched} of {how.instances} instances"
         unmatched = how.unmatched
         if unmatched:
@@ -762,7 +779,10 @@ def trace_lines(meta: RunFacts) -> list[str]:
         if checked:
             lines.append("Model: " + "; ".join(checked))
     else:
-        lines.append("Modules: none recorded (the trace has no nn.Module events: record it with with_stack=True)")
+        lines.append(
+            "Modules: none recorded (the trace has no nn.Module events: read it with its model and inputs, "
+            "--model SPEC --input SHAPE, or record it with with_stack=True)"
+        )
     if meta.flops_unknown:
         lines.append(f"FLOPs unknown: {meta.flops_unknown}")
     device = meta.device_events

@@ -30,6 +30,7 @@ from layerscope.convert.streams import OpCatalog, OutermostOps, convert
 from layerscope.model.raw import RawCapture
 from layerscope.model.runfacts import DeviceEvents, ModulesFrom, RunFacts, TraceSource
 from layerscope.model.tree import Profile
+from layerscope.traces.align import CallTemplate, place
 from layerscope.traces.modules import (
     Instance,
     ModelTable,
@@ -61,9 +62,15 @@ BUILD_STAGE = "building the tree (steps)"
 REPORT_EVERY = 8192
 
 
+#: What gives a trace without module events its model's call template, when asked:
+#: called with whether the trace ran autograd (a training step's forward); None where
+#: there is none to learn (no inputs to run the model with).
+TemplateSource = Callable[[bool], CallTemplate | None]
+
+
 def load_trace(
     path: str | os.PathLike[str], *, model: ModelTable | None = None, shapes: bool = True,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None, template: TemplateSource | None = None,
 ) -> Profile:
     """The profile of a torch.profiler (Kineto) trace file, ``.json`` or ``.json.gz``.
 
@@ -77,6 +84,11 @@ def load_trace(
     not imported to read it (the ops' inputs are read only to check ``model``'s
     parameter shapes). ``progress(stage, done, total)`` hears how far the read
     (:data:`READ_STAGE`) and the build (:data:`BUILD_STAGE`) are.
+
+    A trace without ``nn.Module`` events (recorded without ``with_stack``), read with
+    ``model`` and ``template``, gets its module calls by aligning its ops to the model's
+    call template (``traces/align.py``; ``meta.modules_from.placement`` counts how each op
+    was placed); ``template`` is asked for it only then.
     """
     name = os.fspath(path)
     try:
@@ -86,6 +98,7 @@ def load_trace(
             file_meta = dict(reader.meta)
         return profile_of_ranges(
             ranges, file_meta, model=model, source=os.path.basename(name), shapes=shapes, progress=progress,
+            template=template,
         )
     except MemoryError:
         raise SchemaError(
@@ -109,6 +122,7 @@ def _reported(reader: TraceReader, progress: Callable[[str, int, int], None]) ->
 def profile_of_ranges(
     ranges: TraceRanges, file_meta: dict[str, Any], *, model: ModelTable | None = None, source: str = "trace",
     shapes: bool = True, progress: Callable[[str, int, int], None] | None = None,
+    template: TemplateSource | None = None,
 ) -> Profile:
     """The profile of a trace's ranges (``read_ranges``) and its top-level keys. The
     ranges are spent: ``ranges.roots``, ``modules``, ``steps`` and ``kernels`` are
@@ -138,6 +152,15 @@ def profile_of_ranges(
     for tid_roots in ranges.roots.values():
         roots.extend(_spliced(tid_roots, dropped))
     numbers = _steps(ranges, roots)
+    learned = None
+    if model is not None and template is not None and not found:
+        learned = template(any(r.name.startswith(_EVALUATE) for rs in ranges.roots.values() for r in _tops(rs)))
+    if learned is not None:
+        steps = [r for r in roots if r.name == STEP_NAME]
+        how = ModulesFrom(
+            method=ALIGNED_METHOD, instances=0, matched=0, placement=place(list(zip(steps, numbers)), learned),
+        )
+        _warn_unaligned(how, source)
     has_device = bool(ranges.device_events)
     counted = ranges.has_shapes and shapes
     detail = Detail(stacks=None)
@@ -177,6 +200,32 @@ def profile_of_ranges(
             "on any thread (expected the cpu_op events of a recorded run)"
         )
     return cycle.build(raw)
+
+
+#: ``meta.modules_from.method`` of a trace whose module calls were aligned.
+ALIGNED_METHOD = "aligned to the model's call template (the trace has no nn.Module events)"
+
+
+def _tops(roots: list[Range]) -> Iterator[Range]:
+    """A thread's roots and the ranges directly in its labels and steps (a CPU run's
+    backward nodes sit in its step)."""
+    for rng in roots:
+        yield rng
+        if not rng.name.startswith(_EVALUATE):
+            yield from rng.children
+
+
+def _warn_unaligned(how: ModulesFrom, source: str) -> None:
+    """A warning naming the passes whose ops did not align with the model's template."""
+    placed = how.placement
+    if placed is None or not placed.unaligned:
+        return
+    warnings.warn(
+        f"layerscope: {source}: {len(placed.unaligned)} of {placed.passes} passes of the model did not align "
+        f"with its call template ({_some(list(placed.unaligned), 2)}): their ops stay with the enclosing "
+        "labels and steps; was the trace recorded with this model and inputs like these?",
+        LayerscopeWarning, stacklevel=4,
+    )
 
 
 def _traced_param_bytes(model: ModelTable, found: dict[str, Instance], index: dict[str, int]) -> int:

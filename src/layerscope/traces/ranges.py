@@ -96,7 +96,7 @@ _NO_FIELDS = RangeFields()
 _LABEL_FIELDS = RangeFields(scope=USER_SCOPE)
 #: A module call's: the same values as :data:`_NO_FIELDS`, another object (which tells
 #: a module's range from an op's in ``_rank``).
-_MODULE_FIELDS = RangeFields()
+MODULE_FIELDS = RangeFields()
 #: The children of a range with none, and the inputs of an allocation: shared, for the
 #: same reason (``_Builder.finish`` gives a range its own list at its first child).
 _NONE: list[Any] = []
@@ -322,7 +322,7 @@ class _Builder:
         if tid is None or tid == 0:
             return  # a Python-only thread's frame: no op of the trace ran on it
         start, end = self._span(event)
-        rng = Range(name, start, end, tid, self._id(), _NONE, _MODULE_FIELDS)
+        rng = Range(name, start, end, tid, self._id(), _NONE, MODULE_FIELDS)
         self.out.modules.append(ModuleCall(name[len(MODULE_EVENT) :], rng, ident, parent))
         self._push(tid, rng)
 
@@ -492,7 +492,7 @@ def _rank(item: Any) -> int:
     if type(item) is tuple:
         return 5
     fields = item.extra_fields
-    if fields is _MODULE_FIELDS:
+    if fields is MODULE_FIELDS:
         return 1
     if fields is _LABEL_FIELDS:
         return 2

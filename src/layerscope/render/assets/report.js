@@ -120,7 +120,10 @@
     fact("mode", modeText());
     if (source) {
       const how = META.modules_from || {};
-      fact("modules", how.instances ? how.matched + " of " + how.instances + " instances: " + how.method : "none recorded (no nn.Module events: record with with_stack=True)");
+      const placed = how.placement;
+      fact("modules", placed
+        ? how.method + ": " + placed.aligned + " of " + placed.ops + " forward ops aligned, " + placed.by_neighbours + " placed by neighbours, " + placed.unplaced + " in no module" + (placed.unaligned.length ? "; not aligned: " + placed.unaligned.join("; ") : "")
+        : how.instances ? how.matched + " of " + how.instances + " instances: " + how.method : "none recorded (no nn.Module events: read it with its model and inputs, or record with with_stack=True)");
       const device = META.device_events;
       if (device && (device.orphans || device.outside_steps)) {
         fact("device events in no node", [

@@ -1,0 +1,162 @@
+"""A model's call template, learned from one run of a meta copy of it: the outermost ops
+one call runs, in order, and the module calls around each (``traces/align.py`` aligns a
+trace's ops to it).
+
+The copy is made without copying a weight (each parameter and buffer becomes a meta
+tensor of its shape and dtype), and run under torch's profiler (CPU events only) with a
+``record_function`` range around each module call, opened and closed by global module
+hooks removed afterwards: the user's model is never run, moved or changed. The op names
+are the profiler's own (``aten::linear``, not the ``addmm`` inside it), so they are the
+names a trace of the real run holds.
+
+A data-dependent read (``tensor.item()``, ``bool(mask.all())``) has no data on the meta
+device. When the run raises for one, it runs again with each such read answered by a
+guess (True, 1, 1.0), and each guess is named in the template: the real run may have
+taken another branch there, which the alignment's confidence rule then names.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from layerscope.base.errors import TraceModelError
+from layerscope.capture.inputs import split_inputs
+from layerscope.traces.align import CallTemplate
+
+#: The name of a template's module range: ``layerscope.template#<module index>``.
+_CALL = "layerscope.template#"
+#: torch's profiler's name for a Python dispatch mode's frame (the guesses' mode).
+_MODE_FRAME = "PythonDispatchMode"
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every parameter and buffer a meta tensor of its shape and
+    dtype (tied ones stay tied); no weight is copied, ``model`` is unchanged."""
+    memo: dict[int, Any] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in memo:
+            continue
+        empty = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = nn.Parameter(empty, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else empty
+    return copy.deepcopy(model, memo)
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value, device="meta").requires_grad_(value.requires_grad)
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    return value
+
+
+class _Guesses(TorchDispatchMode):  # type: ignore[misc]
+    """Answers each read of a meta tensor's value with a guess, and keeps what it said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
+            tensor = args[0]
+            value: Any = True if tensor.dtype == torch.bool else 1.0 if tensor.is_floating_point() else 1
+            self.said.append(f"a {str(tensor.dtype).removeprefix('torch.')} read of shape {list(tensor.shape)} taken as {value}")
+            return value
+        return func(*args, **(kwargs or {}))
+
+
+def call_template(model: nn.Module, inputs: Any, *, grad: bool = False) -> CallTemplate:
+    """The call template of ``model`` called with ``inputs`` (a Tensor, a tuple of
+    positional arguments or a dict of keyword arguments, as ``profile()`` takes them; only
+    their shapes and dtypes are read), with autograd on when ``grad`` (a training step's
+    forward). Raises :class:`TraceModelError` naming what the meta run raised."""
+    args, kwargs = split_inputs(_to_meta(inputs))
+    try:
+        return _record(meta_copy(model), args, kwargs, grad, guesses=None)
+    except Exception as exc:
+        first = exc
+    # A read of a meta tensor's value raises: again, each such read answered by a guess.
+    try:
+        return _record(meta_copy(model), args, kwargs, grad, guesses=_Guesses())
+    except Exception:
+        text = str(first).splitlines()[0] if str(first) else ""
+        raise TraceModelError(
+            f"the {type(model).__name__}'s call template could not be learned: a meta copy of it, called with "
+            f"the given inputs, raised {type(first).__name__}: {text}"
+        ) from first
+
+
+def _record(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool, guesses: _Guesses | None,
+) -> CallTemplate:
+    index = {id(module): at for at, (_, module) in enumerate(model.named_modules())}
+    handles: list[Any] = []
+
+    def enter(module: nn.Module, _args: Any) -> None:
+        at = index.get(id(module))
+        if at is not None:
+            handles.append(torch.ops.profiler._record_function_enter_new(f"{_CALL}{at}"))
+
+    def leave(module: nn.Module, _args: Any, _out: Any) -> None:
+        if id(module) in index and handles:
+            torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
+
+    hooks = [
+        nn.modules.module.register_module_forward_pre_hook(enter),
+        nn.modules.module.register_module_forward_hook(leave, always_call=True),
+    ]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    try:
+        with torch.profiler.profile(activities=activities) as prof, torch.set_grad_enabled(grad):
+            if guesses is not None:
+                with guesses:
+                    model(*args, **kwargs)
+            else:
+                model(*args, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        while handles:
+            torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
+    return _template_of(prof.events(), guesses)
+
+
+def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:
+    """The template in the profiler's events: the calls (``layerscope.template#K``
+    ranges) and the outermost ops in them, on the thread that ran the model."""
+    roots = sorted((e for e in events if e.cpu_parent is None), key=lambda e: e.time_range.start)
+    ops: list[str] = []
+    op_call: list[int] = []
+    call_module: list[int] = []
+    call_parent: list[int] = []
+
+    def walk(event: Any, call: int) -> None:
+        name = event.name
+        if name.startswith(_CALL):
+            call_module.append(int(name[len(_CALL) :]))
+            call_parent.append(call)
+            mine = len(call_module) - 1
+            for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
+                walk(child, mine)
+        elif name == _MODE_FRAME:
+            for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
+                walk(child, call)
+        elif call >= 0:
+            ops.append(name)
+            op_call.append(call)
+
+    for root in roots:
+        walk(root, -1)
+    if not call_module:
+        raise TraceModelError("the model's call template is empty: its meta copy ran no module call")
+    return CallTemplate(
+        ops=tuple(ops), call_module=tuple(call_module), call_parent=tuple(call_parent), op_call=tuple(op_call),
+        guesses=tuple(guesses.said) if guesses is not None else (),
+    )
