@@ -182,3 +182,51 @@ def test_a_label_inside_one_call_goes_inside_it_and_one_around_the_model_holds_i
         ]),
         ("Optimizer.step#SGD.step", 70, 90, [("aten::add_", 72, 80, [])]),
     ])
+
+
+# An attention: q, k and v projections (modules 1, 2, 3) in attn (call 0's module 0).
+ATTENTION = CallTemplate(
+    ops=(
+        "aten::linear", "aten::view", "aten::transpose", "aten::linear", "aten::view", "aten::transpose",
+        "aten::linear", "aten::view", "aten::transpose", "aten::matmul", "aten::softmax", "aten::matmul",
+    ),
+    call_module=(0, 1, 2, 3),
+    call_parent=(-1, 0, 0, 0),
+    op_call=(1, 0, 0, 2, 0, 0, 3, 0, 0, 0, 0, 0),
+)
+
+
+def test_a_library_versions_extra_views_do_not_shift_one_projection_onto_another() -> None:
+    # The trace's version scales q with a mul, makes k and v contiguous and uses bmm: the
+    # op names around the three linears differ, and an alignment of all ops at once may
+    # pair a trace linear with the template's next one. Anchored on the ops that work,
+    # each linear keeps its own module.
+    # (An alignment of all ops at once pairs the second linear with v_proj's and leaves
+    # the third unmatched: q, v, none.)
+    stream = [
+        "aten::linear", "aten::mul", "aten::view", "aten::view", "aten::reshape", "aten::transpose",
+        "aten::transpose", "aten::linear", "aten::reshape", "aten::reshape", "aten::view", "aten::linear",
+        "aten::mul", "aten::reshape", "aten::transpose", "aten::view", "aten::bmm", "aten::softmax", "aten::mul",
+        "aten::contiguous", "aten::view", "aten::bmm", "aten::reshape", "aten::transpose",
+    ]
+    out = align(stream, ATTENTION)
+    linears = [out.calls[i] for i, name in enumerate(stream) if name == "aten::linear"]
+    assert linears == [1, 2, 3]
+    assert out.unaligned == []  # every call that runs an op matched one
+
+
+# A harness around a model: call 0 (module 0) runs aten::to, then module 1's linear.
+HARNESSED = CallTemplate(
+    ops=("aten::to", "aten::linear", "aten::relu"), call_module=(0, 1), call_parent=(-1, 0), op_call=(0, 1, 0),
+)
+
+
+def test_a_pass_starts_at_the_model_own_op_not_at_a_like_named_op_of_the_harness_before_it() -> None:
+    # After the first call, the harness copies the output (aten::to) and its data loader
+    # runs ops of its own; then the second call begins with the model's own aten::to.
+    loader = ["aten::empty", "aten::random_", "aten::item", "aten::lift_fresh"]
+    stream = ["aten::to", "aten::linear", "aten::relu", "aten::to", *loader, "aten::to", "aten::linear", "aten::relu"]
+    out = align(stream, HARNESSED)
+    assert out.passes == 2
+    assert out.calls == [0, 1, 0, -1, -1, -1, -1, -1, 2, 3, 2]
+    assert out.how[3:8] == [UNPLACED] * 5

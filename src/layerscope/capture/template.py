@@ -130,7 +130,8 @@ def _record(
 
 def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:
     """The template in the profiler's events: the calls (``layerscope.template#K``
-    ranges) and the outermost ops in them, on the thread that ran the model."""
+    ranges) and the outermost ops in them (through the model's own labels), on the
+    thread that ran the model."""
     roots = sorted((e for e in events if e.cpu_parent is None), key=lambda e: e.time_range.start)
     ops: list[str] = []
     op_call: list[int] = []
@@ -145,7 +146,9 @@ def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:
             mine = len(call_module) - 1
             for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
                 walk(child, mine)
-        elif name == _MODE_FRAME:
+        elif name == _MODE_FRAME or getattr(event, "is_user_annotation", False):
+            # The guesses' mode, and the model's own record_function labels: a trace's
+            # stream holds the ops inside them (``traces.align.stream_of``).
             for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
                 walk(child, call)
         elif call >= 0:

@@ -231,12 +231,15 @@ class OpPlacement:
     unaligned: tuple[str, ...] = ()
     #: The data-dependent reads the template's meta run answered with a guess.
     guesses: tuple[str, ...] = ()
+    #: Ops of forwards recomputed in backward (activation checkpointing) placed in the
+    #: calls they recompute.
+    recomputed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "template_ops": self.template_ops, "passes": self.passes, "ops": self.ops, "aligned": self.aligned,
             "by_neighbours": self.by_neighbours, "unplaced": self.unplaced, "unaligned": list(self.unaligned),
-            "guesses": list(self.guesses),
+            "guesses": list(self.guesses), "recomputed": self.recomputed,
         }
 
     @classmethod
@@ -244,7 +247,7 @@ class OpPlacement:
         return cls(
             template_ops=doc["template_ops"], passes=doc["passes"], ops=doc["ops"], aligned=doc["aligned"],
             by_neighbours=doc["by_neighbours"], unplaced=doc["unplaced"], unaligned=tuple(doc.get("unaligned") or ()),
-            guesses=tuple(doc.get("guesses") or ()),
+            guesses=tuple(doc.get("guesses") or ()), recomputed=doc.get("recomputed", 0),
         )
 
 

@@ -12,20 +12,23 @@ sequence numbers, as they always do.
 The alignment (:func:`align`), on op names:
 
 - **Exact fast path**: the stream is the template, once or ``k`` times.
-- **Otherwise** a longest-common-subsequence alignment of the stream against the template
-  repeated ``k`` times (``k`` the number of model calls in the step: the count that
-  aligns with the fewest edits, found by a ternary search), by
-  rapidfuzz's bit-parallel ``Indel`` (about 36 ms for 21k against 21k ops here, never
-  a quadratic table of Python objects).
+- **Otherwise** an anchored longest-common-subsequence alignment of the stream against
+  the template repeated ``k`` times (``k`` the number of model calls in the step: the
+  count that aligns with the fewest edits, found by a ternary search): the ops that do
+  work (not the views, casts and allocations of :data:`LIGHT_OPS`) are aligned first, so
+  a library version's extra ``contiguous`` cannot shift a ``q_proj`` onto a ``k_proj``;
+  then every op between two matched anchors. Both by rapidfuzz's bit-parallel ``Indel``
+  (never a quadratic table of Python objects; docs/benchmarks.md has the times).
 - **Ops without a counterpart** (library version drift: an ``aten::reshape`` more or
   less) take the innermost call that the aligned ops on either side of them share:
   *placed by neighbours*. Ops before a pass's first aligned op or after its last stay
   outside the model (a wrapper's own ops, a loss): *unplaced*.
-- **Confidence**: a pass (one repetition of the template) whose ops matched fewer than
-  :data:`CONFIDENT` of the template's is *not aligned*: its ops keep no module (they stay
-  with the enclosing labels and steps) and the pass is named in the profile's facts. So
-  data-dependent control flow the template did not take (a routing, an early exit) is
-  named, never silently put on a wrong module.
+- **Confidence**: a pass (one repetition of the template) is *aligned* when
+  :data:`CONFIDENT` of the template's calls that run ops of their own had one matched,
+  and half the template's ops were. Otherwise its ops keep no module (they stay with the
+  enclosing labels and steps) and the pass is named in the profile's facts: data-dependent
+  control flow the template did not take (a routing, an early exit: whole calls without
+  a match) is named, never silently put on a wrong module.
 
 Each op's placement is counted (:class:`~layerscope.model.runfacts.OpPlacement`).
 Pure: no torch; rapidfuzz is imported when a stream is not the template.
@@ -33,7 +36,7 @@ Pure: no torch; rapidfuzz is imported when a stream is not the template.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from layerscope.convert.ranges import (
@@ -117,18 +120,21 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
     passes = _passes(stream, once, lambda k: Indel.distance(stream, once * k))
     target = once * passes
 
-    matched_to = [-1] * len(names)  # each stream op's template position, or -1
-    for tag, i1, i2, j1, _ in Indel.opcodes(stream, target):
-        if tag == "equal":
-            for offset in range(i2 - i1):
-                matched_to[i1 + offset] = j1 + offset
-    _slide_back(matched_to, stream, target, n)
+    light = {code for name, code in codes.items() if name in LIGHT_OPS}
+    matched_to = _anchored(stream, target, light)
+    _slide_to_runs(matched_to, stream, n, passes)
 
     per_pass = [0] * passes
+    covered: list[set[int]] = [set() for _ in range(passes)]
     for j in matched_to:
         if j >= 0:
             per_pass[j // n] += 1
-    unaligned = [(p, per_pass[p] / n) for p in range(passes) if per_pass[p] / n < CONFIDENT]
+            covered[j // n].add(template.op_call[j % n])
+    working = set(template.op_call)
+    unaligned = [
+        (p, per_pass[p] / n) for p in range(passes)
+        if not _confident(per_pass[p], n, len(covered[p]), len(working))
+    ]
     dropped = {p for p, _ in unaligned}
 
     calls = [-1] * len(names)
@@ -139,6 +145,72 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
             how[i] = ALIGNED
     _place_by_neighbours(calls, how, template)
     return Aligned(calls, how, passes, unaligned)
+
+
+#: Ops that reshape, view, cast or allocate: the library versions a template and a trace
+#: come from differ most in these (``reshape`` for ``view``, an extra ``contiguous``), and
+#: they are too alike to tell calls apart. The alignment first matches the other ops, the
+#: anchors, then these between them.
+LIGHT_OPS = frozenset({
+    "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose", "aten::permute", "aten::t",
+    "aten::contiguous", "aten::expand", "aten::expand_as", "aten::unsqueeze", "aten::squeeze", "aten::slice",
+    "aten::select", "aten::narrow", "aten::flatten", "aten::unflatten", "aten::split", "aten::split_with_sizes",
+    "aten::chunk", "aten::unbind", "aten::as_strided", "aten::alias", "aten::detach", "aten::detach_",
+    "aten::lift_fresh", "aten::to", "aten::_to_copy", "aten::type_as", "aten::empty", "aten::empty_like",
+    "aten::empty_strided", "aten::size", "aten::stride", "aten::item", "aten::is_nonzero", "aten::_local_scalar_dense",
+    "aten::clone", "aten::copy_", "aten::zeros", "aten::ones", "aten::full", "aten::arange", "aten::mul", "aten::add",
+    "aten::div", "aten::sub", "aten::repeat", "aten::cat", "aten::stack",
+})
+
+
+def _matches(stream: list[int], target: list[int], out: list[int], at_stream: int, at_target: int) -> list[tuple[int, int]]:
+    """A longest common subsequence of ``stream`` and ``target`` (rapidfuzz's Indel), each
+    match written into ``out`` (offset by ``at_stream`` / ``at_target``); the pairs."""
+    from rapidfuzz.distance import Indel
+
+    pairs: list[tuple[int, int]] = []
+    if not stream or not target:
+        return pairs
+    if stream == target:
+        for k in range(len(stream)):
+            out[at_stream + k] = at_target + k
+            pairs.append((at_stream + k, at_target + k))
+        return pairs
+    for tag, i1, i2, j1, _ in Indel.opcodes(stream, target):
+        if tag == "equal":
+            for offset in range(i2 - i1):
+                out[at_stream + i1 + offset] = at_target + j1 + offset
+                pairs.append((at_stream + i1 + offset, at_target + j1 + offset))
+    return pairs
+
+
+def _anchored(stream: list[int], target: list[int], light: set[int]) -> list[int]:
+    """Each stream op's position in ``target``, or -1: the anchors (ops not in ``light``)
+    aligned first, then, between each two matched anchors, every op (module
+    docstring)."""
+    matched_to = [-1] * len(stream)
+    heavy_s = [i for i, code in enumerate(stream) if code not in light]
+    heavy_t = [j for j, code in enumerate(target) if code not in light]
+    anchors: list[tuple[int, int]] = []
+    scratch = [-1] * len(heavy_s)
+    for a, b in _matches([stream[i] for i in heavy_s], [target[j] for j in heavy_t], scratch, 0, 0):
+        anchors.append((heavy_s[a], heavy_t[b]))
+    previous = (-1, -1)
+    for i, j in [*anchors, (len(stream), len(target))]:
+        if i < len(stream):
+            matched_to[i] = j
+        _matches(stream[previous[0] + 1 : i], target[previous[1] + 1 : j], matched_to, previous[0] + 1, previous[1] + 1)
+        previous = (i, j)
+    return matched_to
+
+
+def _confident(matched: int, template_ops: int, calls_matched: int, calls: int) -> bool:
+    """Whether a pass aligned: :data:`CONFIDENT` of the template's calls that run ops of
+    their own had one of them matched, and at least half the template's ops were. A
+    library version's drift (``bmm`` for ``matmul``, a ``contiguous`` more) leaves every
+    call some of its ops; another branch of the model (experts a router did not pick, a
+    layer an early exit skipped) leaves whole calls without any."""
+    return calls_matched >= CONFIDENT * calls and 2 * matched >= template_ops
 
 
 def _passes(stream: list[int], once: list[int], distance: Callable[[int], int]) -> int:
@@ -164,23 +236,30 @@ def _passes(stream: list[int], once: list[int], distance: Callable[[int], int]) 
     return min(range(low, high + 1), key=lambda k: (cost(k), k))
 
 
-def _slide_back(matched_to: list[int], stream: list[int], target: list[int], n: int) -> None:
-    """Matches moved next to the run they continue: where the alignment matched a
-    stream op to a later template position across a pass boundary while an earlier,
-    unmatched position of the same op sits right after the previous match (a common
-    op, ``aten::to``, matched into the next pass), the match moves back to it."""
-    last = -1
+def _slide_to_runs(matched_to: list[int], stream: list[int], n: int, passes: int) -> None:
+    """A pass's first match moved forward, and its last back, next to the run it
+    continues: where the alignment matched the first of the template's ops to an op
+    followed by unmatched ops and then the template's next op, and an op of the same
+    name sits right before that (a harness's ``aten::to`` before the data loader, the
+    model's own after it), the match moves to it; the ops skipped then lie outside the
+    pass."""
+    by_pass: list[list[int]] = [[] for _ in range(passes)]
     for i, j in enumerate(matched_to):
-        if j < 0:
+        if j >= 0:
+            by_pass[j // n].append(i)
+    for mine in by_pass:
+        if len(mine) < 2:
             continue
-        if last >= 0 and j // n != last // n:
-            # The first match of a new pass: an unmatched position of this op just after
-            # the previous match, in the previous pass, continues that run instead.
-            for back in range(last + 1, min(j, (last // n + 1) * n)):
-                if target[back] == stream[i]:
-                    matched_to[i] = j = back
-                    break
-        last = j
+        first, second = mine[0], mine[1]
+        if second - first > 1 and matched_to[second] == matched_to[first] + 1:
+            to = next((k for k in range(second - 1, first, -1) if matched_to[k] < 0 and stream[k] == stream[first]), None)
+            if to is not None:
+                matched_to[to], matched_to[first] = matched_to[first], -1
+        last, before = mine[-1], mine[-2]
+        if last - before > 1 and matched_to[last] == matched_to[before] + 1:
+            to = next((k for k in range(before + 1, last) if matched_to[k] < 0 and stream[k] == stream[last]), None)
+            if to is not None:
+                matched_to[to], matched_to[last] = matched_to[last], -1
 
 
 def _chain(call: int, template: CallTemplate) -> list[int]:
@@ -245,12 +324,15 @@ def stream_of(step: Range) -> Iterator[Range]:
             yield from stream_of(child)
 
 
-def place(steps: list[tuple[Range, int]], template: CallTemplate) -> OpPlacement:
+def place(steps: list[tuple[Range, int]], template: CallTemplate, roots: list[Range] | None = None) -> OpPlacement:
     """Module ranges put into each step of ``steps`` (``(step range, number)``) by
-    aligning its outermost forward ops to ``template``; how each op was placed."""
+    aligning its outermost forward ops to ``template``; then, in the backward nodes of
+    ``roots`` (every thread's), the recomputed forwards of activation checkpointing
+    (:func:`place_recompute`). How each op was placed."""
     per = len(template.call_module)
     ops = aligned = neighbours = unplaced = passes = 0
     unaligned: list[str] = []
+    by_sequence: dict[int, list[int]] = {}
     for step, number in steps:
         stream = list(stream_of(step))
         found = align([op.name for op in stream], template)
@@ -271,14 +353,158 @@ def place(steps: list[tuple[Range, int]], template: CallTemplate) -> OpPlacement
             for call in chain:
                 sizes[call] = sizes.get(call, 0) + 1
         step.children = _wrapped(step.children, [], placed, module_of, sizes)
+        for op in stream:
+            chain = placed.get(id(op))
+            if chain is not None:
+                _sequence_numbers(op, chain, by_sequence)
         ops += len(stream)
         aligned += found.how.count(ALIGNED)
         neighbours += found.how.count(BY_NEIGHBOURS)
         unplaced += found.how.count(UNPLACED)
+    recomputed = place_recompute(roots or [], by_sequence, template)
     return OpPlacement(
         template_ops=len(template.ops), passes=passes, ops=ops, aligned=aligned, by_neighbours=neighbours,
-        unplaced=unplaced, unaligned=tuple(unaligned), guesses=template.guesses,
+        unplaced=unplaced, unaligned=tuple(unaligned), guesses=template.guesses, recomputed=recomputed,
     )
+
+
+def _sequence_numbers(op: Range, chain: list[int], out: dict[int, list[int]]) -> None:
+    """Each autograd sequence number in ``op`` (its own and its nested ops': the node of
+    ``aten::linear`` is its ``addmm``'s), mapped to the calls ``op`` ran in."""
+    todo = [op]
+    while todo:
+        item = todo.pop()
+        seq = getattr(item.extra_fields, "sequence_number", -1)
+        if seq >= 0:
+            out.setdefault(seq, chain)
+        if item.children:
+            todo.extend(item.children)
+
+
+def _node_sequence(node: Range) -> int:
+    """A backward node's sequence number: its own, else its function's (the op in it)."""
+    seq = getattr(node.extra_fields, "sequence_number", -1)
+    if seq < 0:
+        seq = next((getattr(c.extra_fields, "sequence_number", -1) for c in node.children if is_op(c)), -1)
+    return seq
+
+
+def _call_spans(template: CallTemplate) -> list[tuple[int, int]]:
+    """Each call's ops in the template as ``(first, last)`` positions (its own and its
+    callees': contiguous); ``(0, -1)`` for a call that ran no op."""
+    spans = [(len(template.ops), -1)] * len(template.call_module)
+    for at, call in enumerate(template.op_call):
+        while call >= 0:
+            first, last = spans[call]
+            spans[call] = (min(first, at), max(last, at))
+            call = template.call_parent[call]
+    return [(first, last) if last >= 0 else (0, -1) for first, last in spans]
+
+
+def place_recompute(roots: list[Range], by_sequence: dict[int, list[int]], template: CallTemplate) -> int:
+    """Module ranges around the forwards that activation checkpointing recomputes
+    during backward; the ops placed.
+
+    A recompute runs inside the backward node that first needs a checkpointed
+    activation: its ops are the ones there with autograd sequence numbers (grad is on
+    for a recompute, off for a node's own work). The node's sequence number names the
+    forward op it is the backward of (``by_sequence``: that op's calls); the recomputed
+    call is the innermost of those calls whose template ops are at least as many as
+    :data:`CONFIDENT` of the recompute's, and the recompute is aligned to that call's
+    ops alone, nested from it, as the Python tracer nests a recomputed module call."""
+    spans = _call_spans(template)
+    per = len(template.call_module)
+    placed_ops = 0
+    todo = list(roots)
+    while todo:
+        rng = todo.pop()
+        if not rng.children:
+            continue
+        if not rng.name.startswith(EVALUATE):
+            todo.extend(rng.children)
+            continue
+        own = _node_sequence(rng)
+        chain = by_sequence.get(own)
+        for container, run in _recompute_runs(rng, own):
+            if chain is not None:
+                placed_ops += _place_run(container, run, chain, template, spans, per)
+        todo.extend(c for c in _nested_nodes(rng))
+    return placed_ops
+
+
+def _nested_nodes(node: Range) -> Iterator[Range]:
+    """Backward nodes run inside ``node`` (a reentrant checkpoint's backward)."""
+    todo = list(node.children)
+    while todo:
+        item = todo.pop()
+        if item.name.startswith(EVALUATE):
+            yield item
+        elif item.children:
+            todo.extend(item.children)
+
+
+def _recompute_runs(node: Range, own: int) -> Iterator[tuple[Range, list[Range]]]:
+    """Runs of sibling ops with sequence numbers in a backward node, and the range they
+    are the children of (not inside nested backward nodes, nor inside the runs); the
+    node's function (the op with the node's own sequence number ``own``) holds them."""
+    todo = [node]
+    while todo:
+        parent = todo.pop()
+        run: list[Range] = []
+        for child in parent.children:
+            if child.name == MEMORY:
+                continue
+            if child.name.startswith(EVALUATE):
+                if run:
+                    yield parent, run
+                    run = []
+                continue
+            seq = getattr(child.extra_fields, "sequence_number", -1)
+            if is_op(child) and seq >= 0 and seq != own:
+                run.append(child)
+                continue
+            if run:
+                yield parent, run
+                run = []
+            if child.children:
+                todo.append(child)
+        if run:
+            yield parent, run
+
+
+def _place_run(
+    container: Range, run: list[Range], chain: list[int], template: CallTemplate, spans: list[tuple[int, int]],
+    per: int,
+) -> int:
+    """One recompute run placed under the call of ``chain`` it recomputes (module
+    docstring of :func:`place_recompute`); the ops placed (0: none fits)."""
+    at = next(
+        (k for k in range(len(chain) - 1, -1, -1) if spans[chain[k] % per][1] - spans[chain[k] % per][0] + 1 >= CONFIDENT * len(run)),
+        None,
+    )
+    if at is None:
+        return 0
+    call = chain[at]
+    base = call - call % per
+    first, last = spans[call % per]
+    part = CallTemplate(
+        ops=template.ops[first : last + 1], call_module=template.call_module, call_parent=template.call_parent,
+        op_call=template.op_call[first : last + 1],
+    )
+    found = align([op.name for op in run], part)
+    if found.passes != 1 or found.unaligned:
+        return 0
+    placed: dict[int, list[int]] = {}
+    for op, local in zip(run, found.calls):
+        full = _chain(base + local, template) if local >= 0 else chain[: at + 1]
+        placed[id(op)] = full[at:]  # from the recomputed call down
+    sizes: dict[int, int] = {}
+    for calls in placed.values():
+        for c in calls:
+            sizes[c] = sizes.get(c, 0) + 1
+    module_of = {c: template.call_module[c % per] for calls in placed.values() for c in calls}
+    container.children = _wrapped(container.children, [], placed, module_of, sizes)
+    return len(placed)
 
 
 def _label_chain(rng: Range, placed: dict[int, list[int]], sizes: dict[int, int]) -> list[int] | None:
@@ -307,7 +533,7 @@ def _label_chain(rng: Range, placed: dict[int, list[int]], sizes: dict[int, int]
 
 
 def _wrapped(
-    children: list[Range], base: list[int], placed: dict[int, list[int]], module_of: list[int],
+    children: list[Range], base: list[int], placed: dict[int, list[int]], module_of: Mapping[int, int] | list[int],
     sizes: dict[int, int],
 ) -> list[Range]:
     """``children`` (siblings, in time order) with calls deeper than ``base`` opened and

@@ -158,7 +158,7 @@ def profile_of_ranges(
     if learned is not None:
         steps = [r for r in roots if r.name == STEP_NAME]
         how = ModulesFrom(
-            method=ALIGNED_METHOD, instances=0, matched=0, placement=place(list(zip(steps, numbers)), learned),
+            method=ALIGNED_METHOD, instances=0, matched=0, placement=place(list(zip(steps, numbers)), learned, roots),
         )
         _warn_unaligned(how, source)
     has_device = bool(ranges.device_events)
@@ -311,7 +311,11 @@ def _spliced(ranges: list[Range], dropped: set[int]) -> list[Range]:
         return ranges
     out: list[Range] = []
     for rng in ranges:
-        kids = _spliced(rng.children, dropped) if rng.children else rng.children
+        if not rng.children:  # an allocation's are its class's, and read-only
+            if id(rng) not in dropped:
+                out.append(rng)
+            continue
+        kids = _spliced(rng.children, dropped)
         if id(rng) in dropped:
             out.extend(kids)
         else:
@@ -333,10 +337,14 @@ def _steps(ranges: TraceRanges, roots: list[Range]) -> list[int]:
         owner = marks[0][0].start_tid
         marks = [(rng, n) for rng, n in marks if rng.start_tid == owner]
     else:
+        # The thread that did most outside backward nodes: a module call weighs most; a
+        # trace without them is weighed by its ranges (autograd's thread also runs a
+        # wrapper's own ops, DDP's bucket copies, at its top level).
         weight: dict[int, int] = {}
         for rng in roots:
             if not rng.name.startswith(_EVALUATE):
-                weight[rng.start_tid] = weight.get(rng.start_tid, 0) + 1 + 100 * rng.name.startswith(MODULE_PREFIX)
+                mine = 1 + 100 * rng.name.startswith(MODULE_PREFIX) + _size(rng)
+                weight[rng.start_tid] = weight.get(rng.start_tid, 0) + mine
         if not weight:
             return []
         owner = max(weight, key=lambda tid: weight[tid])
@@ -366,6 +374,18 @@ def _steps(ranges: TraceRanges, roots: list[Range]) -> list[int]:
         numbers.append(number)
     roots[:] = [r for r in roots if r.start_tid != owner] + steps
     return numbers
+
+
+def _size(rng: Range) -> int:
+    """The ranges nested in ``rng``, at every depth."""
+    count = 0
+    todo = list(rng.children)
+    while todo:
+        item = todo.pop()
+        count += 1
+        if item.children:
+            todo.extend(item.children)
+    return count
 
 
 def _meta(

@@ -168,14 +168,42 @@ def map_to_model(
     stays with the frame they ran in). ``param_shapes`` (each module's own parameters'
     shapes) prefers, among modules of one class, one whose parameters' shapes the
     instance's ops were given (BERT's position and token-type embeddings, called in the
-    other order than registered)."""
+    other order than registered); for a module with no parameters of its own, its
+    submodules' parameters among the shapes given to its instance's and its callees' ops
+    (OWLv2's box and objectness heads, one class of three Linears, called in the other
+    order than registered)."""
     shapes_of = param_shapes or [set() for _ in infos]
     model_types = {info.type for info in infos}
     trace_types = {instance.type for instance in found.values()}
     renamed: dict[str, str] = {}
 
+    model_kids: dict[int, list[int]] = {}
+    at_path = {info.path: i for i, info in enumerate(infos)}
+    for i, info in enumerate(infos):
+        if info.parent is not None and info.parent in at_path:
+            model_kids.setdefault(at_path[info.parent], []).append(i)
+    model_below: dict[int, set[tuple[int, ...]]] = {}
+    trace_below: dict[str, set[tuple[int, ...]]] = {}
+
+    def below_model(at: int) -> set[tuple[int, ...]]:
+        """The parameter shapes of module ``at`` and its submodules."""
+        if at not in model_below:
+            model_below[at] = set(shapes_of[at]).union(*(below_model(k) for k in model_kids.get(at, [])))
+        return model_below[at]
+
+    def below_trace(name: str, depth: int = 0) -> set[tuple[int, ...]]:
+        """The shapes the ops of instance ``name`` and of those it called were given."""
+        if name not in trace_below:
+            kids = found[name].children if depth < 64 else []
+            trace_below[name] = set(found[name].shapes).union(*(below_trace(k, depth + 1) for k in kids if k in found))
+        return trace_below[name]
+
     def fits(instance: Instance, at: int) -> bool:
-        return not instance.shapes or shapes_of[at] <= instance.shapes
+        if shapes_of[at]:
+            return not instance.shapes or shapes_of[at] <= instance.shapes
+        # A module without parameters of its own (a head of Linears): by its submodules'.
+        mine, theirs = below_model(at), below_trace(instance.name)
+        return not mine or not theirs or mine <= theirs
 
     def pick(instance: Instance, candidates: list[int], *, under_parent: bool = False) -> int | None:
         same = [i for i in candidates if infos[i].type == instance.type and i not in taken]

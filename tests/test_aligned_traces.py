@@ -1,0 +1,168 @@
+"""Traces without module events, read with their model: the real GPU traces with their
+Python events removed must give the module tree their with-stack read gives.
+
+The oracle is the same trace read with its ``nn.Module`` events (the Python tracer's,
+recorded with ``with_stack=True``): per module and phase (forward, backward, the
+recompute of activation checkpointing), device time within 1% for every module of at
+least 1% of the step's device time, and FLOPs equal for every module with parameters
+and for the whole model. Modules without parameters are left out of the FLOP check: a
+with-stack read matches a trace's instances to a model's modules by class and call order,
+which cannot tell apart two parameterless siblings of one class when only one is called
+(GPT-2's ``attn_dropout`` and ``resid_dropout``: the aligned read puts the dropout in the
+one the model's code calls).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import layerscope
+from layerscope.base.errors import LayerscopeWarning
+from layerscope.model.check import tree_problems
+
+sys.path.insert(0, str(Path(__file__).parent))
+from trace_models import TRACE_MODELS
+
+#: The traces whose aligned read takes seconds here: in the slow tier.
+SLOW = {
+    "h100_owlv2_inference", "h100_qwen1.5_0.5b_inference", "mi300x_resnet_ddp_actckpt_train_rank0",
+    "h100_gpt2_adamw_train", "h100_llama_bf16_train", "mi300x_bert_small_inference", "mi300x_norm_layers_fwd_bwd",
+    "h100_ddp_nccl_train",
+}
+WITH_MODULES = [name for name in TRACE_MODELS if name != "a100_alexnet_no_modules"]
+
+
+def _without_python_events(source: Path, target: Path) -> Path:
+    """``source`` as torch.profiler would have written it without ``with_stack``: no
+    ``python_function`` events (the module calls among them)."""
+    with gzip.open(source, "rt") as handle:
+        doc = json.load(handle)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "python_function"]
+    target.write_text(json.dumps(doc))
+    return target
+
+
+def _device(phase: Any) -> int:
+    return (phase.device_time_ns or 0) if phase is not None else 0
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in WITH_MODULES]
+)
+def test_a_trace_without_module_events_reads_as_its_with_stack_read(
+    name: str, shared_traces: Path, tmp_path: Path
+) -> None:
+    model, inputs = TRACE_MODELS[name]()
+    with warnings.catch_warnings():
+        # A wrapper the model given does not hold (DDP), a loss module called outside it.
+        warnings.simplefilter("ignore", LayerscopeWarning)
+        truth = layerscope.load(shared_traces / f"{name}.json.gz", model=model)
+    bare = _without_python_events(shared_traces / f"{name}.json.gz", tmp_path / f"{name}.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LayerscopeWarning)  # every pass aligns: nothing to warn of
+        aligned = layerscope.load(bare, model=model, inputs=inputs)
+    assert tree_problems(aligned) == []
+    placed = aligned.meta.modules_from.placement
+    assert placed is not None and placed.unaligned == ()
+    assert placed.ops == placed.aligned + placed.by_neighbours + placed.unplaced
+    # Version drift (the traces were recorded with transformers 5.17) is absorbed by the
+    # neighbours; most ops find their own counterpart.
+    assert placed.aligned >= 0.5 * placed.ops
+
+    root = truth.root
+    step = _device(root.forward) + _device(root.backward) + _device(root.recompute)
+    assert step > 0
+    compared = 0
+    for node in truth.modules():
+        mine = aligned[node.path]
+        for phase in ("forward", "backward", "recompute"):
+            want, got = _device(getattr(node, phase)), _device(getattr(mine, phase))
+            if want >= 0.01 * step:
+                compared += 1
+                assert abs(got - want) <= 0.01 * want, (node.path, phase, want, got)
+            if node.params or node.path == "":
+                want_flops = getattr(node, phase).flops if getattr(node, phase) is not None else None
+                got_flops = getattr(mine, phase).flops if getattr(mine, phase) is not None else None
+                assert got_flops == want_flops, (node.path, phase)
+    assert compared >= 3
+
+
+def test_checkpointed_recomputes_are_placed_in_the_calls_they_recompute(shared_traces: Path, tmp_path: Path) -> None:
+    """GPT-2 (6 layers) with non-reentrant activation checkpointing: each block's
+    forward runs again inside the first backward node that needs its activations. By
+    autograd's sequence numbers alone, all of it would be that node's (the block's last
+    dropout) backward; aligned on its own, each recompute is its block's."""
+    name = "h100_gpt2_ckpt_train"
+    model, inputs = TRACE_MODELS[name]()
+    bare = _without_python_events(shared_traces / f"{name}.json.gz", tmp_path / "ckpt.json")
+    aligned = layerscope.load(bare, model=model, inputs=inputs)
+    placed = aligned.meta.modules_from.placement
+    assert placed is not None and placed.recomputed > 0
+    for k in range(6):
+        block = aligned[f"transformer.h.{k}"]
+        assert block.recompute is not None and _device(block.recompute) > 0
+        # The dropout's own backward is a mask multiply: microseconds, not the block's
+        # recompute (about 0.5 ms each on the H100).
+        assert _device(aligned[f"transformer.h.{k}.mlp.dropout"].backward) < 20_000
+
+
+def test_alexnet_without_module_events_gets_a_tree_whose_modules_run_ops_of_their_kind(
+    shared_traces: Path,
+) -> None:
+    """The A100 AlexNet trace never had module events (nor shapes): read with the zoo
+    AlexNet, its two forward passes (warm-up and measured) align op for op, and each
+    module runs the op of its kind, with device time."""
+    model, inputs = TRACE_MODELS["a100_alexnet_no_modules"]()
+    profile = layerscope.load(shared_traces / "a100_alexnet_no_modules.json.gz", model=model, inputs=inputs)
+    placed = profile.meta.modules_from.placement
+    assert placed is not None
+    assert (placed.template_ops, placed.passes, placed.aligned, placed.by_neighbours) == (22, 2, 44, 0)
+    assert placed.unaligned == ()
+    assert tree_problems(profile) == []
+    kinds = {"features.0": "aten::conv2d", "features.1": "aten::relu_", "features.2": "aten::max_pool2d",
+             "avgpool": "aten::adaptive_avg_pool2d", "classifier.0": "aten::dropout", "classifier.6": "aten::linear"}
+    for path, op in kinds.items():
+        node = profile[path]
+        assert node.calls == 2, path
+        assert [row.name for row in profile.ops(module=path)] == [op], path
+        assert _device(node.forward) > 0, path
+
+
+def test_the_placement_is_said_in_the_footer_and_kept_by_a_saved_profile(shared_traces: Path, tmp_path: Path) -> None:
+    model, inputs = TRACE_MODELS["h100_bert_base_fwd"]()
+    bare = _without_python_events(shared_traces / "h100_bert_base_fwd.json.gz", tmp_path / "bert.json")
+    profile = layerscope.load(bare, model=model, inputs=inputs)
+    line = next(line for line in profile.render("text").splitlines() if line.startswith("Modules:"))
+    placed = profile.meta.modules_from.placement
+    assert line == (
+        "Modules: aligned to the model's call template (the trace has no nn.Module events): "
+        f"{placed.ops} forward ops in 1 pass of a {placed.template_ops}-op template: {placed.aligned} aligned, "
+        f"{placed.by_neighbours} placed by neighbours, {placed.unplaced} in no module"
+    )
+    saved = tmp_path / "bert_profile.json"
+    profile.save(saved)
+    again = layerscope.load(saved)
+    assert again.meta.modules_from.placement == placed
+    assert again.root.forward.device_time_ns == profile.root.forward.device_time_ns
+
+
+@pytest.mark.slow
+def test_show_reads_a_trace_without_module_events_with_model_and_input(shared_traces: Path, tmp_path: Path) -> None:
+    bare = _without_python_events(shared_traces / "h100_bert_base_fwd.json.gz", tmp_path / "bert.json")
+    run = subprocess.run(
+        [sys.executable, "-m", "layerscope", "show", str(bare), "--model", "transformers:BertModel",
+         "--input", "8x128:int64", "--depth", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Modules: aligned to the model's call template" in run.stdout
+    assert "│   └── layer" not in run.stdout  # depth 1
+    assert "├── encoder" in run.stdout
