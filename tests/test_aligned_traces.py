@@ -166,3 +166,72 @@ def test_show_reads_a_trace_without_module_events_with_model_and_input(shared_tr
     assert "Modules: aligned to the model's call template" in run.stdout
     assert "│   └── layer" not in run.stdout  # depth 1
     assert "├── encoder" in run.stdout
+
+
+def _loss(out: Any) -> Any:
+    """A scalar from a model's output: its tensor, its first, or its last hidden state."""
+    for attribute in ("logits", "last_hidden_state"):
+        out = getattr(out, attribute, out)
+    return (out[0] if isinstance(out, tuple) else out).float().sum()
+
+
+def _record_without_stack(model: Any, inputs: Any, path: Path) -> None:
+    """A forward and backward recorded as most runs are: torch.profiler's defaults plus
+    shapes, no ``with_stack``."""
+    import torch
+    from torch.profiler import profile
+
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
+    _loss(model(*args, **kwargs)).backward()  # warm
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        _loss(model(*args, **kwargs)).backward()
+    model.zero_grad(set_to_none=True)
+    prof.export_chrome_trace(str(path))
+
+
+def _tiny_bert() -> tuple[Any, Any]:
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500
+    )
+    torch.manual_seed(0)
+    return transformers.BertModel(config).eval(), {"input_ids": torch.randint(0, 500, (2, 16))}
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5", pytest.param("gpt", marks=pytest.mark.slow), pytest.param("bert", marks=pytest.mark.slow)])
+def test_a_cpu_trace_recorded_here_without_stack_counts_each_modules_flops_as_count_flops(
+    name: str, tmp_path: Path
+) -> None:
+    """Recorded here without ``with_stack`` (so without module events), read with the
+    model and its inputs: every module's calls and forward and backward FLOPs are those
+    ``count_flops`` counts for the same model and inputs."""
+    import torch
+
+    from layerscope import zoo
+
+    if name == "bert":
+        model, inputs = _tiny_bert()
+    else:
+        entry = zoo.get(name)
+        torch.manual_seed(0)
+        model, inputs = entry.build(), entry.example_inputs(2)
+    path = tmp_path / f"{name}.json"
+    _record_without_stack(model, inputs, path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    traced = layerscope.load(path, model=model, inputs=inputs)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # only read
+    placed = traced.meta.modules_from.placement
+    assert placed is not None and placed.unaligned == () and placed.by_neighbours == 0
+    assert tree_problems(traced) == []
+
+    counted = layerscope.count_flops(model, inputs, backward=True, loss_fn=_loss)
+    for node in counted.modules():
+        mine = traced[node.path]
+        assert mine.forward.flops == node.forward.flops, node.path
+        if node.calls:
+            assert mine.calls == node.calls, node.path
+        if node.backward is not None and node.backward.flops:
+            assert mine.backward is not None and mine.backward.flops == node.backward.flops, node.path
