@@ -1,12 +1,11 @@
-"""The aligner of traces without module events (``traces/align.py``), on hand-built op
+"""The aligner of traces without module events (``convert/align.py``), on hand-built op
 streams and range trees: every expected placement worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from layerscope.convert.ranges import MEMORY, MODULE_PREFIX, USER_SCOPE, Range, RangeFields
-from layerscope.traces.align import (
+from layerscope.convert.align import (
     ALIGNED,
     BY_NEIGHBOURS,
     UNPLACED,
@@ -14,6 +13,7 @@ from layerscope.traces.align import (
     align,
     place,
 )
+from layerscope.convert.ranges import MEMORY, MODULE_PREFIX, USER_SCOPE, Range, RangeFields
 
 # A model: root (module 0) calls block (module 1) which calls fc1 (2) and act (3), then
 # the root calls head (4). Calls: 0 root, 1 block, 2 fc1, 3 act, 4 head.

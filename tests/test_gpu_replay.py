@@ -234,3 +234,29 @@ def test_a_light_step_block_on_the_h100s_events(name: str) -> None:
     )
     assert mixed.root.forward.device_time_ns > 0
     assert all(op.device_time_ns is None and op.cpu_time_ns is None for node in mixed.nodes() for op in node.ops)
+
+
+def test_steps_recorded_without_module_hooks_give_every_node_the_device_time_of_the_hooked_read(
+    recorded: tuple[str, dict[str, Any], layerscope.Profile],
+) -> None:
+    """``Profiler(hooks="first")`` on the H100: each capture's steps replayed with their
+    module ranges taken out (as torch's profiler records them without layerscope's
+    hooks) and put back by aligning the ops to the first step's call template give every
+    node, in every phase (forward, backward, a checkpoint's recompute), the device time
+    of the hooked read, to the nanosecond."""
+    name, data, prof = recorded
+    aligned = replay.replay(data, aligned=True)
+    layerscope.check_tree(aligned)
+    placed = aligned.meta.modules_from.placement
+    assert placed is not None and placed.unaligned == ()
+    assert placed.aligned > 0 and placed.ops == placed.aligned + placed.by_neighbours + placed.unplaced
+    if name == "gpt2_ckpt_train":
+        assert placed.recomputed > 0
+    assert [n.path for n in aligned.nodes()] == [n.path for n in prof.nodes()]
+    for node in prof.nodes():
+        mine = aligned.node(node.path)
+        for phase in ("forward", "backward", "recompute"):
+            want, got = getattr(node, phase), getattr(mine, phase)
+            assert (want is None) == (got is None), (node.path, phase)
+            if want is not None:
+                assert got.device_time_ns == want.device_time_ns, (node.path, phase)

@@ -268,3 +268,113 @@ def test_inside_a_users_torch_profiler_every_step_is_recorded_as_before() -> Non
     assert profile.meta.times_from == "dispatch mode"
     assert (profile.figures.detailed_steps, profile.figures.steps) == (None, 3)
     assert profile["0"].forward.flops == 3 * (2 * 2 * 8 * 8 + 2 * 8)
+
+
+# -- hooks="first": light steps without module hooks, their ops aligned ------------------
+
+
+def test_light_steps_without_module_hooks_get_the_modules_of_the_hooked_step() -> None:
+    """``hooks="first"``: the detailed step runs the module hooks; the light steps run
+    torch's profiler alone (no global module hook is installed while they run), and
+    their ops are placed in the calls of the detailed step's template. The tree is the
+    one a hooked block builds: the same calls and counts, every module with ops timed."""
+    model, inputs = _bert()
+    twin = copy.deepcopy(model)
+    hooks_seen: list[int] = []
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    with layerscope.Profiler(model, detail="first", hooks="first") as prof:
+        for _ in range(4):
+            hooks_seen.append(len(torch.nn.modules.module._global_forward_pre_hooks))
+            model(**inputs).last_hidden_state.sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    # Step 0's window runs layerscope's hooks; steps 1-3 run none.
+    assert hooks_seen[0] >= 1 and hooks_seen[1:] == [0, 0, 0]
+    profile = prof.profile
+    assert tree_problems(profile) == []
+    placed = profile.meta.modules_from.placement
+    assert placed is not None
+    assert placed.passes == 3 and placed.unaligned == ()
+    # One call of the model per light step, every forward op found: the same library ran
+    # the template and the steps, so nothing is placed by neighbours.
+    assert placed.aligned == 3 * placed.template_ops and placed.by_neighbours == 0
+    hooked, _ = _train(twin, inputs, 4, detail="first")
+    reference = hooked.profile
+    assert [n.path for n in profile.modules()] == [n.path for n in reference.modules()]
+    for node in profile.modules():
+        other = reference[node.path]
+        assert node.calls == other.calls, node.path
+        assert node.forward.flops == other.forward.flops, node.path
+        if other.forward.self_cpu_time_ns and node.ops:
+            assert node.forward.self_cpu_time_ns > 0, node.path
+        if other.backward is not None and other.backward.cpu_time_ns:
+            assert node.backward is not None and node.backward.cpu_time_ns > 0, node.path
+    text = profile.render("text", depth=0)
+    assert (
+        f"Light steps without module hooks (hooks='first'): {placed.ops} forward ops of 3 model calls aligned to "
+        f"the hooked step's {placed.template_ops}: {placed.aligned} aligned, 0 placed by neighbours, "
+        f"{placed.unplaced} in no module; module CPU times run from a call's first op to its last"
+    ) in text
+
+
+
+def test_a_light_step_that_does_not_align_is_named_and_the_next_window_is_hooked_again(tmp_path: Any) -> None:
+    """The model takes another branch in step 2 (an early exit: its later blocks never
+    run): that step's ops match too few of the template's calls, stay with the step,
+    and are named; the window after it (a window holds ``WINDOW_STEPS`` steps) runs the
+    hooks again."""
+    from layerscope.block import WINDOW_STEPS
+
+
+    class EarlyExit(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)) for _ in range(4)])
+            self.exit_after: int | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for k, block in enumerate(self.blocks):
+                x = block(x)
+                if self.exit_after == k:
+                    break
+            return x
+
+    model = EarlyExit()
+    x = torch.randn(2, 8)
+    hooks_seen: list[int] = []
+    steps = 2 * WINDOW_STEPS + 2
+    with layerscope.Profiler(model, detail="first", hooks="first") as prof:
+        for step in range(steps):
+            model.exit_after = 0 if step == 2 else None
+            hooks_seen.append(len(torch.nn.modules.module._global_forward_pre_hooks))
+            model(x)
+            prof.step()
+    profile = prof.profile
+    placed = profile.meta.modules_from.placement
+    assert placed is not None
+    # Step 2 ran the first block alone: 3 of the template's 12 ops (4 blocks of 3).
+    assert placed.unaligned == ("step 2, pass 1: 25% of the template matched",)
+    assert tree_problems(profile) == []
+    # Step 0 hooked (detailed); the first light window unhooked; the next one hooked
+    # again (its template learned anew); the one after unhooked.
+    first_light, second_light = 1, 1 + WINDOW_STEPS
+    assert hooks_seen[0] >= 1
+    assert set(hooks_seen[first_light:second_light]) == {0}
+    assert set(hooks_seen[second_light : second_light + WINDOW_STEPS]) != {0}
+    assert "Not aligned (their ops left with the step): step " in profile.render("text", depth=0)
+    # Saved and read back, the placement stays.
+    profile.save(tmp_path / "run.json")
+    assert layerscope.load(tmp_path / "run.json").meta.modules_from.placement == placed
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"hooks": "some"}, "hooks must be one of 'every', 'first', got 'some'"),
+        ({"hooks": "first"}, "hooks='first' records the light steps of detail='first'"),
+    ],
+)
+def test_bad_hooks_options_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        layerscope.Profiler(nn.Linear(2, 2), **options)

@@ -58,6 +58,24 @@ if TYPE_CHECKING:
 DETAIL = ("every", "first")
 
 
+#: Which steps of a block run module hooks (``Profiler(hooks=...)``).
+HOOKS = ("every", "first")
+
+
+def check_hooks(hooks: str, detail: str) -> None:
+    """``Profiler(hooks=...)`` checked against ``detail`` (ValueError)."""
+    if hooks not in HOOKS:
+        raise ValueError(
+            f"hooks must be one of {', '.join(map(repr, HOOKS))}, got {hooks!r}: 'every' opens a range per module "
+            "call in every step, 'first' only in the detailed steps (the light steps' ops are aligned to their calls)"
+        )
+    if hooks == "first" and detail != "first":
+        raise ValueError(
+            "hooks='first' records the light steps of detail='first' without module hooks; with "
+            f"detail={detail!r} every step is detailed and hooked: give detail='first' too"
+        )
+
+
 def check_detail(detail: str, record_ops: bool) -> None:
     """``Profiler(detail=...)`` checked against its other arguments (ValueError)."""
     if detail not in DETAIL:
@@ -92,6 +110,9 @@ class _Options:
     #: Which steps are recorded in detail: "every", or "first" (each cycle's first
     #: recorded step; the others are timed lightly).
     detail: str = "every"
+    #: Which steps run module hooks: "every", or "first" (the detailed steps; the light
+    #: ones record torch's profiler alone, their ops aligned to the hooked step's calls).
+    hooks: str = "every"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -344,17 +365,19 @@ class Profiler:
         on_ready: Callable[[Profile], Any] | None = None,
         peak_tflops: float | None = None,
         detail: str = "every",
+        hooks: str = "every",
     ) -> None:
         self.model = require_module(model)
         peak_tflops = check_peak_tflops(peak_tflops)
         check_detail(detail, record_ops)
+        check_hooks(hooks, detail)
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):
             raise TypeError(f"on_ready must be a callable taking a Profile, got {on_ready!r}")
         self._options = _Options(
             paths=paths, record_ops=record_ops, memory=memory and record_ops, with_stack=with_stack and record_ops,
-            clock=clock, schedule=schedule, peak_tflops=peak_tflops, detail=detail,
+            clock=clock, schedule=schedule, peak_tflops=peak_tflops, detail=detail, hooks=hooks,
         )
         #: Where each cycle's profile goes.
         self._on_ready = on_ready
@@ -416,7 +439,7 @@ class Profiler:
         assembly = Assembly(CapturePlan(
             self.model, paths=options.paths, steps=True, detail=options.record_ops, memory=options.memory,
             with_stack=options.with_stack, clock=options.clock, torch_profiler=options.record_ops, bounded=False,
-            with_repr=options.record_ops,
+            with_repr=options.record_ops, hooks=options.hooks,
         ))
         self._compile_mark = compile_mark()
         stack = contextlib.ExitStack()
@@ -572,9 +595,13 @@ class Profiler:
         pending = self._capture.assembly.collect_later()
         assert pending is not None, "only a windowed block reads later"
         cycle, raw, light = self._cycle, self._raw(complete=complete), not self._window_detailed
+        assembly = self._capture.assembly
 
         def build() -> Profile | None:
             self._fold(pending.streams, steps, light=light)
+            aligned = assembly.aligned_steps(raw.meta.modules_from)  # and the last window's, read just now
+            if aligned is not None:
+                raw.meta.modules_from = aligned
             return None if cycle.empty else cycle.build(_ranged(raw, cycle))
 
         self._later = build
@@ -594,6 +621,7 @@ class Profiler:
         return assembly.capture(
             mode="context",
             complete=complete,
+            modules_from=assembly.aligned_steps(),
             schedule=None if options.schedule is None else str(options.schedule),
             autocast=amp,
             peak_flops_per_s=peak_flops_per_s(options.peak_tflops, assembly.device, amp or model_dtype(self.model)),

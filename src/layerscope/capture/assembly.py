@@ -44,8 +44,9 @@ from layerscope.capture.modules import (
     require_module,
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
+from layerscope.convert.align import combined
 from layerscope.model.raw import Event, ModuleShapes, RawCapture
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import ModulesFrom, RunFacts
 
 #: ``meta.times_from`` where torch's profiler was to record and could not.
 DISPATCH_MODE = "dispatch mode"
@@ -100,6 +101,9 @@ class CapturePlan:
     bounded: bool = True
     #: Keep each module's ``extra_repr()`` (the annotated model view).
     with_repr: bool = True
+    #: "first": light steps record torch's profiler without module hooks, their ops
+    #: aligned to the calls of the window before (``Profiler(hooks="first")``).
+    hooks: str = "every"
 
 
 class Assembly:
@@ -173,6 +177,7 @@ class Assembly:
                 detailed_steps(
                     plan.model, self.modules, selected, self.device, state_tensors=self.recorder.state_tensors,
                     memory=self._memory, with_stack=self._with_stack, steps=plan.steps, inputs=self._inputs,
+                    hooks=plan.hooks,
                 )
                 if plan.detail
                 else timed_steps(self.modules, selected, self.device, steps=plan.steps)
@@ -227,6 +232,17 @@ class Assembly:
         (:attr:`windowed`)."""
         assert isinstance(self.backend, KinetoSteps)
         self.backend.light(light)
+
+    def aligned_steps(self, before: ModulesFrom | None = None) -> ModulesFrom | None:
+        """How the steps recorded without module hooks had their ops placed in module
+        calls (``hooks="first"``), in the windows read since the last call (a cycle's),
+        added to ``before`` (this cycle's, told earlier); None where none were."""
+        placed = self.backend.placement() if isinstance(self.backend, KinetoSteps) else None
+        earlier = before.placement if before is not None else None
+        placed = combined([p for p in (earlier, placed) if p is not None])
+        if placed is None:
+            return before
+        return ModulesFrom(method=LIVE_ALIGNED, instances=0, matched=0, placement=placed)
 
     def collect_later(self) -> PendingRead[list[list[Event]]] | None:
         """Stop capturing now and read the finished steps on first use, where the backend
@@ -287,6 +303,10 @@ class Assembly:
                 **facts,
             ),
         )
+
+
+#: ``meta.modules_from.method`` of a block whose light steps ran no module hooks.
+LIVE_ALIGNED = "light steps recorded without module hooks, their ops aligned to the calls of the hooked steps"
 
 
 def _inputs_facts(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:

@@ -23,7 +23,9 @@ from torch import nn
 
 from layerscope.capture.kineto import KinetoWindow, PendingRead, available
 from layerscope.capture.recorder import Recorder
+from layerscope.convert.align import combined
 from layerscope.model.raw import Event, Step
+from layerscope.model.runfacts import OpPlacement
 
 
 class Backend(Protocol):
@@ -134,6 +136,12 @@ class KinetoSteps:
         :meth:`KinetoWindow.light`); between sessions only."""
         self._window.light(light)
 
+    def placement(self) -> OpPlacement | None:
+        """How the ops of the steps recorded without module hooks were placed, summed over
+        the windows read since the last call (a cycle's); None where no step was."""
+        placements, self._window.placements = self._window.placements, []
+        return combined(placements)
+
     def collect_later(self) -> PendingRead[list[list[Event]]]:
         """Stop capturing now; the streams of the finished steps when first asked for
         (whole steps only: a block's)."""
@@ -166,7 +174,7 @@ def timed_steps(
 def detailed_steps(
     model: nn.Module, modules: list[nn.Module], selected: list[bool], device: torch.device,
     *, state_tensors: list[torch.Tensor], memory: bool, with_stack: bool, steps: bool = True,
-    inputs: Sequence[torch.Tensor] = (),
+    inputs: Sequence[torch.Tensor] = (), hooks: str = "every",
 ) -> Backend | None:
     """Steps timed *and* detailed by one run of torch's profiler (shapes, overloads and,
     with ``memory``, allocations), or None where it cannot run. ``state_tensors``: the
@@ -181,6 +189,6 @@ def detailed_steps(
                 owners.setdefault(id(p), (p, i))
     window = KinetoWindow(
         index, device=device, detail=True, memory=memory, with_stack=with_stack, root=model,
-        owners=list(owners.values()), state_tensors=state_tensors, inputs=inputs,
+        owners=list(owners.values()), state_tensors=state_tensors, inputs=inputs, hooks=hooks,
     )
     return KinetoSteps(window, steps=steps)

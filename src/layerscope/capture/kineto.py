@@ -57,6 +57,7 @@ from layerscope.capture.memory import (
 )
 from layerscope.capture.modules import autocast_dtype
 from layerscope.capture.torch_events import read_window
+from layerscope.convert.align import CallTemplate, place, template_of_step
 from layerscope.convert.ranges import (
     MODULE_PREFIX,
     NOTE_PREFIX,
@@ -68,6 +69,7 @@ from layerscope.convert.ranges import (
 from layerscope.convert.streams import convert_window
 from layerscope.flops.recorded import CATALOG
 from layerscope.model.raw import Event, ModuleShapes
+from layerscope.model.runfacts import OpPlacement
 
 _Range = _torch.FastRange
 
@@ -319,8 +321,21 @@ class KinetoWindow:
         owners: list[tuple[torch.Tensor, int]] | None = None,
         state_tensors: list[torch.Tensor] | None = None,
         inputs: Sequence[torch.Tensor] = (),
+        hooks: str = "every",
     ) -> None:
         self._index = index
+        #: ``hooks="first"``: a light session runs no module hooks once a hooked one
+        #: gave the call template its steps' ops are aligned to.
+        self._hooks_first = hooks == "first"
+        self._unhooked_next = False
+        self._hooked = True
+        self.template: CallTemplate | None = None
+        #: How each unhooked window's ops were placed.
+        self.placements: list[OpPlacement] = []
+        #: Steps begun in every session so far, and before the running one: a step's
+        #: number among the steps recorded, as a placement names it.
+        self._begun = 0
+        self._first = 0
         self._names = {key: f"{MODULE_PREFIX}{i}" for key, i in index.items()}
         self._device = device
         self._stack: ExitStack | None = None
@@ -488,6 +503,7 @@ class KinetoWindow:
         return shape
 
     def start(self) -> None:
+        self._first = self._begun
         self._owner = threading.get_ident()
         self._notes = []
         self._shapes = []
@@ -503,9 +519,12 @@ class KinetoWindow:
             claim.enter_context(profiler_held())
             with quiet_profiler():
                 _torch.prepare_profiler(config, activities)
-            pre, post = self._hooks()
-            stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
-            stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
+            # The window before is read by now (profiler_held): its template is known.
+            self._hooked = not (self._unhooked_next and self.template is not None)
+            if self._hooked:
+                pre, post = self._hooks()
+                stack.callback(nn_module.register_module_forward_pre_hook(pre).remove)
+                stack.callback(nn_module.register_module_forward_hook(post, always_call=True).remove)
             if self.detail and len(self._shapes_read) < len(self._index):
                 shapes = ExitStack()
                 stack.callback(shapes.close)
@@ -541,8 +560,10 @@ class KinetoWindow:
         a running one keeps what it was started with."""
         assert not self.running, "a window's detail is set between its sessions"
         self.detail, self.memory, self.with_stack = (False, False, False) if light else self._detailed
+        self._unhooked_next = light and self._hooks_first
 
     def begin_step(self) -> None:
+        self._begun += 1
         self._step = _Range(STEP_NAME)
         self._step.__enter__()
         if self.memory:
@@ -605,9 +626,12 @@ class KinetoWindow:
         notes, self._notes = self._notes, []
         shapes, self._shapes = self._shapes, []
         has_device, detail, with_stack = self.has_device, self.detail, self.with_stack
+        align = self._aligner(self._hooked, self._first) if self._hooks_first else None
 
         def read() -> list[list[Event]]:
-            streams = streams_of(result, has_device=has_device, detail=detail, notes=notes, with_stack=with_stack)
+            streams = streams_of(
+                result, has_device=has_device, detail=detail, notes=notes, with_stack=with_stack, align=align,
+            )
             if streams:
                 streams[0][:0] = shapes  # read in the window's first step (the hook's only one)
             else:
@@ -615,6 +639,26 @@ class KinetoWindow:
             return streams
 
         return read
+
+
+    def _aligner(self, hooked: bool, first: int) -> Callable[[WindowCapture], None]:
+        """What a window's read does with its ranges (``hooks="first"``): a hooked
+        window's first step with a module call gives the template; an unhooked window's
+        steps (numbered from ``first`` among the steps recorded) get their module ranges
+        from it. A step that does not align is named, and the next window runs the hooks
+        again (a new template)."""
+
+        def align(window: WindowCapture) -> None:
+            steps = [r for r in window.roots if r.name == STEP_NAME]
+            if hooked:
+                self.template = next(filter(None, map(template_of_step, steps)), None) or self.template
+            elif self.template is not None:
+                placed = place(list(zip(steps, range(first, first + len(steps)))), self.template, window.roots)
+                self.placements.append(placed)
+                if placed.unaligned:
+                    self.template = None
+
+        return align
 
 
 _Read = TypeVar("_Read")
@@ -648,14 +692,19 @@ class PendingRead(Generic[_Read]):
 
 
 def streams_of(
-    result: Any, *, has_device: bool, detail: bool, notes: list[list[tuple[Any, ...]]], with_stack: bool
+    result: Any, *, has_device: bool, detail: bool, notes: list[list[tuple[Any, ...]]], with_stack: bool,
+    align: Callable[[WindowCapture], None] | None = None,
 ) -> list[list[Event]]:
     """A stopped window's result (torch's, or a replayed one) as typed streams, one per
-    step: the adapter, then the conversion, with the window's observers told."""
+    step: the adapter, then the conversion, with the window's observers told; ``align``
+    (``hooks="first"``) reads or writes the window's module ranges before the
+    conversion."""
     with paused_gc():
         window = read_window(result, has_device=has_device, detail=detail, notes=notes, with_stack=with_stack)
         for observer in WINDOW_OBSERVERS:
             observer(window, result)
+        if align is not None:
+            align(window)
         return convert_window(window, CATALOG)
 
 

@@ -31,19 +31,21 @@ from layerscope.attribute.compiled import StepFold, build_compiled_steps
 from layerscope.attribute.cycle import Cycle
 from layerscope.attribute.profile import op_walk
 from layerscope.base.io import write_atomic
+from layerscope.capture.assembly import LIVE_ALIGNED
 from layerscope.capture.compiled import RESULT_OBSERVERS, known_graphs
 from layerscope.capture.counting import count_capture
 from layerscope.capture.kineto import WINDOW_OBSERVERS
 from layerscope.capture.memory import model_memory
 from layerscope.capture.modules import module_table
 from layerscope.capture.torch_events import ReplayedResult, dump_result, read_window
+from layerscope.convert.align import combined, place, template_of_step, without_module_ranges
 from layerscope.convert.compiled import compiled_passes
-from layerscope.convert.ranges import WindowCapture
+from layerscope.convert.ranges import STEP_NAME, WindowCapture
 from layerscope.convert.streams import convert_window
 from layerscope.flops.recorded import CATALOG
 from layerscope.model.compile_info import StepCompile
 from layerscope.model.raw import CompiledGraph, Event, GraphBreak, ModuleInfo, ModuleShapes, RawCapture
-from layerscope.model.runfacts import RunFacts
+from layerscope.model.runfacts import ModulesFrom, RunFacts
 from layerscope.model.tree import Profile
 
 FORMAT = "layerscope-capture/1"
@@ -237,11 +239,14 @@ def _light_windows(data: dict[str, Any]) -> list[WindowCapture]:
     ]
 
 
-def replay(data: dict[str, Any], *, light_after_first: bool = False) -> Profile:
+def replay(data: dict[str, Any], *, light_after_first: bool = False, aligned: bool = False) -> Profile:
     """The profile of a recording: its windows through the adapter, the conversion and
     the walker, as the live block built it. ``light_after_first``: as a block with
     ``detail="first"`` builds it, its first step read in detail and every later one read
-    as a light window's (the same events, read without shapes, overloads or memory)."""
+    as a light window's (the same events, read without shapes, overloads or memory).
+    ``aligned``: as ``hooks="first"`` would have recorded them, every step's module
+    ranges taken out and put back by aligning its ops to the call template of the
+    recording's first step (``meta.modules_from.placement`` says how)."""
     infos = [ModuleInfo(**m) for m in data["modules"]]
     cycle = Cycle(infos, parent_indices(infos), collect_ops=True)
     number = 0
@@ -250,7 +255,17 @@ def replay(data: dict[str, Any], *, light_after_first: bool = False) -> Profile:
     # records in the first step's stream, where the live window put them.
     shapes: list[Event] = [ModuleShapes(i, inputs, outputs) for i, (inputs, outputs) in data["module_shapes"]]
     light = _light_windows(data) if light_after_first else None
-    for w, window in enumerate(windows(data)):
+    found = windows(data)
+    placements = []
+    if aligned:
+        first = next(r for r in found[0].roots if r.name == STEP_NAME)
+        template = template_of_step(first)
+        assert template is not None, "the recording's first step calls no module"
+        for window in [*found, *(light or [])]:
+            window.roots = without_module_ranges(window.roots)
+            steps = [r for r in window.roots if r.name == STEP_NAME]
+            placements.append(place(list(zip(steps, range(len(steps)))), template, window.roots))
+    for w, window in enumerate(found):
         has_device = has_device or window.has_device
         lightly = None if light is None else convert_window(light[w], CATALOG)
         for s, events in enumerate(convert_window(window, CATALOG)):
@@ -262,8 +277,13 @@ def replay(data: dict[str, Any], *, light_after_first: bool = False) -> Profile:
                 events = lightly[s]
             cycle.add(events, number, warmup=False, keep_empty=False, has_device=window.has_device, light=is_light)
             number += 1
+    meta = RunFacts.from_dict(data["meta"])
+    if aligned:
+        meta.modules_from = ModulesFrom(
+            method=LIVE_ALIGNED, instances=0, matched=0, placement=combined(placements[: len(found)]),
+        )
     raw = RawCapture(
         modules=infos, has_device_time=has_device, param_bytes=data["param_bytes"],
-        memory_static=data["memory_static"], meta=RunFacts.from_dict(data["meta"]),
+        memory_static=data["memory_static"], meta=meta,
     )
     return cycle.build(raw)

@@ -1,5 +1,5 @@
 """A model's call template, learned from one run of a meta copy of it: the outermost ops
-one call runs, in order, and the module calls around each (``traces/align.py`` aligns a
+one call runs, in order, and the module calls around each (``convert/align.py`` aligns a
 trace's ops to it).
 
 The copy is made without copying a weight (each parameter and buffer becomes a meta
@@ -18,6 +18,7 @@ taken another branch there, which the alignment's confidence rule then names.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,10 +27,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from layerscope.base.errors import TraceModelError
 from layerscope.capture.inputs import split_inputs
-from layerscope.traces.align import CallTemplate
+from layerscope.convert.align import CallTemplate, template_of_step
+from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, USER_SCOPE, Range, RangeFields
 
-#: The name of a template's module range: ``layerscope.template#<module index>``.
-_CALL = "layerscope.template#"
 #: torch's profiler's name for a Python dispatch mode's frame (the guesses' mode).
 _MODE_FRAME = "PythonDispatchMode"
 
@@ -102,7 +102,7 @@ def _record(
     def enter(module: nn.Module, _args: Any) -> None:
         at = index.get(id(module))
         if at is not None:
-            handles.append(torch.ops.profiler._record_function_enter_new(f"{_CALL}{at}"))
+            handles.append(torch.ops.profiler._record_function_enter_new(f"{MODULE_PREFIX}{at}"))
 
     def leave(module: nn.Module, _args: Any, _out: Any) -> None:
         if id(module) in index and handles:
@@ -129,37 +129,28 @@ def _record(
 
 
 def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:
-    """The template in the profiler's events: the calls (``layerscope.template#K``
-    ranges) and the outermost ops in them (through the model's own labels), on the
-    thread that ran the model."""
-    roots = sorted((e for e in events if e.cpu_parent is None), key=lambda e: e.time_range.start)
-    ops: list[str] = []
-    op_call: list[int] = []
-    call_module: list[int] = []
-    call_parent: list[int] = []
+    """The template in the profiler's events: their trees as the ranges a block's hooked
+    step records (a module range per call, labels, ops), read by
+    ``convert.align.template_of_step`` as a live template is; the guesses' mode's frames
+    are see-through."""
 
-    def walk(event: Any, call: int) -> None:
-        name = event.name
-        if name.startswith(_CALL):
-            call_module.append(int(name[len(_CALL) :]))
-            call_parent.append(call)
-            mine = len(call_module) - 1
-            for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
-                walk(child, mine)
-        elif name == _MODE_FRAME or getattr(event, "is_user_annotation", False):
-            # The guesses' mode, and the model's own record_function labels: a trace's
-            # stream holds the ops inside them (``traces.align.stream_of``).
-            for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
-                walk(child, call)
-        elif call >= 0:
-            ops.append(name)
-            op_call.append(call)
+    def ranges(found: Any) -> list[Range]:
+        out: list[Range] = []
+        for event in sorted(found, key=lambda e: e.time_range.start):
+            kids = ranges(event.cpu_children)
+            if event.name == _MODE_FRAME:
+                out.extend(kids)
+                continue
+            label = event.name.startswith(MODULE_PREFIX) or bool(getattr(event, "is_user_annotation", False))
+            out.append(Range(
+                event.name, int(event.time_range.start), int(event.time_range.end), 0, 0, kids,
+                RangeFields(scope=USER_SCOPE if label else None),
+            ))
+        return out
 
-    for root in roots:
-        walk(root, -1)
-    if not call_module:
+    roots = ranges(e for e in events if e.cpu_parent is None)
+    step = Range(STEP_NAME, 0, 0, 0, 0, roots)
+    template = template_of_step(step)
+    if template is None:
         raise TraceModelError("the model's call template is empty: its meta copy ran no module call")
-    return CallTemplate(
-        ops=tuple(ops), call_module=tuple(call_module), call_parent=tuple(call_parent), op_call=tuple(op_call),
-        guesses=tuple(guesses.said) if guesses is not None else (),
-    )
+    return replace(template, guesses=tuple(guesses.said) if guesses is not None else ())

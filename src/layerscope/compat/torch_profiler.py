@@ -192,6 +192,7 @@ class Profiler(block.Profiler):
         on_trace_ready: Callable[[Profiler], Any] | None = None,
         peak_tflops: float | None = None,
         detail: str = "every",
+        hooks: str = "every",
     ) -> None:
         del record_shapes  # shapes are always recorded
         if activities is not None:
@@ -211,7 +212,7 @@ class Profiler(block.Profiler):
             on_ready = hand_over
         super().__init__(
             model, paths=paths, record_ops=record_ops, memory=memory, with_stack=with_stack, clock=clock,
-            schedule=as_schedule(schedule), on_ready=on_ready, peak_tflops=peak_tflops, detail=detail,
+            schedule=as_schedule(schedule), on_ready=on_ready, peak_tflops=peak_tflops, detail=detail, hooks=hooks,
         )
 
     @property

@@ -213,7 +213,7 @@ class TraceSource:
 @dataclass(frozen=True)
 class OpPlacement:
     """How a trace without module events had its ops placed in the module calls of the
-    model's call template (``traces/align.py``): counts of the steps' outermost forward
+    model's call template (``convert/align.py``): counts of the steps' outermost forward
     ops."""
 
     #: Ops in one call of the template (one pass), and the passes the steps held.

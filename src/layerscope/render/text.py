@@ -598,10 +598,22 @@ def light_step_lines(profile: Profile) -> list[str]:
     numbers = figures.step_numbers or []
     light = f"steps {numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else f"step {numbers[0]}" if numbers else "the light steps"
     plural = "s" if len(figures.detailed_steps) > 1 else ""
-    return [
+    lines = [
         f"Times from {light}, timed lightly (torch's profiler without shapes or memory); FLOPs, calls, shapes, "
         f"memory and op rows from step{plural} {detailed}, recorded in detail (its times not used: op rows have none)"
     ]
+    how = profile.meta.modules_from
+    placed = how.placement if how is not None else None
+    if placed is not None:
+        lines.append(
+            f"Light steps without module hooks (hooks='first'): {placed.ops} forward ops of {placed.passes} model "
+            f"calls aligned to the hooked step's {placed.template_ops}: {placed.aligned} aligned, "
+            f"{placed.by_neighbours} placed by neighbours, {placed.unplaced} in no module; module CPU times run "
+            "from a call's first op to its last"
+        )
+        if placed.unaligned:
+            lines.append(f"Not aligned (their ops left with the step): {'; '.join(placed.unaligned[:3])}")
+    return lines
 
 
 def _step_medians(profile: Profile) -> bool:

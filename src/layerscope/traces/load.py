@@ -25,12 +25,12 @@ from layerscope.base.intervals import union_ns
 from layerscope.base.kineto_json import TraceReader, open_trace
 from layerscope.base.peaks import datasheet_tflops
 from layerscope.base.version import __version__
+from layerscope.convert.align import CallTemplate, place
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, Detail, Range
 from layerscope.convert.streams import OpCatalog, OutermostOps, convert
 from layerscope.model.raw import RawCapture
 from layerscope.model.runfacts import DeviceEvents, ModulesFrom, RunFacts, TraceSource
 from layerscope.model.tree import Profile
-from layerscope.traces.align import CallTemplate, place
 from layerscope.traces.modules import (
     Instance,
     ModelTable,
@@ -87,7 +87,7 @@ def load_trace(
 
     A trace without ``nn.Module`` events (recorded without ``with_stack``), read with
     ``model`` and ``template``, gets its module calls by aligning its ops to the model's
-    call template (``traces/align.py``; ``meta.modules_from.placement`` counts how each op
+    call template (``convert/align.py``; ``meta.modules_from.placement`` counts how each op
     was placed); ``template`` is asked for it only then.
     """
     name = os.fspath(path)

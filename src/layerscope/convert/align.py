@@ -46,10 +46,10 @@ from layerscope.convert.ranges import (
     MODULE_PREFIX,
     USER_SCOPE,
     Range,
+    RangeFields,
     label_kind,
 )
 from layerscope.model.runfacts import OpPlacement
-from layerscope.traces.ranges import MODULE_FIELDS
 
 #: The share of a pass's template ops that must find a counterpart for the pass to count
 #: as aligned: below it, the run took another branch than the template (its ops stay
@@ -74,6 +74,10 @@ class CallTemplate:
     call_parent: tuple[int, ...]
     op_call: tuple[int, ...]
     guesses: tuple[str, ...] = ()
+    #: The labels (``record_function`` ranges) the model opens inside its calls, each
+    #: with the call it was opened in (a label holding all of a call's ops is inside it
+    #: when named here, else read as opened around it).
+    labels: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.call_module) != len(self.call_parent):
@@ -131,9 +135,10 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
             per_pass[j // n] += 1
             covered[j // n].add(template.op_call[j % n])
     working = set(template.op_call)
+    # A pass nothing matched is no call of the model (a step that ran none).
     unaligned = [
         (p, per_pass[p] / n) for p in range(passes)
-        if not _confident(per_pass[p], n, len(covered[p]), len(working))
+        if per_pass[p] and not _confident(per_pass[p], n, len(covered[p]), len(working))
     ]
     dropped = {p for p, _ in unaligned}
 
@@ -144,7 +149,7 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
             calls[i] = (j // n) * calls_per_pass + template.op_call[j % n]
             how[i] = ALIGNED
     _place_by_neighbours(calls, how, template)
-    return Aligned(calls, how, passes, unaligned)
+    return Aligned(calls, how, sum(1 for count in per_pass if count), unaligned)
 
 
 #: Ops that reshape, view, cast or allocate: the library versions a template and a trace
@@ -176,11 +181,12 @@ def _matches(stream: list[int], target: list[int], out: list[int], at_stream: in
             out[at_stream + k] = at_target + k
             pairs.append((at_stream + k, at_target + k))
         return pairs
-    for tag, i1, i2, j1, _ in Indel.opcodes(stream, target):
-        if tag == "equal":
-            for offset in range(i2 - i1):
-                out[at_stream + i1 + offset] = at_target + j1 + offset
-                pairs.append((at_stream + i1 + offset, at_target + j1 + offset))
+    for code in Indel.opcodes(stream, target):
+        if code.tag == "equal":
+            for offset in range(code.src_end - code.src_start):
+                at = (at_stream + code.src_start + offset, at_target + code.dest_start + offset)
+                out[at[0]] = at[1]
+                pairs.append(at)
     return pairs
 
 
@@ -295,6 +301,71 @@ def _place_by_neighbours(calls: list[int], how: list[str], template: CallTemplat
         previous = i
 
 
+# -- the template of a step recorded with module ranges ----------------------------------
+
+
+def template_of_step(step: Range) -> CallTemplate | None:
+    """The call template in a step recorded with module ranges (a hooked step of a
+    block): the first outermost module call of the step, its module calls and the
+    outermost ops in them, through labels. None: the step called no module."""
+    root = next(_module_calls(step), None)
+    if root is None:
+        return None
+    ops: list[str] = []
+    op_call: list[int] = []
+    call_module: list[int] = []
+    call_parent: list[int] = []
+    labels: dict[str, int] = {}
+
+    def walk(rng: Range, call: int) -> None:
+        for child in rng.children:
+            if child.name.startswith(MODULE_PREFIX):
+                call_module.append(int(child.name[len(MODULE_PREFIX) :]))
+                call_parent.append(call)
+                walk(child, len(call_module) - 1)
+            elif child.name == MEMORY or _outside_model(child):
+                continue
+            elif is_op(child):
+                ops.append(child.name)
+                op_call.append(call)
+            elif child.children:
+                labels.setdefault(child.name, call)
+                walk(child, call)
+
+    call_module.append(int(root.name[len(MODULE_PREFIX) :]))
+    call_parent.append(-1)
+    walk(root, 0)
+    return CallTemplate(
+        ops=tuple(ops), call_module=tuple(call_module), call_parent=tuple(call_parent), op_call=tuple(op_call),
+        labels=tuple(labels.items()),
+    )
+
+
+def without_module_ranges(ranges: list[Range]) -> list[Range]:
+    """``ranges`` with every module range replaced by the ranges nested in it, at every
+    depth: a window as torch's profiler alone records it (a step of ``hooks="first"``
+    without its hooks; the recorded captures' oracle)."""
+    out: list[Range] = []
+    for rng in ranges:
+        kids = without_module_ranges(rng.children) if rng.children else None
+        if rng.name.startswith(MODULE_PREFIX):
+            out.extend(kids or [])
+        else:
+            if kids is not None:
+                rng.children = kids
+            out.append(rng)
+    return out
+
+
+def _module_calls(rng: Range) -> Iterator[Range]:
+    """The outermost module ranges in ``rng``, in order, through labels (not in ops)."""
+    for child in rng.children:
+        if child.name.startswith(MODULE_PREFIX):
+            yield child
+        elif child.children and not is_op(child) and not _outside_model(child):
+            yield from _module_calls(child)
+
+
 # -- the trace's ranges: the stream read from them, the module ranges put in them --------
 
 
@@ -348,11 +419,7 @@ def place(steps: list[tuple[Range, int]], template: CallTemplate, roots: list[Ra
                     chain = chains[call] = _chain(call, template)
                 placed[id(op)] = chain
         module_of = [template.call_module[g % per] for g in range(found.passes * per)]
-        sizes: dict[int, int] = {}
-        for chain in placed.values():
-            for call in chain:
-                sizes[call] = sizes.get(call, 0) + 1
-        step.children = _wrapped(step.children, [], placed, module_of, sizes)
+        step.children = _wrapped(step.children, [], _Placing.of(placed, template, module_of))
         for op in stream:
             chain = placed.get(id(op))
             if chain is not None:
@@ -365,6 +432,25 @@ def place(steps: list[tuple[Range, int]], template: CallTemplate, roots: list[Ra
     return OpPlacement(
         template_ops=len(template.ops), passes=passes, ops=ops, aligned=aligned, by_neighbours=neighbours,
         unplaced=unplaced, unaligned=tuple(unaligned), guesses=template.guesses, recomputed=recomputed,
+    )
+
+
+def combined(placements: list[OpPlacement]) -> OpPlacement | None:
+    """Several windows' placements as one (summed; the template's size the last's);
+    None for none."""
+    if not placements:
+        return None
+    last = placements[-1]
+    return OpPlacement(
+        template_ops=last.template_ops,
+        passes=sum(p.passes for p in placements),
+        ops=sum(p.ops for p in placements),
+        aligned=sum(p.aligned for p in placements),
+        by_neighbours=sum(p.by_neighbours for p in placements),
+        unplaced=sum(p.unplaced for p in placements),
+        unaligned=tuple(u for p in placements for u in p.unaligned),
+        guesses=tuple(dict.fromkeys(g for p in placements for g in p.guesses)),
+        recomputed=sum(p.recomputed for p in placements),
     )
 
 
@@ -489,7 +575,7 @@ def _place_run(
     first, last = spans[call % per]
     part = CallTemplate(
         ops=template.ops[first : last + 1], call_module=template.call_module, call_parent=template.call_parent,
-        op_call=template.op_call[first : last + 1],
+        op_call=template.op_call[first : last + 1], labels=template.labels,
     )
     found = align([op.name for op in run], part)
     if found.passes != 1 or found.unaligned:
@@ -498,20 +584,40 @@ def _place_run(
     for op, local in zip(run, found.calls):
         full = _chain(base + local, template) if local >= 0 else chain[: at + 1]
         placed[id(op)] = full[at:]  # from the recomputed call down
-    sizes: dict[int, int] = {}
-    for calls in placed.values():
-        for c in calls:
-            sizes[c] = sizes.get(c, 0) + 1
     module_of = {c: template.call_module[c % per] for calls in placed.values() for c in calls}
-    container.children = _wrapped(container.children, [], placed, module_of, sizes)
+    container.children = _wrapped(container.children, [], _Placing.of(placed, template, module_of))
     return len(placed)
 
 
-def _label_chain(rng: Range, placed: dict[int, list[int]], sizes: dict[int, int]) -> list[int] | None:
+@dataclass
+class _Placing:
+    """What putting module ranges into a tree reads: each placed op's chain of calls
+    (by ``id``), each call's module, each call's placed ops (``sizes``), and the
+    template's labels opened inside a call (``inside``: name -> the template's call,
+    global calls taken modulo ``per``)."""
+
+    placed: dict[int, list[int]]
+    module_of: Mapping[int, int] | list[int]
+    sizes: dict[int, int]
+    inside: dict[str, int]
+    per: int
+
+    @classmethod
+    def of(cls, placed: dict[int, list[int]], template: CallTemplate, module_of: Mapping[int, int] | list[int]) -> _Placing:
+        sizes: dict[int, int] = {}
+        for chain in placed.values():
+            for call in chain:
+                sizes[call] = sizes.get(call, 0) + 1
+        return cls(placed, module_of, sizes, dict(template.labels), len(template.call_module))
+
+
+def _label_chain(rng: Range, how: _Placing) -> list[int] | None:
     """The calls a label goes inside: those every placed op in ``rng`` shares, down to
-    the first the label holds whole (``sizes``: each call's placed ops; a label around a
-    whole call is read as opened around it, as a user's label around ``model(x)`` is).
-    None: it holds no placed op; [] when any of its ops is unplaced or they share none."""
+    the call the template saw it opened in, else to the first the label holds whole (a
+    label around a whole call is read as opened around it, as a user's label around
+    ``model(x)`` is). None: it holds no placed op; [] when any of its ops is unplaced or
+    they share none."""
+    placed = how.placed
     shared: list[int] | None = None
     count = 0
     for op in stream_of(rng):
@@ -527,15 +633,15 @@ def _label_chain(rng: Range, placed: dict[int, list[int]], sizes: dict[int, int]
                 keep += 1
             del shared[keep:]
     if shared is not None:
-        whole = next((at for at, call in enumerate(shared) if sizes[call] == count), len(shared))
-        del shared[whole:]
+        opened_in = how.inside.get(rng.name)
+        at = next((k for k, call in enumerate(shared) if call % how.per == opened_in), None)
+        if at is None:
+            at = next((k for k, call in enumerate(shared) if how.sizes[call] == count), len(shared)) - 1
+        del shared[at + 1 :]
     return shared
 
 
-def _wrapped(
-    children: list[Range], base: list[int], placed: dict[int, list[int]], module_of: Mapping[int, int] | list[int],
-    sizes: dict[int, int],
-) -> list[Range]:
+def _wrapped(children: list[Range], base: list[int], how: _Placing) -> list[Range]:
     """``children`` (siblings, in time order) with calls deeper than ``base`` opened and
     closed around them."""
     out: list[Range] = []
@@ -556,9 +662,9 @@ def _wrapped(
             into().append(child)
             continue
         if is_op(child) and not _outside_model(child):
-            chain = placed.get(id(child))
+            chain = how.placed.get(id(child))
         elif child.children and not _outside_model(child):
-            chain = _label_chain(child, placed, sizes)
+            chain = _label_chain(child, how)
             if chain is None:
                 into().append(child)  # holds no placed op: where it ran
                 continue
@@ -575,15 +681,15 @@ def _wrapped(
         close_to(keep)
         for call in below[keep:]:
             rng = Range(
-                f"{MODULE_PREFIX}{module_of[call]}", child.start_time_ns, child.end_time_ns, child.start_tid,
-                extra_fields=MODULE_FIELDS,
+                f"{MODULE_PREFIX}{how.module_of[call]}", child.start_time_ns, child.end_time_ns, child.start_tid,
+                extra_fields=RangeFields(),
             )
             into().append(rng)
             open_.append((call, rng))
         if is_op(child):
             into().append(child)
         else:
-            child.children = _wrapped(child.children, chain, placed, module_of, sizes)
+            child.children = _wrapped(child.children, chain, how)
             into().append(child)
     close_to(0)
     return out
