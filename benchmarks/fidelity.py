@@ -15,6 +15,10 @@ For each model, in one process, rounds interleave four variants of the same work
 - *light block*: the same block with ``detail="first"``: its first step recorded in
   detail (ops, shapes, FLOPs, memory), the others timed lightly (torch's profiler without
   shapes or memory), each module's time its mean over those;
+- *aligned block*: ``detail="first", hooks="first"``: the light steps run no module
+  hook (torch's profiler alone); their ops are aligned to the detailed step's calls;
+- *tp alone*: ``torch.profiler.profile(activities=[CPU])`` with no shapes or memory,
+  what a light step records;
 - *one-step block*: ``steps`` blocks of one step each (``with Profiler(model): work()``),
   each after two unprofiled steps, as one step profiled in a running loop;
 - *torchprof* and *deepspeed* (forward only): the drop-ins, one step per block or
@@ -202,10 +206,10 @@ def run_model(
     work = Work(model, inputs, train)
     for _ in range(5):
         work()
-    ours = ["layerscope", "light block"] + (
+    ours = ["layerscope", "light block", "aligned block"] + (
         [] if blocks_only else ["one-step block"] + ([] if train else ["torchprof", "deepspeed"])
     )
-    walls: dict[str, list[float]] = {v: [] for v in ["plain", "reference", *ours, "torch.profiler"]}
+    walls: dict[str, list[float]] = {v: [] for v in ["plain", "reference", *ours, "torch.profiler", "tp alone"]}
     ref_fwd: dict[str, list[float]] = {}
     ref_bwd: dict[str, list[float]] = {}
     # Per variant and phase: each module's time per step, one value per round.
@@ -252,6 +256,16 @@ def run_model(
             walls["light block"].append(timed_steps(work, steps, prof.step))
         keep("light block", [prof.profile])
 
+    def aligned_variant() -> None:
+        with layerscope.Profiler(model, detail="first", hooks="first") as prof:
+            walls["aligned block"].append(timed_steps(work, steps, prof.step))
+        keep("aligned block", [prof.profile])
+
+    def torch_alone_variant() -> None:
+        # What a light step of hooks="first" records: torch's profiler, no shapes or memory.
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            walls["tp alone"].append(timed_steps(work, steps))
+
     def blocks(variant: str, block: Callable[[], Any]) -> None:
         """``steps`` blocks of one step each; the step's own wall time, inside the block.
         Two unprofiled steps run before each block, as in a loop where one step is
@@ -294,7 +308,10 @@ def run_model(
         with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True):
             walls["torch.profiler"].append(timed_steps(work, steps))
 
-    variants = [plain_variant, reference_variant, layerscope_variant, light_variant, torch_variant]
+    variants = [
+        plain_variant, reference_variant, layerscope_variant, light_variant, aligned_variant, torch_variant,
+        torch_alone_variant,
+    ]
     if not blocks_only:
         variants.append(lambda: blocks("one-step block", step_in(layerscope.Profiler)))
     if train:
@@ -320,6 +337,10 @@ def run_model(
     for variant, values in walls.items():
         median = statistics.median(values)
         print(f"  {variant:16s} {median / 1e3:10.1f} us/step   x{median / plain:.3f}")
+    alone = statistics.median(walls["tp alone"])
+    for variant in ("light block", "aligned block"):
+        # Each step of these blocks but the first records what torch's profiler alone does.
+        print(f"  {variant}: x{statistics.median(walls[variant]) / alone:.3f} torch's profiler alone (tp alone)")
     result: dict[str, Any] = {"ratio": statistics.median(walls["layerscope"]) / plain}
     for variant in ours:
         if not train:

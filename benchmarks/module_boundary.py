@@ -25,7 +25,9 @@ torch thread, no_grad, 5 forwards per sample, rounds interleaved (order rotated)
   memory each cost (a light step records neither);
 - *tp + with_stack, with_modules*: torch's own module events (its Python tracer), a
   mechanism with no hook at all;
-- *layerscope light step*: a ``Profiler(detail="first")`` block's light steps;
+- *layerscope light step*: a ``Profiler(detail="first")`` block's light steps, and
+  with ``hooks="first"`` (no module hooks: the ops aligned to the detailed step's
+  calls when the window is read), each also against torch's profiler alone;
 - *2 empty global hooks, no profiler* and *2 global hooks + clock, no profiler*: per
   module timing without torch's profiler, the floor of any hook and what the
   hooks-only reference (``profile(record_ops=False)``'s forward) does;
@@ -216,6 +218,7 @@ def main() -> None:
             record_shapes=True, profile_memory=True, with_stack=True, with_modules=True,
         ),
         "layerscope light step (detail='first')": layerscope_steps(detail="first"),
+        "layerscope light step, no hooks (hooks='first')": layerscope_steps(detail="first", hooks="first"),
     }
     seen: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(2):  # warm
@@ -228,9 +231,13 @@ def main() -> None:
     plain = statistics.median(seen["plain"])
     tp = statistics.median(seen["tp"])
     print(f"torch {torch.__version__}, python {platform.python_version()}, {args.layers} x Linear(16, 16), {args.rounds} rounds")
+    alone = statistics.median(seen["torch's profiler alone (no shapes, memory)"])
     for name, values in seen.items():
         median = statistics.median(values)
         extra = f"   x{median / tp:.3f} tp   +{(median - tp) / args.layers / 1e3:.2f} us per module call over tp" if name != "plain" and name != "tp" else ""
+        if name.startswith("layerscope light step"):
+            # A light step records what torch's profiler alone does: that is its baseline.
+            extra += f"   x{median / alone:.3f} torch's profiler alone"
         print(f"  {name:44s} {median / 1e3:9.0f} us   x{median / plain:.2f} plain{extra}")
 
 
