@@ -336,6 +336,11 @@ BENCHMARK_SMOKE: dict[str, dict[str, str | None]] = {
     "benchmarks.compiled": {"--rounds": "1", "--models": "mlp"},
     "benchmarks.harness": {"--rounds": "1", "--runs": "1"},
     "benchmarks.replay_exit": {"--rounds": "1", "--steps": "2"},
+    # BERT-base's template (302 ops) and trace (5,172 events); the zoo gpt, 20 ms of steps a session.
+    "benchmarks.align": {
+        "--rounds": "1", "--sizes": "1000,5000", "--template": "h100_bert_base_fwd", "--traces": "h100_bert_base_fwd",
+        "--models": "gpt", "--warm": "1", "--steps": "1", "--session-ms": "20",
+    },
 }
 #: The benchmark commands whose smallest run is too long for the suite (measured on the
 #: 2-core VM), by module, or by module and an option of the line: only their command line
@@ -416,6 +421,7 @@ NOT_EXAMPLES = {
     ("design.md", "cli, session, block, loading, handlers,"),  # the folders, as the layers
     ("distributed.md", "DistributedDataParallel  ·  cpu"),  # a rank's printed tree
     ("distributed.md", "Ranks  ·  DistributedDataParallel"),  # the merged report
+    ("traces.md", "Modules: aligned to the model's call template"),  # a footer line (test_aligned_traces.py)
 }
 #: The test here that runs each doc's fenced blocks of each language.
 RUN_BY = {

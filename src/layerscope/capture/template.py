@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from layerscope.base.errors import TraceModelError
 from layerscope.capture.inputs import split_inputs
+from layerscope.capture.kineto import paused_gc
 from layerscope.convert.align import CallTemplate, template_of_step
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, USER_SCOPE, Range, RangeFields
 
@@ -125,7 +126,8 @@ def _record(
             hook.remove()
         while handles:
             torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
-    return _template_of(prof.events(), guesses)
+    with paused_gc():  # torch's event list and the tree built from it: many objects, none cyclic
+        return _template_of(prof.events(), guesses)
 
 
 def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:

@@ -17,8 +17,9 @@ The alignment (:func:`align`), on op names:
   count that aligns with the fewest edits, found by a ternary search): the ops that do
   work (not the views, casts and allocations of :data:`LIGHT_OPS`) are aligned first, so
   a library version's extra ``contiguous`` cannot shift a ``q_proj`` onto a ``k_proj``;
-  then every op between two matched anchors. Both by rapidfuzz's bit-parallel ``Indel``
-  (never a quadratic table of Python objects; docs/benchmarks.md has the times).
+  then every op between two matched anchors. Both by rapidfuzz's bit-parallel ``Indel``.
+  A long stream is aligned a few calls at a time (:func:`_chunked`), so time and memory
+  grow linearly with it (docs/benchmarks.md has the times).
 - **Ops without a counterpart** (library version drift: an ``aten::reshape`` more or
   less) take the innermost call that the aligned ops on either side of them share:
   *placed by neighbours*. Ops before a pass's first aligned op or after its last stay
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from layerscope.convert.ranges import (
     ACCUMULATE,
@@ -116,16 +118,11 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
         calls = [(i // n) * calls_per_pass + template.op_call[i % n] for i in range(len(names))]
         return Aligned(calls, [ALIGNED] * len(names), len(names) // n, [], exact=True)
 
-    from rapidfuzz.distance import Indel
-
     codes: dict[str, int] = {}
     stream = [codes.setdefault(name, len(codes)) for name in names]
     once = [codes.setdefault(name, len(codes)) for name in template.ops]
-    passes = _passes(stream, once, lambda k: Indel.distance(stream, once * k))
-    target = once * passes
-
     light = {code for name, code in codes.items() if name in LIGHT_OPS}
-    matched_to = _anchored(stream, target, light)
+    matched_to, passes = _chunked(stream, once, light)
     _slide_to_runs(matched_to, stream, n, passes)
 
     per_pass = [0] * passes
@@ -135,10 +132,8 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
             per_pass[j // n] += 1
             covered[j // n].add(template.op_call[j % n])
     working = set(template.op_call)
-    # A pass nothing matched is no call of the model (a step that ran none).
     unaligned = [
-        (p, per_pass[p] / n) for p in range(passes)
-        if per_pass[p] and not _confident(per_pass[p], n, len(covered[p]), len(working))
+        (p, per_pass[p] / n) for p in range(passes) if not _confident(per_pass[p], n, len(covered[p]), len(working))
     ]
     dropped = {p for p, _ in unaligned}
 
@@ -149,7 +144,7 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
             calls[i] = (j // n) * calls_per_pass + template.op_call[j % n]
             how[i] = ALIGNED
     _place_by_neighbours(calls, how, template)
-    return Aligned(calls, how, sum(1 for count in per_pass if count), unaligned)
+    return Aligned(calls, how, passes, unaligned)
 
 
 #: Ops that reshape, view, cast or allocate: the library versions a template and a trace
@@ -168,11 +163,17 @@ LIGHT_OPS = frozenset({
 })
 
 
+def _indel() -> Any:
+    """rapidfuzz's ``Indel`` (imported on first use: a trace read without alignment, or
+    a stream equal to its template, never needs it)."""
+    from rapidfuzz.distance import Indel
+
+    return Indel
+
+
 def _matches(stream: list[int], target: list[int], out: list[int], at_stream: int, at_target: int) -> list[tuple[int, int]]:
     """A longest common subsequence of ``stream`` and ``target`` (rapidfuzz's Indel), each
     match written into ``out`` (offset by ``at_stream`` / ``at_target``); the pairs."""
-    from rapidfuzz.distance import Indel
-
     pairs: list[tuple[int, int]] = []
     if not stream or not target:
         return pairs
@@ -181,7 +182,7 @@ def _matches(stream: list[int], target: list[int], out: list[int], at_stream: in
             out[at_stream + k] = at_target + k
             pairs.append((at_stream + k, at_target + k))
         return pairs
-    for code in Indel.opcodes(stream, target):
+    for code in _indel().opcodes(stream, target):
         if code.tag == "equal":
             for offset in range(code.src_end - code.src_start):
                 at = (at_stream + code.src_start + offset, at_target + code.dest_start + offset)
@@ -201,13 +202,68 @@ def _anchored(stream: list[int], target: list[int], light: set[int]) -> list[int
     scratch = [-1] * len(heavy_s)
     for a, b in _matches([stream[i] for i in heavy_s], [target[j] for j in heavy_t], scratch, 0, 0):
         anchors.append((heavy_s[a], heavy_t[b]))
-    previous = (-1, -1)
+    previous_i = previous_j = -1
     for i, j in [*anchors, (len(stream), len(target))]:
         if i < len(stream):
             matched_to[i] = j
-        _matches(stream[previous[0] + 1 : i], target[previous[1] + 1 : j], matched_to, previous[0] + 1, previous[1] + 1)
-        previous = (i, j)
+        if i - previous_i > 1 and j - previous_j > 1:  # ops on both sides of the gap
+            _matches(stream[previous_i + 1 : i], target[previous_j + 1 : j], matched_to, previous_i + 1, previous_j + 1)
+        previous_i, previous_j = i, j
     return matched_to
+
+
+#: A stream is aligned a few model calls at a time, about this many ops of them (each
+#: piece's cost grows with its length times the template's: pieces keep the whole
+#: linear in the stream's length, and its memory bounded).
+CHUNK_OPS = 2048
+
+
+def _match(stream: list[int], once: list[int], light: set[int]) -> tuple[list[int], int]:
+    """Each op's position in ``once`` repeated (-1: none), and the repeats: the count
+    that aligns with the fewest edits (:func:`_passes`), then :func:`_anchored`."""
+    indel = _indel()
+    passes = _passes(stream, once, lambda k: indel.distance(stream, once * k))
+    return _anchored(stream, once * passes, light), passes
+
+
+def _chunked(stream: list[int], once: list[int], light: set[int]) -> tuple[list[int], int]:
+    """:func:`_match` over the whole stream, a piece at a time: a piece of ``c + 1``
+    calls' worth of ops (``c`` calls in :data:`CHUNK_OPS`, at least 2) is aligned, the calls that
+    end well before its edge are kept (``c`` at most), and the next piece begins after
+    the last kept call's last op. Calls no op matched are no calls. A short stream is
+    one piece."""
+    n = len(once)
+    per_piece = max(2, CHUNK_OPS // n)
+    size = (per_piece + 1) * n
+    if len(stream) <= 2 * size:
+        local, passes = _match(stream, once, light)
+        found = sorted({j // n for j in local if j >= 0})
+        renumber = {p: r for r, p in enumerate(found)}
+        return [renumber[j // n] * n + j % n if j >= 0 else -1 for j in local], len(found)
+    out = [-1] * len(stream)
+    passes = 0
+    pos = 0
+    while pos < len(stream):
+        end = min(len(stream), pos + size)
+        local, _ = _match(stream[pos:end], once, light)
+        last_of: dict[int, int] = {}
+        for i, j in enumerate(local):
+            if j >= 0:
+                last_of[j // n] = i
+        keep = sorted(last_of)
+        if end < len(stream):
+            # A call near the piece's edge may go on past it: the next piece takes it.
+            keep = [p for p in keep if last_of[p] < end - pos - n // 2][:per_piece]
+        if not keep:
+            pos = len(stream) if end == len(stream) else end - n
+            continue
+        renumber = {p: passes + r for r, p in enumerate(keep)}
+        for i, j in enumerate(local):
+            if j >= 0 and j // n in renumber:
+                out[pos + i] = renumber[j // n] * n + j % n
+        passes += len(keep)
+        pos = len(stream) if end == len(stream) else pos + last_of[keep[-1]] + 1
+    return out, passes
 
 
 def _confident(matched: int, template_ops: int, calls_matched: int, calls: int) -> bool:
