@@ -75,11 +75,7 @@ from torch import nn
 import layerscope
 from layerscope.capture.kineto import quiet_fd2
 from layerscope.capture.template import call_template
-
-try:
-    from layerscope.convert.align import ALIGNED, CallTemplate, align
-except ImportError:  # before the aligner moved from traces/ to convert/
-    from layerscope.traces.align import ALIGNED, CallTemplate, align  # type: ignore[no-redef]
+from layerscope.convert.align import ALIGNED, CallTemplate, align
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"

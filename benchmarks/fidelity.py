@@ -39,6 +39,7 @@ modules in training steps), how many are within 15%, and the worst ones. Also th
 1000 x ``Linear(16, 16)`` forward, where instrumentation per module dominates.
 
 Usage: python -m benchmarks.fidelity [--rounds 15] [--steps 10] [--models bert,gpt2,gpt,tiny] [--profile-only | --blocks-only]
+(``bert_base``: BERT-base, batch 1 x 128, is in ``--models`` only when named.)
 """
 
 from __future__ import annotations
@@ -92,7 +93,17 @@ def tiny() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(*[nn.Linear(16, 16) for _ in range(1000)]), torch.randn(4, 16)
 
 
-MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {"bert": bert, "gpt2": gpt2, "gpt": zoo_gpt, "tiny": tiny}
+def bert_base() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig()  # BERT-base sizes, random weights
+    ids = torch.randint(0, config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(0))
+    return BertModel(config), {"input_ids": ids}
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {
+    "bert": bert, "bert_base": bert_base, "gpt2": gpt2, "gpt": zoo_gpt, "tiny": tiny,
+}
 
 
 def call(model: nn.Module, inputs: Any) -> Any:

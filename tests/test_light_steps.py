@@ -378,3 +378,49 @@ def test_a_light_step_that_does_not_align_is_named_and_the_next_window_is_hooked
 def test_bad_hooks_options_are_refused(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         layerscope.Profiler(nn.Linear(2, 2), **options)
+
+
+def test_detail_first_aligns_its_light_steps_by_default_and_hooks_every_keeps_the_hooks() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    seen: dict[str | None, list[int]] = {}
+    profiles = {}
+    for hooks in (None, "every"):
+        options = {} if hooks is None else {"hooks": hooks}
+        counts = seen.setdefault(hooks, [])
+        with layerscope.Profiler(model, detail="first", **options) as prof:
+            for _ in range(3):
+                counts.append(len(torch.nn.modules.module._global_forward_pre_hooks))
+                model(x)
+                prof.step()
+        profiles[hooks] = prof.profile
+    assert seen[None][1:] == [0, 0] and min(seen["every"]) >= 1
+    placed = profiles[None].meta.modules_from.placement
+    assert placed is not None and (placed.passes, placed.aligned, placed.template_ops) == (2, 6, 3)
+    assert profiles["every"].meta.modules_from is None
+    for path in ("", "0", "1", "2"):
+        assert profiles[None][path].calls == profiles["every"][path].calls == 1
+
+
+def test_a_step_that_calls_two_parts_of_the_model_aligns_both() -> None:
+    """A step that calls the model's encoder, then its decoder (not the model itself):
+    the template is both calls, and each light step's ops find the part they ran in."""
+
+    class EncoderDecoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+            self.decoder = nn.Sequential(nn.Linear(8, 4), nn.Tanh())
+
+    model = EncoderDecoder()
+    x = torch.randn(2, 8)
+    with layerscope.Profiler(model, detail="first") as prof:
+        for _ in range(3):
+            model.decoder(model.encoder(x))
+            prof.step()
+    profile = prof.profile
+    placed = profile.meta.modules_from.placement
+    assert placed is not None and placed.unaligned == () and placed.aligned == 2 * placed.template_ops
+    assert tree_problems(profile) == []
+    assert profile["encoder.0"].calls == profile["decoder.0"].calls == 1
+    assert profile["encoder.0"].forward.self_cpu_time_ns > 0 and profile["decoder.1"].forward.self_cpu_time_ns > 0

@@ -62,8 +62,13 @@ DETAIL = ("every", "first")
 HOOKS = ("every", "first")
 
 
-def check_hooks(hooks: str, detail: str) -> None:
-    """``Profiler(hooks=...)`` checked against ``detail`` (ValueError)."""
+def check_hooks(hooks: str | None, detail: str) -> str:
+    """``Profiler(hooks=...)`` checked against ``detail`` (ValueError); None is the
+    default: ``"first"`` with ``detail="first"`` (its light steps aligned: cheaper and
+    closer to the hooks-only reference than hooked light steps, docs/benchmarks.md),
+    else ``"every"``."""
+    if hooks is None:
+        return "first" if detail == "first" else "every"
     if hooks not in HOOKS:
         raise ValueError(
             f"hooks must be one of {', '.join(map(repr, HOOKS))}, got {hooks!r}: 'every' opens a range per module "
@@ -74,6 +79,7 @@ def check_hooks(hooks: str, detail: str) -> None:
             "hooks='first' records the light steps of detail='first' without module hooks; with "
             f"detail={detail!r} every step is detailed and hooked: give detail='first' too"
         )
+    return hooks
 
 
 def check_detail(detail: str, record_ops: bool) -> None:
@@ -324,7 +330,13 @@ class Profiler:
     are then its mean over the light steps (``figures.step_numbers``), its calls, FLOPs,
     MACs, shapes, memory and op rows the detailed step's (``figures.detailed_steps``),
     never scaled from one to the other; op rows have no times and there is no trace
-    (no one run holds both). A compiled model's block already works this way.
+    (no one run holds both). A compiled model's block already works this way. Its light
+    steps run no module hooks (``hooks="first"``, the default with ``detail="first"``):
+    torch's profiler alone records them, and each op is placed in the module call of its
+    counterpart in the detailed step (``meta.modules_from.placement`` counts how; a
+    module's CPU time then runs from its first op to its last). A step that does not
+    align is named there, and the next window runs the hooks again. ``hooks="every"``
+    keeps the hooks in light steps.
 
     ``record_ops=False`` records module forward times only, by two hooks on a clock (no
     torch profiler: no ops, FLOPs, memory or backward), the leanest
@@ -365,12 +377,12 @@ class Profiler:
         on_ready: Callable[[Profile], Any] | None = None,
         peak_tflops: float | None = None,
         detail: str = "every",
-        hooks: str = "every",
+        hooks: str | None = None,
     ) -> None:
         self.model = require_module(model)
         peak_tflops = check_peak_tflops(peak_tflops)
         check_detail(detail, record_ops)
-        check_hooks(hooks, detail)
+        hooks = check_hooks(hooks, detail)
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a layerscope.schedule(...) (a callable step -> action), got {schedule!r}")
         if on_ready is not None and not callable(on_ready):

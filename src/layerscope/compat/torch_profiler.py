@@ -192,7 +192,7 @@ class Profiler(block.Profiler):
         on_trace_ready: Callable[[Profiler], Any] | None = None,
         peak_tflops: float | None = None,
         detail: str = "every",
-        hooks: str = "every",
+        hooks: str | None = None,
     ) -> None:
         del record_shapes  # shapes are always recorded
         if activities is not None:

@@ -362,11 +362,15 @@ def _place_by_neighbours(calls: list[int], how: list[str], template: CallTemplat
 
 def template_of_step(step: Range) -> CallTemplate | None:
     """The call template in a step recorded with module ranges (a hooked step of a
-    block): the first outermost module call of the step, its module calls and the
+    block): its first outermost module call when every outermost call is of that one
+    module (the model, called once or several times a step), else all of them in order
+    (a step that calls the encoder, then the decoder); their module calls and the
     outermost ops in them, through labels. None: the step called no module."""
-    root = next(_module_calls(step), None)
-    if root is None:
+    tops = list(_module_calls(step))
+    if not tops:
         return None
+    if all(top.name == tops[0].name for top in tops):
+        tops = tops[:1]
     ops: list[str] = []
     op_call: list[int] = []
     call_module: list[int] = []
@@ -388,9 +392,10 @@ def template_of_step(step: Range) -> CallTemplate | None:
                 labels.setdefault(child.name, call)
                 walk(child, call)
 
-    call_module.append(int(root.name[len(MODULE_PREFIX) :]))
-    call_parent.append(-1)
-    walk(root, 0)
+    for top in tops:
+        call_module.append(int(top.name[len(MODULE_PREFIX) :]))
+        call_parent.append(-1)
+        walk(top, len(call_module) - 1)
     return CallTemplate(
         ops=tuple(ops), call_module=tuple(call_module), call_parent=tuple(call_parent), op_call=tuple(op_call),
         labels=tuple(labels.items()),
