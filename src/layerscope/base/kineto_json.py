@@ -58,6 +58,8 @@ KINETO_KEYS = frozenset({"schemaVersion", "deviceProperties"})
 KINETO_CATEGORIES = frozenset({
     "cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
     "gpu_memset", "cpu_instant_event", "gpu_user_annotation", "ac2g", "fwdbwd",
+    # The names before torch 1.10, matched without regard to case as the categories are.
+    "operator", "runtime", "memcpy", "memset",
 })
 _SNIFF_EVENTS = 200
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -433,7 +435,7 @@ class TraceReader:
                 if key == "traceEvents" and self._next_char() == "[":
                     self._pos += 1
                     for seen, event in enumerate(self._array()):
-                        if event.get("cat") in KINETO_CATEGORIES:
+                        if str(event.get("cat")).lower() in KINETO_CATEGORIES:
                             return True
                         if seen >= _SNIFF_EVENTS:
                             return False

@@ -310,20 +310,30 @@ class DeviceEvents:
     outside_steps_time_ns: int
     orphans: int
     orphans_time_ns: int
+    #: Device work of categories layerscope does not read, counted by category, and the
+    #: time the device was busy with it (in no node; None: there was none).
+    unread: dict[str, int] | None = None
+    unread_time_ns: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "events": self.events, "time_ns": self.time_ns, "outside_steps": self.outside_steps,
             "outside_steps_time_ns": self.outside_steps_time_ns, "orphans": self.orphans,
             "orphans_time_ns": self.orphans_time_ns,
         }
+        if self.unread is not None:
+            out["unread"] = dict(self.unread)
+            out["unread_time_ns"] = self.unread_time_ns
+        return out
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> DeviceEvents:
+        unread = doc.get("unread")
         return cls(
             events=doc["events"], time_ns=doc["time_ns"], outside_steps=doc["outside_steps"],
             outside_steps_time_ns=doc["outside_steps_time_ns"], orphans=doc["orphans"],
-            orphans_time_ns=doc["orphans_time_ns"],
+            orphans_time_ns=doc["orphans_time_ns"], unread=None if unread is None else dict(unread),
+            unread_time_ns=doc.get("unread_time_ns"),
         )
 
 

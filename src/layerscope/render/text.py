@@ -807,6 +807,9 @@ def trace_lines(meta: RunFacts) -> list[str]:
                 f"; {device.orphans} launched before the trace began "
                 f"({fmt.time_ns(device.orphans_time_ns)}, in no node)"
             )
+        if device.unread:
+            kinds = ", ".join(f"{count} {category}" for category, count in device.unread.items())
+            line += f"; not read (categories layerscope does not know): {kinds} ({fmt.time_ns(device.unread_time_ns or 0)}, in no node)"
         lines.append(line)
     return lines
 

@@ -424,7 +424,8 @@ def _meta(
     if not ranges.has_shapes:
         meta.flops_unknown = "the trace recorded no input shapes (record_shapes=False)"
     meta.peak_flops_per_s, meta.peak_from = _peak(names, ranges.matrix_dtypes, ranges.has_shapes)
-    if ranges.device_events:
+    unread = ranges.unread_device
+    if ranges.device_events or unread:
         meta.device_events = DeviceEvents(
             events=len(ranges.device_events),
             time_ns=all_device,
@@ -432,6 +433,15 @@ def _meta(
             outside_steps_time_ns=union_ns([(e.start_ns, e.end_ns) for e in outside]),
             orphans=len(orphans),
             orphans_time_ns=union_ns([(e.start_ns, e.end_ns) for e in orphans]),
+            unread={category: count for category, (count, _) in sorted(unread.items())} if unread else None,
+            unread_time_ns=union_ns([span for _, spans in unread.values() for span in spans]) if unread else None,
+        )
+    if unread:
+        said = ", ".join(f"{count} {category}" for category, (count, _) in sorted(unread.items()))
+        warnings.warn(
+            f"layerscope: {source}: {sum(c for c, _ in unread.values())} device events of categories layerscope does "
+            f"not read ({said}) are in no node: the device ledger counts them as unread",
+            LayerscopeWarning, stacklevel=4,
         )
     if distributed:
         meta.rank = _whole(distributed.get("rank"))

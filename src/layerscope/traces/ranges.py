@@ -42,8 +42,24 @@ from layerscope.convert.ranges import (
 #: A module call recorded by torch's Python tracer: ``nn.Module: ClassName_k``.
 MODULE_EVENT = "nn.Module: "
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+_OP, _LABEL, _PYTHON, _DEVICE, _LAUNCH = range(5)
+#: What each event category torch's releases have written is, matched without regard to
+#: case: Kineto's names since torch 1.10, the names before them (``Operator``,
+#: ``Kernel``, ``Memcpy``, ``Memset``, ``Runtime``, ``Python``), and other backends'
+#: runtimes and drivers (ROCm writes CUDA's names). The categories torch's profiler
+#: viewer has read (kineto's ``tb_plugin``) are all here.
+CATEGORY_KINDS: dict[str, int] = {
+    "cpu_op": _OP, "operator": _OP,
+    "user_annotation": _LABEL,
+    "python_function": _PYTHON,
+    "kernel": _DEVICE, "gpu_memcpy": _DEVICE, "memcpy": _DEVICE, "gpu_memset": _DEVICE, "memset": _DEVICE,
+    "cuda_runtime": _LAUNCH, "cuda_driver": _LAUNCH, "runtime": _LAUNCH, "xpu_runtime": _LAUNCH,
+    "xpu_driver": _LAUNCH, "mtia_runtime": _LAUNCH, "privateuse1_runtime": _LAUNCH,
+    "privateuse1_driver": _LAUNCH,
+}
+#: Categories of events on a device's tracks that are not device work (a label drawn on
+#: the device's timeline, the flows and instants), never counted as unread work.
+_NOT_DEVICE_WORK = frozenset({"gpu_user_annotation", "ac2g", "fwdbwd", "cpu_instant_event", "gpu_instant_event", "overhead", "trace"})
 
 #: torch's names for dtypes in ``Input type`` (``c10::toString(ScalarType)``), each
 #: with the name of its ``torch`` dtype. Names alone: a trace without shapes (no
@@ -193,6 +209,9 @@ class TraceRanges:
     counts: dict[str, int] = field(default_factory=dict)
     #: Calls of :data:`MATRIX_OPS` by the dtype of their first tensor input (``float32``).
     matrix_dtypes: dict[str, int] = field(default_factory=dict)
+    #: Device work of categories layerscope does not read: per category, the count and
+    #: the spans (start, end ns).
+    unread_device: dict[str, tuple[int, list[tuple[int, int]]]] = field(default_factory=dict)
 
 
 class _Builder:
@@ -214,6 +233,8 @@ class _Builder:
         self.inputs_of: dict[tuple[Any, ...], list[Any]] = {}
         self.fields_of: dict[int, RangeFields] = {}
         self.own_steps = 0  # layerscope's step ranges seen so far
+        #: Each category seen and what it is (None: not one layerscope reads).
+        self.kinds: dict[Any, int | None] = {}
 
     def add(self, event: dict[str, Any]) -> None:
         ph = event.get("ph")
@@ -221,16 +242,21 @@ class _Builder:
         counts = self.out.counts
         counts[cat or ""] = counts.get(cat or "", 0) + 1
         if ph == "X":
-            if cat == "cpu_op":
+            kind = self.kinds.get(cat, -1)
+            if kind == -1:
+                kind = self.kinds[cat] = CATEGORY_KINDS.get(str(cat).lower())
+            if kind == _OP:
                 self.op(event)
-            elif cat == "user_annotation":
+            elif kind == _LABEL:
                 self.annotation(event)
-            elif cat == "python_function":
+            elif kind == _PYTHON:
                 self.python(event)
-            elif cat in _DEVICE_CATEGORIES:
+            elif kind == _DEVICE:
                 self.device(event)
-            elif cat in _LAUNCH_CATEGORIES:
+            elif kind == _LAUNCH:
                 self.launch(event)
+            elif kind is None:
+                self.unknown(event, cat)
         elif ph == "i" and event.get("name") == "[memory]":
             self.memory(event)
 
@@ -274,7 +300,8 @@ class _Builder:
         if isinstance(types, list):
             self.out.has_shapes = True
             if self.read_inputs:
-                inputs = self.shared_inputs(types, args.get("Input Dims") or [], args.get("Concrete Inputs") or [])
+                dims = args.get("Input Dims") or args.get("Input dims") or []  # torch before 1.10: "Input dims"
+                inputs = self.shared_inputs(types, dims, args.get("Concrete Inputs") or [])
                 overload = self.overload(name, types)
             if name in MATRIX_OPS:
                 key = next((_DTYPE_NAMES[t] for t in types if t in _DTYPE_NAMES), None)
@@ -353,6 +380,20 @@ class _Builder:
             return
         start, end = self._span(event)
         self._push(tid, (start, end, correlation))
+
+    def unknown(self, event: dict[str, Any], cat: Any) -> None:
+        """An event of a category layerscope does not read: counted as unread device
+        work when it is on a device's stream (its args name one), so the ledger never
+        leaves device work out silently."""
+        args = event.get("args")
+        if not isinstance(args, dict) or "stream" not in args or str(cat).lower() in _NOT_DEVICE_WORK:
+            return
+        name = str(cat)
+        start, end = self._span(event)
+        unread = self.out.unread_device
+        count, spans = unread.get(name, (0, []))
+        spans.append((start, end))
+        unread[name] = (count + 1, spans)
 
     def device(self, event: dict[str, Any]) -> None:
         args = event.get("args") or {}
