@@ -167,7 +167,8 @@ _SPAN = Declared(fields={"phase": OneOf(PHASES)})
 DECLARED: dict[type, Declared] = {
     # A file always has a phase's CPU times; the rest is None where not measured.
     PhaseStats: Declared(required=frozenset({"cpu_time_ns", "self_cpu_time_ns"})),
-    OpStats: Declared(fields={"phase": OneOf(PHASES), "input_shapes": ListOf(SHAPE)}),
+    # None: the shapes were not recorded (a trace read without them, --no-shapes).
+    OpStats: Declared(fields={"phase": OneOf(PHASES), "input_shapes": Opt(ListOf(SHAPE))}),
     ModuleNode: Declared(
         fields={"input_shapes": Opt(SHAPE), "output_shapes": Opt(SHAPE)},
         required=frozenset({"parent", "depth", "calls", "params", "params_total", "forward"}),

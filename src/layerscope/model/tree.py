@@ -136,7 +136,9 @@ class OpStats:
     self_cpu_time_ns: int | None = 0
     device_time_ns: int | None = None
     self_device_time_ns: int | None = None
-    input_shapes: list[Any] = field(default_factory=list)
+    #: One shape per tensor input; None where shapes were not recorded (a trace read
+    #: without them).
+    input_shapes: list[Any] | None = field(default_factory=list)
     flops: int | None = None
     macs: int | None = None
     bytes: int | None = None
