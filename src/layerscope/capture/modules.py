@@ -97,6 +97,7 @@ def module_table(
     each module's ``extra_repr()`` (for the annotated model view; ~1 µs a module).
     """
     named = list(model.named_modules())
+    _refuse_lazy(named)
     all_paths = {path for path, _ in named}
     selected_roots = _check_paths(paths, all_paths)
 
@@ -130,6 +131,21 @@ def module_table(
             )
         )
     return modules, infos, param_bytes
+
+
+def _refuse_lazy(named: list[tuple[str, nn.Module]]) -> None:
+    """A lazy module whose parameters its first forward has not made yet (``LazyLinear``,
+    ``LazyConv2d``) has no sizes to count: one line saying so, and what to do, not torch's
+    error from inside layerscope."""
+    from torch.nn.parameter import is_lazy
+
+    for path, module in named:
+        own = [*module._parameters.values(), *module._buffers.values()]
+        if any(t is not None and is_lazy(t) for t in own):
+            raise ModelError(
+                f"{type(module).__name__} at {path or 'the root'!r} is a lazy module whose parameters are not made "
+                "yet (its first forward makes them): run the model once on an input, then profile it"
+            )
 
 
 def _extra_repr(module: nn.Module) -> str:

@@ -1,0 +1,77 @@
+"""Inputs users report against this field's profilers, each with its right value worked
+out independently: what layerscope says of them.
+
+- Lazy modules (torchinfo and fvcore reports: ``LazyLinear`` before its first forward
+  has no parameter sizes): one line saying so and what to do, the model untouched, and
+  after the first forward the counts of an eager model of the same sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope
+from layerscope.base.errors import ModelError
+
+
+def _lazy() -> nn.Module:
+    return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+
+
+def _eager() -> nn.Module:
+    """The same sizes as :func:`_lazy` after a forward of a 1 x 3 x 8 x 8 input."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+
+
+X = torch.randn(1, 3, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        lambda m: layerscope.count_flops(m, X),
+        lambda m: layerscope.profile(m, X, warmup=0, repeat=1),
+        lambda m: layerscope.Profiler(m).__enter__(),
+    ],
+    ids=["count_flops", "profile", "Profiler"],
+)
+def test_a_lazy_module_not_yet_run_is_refused_in_one_line_and_left_as_it_was(entry: Any) -> None:
+    model = _lazy()
+    before = {k: type(v) for k, v in model.state_dict(keep_vars=True).items()}
+    with pytest.raises(ModelError) as refused:
+        entry(model)
+    assert str(refused.value) == (
+        "LazyConv2d at '0' is a lazy module whose parameters are not made yet (its first forward makes them): "
+        "run the model once on an input, then profile it"
+    )
+    assert {k: type(v) for k, v in model.state_dict(keep_vars=True).items()} == before
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_a_lazy_module_after_its_first_forward_counts_as_the_eager_one() -> None:
+    lazy = _lazy().eval()
+    with torch.no_grad():
+        lazy(X)
+    eager = _eager().eval()
+    mine, theirs = layerscope.count_flops(lazy, X), layerscope.count_flops(eager, X)
+    # Conv 4 x 3 x 3 x 3 weights + 4 biases = 112, BatchNorm 2 x 4 = 8, Linear 144 x 2 + 2 = 290.
+    assert mine.root.params_total == theirs.root.params_total == 112 + 8 + 290
+    assert [(n.path, n.forward.flops) for n in mine.modules()] == [(n.path, n.forward.flops) for n in theirs.modules()]
+
+
+def test_a_lazy_model_on_the_command_line_is_a_usage_error_not_the_models(tmp_path: Any) -> None:
+    from processes import run_layerscope
+
+    (tmp_path / "lazy_model.py").write_text(
+        "import torch\nfrom torch import nn\n\ndef build():\n    return nn.Sequential(nn.LazyLinear(4), nn.ReLU())\n"
+    )
+    done = run_layerscope(["flops", "lazy_model.py:build", "--input", "2x8"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "layerscope: error: LazyLinear at '0' is a lazy module whose parameters are not made yet (its first forward "
+        "makes them): run the model once on an input, then profile it"
+    ]
