@@ -75,3 +75,22 @@ def test_a_lazy_model_on_the_command_line_is_a_usage_error_not_the_models(tmp_pa
         "layerscope: error: LazyLinear at '0' is a lazy module whose parameters are not made yet (its first forward "
         "makes them): run the model once on an input, then profile it"
     ]
+
+
+def test_a_trace_of_backward_alone_recorded_with_stacks_does_not_advise_recording_them(tmp_path: Any) -> None:
+    """Recorded with ``with_stack=True`` around ``loss.backward()`` alone: no module's
+    forward ran, so there is no module event; the footer says that, not "record it with
+    with_stack=True" (it was)."""
+    from torch.profiler import profile
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    loss = model(torch.randn(2, 4)).sum()
+    with profile(with_stack=True, record_shapes=True) as prof:
+        loss.backward()
+    prof.export_chrome_trace(str(tmp_path / "backward.json"))
+    text = layerscope.load(tmp_path / "backward.json").render("text")
+    assert "record it with with_stack=True" not in text
+    assert (
+        "Modules: none recorded (the trace has Python events but no nn.Module call: no module's forward ran while "
+        "it recorded, as around loss.backward() alone)"
+    ) in text

@@ -790,6 +790,11 @@ def trace_lines(meta: RunFacts) -> list[str]:
             )
         if checked:
             lines.append("Model: " + "; ".join(checked))
+    elif source is not None and source.with_stack:
+        lines.append(
+            "Modules: none recorded (the trace has Python events but no nn.Module call: no module's forward "
+            "ran while it recorded, as around loss.backward() alone)"
+        )
     else:
         lines.append(
             "Modules: none recorded (the trace has no nn.Module events: read it with its model and inputs, "

@@ -123,7 +123,9 @@
       const placed = how.placement;
       fact("modules", placed
         ? how.method + ": " + placed.aligned + " of " + placed.ops + " forward ops aligned, " + placed.by_neighbours + " placed by neighbours, " + placed.unplaced + " in no module" + (placed.unaligned.length ? "; not aligned: " + placed.unaligned.join("; ") : "")
-        : how.instances ? how.matched + " of " + how.instances + " instances: " + how.method : "none recorded (no nn.Module events: read it with its model and inputs, or record with with_stack=True)");
+        : how.instances ? how.matched + " of " + how.instances + " instances: " + how.method
+        : source.with_stack ? "none recorded (Python events but no nn.Module call: no module's forward ran while it recorded)"
+        : "none recorded (no nn.Module events: read it with its model and inputs, or record with with_stack=True)");
       const device = META.device_events;
       if (device && (device.orphans || device.outside_steps)) {
         fact("device events in no node", [
