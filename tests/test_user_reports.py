@@ -94,3 +94,61 @@ def test_a_trace_of_backward_alone_recorded_with_stacks_does_not_advise_recordin
         "Modules: none recorded (the trace has Python events but no nn.Module call: no module's forward ran while "
         "it recorded, as around loss.backward() alone)"
     ) in text
+
+
+# -- step parts named for what they are: <loss> only before the backward it feeds ----------
+
+
+def _parts(run: Any) -> tuple[list[str], int]:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with layerscope.Profiler(model) as prof:
+        run(model)
+    profile = prof.profile
+    return [part.path for part in profile.parts if part.kind != "overhead"], profile.root.calls
+
+
+def test_work_after_a_forward_with_no_backward_is_not_called_the_loss() -> None:
+    """``with torch.no_grad(): y = m(x); y.sum()`` in a block: the sum feeds no backward."""
+
+    def run(model: nn.Module) -> None:
+        with torch.no_grad():
+            model(torch.randn(2, 8)).sum()
+
+    assert _parts(run) == (["<other>"], 1)
+
+
+def test_a_generation_loops_work_between_model_calls_is_its_own_part() -> None:
+    """A decode loop (the model called three times, its logits turned into the next
+    input between calls): the work between calls is ``<between calls>``, each call a call
+    of the root, and nothing is ``<loss>``."""
+
+    def run(model: nn.Module) -> None:
+        h = torch.randn(2, 8)
+        with torch.no_grad():
+            for _ in range(3):
+                h = model(h).softmax(-1) * 2
+
+    parts, calls = _parts(run)
+    assert (sorted(parts), calls) == (["<between calls>", "<other>"], 3)
+
+
+def test_the_loss_is_still_the_loss_in_a_training_step() -> None:
+    def run(model: nn.Module) -> None:
+        model(torch.randn(2, 8)).sum().backward()
+
+    parts, calls = _parts(run)
+    assert parts[0] == "<loss>" and calls == 1 and "<between calls>" not in parts
+
+
+def test_generate_of_a_small_gpt2_files_its_decode_logic_between_calls() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 64, (1, 4))
+    with layerscope.Profiler(model) as prof:
+        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    profile = prof.profile
+    parts = [part.path for part in profile.parts]
+    assert "<loss>" not in parts and "<between calls>" in parts
+    assert profile.root.calls == 4  # one forward per new token

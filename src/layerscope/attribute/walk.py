@@ -65,6 +65,9 @@ _TIMELESS: frozenset[type] = frozenset(NOTES)
 
 OTHER = "<other>"
 LOSS = "<loss>"
+#: Work between two forwards of the model with no backward after it (a generation
+#: loop's decode logic, a serving loop's batching).
+BETWEEN = "<between calls>"
 COMMUNICATION = "<communication>"
 
 @dataclass
@@ -217,6 +220,7 @@ def walk_pass(
         paths, has_device=has_device, collect_ops=collect_ops, parents=parents, memory=scan(events),
         waits=any(type(event) is Collective for event in events),
     )
+    walker.ahead(events)
     for event in events:
         walker.feed(event)
     return walker.finish()
@@ -253,6 +257,10 @@ class PassWalker:
         #: The model's forward ran, and backward work ran since it: between them is the loss.
         self.model_ran = False
         self.backward_ran = False
+        #: Backward ops and forward calls still ahead in the stream (None: not known,
+        #: :meth:`ahead` not told).
+        self.backward_left: int | None = None
+        self.calls_left: int | None = None
         #: The first and last ``Step`` marks, and the first time of any timed record.
         self.t_first: int | None = None
         self.t_last: int | None = None
@@ -315,8 +323,22 @@ class PassWalker:
             })
         self._handlers = handlers
 
+    def ahead(self, events: list[Event]) -> None:
+        """Count what the stream holds ahead (backward work, forward calls), so that work
+        after a forward is named for what follows it: ``<loss>`` only before the backward
+        it feeds, ``<between calls>`` before another forward (a generation loop's decode
+        logic), else ``<other>``. Without it (records fed one by one) a forward's aftermath
+        is ``<loss>``, as before."""
+        self.backward_left = sum(1 for e in events if type(e) is Op and e.grad is not None)
+        self.calls_left = sum(1 for e in events if type(e) is Enter and not e.in_backward)
+
     def feed(self, event: Event) -> None:
         """Walk one more record of the stream."""
+        kind = type(event)
+        if kind is Op and self.backward_left is not None and event.grad is not None:  # type: ignore[union-attr]
+            self.backward_left -= 1
+        elif kind is Enter and self.calls_left is not None and not event.in_backward:  # type: ignore[union-attr]
+            self.calls_left -= 1
         # The type in a set, not isinstance against the tuple: this runs once per record,
         # and the tuple's test costs ~9x as much (a failing test per kind of note).
         if type(event) not in _TIMELESS:
@@ -737,8 +759,14 @@ class PassWalker:
             result.self_dev[site] = result.self_dev.get(site, 0) + device_ns
 
     def top_owner(self) -> str:
-        """The part that work outside the model belongs to now."""
-        return LOSS if self.model_ran and not self.backward_ran else OTHER
+        """The part that work outside the model belongs to now: after a forward, the
+        ``<loss>`` when backward work follows, ``<between calls>`` when another forward
+        does (and no backward), else ``<other>``."""
+        if not self.model_ran or self.backward_ran:
+            return OTHER
+        if self.backward_left is None or self.backward_left > 0:
+            return LOSS
+        return BETWEEN if self.calls_left else OTHER
 
     def top_site(self, create: bool = True) -> Site | None:
         """Where work outside any frame or backward chain is charged: the step's parts.
