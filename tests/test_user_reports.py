@@ -152,3 +152,16 @@ def test_generate_of_a_small_gpt2_files_its_decode_logic_between_calls() -> None
     parts = [part.path for part in profile.parts]
     assert "<loss>" not in parts and "<between calls>" in parts
     assert profile.root.calls == 4  # one forward per new token
+
+
+def test_optimizer_ops_whose_shapes_a_trace_left_out_are_unknown_not_zero(shared_traces: Any) -> None:
+    """The H100 GPT-2 AdamW trace writes the ``_foreach_*`` ops' tensor lists as ``[]``
+    (Kineto leaves long lists out): their FLOPs are unknown, listed, never counted as 0."""
+    profile = layerscope.load(shared_traces / "h100_gpt2_adamw_train.json.gz")
+    assert profile.unsupported_ops() == {
+        "aten::_foreach_add_": 2, "aten::_foreach_addcdiv_": 1, "aten::_foreach_addcmul_": 1, "aten::_foreach_div_": 1,
+        "aten::_foreach_lerp_": 1, "aten::_foreach_mul_": 2, "aten::_foreach_sqrt": 1,
+    }
+    rows = [row for row in profile.ops(module="<optimizer:AdamW>") if row.name.startswith("aten::_foreach")]
+    assert rows and all(row.flops is None for row in rows)
+    assert "Ops not counted in FLOPs (no formula, or their shapes not recorded): aten::_foreach_add_ x2" in profile.render("text")

@@ -137,11 +137,10 @@ def _refuse_lazy(named: list[tuple[str, nn.Module]]) -> None:
     """A lazy module whose parameters its first forward has not made yet (``LazyLinear``,
     ``LazyConv2d``) has no sizes to count: one line saying so, and what to do, not torch's
     error from inside layerscope."""
-    from torch.nn.parameter import is_lazy
+    from torch.nn.modules.lazy import LazyModuleMixin
 
     for path, module in named:
-        own = [*module._parameters.values(), *module._buffers.values()]
-        if any(t is not None and is_lazy(t) for t in own):
+        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
             raise ModelError(
                 f"{type(module).__name__} at {path or 'the root'!r} is a lazy module whose parameters are not made "
                 "yet (its first forward makes them): run the model once on an input, then profile it"

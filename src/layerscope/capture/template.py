@@ -23,14 +23,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from layerscope.base.errors import TraceModelError
+from layerscope.capture import _torch
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.kineto import paused_gc
 from layerscope.convert.align import CallTemplate, template_of_step
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, USER_SCOPE, Range, RangeFields
 
+#: The op that reads a tensor's value into Python (``item()``, ``bool()``).
+_READ = "aten::_local_scalar_dense"
 #: torch's profiler's name for a Python dispatch mode's frame (the guesses' mode).
 _MODE_FRAME = "PythonDispatchMode"
 
@@ -57,7 +59,7 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-class _Guesses(TorchDispatchMode):  # type: ignore[misc]
+class _Guesses(_torch.DispatchMode):  # type: ignore[misc]
     """Answers each read of a meta tensor's value with a guess, and keeps what it said."""
 
     def __init__(self) -> None:
@@ -65,7 +67,7 @@ class _Guesses(TorchDispatchMode):  # type: ignore[misc]
         self.said: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
+        if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta" and _torch.op_name(func) == _READ:
             tensor = args[0]
             value: Any = True if tensor.dtype == torch.bool else 1.0 if tensor.is_floating_point() else 1
             self.said.append(f"a {str(tensor.dtype).removeprefix('torch.')} read of shape {list(tensor.shape)} taken as {value}")
@@ -103,11 +105,11 @@ def _record(
     def enter(module: nn.Module, _args: Any) -> None:
         at = index.get(id(module))
         if at is not None:
-            handles.append(torch.ops.profiler._record_function_enter_new(f"{MODULE_PREFIX}{at}"))
+            handles.append(_torch.open_profiler_range(f"{MODULE_PREFIX}{at}"))
 
     def leave(module: nn.Module, _args: Any, _out: Any) -> None:
         if id(module) in index and handles:
-            torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
+            _torch.close_profiler_range(handles.pop())
 
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(enter),
@@ -125,7 +127,7 @@ def _record(
         for hook in hooks:
             hook.remove()
         while handles:
-            torch.ops.profiler._record_function_exit._RecordFunction(handles.pop())
+            _torch.close_profiler_range(handles.pop())
     with paused_gc():  # torch's event list and the tree built from it: many objects, none cyclic
         return _template_of(prof.events(), guesses)
 

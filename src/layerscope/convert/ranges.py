@@ -68,6 +68,20 @@ class KernelSpan(NamedTuple):
 TENSOR, TENSORS, SCALAR, SCALARS, UNKNOWN = "tensor", "tensors", "scalar", "scalars", "?"
 
 
+class _NotRecorded:
+    """An input whose shapes a trace did not record although it recorded the op's
+    others: a list of tensors written as ``[]`` (Kineto leaves long lists out, as an
+    optimizer's ``_foreach_*`` parameters): the op's count is unknown, never 0."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_RECORDED"
+
+
+NOT_RECORDED = _NotRecorded()
+
+
 @dataclass(frozen=True)
 class TensorInput:
     """A tensor input of an op as recorded (its shape, dtype and device), read by the

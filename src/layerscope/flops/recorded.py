@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from layerscope.capture import _torch
-from layerscope.convert.ranges import SCALAR, TENSOR, TENSORS, UNKNOWN
+from layerscope.convert.ranges import NOT_RECORDED, SCALAR, TENSOR, TENSORS, UNKNOWN
 from layerscope.flops import Counts, count_meta, generation
 from layerscope.flops.meta import TensorMeta
 
@@ -231,6 +231,8 @@ class TorchOps:
         return is_composite(name, overload)
 
     def counts(self, name: str, overload: str, inputs: list[Any], concrete: list[Any] | None) -> tuple[Any, Counts]:
+        if any(value is NOT_RECORDED for value in inputs):
+            return None, (None, None, 0)  # an input's shapes were left out: unknown, listed as such
         key, values = recorded_call(name, overload, inputs, concrete)
         return key, count_call(key, name, overload, values)
 

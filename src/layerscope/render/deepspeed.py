@@ -275,6 +275,6 @@ def render_deepspeed(
         lines += _detailed(profile, ignore)
     unsupported = profile.unsupported_ops()
     if unsupported:
-        lines += ["", "Ops with no FLOP formula (not counted): " + ", ".join(f"{n} x{c}" for n, c in unsupported.items())]
+        lines += ["", "Ops not counted (no FLOP formula, or their shapes not recorded): " + ", ".join(f"{n} x{c}" for n, c in unsupported.items())]
     lines.append(_RULE)
     return "\n".join(lines) + "\n"

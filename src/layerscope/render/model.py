@@ -97,5 +97,5 @@ def render_model(profile: Profile, *, depth: int | None = None, top_k: int = 3) 
     unsupported = profile.unsupported_ops()
     if unsupported:
         out.append("")
-        out.append("Ops with no FLOP formula: " + ", ".join(f"{n} x{c}" for n, c in unsupported.items()))
+        out.append("Ops not counted in FLOPs (no formula, or their shapes not recorded): " + ", ".join(f"{n} x{c}" for n, c in unsupported.items()))
     return "\n".join(out) + "\n"

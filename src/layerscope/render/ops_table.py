@@ -164,7 +164,7 @@ def _footer(table: OpTable) -> list[str]:
             unsupported[row.name] = unsupported.get(row.name, 0) + row.unsupported_calls
     if unsupported:
         listed = ", ".join(f"{name} x{calls}" for name, calls in sorted(unsupported.items()))
-        lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
+        lines.append(f"Ops not counted in FLOPs (no formula, or their shapes not recorded): {listed}")
     return lines
 
 

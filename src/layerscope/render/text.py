@@ -546,7 +546,7 @@ def _footer(profile: Profile) -> list[str]:
     unsupported = profile.unsupported_ops()
     if unsupported:
         listed = ", ".join(f"{name} x{calls}" for name, calls in unsupported.items())
-        lines.append(f"Ops with no FLOP formula (not counted in FLOPs): {listed}")
+        lines.append(f"Ops not counted in FLOPs (no formula, or their shapes not recorded): {listed}")
     outside = profile.figures.unattributed_ops or 0
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")

@@ -26,6 +26,7 @@ from typing import Any
 
 from layerscope.base.kineto_json import us_to_ns
 from layerscope.convert.ranges import (
+    NOT_RECORDED,
     SCALAR,
     SCALARS,
     STEP_NAME,
@@ -435,7 +436,9 @@ class _Builder:
             if dtype is not None:
                 values.append(self.tensor(shape, dtype))
             elif kind == "TensorList":
-                values.append([self.tensor(s, first_dtype) for s in shape if isinstance(s, list)])
+                tensors = [self.tensor(s, first_dtype) for s in shape if isinstance(s, list)]
+                # Written as [] (its shapes left out): not an empty list, an unknown one.
+                values.append(tensors if tensors else NOT_RECORDED)
             elif kind == "Scalar":
                 values.append(_scalar(known))
             elif kind == "ScalarList":
