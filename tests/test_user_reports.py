@@ -165,3 +165,15 @@ def test_optimizer_ops_whose_shapes_a_trace_left_out_are_unknown_not_zero(shared
     rows = [row for row in profile.ops(module="<optimizer:AdamW>") if row.name.startswith("aten::_foreach")]
     assert rows and all(row.flops is None for row in rows)
     assert "Ops not counted in FLOPs (no formula, or their shapes not recorded): aten::_foreach_add_ x2" in profile.render("text")
+
+
+def test_a_trace_with_no_module_call_says_its_model_flops_are_unknown_not_zero(shared_traces: Any) -> None:
+    """The compiled GPT-2 training trace has no module events: its graphs are labels, so
+    the model's FLOPs are unknown, and the footer names what the step's parts counted."""
+    profile = layerscope.load(shared_traces / "h100_compiled_gpt2_train.json.gz")
+    text = profile.render("text", depth=0)
+    assert "FLOPs: 0" not in text and "Model FLOPs: forward 0" not in text
+    assert "FLOPs: ? (no module call in the tree)" in text
+    forward = sum(p.forward.flops or 0 for p in profile.parts)
+    backward = sum((p.backward.flops or 0) if p.backward is not None else 0 for p in profile.parts)
+    assert forward > 3.9e9 and backward > 7.8e9  # the graphs' 3.90G forward (and the optimizer's), 7.86G backward

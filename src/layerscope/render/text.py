@@ -517,7 +517,11 @@ def _left_out(profile: Profile) -> str:
 def _footer(profile: Profile) -> list[str]:
     root = profile.root
     flops = ""
-    if root.forward.flops is not None:
+    if _no_module_ran(profile):
+        # No module call in the tree (a trace without module events): the model's
+        # figures are not known, not 0; the step's parts hold what was counted.
+        flops = "   FLOPs: ? (no module call in the tree)"
+    elif root.forward.flops is not None:
         flops = f"   FLOPs: {fmt.count(root.forward.flops)}   MACs: {fmt.count(root.forward.macs)}"
     lines = [
         f"Params: {fmt.params(root.params_total, profile.param_bytes)}"
@@ -553,10 +557,26 @@ def _footer(profile: Profile) -> list[str]:
     return lines
 
 
+def _no_module_ran(profile: Profile) -> bool:
+    """Whether no module of the tree was called (a trace without module events, read
+    without its model): its model figures are unknown."""
+    return not any(node.calls for node in profile.modules())
+
+
 def _step_lines(profile: Profile) -> list[str]:
     root = profile.root
     flops: list[str] = []
-    if root.backward is not None and root.backward.flops is not None:
+    if _no_module_ran(profile):
+        counted = [
+            (phase, sum(stats.flops or 0 for part in profile.parts for ph, stats in part.phases() if ph == phase))
+            for phase in ("forward", "backward")
+        ]
+        if any(n for _, n in counted):
+            flops.append(
+                "Model FLOPs: ? (no module call in the tree); the step's parts hold "
+                + ", ".join(f"{phase} {fmt.count(n)}" for phase, n in counted)
+            )
+    elif root.backward is not None and root.backward.flops is not None:
         flops.append(
             f"Model FLOPs: forward {fmt.count(root.forward.flops)}, backward {fmt.count(root.backward.flops)}"
             + (f", recompute {fmt.count(root.recompute.flops)}" if root.recompute is not None else "")
