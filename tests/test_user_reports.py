@@ -177,3 +177,20 @@ def test_a_trace_with_no_module_call_says_its_model_flops_are_unknown_not_zero(s
     forward = sum(p.forward.flops or 0 for p in profile.parts)
     backward = sum((p.backward.flops or 0) if p.backward is not None else 0 for p in profile.parts)
     assert forward > 3.9e9 and backward > 7.8e9  # the graphs' 3.90G forward (and the optimizer's), 7.86G backward
+
+
+def test_dynamically_quantized_weights_are_counted_at_their_stored_size_not_zero() -> None:
+    """``quantize_dynamic`` keeps each Linear's weight packed, outside its parameters:
+    counted at its stored size (qint8, 1 byte an element; the bias float32), never 0 B."""
+    import warnings
+
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        profile = layerscope.count_flops(quantized, torch.randn(2, 16))
+    # Weights 16 x 8 + 8 x 4 = 160 elements, 1 byte each; biases 8 + 4 float32, 48 bytes.
+    assert (profile["0"].params, profile["2"].params) == (16 * 8 + 8, 8 * 4 + 4)
+    assert profile.root.params_total == 172
+    assert profile.param_bytes == 160 + 48
+    assert "Memory: parameters 48 B float32, 160 B qint8" in profile.render("text")

@@ -97,10 +97,32 @@ def bytes_by_dtype(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def packed_weights(module: nn.Module) -> list[torch.Tensor]:
+    """The weights a quantized module keeps packed, outside its parameters
+    (``DynamicQuantizedLinear``, quantized ``Conv2d``: ``weight()`` and ``bias()`` are
+    methods there): counted as its parameters, at their stored size (qint8: 1 byte),
+    never as 0."""
+    if not type(module).__module__.startswith("torch.ao.nn.quantized"):
+        return []
+    found: list[torch.Tensor] = []
+    for name in ("weight", "bias"):
+        read = getattr(module, name, None)
+        if callable(read):
+            try:
+                value = read()
+            except Exception:  # a module whose packed weights cannot be read back
+                continue
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+    return found
+
+
 def model_memory(model: nn.Module) -> dict[str, Any]:
-    """Parameter and buffer bytes of ``model`` by dtype (each storage once)."""
+    """Parameter and buffer bytes of ``model`` by dtype (each storage once; a quantized
+    module's packed weights among the parameters, :func:`packed_weights`)."""
+    packed = [t for module in model.modules() for t in packed_weights(module)]
     return {
-        "param_bytes_by_dtype": bytes_by_dtype(model.parameters()),
+        "param_bytes_by_dtype": bytes_by_dtype([*model.parameters(), *packed]),
         "buffer_bytes_by_dtype": bytes_by_dtype(model.buffers()),
     }
 

@@ -16,6 +16,7 @@ from layerscope.base.errors import LayerscopeWarning, ModelError
 from layerscope.base.peaks import datasheet_tflops, given_peak_flops_per_s
 from layerscope.capture import _torch
 from layerscope.capture.inputs import dtype_name
+from layerscope.capture.memory import packed_weights
 from layerscope.model.raw import ModuleInfo
 
 if TYPE_CHECKING:
@@ -115,6 +116,9 @@ def module_table(
             seen_params.add(id(param))
             own += param.numel()
             param_bytes += param.numel() * param.element_size()
+        for packed in packed_weights(module):
+            own += packed.numel()
+            param_bytes += packed.numel() * packed.element_size()
         selected = selected_roots is None or any(
             root == "" or path == root or path.startswith(root + ".") for root in selected_roots
         )
