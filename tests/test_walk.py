@@ -510,3 +510,29 @@ def test_a_backward_nodes_time_before_a_label_inside_it_is_the_nodes() -> None:
     other = next(node for node in prof.parts if node.path == "<other>")
     assert other.forward.self_cpu_time_ns == 10 + 10 + 50
     assert prof.step_time_ns == 300
+
+
+def test_backward_run_inside_a_users_label_is_taken_out_of_the_labels_own_time() -> None:
+    """``with record_function("backward"): loss.backward()``: the label (50-103) holds the
+    root's backward work (53-100, autograd number 1, created by the root's forward
+    10-40). The label's own time is 53 - 47 = 6; the backward's 47 is the root's; and
+    every node's own time adds up to the step's wall time, 150, measured apart (its two
+    marks): 10 + 10 + 47 before, between and after (<other>), 30 forward, 6 the label's,
+    47 backward."""
+    stream = [
+        Step(0),
+        Enter(10, ROOT, None, 1),
+        Exit(40, ROOT, None, 2),
+        LabelEnter(50, "backward", "label"),
+        Op(53, 100, None, grad=(1, None)),
+        LabelExit(103),
+        Step(150),
+    ]
+    prof = check_tree(build_profile(RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[stream])))
+    label = next(node for node in prof.nodes() if node.kind == "label")
+    own = [stats.self_cpu_time_ns for _, stats in label.phases()]
+    assert sum(own) == 6
+    assert prof.root.backward is not None and prof.root.backward.cpu_time_ns == 47
+    assert prof.root.forward.cpu_time_ns == 30
+    assert prof.step_time_ns == 150
+    assert sum(stats.self_cpu_time_ns or 0 for node in prof.nodes() for _, stats in node.phases()) == 150
