@@ -194,3 +194,53 @@ def test_dynamically_quantized_weights_are_counted_at_their_stored_size_not_zero
     assert profile.root.params_total == 172
     assert profile.param_bytes == 160 + 48
     assert "Memory: parameters 48 B float32, 160 B qint8" in profile.render("text")
+
+
+# -- higher-order ops: counted through torch's profiler, refused in one line by count_flops --
+
+
+class _Flex(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v)
+
+
+class _Cond(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+
+def test_count_flops_of_a_higher_order_op_is_refused_in_one_line_and_leaves_torch_working() -> None:
+    """``flex_attention`` runs through torch.compile even eagerly; under count_flops's
+    dispatch mode it fails (torch's own FlopCounterMode fails too), and a failed compile
+    would refuse every later call of it in the process. layerscope says what failed and
+    what counts it, and clears torch.compile's caches: the user's own calls still run."""
+    import warnings
+
+    from layerscope.base.errors import DispatchModeError
+
+    q, k, v = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention's "called without torch.compile()"
+        with pytest.raises(DispatchModeError) as refused:
+            layerscope.count_flops(_Flex(), (q, k, v))
+        assert str(refused.value) == (
+            "the model calls flex_attention, a higher-order op that count_flops's dispatch mode cannot run: "
+            "layerscope.profile() and Profiler blocks count its ops through torch's profiler"
+        )
+        assert _Flex()(q, k, v).shape == (1, 2, 16, 8)  # torch's own call still works
+        profile = layerscope.profile(_Flex(), (q, k, v), warmup=0, repeat=1)
+    # Q K^T and P V: 1 * 2 * 16 * 16 * 8 multiply-accumulates each.
+    assert profile.root.forward.macs == 2 * (1 * 2 * 16 * 16 * 8)
+
+
+def test_cond_is_refused_by_count_flops_and_counted_by_profile() -> None:
+    from layerscope.base.errors import DispatchModeError
+
+    x = torch.ones(4, 4)  # sum > 0: the sin branch, 16 elements
+    with pytest.raises(DispatchModeError, match="the model calls cond, a higher-order op"):
+        layerscope.count_flops(_Cond(), x)
+    profile = layerscope.profile(_Cond(), x, warmup=0, repeat=1)
+    rows = {row.name: row for row in profile.ops()}
+    assert "aten::sin" in rows and "aten::cos" not in rows

@@ -16,6 +16,12 @@ class InputsError(LayerscopeError, TypeError):
     """The inputs do not fit the model's ``forward`` signature, or cannot be parsed."""
 
 
+class DispatchModeError(LayerscopeError, RuntimeError):
+    """The model runs an op layerscope's dispatch mode cannot run (a higher-order op:
+    ``flex_attention``, ``cond``): a count by the dispatch mode (``count_flops``) cannot
+    be made; the message names the op and what counts it."""
+
+
 class SpecError(LayerscopeError, ValueError):
     """A model or inputs SPEC cannot be resolved to a module or inputs."""
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import operator
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -291,6 +292,12 @@ for _name in ("torch._C._dispatch_tls_local_include_set", "torch._C._dispatch_tl
         _name, "FLOPs of composites run on fake tensors with the default dispatch keys", None, "not established",
         "composites cannot be decomposed from inside a dispatch mode",
     )
+_declare(
+    "torch._dynamo.reset", "torch.compile's caches cleared after a higher-order op failed under the dispatch mode "
+    "(flex_attention's eager path compiles its call, and a failed compile leaves it refusing every later call)",
+    None, "not established: torch.compiler.reset calls it", "a failed higher-order op stays broken for the process",
+    find=lambda: torch._dynamo.reset, tolerated=True, lazy=True,
+)
 _declare(
     "torch._subclasses.fake_tensor.FakeTensorMode", "output shapes and composite FLOPs from fake tensors", None,
     "not established: the fake tensors torch.compile traces with", "outputs of recorded ops cannot be derived",
@@ -678,6 +685,33 @@ class UnwrappedDispatchMode(DispatchMode):  # type: ignore[misc]
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
+
+
+_HIGHER_ORDER = re.compile(r"(?:HigherOrderOperator |torch\.ops\.higher_order\.)(\w+)")
+
+
+def refused_higher_order(exc: BaseException) -> str | None:
+    """The higher-order op (``flex_attention``) whose eager run a dispatch mode broke,
+    named in ``exc`` or the exceptions it chains; None when ``exc`` is no such failure.
+    A higher-order op needs a rule for each Python dispatch mode, and some run through
+    torch.compile even eagerly (``flex_attention``, which torch's own FlopCounterMode
+    cannot run either)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        found = _HIGHER_ORDER.search(str(seen))
+        if found:
+            return found.group(1)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def reset_compile_caches() -> None:
+    """torch.compile's caches cleared (``torch._dynamo.reset``), where this torch has it."""
+    reset = get("torch._dynamo.reset")
+    if reset:
+        reset()
 
 
 #: An OpOverload's schema (a dispatch mode's ``func``): its name and arguments.

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.base.errors import DispatchModeError
+from layerscope.capture import _torch
 from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import eager_calls, eager_module, note_raising_module, require_module
@@ -71,6 +73,13 @@ def run_calls(
             with capture.backward():
                 loss.backward()
     except Exception as exc:
+        refused = _torch.refused_higher_order(exc)
+        if refused is not None:
+            _torch.reset_compile_caches()  # the failed compile would refuse the user's own calls
+            raise DispatchModeError(
+                f"the model calls {refused}, a higher-order op that count_flops's dispatch mode cannot run: "
+                "layerscope.profile() and Profiler blocks count its ops through torch's profiler"
+            ) from exc
         note_raising_module(exc, model)
         raise
 
