@@ -244,3 +244,23 @@ def test_cond_is_refused_by_count_flops_and_counted_by_profile() -> None:
     profile = layerscope.profile(_Cond(), x, warmup=0, repeat=1)
     rows = {row.name: row for row in profile.ops()}
     assert "aten::sin" in rows and "aten::cos" not in rows
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_modules_inside_torchscript_are_unknown_with_a_line_saying_why(how: str) -> None:
+    """``torch.jit.script`` / ``trace``: the scripted root calls its submodules without
+    Python, so no hook sees them. They are shown unknown (not profiled), never 0 calls
+    and 0 ns, and the footer says why; their work is the root's."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    x = torch.randn(2, 8)
+    scripted = torch.jit.script(model) if how == "script" else torch.jit.trace(model, x)
+    profile = layerscope.count_flops(scripted, x)
+    assert [node.profiled for node in profile.modules()] == [True, False, False, False]
+    assert profile.meta.unseen == ["0", "1", "2"]
+    # Two Linears: 2 * 8 * 8 + 2 * 8 * 2 = 160 MACs, all on the root.
+    assert profile.root.forward.macs == 160
+    text = profile.render("text")
+    assert (
+        "Not seen: 3 modules called from TorchScript (0, 1, 2): no hook sees into scripted code, so their figures "
+        "are unknown and their work is their scripted caller's"
+    ) in text

@@ -42,6 +42,7 @@ from layerscope.capture.modules import (
     refuse_compiled,
     refuse_meta_timing,
     require_module,
+    unseen_modules,
 )
 from layerscope.capture.recorder import Clock, Recorder, exclusive
 from layerscope.convert.align import combined
@@ -298,6 +299,7 @@ class Assembly:
                 model,
                 self.device,
                 paths=None if plan.paths is None else list(plan.paths),
+                unseen=unseen_modules(self.infos, self.modules) or None,
                 timed=None if plan.timed else False,
                 times_from=self.times_from,
                 **facts,

@@ -106,6 +106,7 @@ def module_table(
     param_bytes = 0
     modules: list[nn.Module] = []
     infos: list[ModuleInfo] = []
+    scripted: set[str] = set()  # paths of TorchScript modules seen so far
     for path, module in named:
         own = 0
         # Not parameters(recurse=False): it builds a generator chain per module, which
@@ -119,9 +120,11 @@ def module_table(
         for packed in packed_weights(module):
             own += packed.numel()
             param_bytes += packed.numel() * packed.element_size()
-        selected = selected_roots is None or any(
+        selected = (selected_roots is None or any(
             root == "" or path == root or path.startswith(root + ".") for root in selected_roots
-        )
+        )) and not _inside_script(path, scripted)
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted.add(path)
         modules.append(module)
         infos.append(
             ModuleInfo(
@@ -135,6 +138,23 @@ def module_table(
             )
         )
     return modules, infos, param_bytes
+
+
+def _inside_script(path: str, scripted: set[str]) -> bool:
+    """Whether module ``path`` is called from TorchScript: its parent (or an ancestor) is a
+    ``ScriptModule``, whose code calls its submodules without Python, so no hook sees them."""
+    parent = _parent_path(path)
+    while parent is not None:
+        if parent in scripted:
+            return True
+        parent = _parent_path(parent)
+    return False
+
+
+def unseen_modules(infos: list[ModuleInfo], modules: list[nn.Module]) -> list[str]:
+    """The paths of modules called from TorchScript (:func:`_inside_script`)."""
+    scripted = {info.path for info, module in zip(infos, modules) if isinstance(module, torch.jit.ScriptModule)}
+    return [info.path for info in infos if _inside_script(info.path, scripted)]
 
 
 def _refuse_lazy(named: list[tuple[str, nn.Module]]) -> None:

@@ -54,6 +54,9 @@ class RunFacts:
     backward: bool | None = None
     #: The module paths profiled (None: the whole model).
     paths: list[str] | None = None
+    #: Modules no hook can see: called from TorchScript (``torch.jit.script`` /
+    #: ``trace``), their figures unknown, their work their scripted caller's (None: none).
+    unseen: list[str] | None = None
     #: Input shapes, positional then keyword: ``[[shape, ...], {name: shape}]``.
     inputs: list[Any] | None = None
     #: Input dtype names, as ``inputs``.

@@ -551,6 +551,13 @@ def _footer(profile: Profile) -> list[str]:
     if unsupported:
         listed = ", ".join(f"{name} x{calls}" for name, calls in unsupported.items())
         lines.append(f"Ops not counted in FLOPs (no formula, or their shapes not recorded): {listed}")
+    unseen = profile.meta.unseen
+    if unseen:
+        lines.append(
+            f"Not seen: {len(unseen)} module{'s' if len(unseen) != 1 else ''} called from TorchScript "
+            f"({', '.join(unseen[:4])}{' and more' if len(unseen) > 4 else ''}): no hook sees into scripted code, "
+            "so their figures are unknown and their work is their scripted caller's"
+        )
     outside = profile.figures.unattributed_ops or 0
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")
