@@ -301,7 +301,8 @@ def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> N
 
     # A module's aten::linear (a composite) over t and addmm; addmm allocates its output
     # (id 7, 32 B) and a temporary it frees itself (id 8). Outside the model, a second
-    # linear: its parts are rows of <loss>, charged once through the composite's record.
+    # linear: no backward follows, so its parts are rows of <other>, charged once through
+    # the composite's record.
     x, w, b = _Meta(2, 4), _Meta(4, 4), _Meta(4)
     linear = _op(
         "aten::linear", 20, 90,
@@ -332,15 +333,15 @@ def test_detailed_conversion_opens_composites_and_counts_their_parts_once() -> N
     carrier = ops[2]
     assert (carrier.t0_ns, carrier.t1_ns, carrier.device_time_ns) == (200, 260, 10)
     result = walk_pass(stream, [""], has_device=True, collect_ops=True)
-    # The model's frame owns its op's kernels; the loss (after the model's forward) owns
-    # the outer linear's, once, and its 60 ns once; <other> the rest of the step.
+    # The model's frame owns its op's kernels; <other> (after the model's forward, no
+    # backward following) owns the outer linear's, once, and its 60 ns once, with the rest
+    # of the step.
     assert result.self_dev[(0, "forward")] == 20
-    assert result.self_dev[("<loss>", "forward")] == 10
-    assert result.self_cpu[("<loss>", "forward")] == 60
+    assert result.self_dev[("<other>", "forward")] == 10
     assert result.self_cpu[(0, "forward")] == 90
-    assert result.self_cpu[("<other>", "forward")] == 500 - 90 - 60
+    assert result.self_cpu[("<other>", "forward")] == 500 - 90
     rows = {(key[0], key[2]): op.calls for key, op in result.ops.items()}
-    assert rows == {(0, "aten::t"): 1, (0, "aten::addmm"): 1, ("<loss>", "aten::t"): 1, ("<loss>", "aten::addmm"): 1}
+    assert rows == {(0, "aten::t"): 1, (0, "aten::addmm"): 1, ("<other>", "aten::t"): 1, ("<other>", "aten::addmm"): 1}
 
 
 def test_recompute_on_autograd_device_thread_keeps_its_ops_and_leaves_the_counter_alone() -> None:
@@ -561,12 +562,13 @@ def test_ops_without_recorded_inputs_are_rows_where_a_module_called_them() -> No
 
 
 def test_a_range_outside_every_module_that_runs_one_keeps_its_own_and_its_parts_kernels() -> None:
-    """After the model's forward (module 0, 10-100: the step's <loss> part begins), a
-    custom Function outside every module (200-600) runs an op (``aten::mul``, kernel 20 ns),
-    launches 5 ns itself, and calls module 0 again (300-500, ``aten::add``, 40 ns). Read
-    with detail, with the catalog of a trace without shapes, or without detail, the
-    Function's 25 ns are the <loss> part's and the 40 ns the module's: before, with
-    detail, its record held none when a module ran inside it, and the 25 ns were nobody's."""
+    """After the model's forward (module 0, 10-100), a custom Function outside every
+    module (200-600) runs an op (``aten::mul``, kernel 20 ns), launches 5 ns itself, and
+    calls module 0 again (300-500, ``aten::add``, 40 ns): no backward follows, another
+    forward does, so the Function's own work is the ``<between calls>`` part's. Read
+    with detail, with the catalog of a trace without shapes, or without detail, its 25 ns
+    are that part's and the 40 ns the module's: before, with detail, its record held none
+    when a module ran inside it, and the 25 ns were nobody's."""
     from layerscope.attribute import walk_pass
     from layerscope.convert.ranges import Detail
     from layerscope.convert.streams import OutermostOps
@@ -581,4 +583,4 @@ def test_a_range_outside_every_module_that_runs_one_keeps_its_own_and_its_parts_
     kernels = [KernelSpan(4, 2000, 2010), KernelSpan(5, 3000, 3020), KernelSpan(6, 4000, 4040), KernelSpan(9, 5000, 5005)]
     for how in ({}, {"detail": Detail(), "ops": CATALOG}, {"detail": Detail(), "ops": OutermostOps()}):
         (stream,) = convert(tree(), kernels, has_device=True, **how)
-        assert walk_pass(stream, [""], has_device=True).self_dev == {(0, "forward"): 10 + 40, ("<loss>", "forward"): 25}, how
+        assert walk_pass(stream, [""], has_device=True).self_dev == {(0, "forward"): 10 + 40, ("<between calls>", "forward"): 25}, how
