@@ -435,8 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser(
         "show", help="re-render a saved profile in any format, without the model",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Render a profile saved as JSON (profile -o x.json, Profile.save) again, in any\n"
-        "format, with the same options as profile: no model, no run.",
+        description="Render a profile saved as JSON (profile -o x.json, Profile.save), or a torch.profiler\n"
+        "trace, in any format, with the same options as profile; the user's model is never run (a trace\n"
+        "without module events, read with --model, has its modules placed by one run of a meta copy).",
         epilog="examples:\n"
         "  layerscope show run.json --depth 2\n"
         "  layerscope show run.json --format ops --group-by shape --limit 20\n"
@@ -523,7 +524,7 @@ def _add_trace_model(parser: Any) -> None:
     parser.add_argument(
         "--model", metavar="SPEC",
         help="for torch.profiler trace files: the model that was traced (zoo:NAME, transformers:NAME, "
-        "or a module:callable building it), to give the trace's modules (BertLayer_3) their paths and "
+        "module:callable or file.py:callable building it), to give the trace's modules (BertLayer_3) their paths and "
         "parameters; built on the meta device, never run; a model whose parameters' shapes the trace's "
         "ops were not given is refused. A trace recorded without with_stack has no module events: its "
         "ops are aligned to the model's calls, learned from one run of a meta copy of it with the model's "

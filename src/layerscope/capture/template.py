@@ -27,7 +27,7 @@ from torch import nn
 from layerscope.base.errors import TraceModelError
 from layerscope.capture import _torch
 from layerscope.capture.inputs import split_inputs
-from layerscope.capture.kineto import paused_gc
+from layerscope.capture.kineto import paused_gc, quiet_profiler
 from layerscope.convert.align import CallTemplate, template_of_step
 from layerscope.convert.ranges import MODULE_PREFIX, STEP_NAME, USER_SCOPE, Range, RangeFields
 
@@ -117,7 +117,7 @@ def _record(
     ]
     activities = [torch.profiler.ProfilerActivity.CPU]
     try:
-        with torch.profiler.profile(activities=activities) as prof, torch.set_grad_enabled(grad):
+        with quiet_profiler(), torch.profiler.profile(activities=activities) as prof, torch.set_grad_enabled(grad):
             if guesses is not None:
                 with guesses:
                     model(*args, **kwargs)
@@ -128,11 +128,12 @@ def _record(
             hook.remove()
         while handles:
             _torch.close_profiler_range(handles.pop())
+    weighty = frozenset(at for at, (_, module) in enumerate(model.named_modules()) if any(True for _ in module.parameters(recurse=False)))
     with paused_gc():  # torch's event list and the tree built from it: many objects, none cyclic
-        return _template_of(prof.events(), guesses)
+        return _template_of(prof.events(), guesses, weighty)
 
 
-def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:
+def _template_of(events: Any, guesses: _Guesses | None, weighty: frozenset[int] = frozenset()) -> CallTemplate:
     """The template in the profiler's events: their trees as the ranges a block's hooked
     step records (a module range per call, labels, ops), read by
     ``convert.align.template_of_step`` as a live template is; the guesses' mode's frames
@@ -157,4 +158,4 @@ def _template_of(events: Any, guesses: _Guesses | None) -> CallTemplate:
     template = template_of_step(step)
     if template is None:
         raise TraceModelError("the model's call template is empty: its meta copy ran no module call")
-    return replace(template, guesses=tuple(guesses.said) if guesses is not None else ())
+    return replace(template, guesses=tuple(guesses.said) if guesses is not None else (), weighty=weighty)

@@ -26,10 +26,14 @@ The alignment (:func:`align`), on op names:
   outside the model (a wrapper's own ops, a loss): *unplaced*.
 - **Confidence**: a pass (one repetition of the template) is *aligned* when
   :data:`CONFIDENT` of the template's calls that run ops of their own had one matched,
-  and half the template's ops were. Otherwise its ops keep no module (they stay with the
-  enclosing labels and steps) and the pass is named in the profile's facts: data-dependent
-  control flow the template did not take (a routing, an early exit: whole calls without
-  a match) is named, never silently put on a wrong module.
+  half the template's ops were, and every call of a module with parameters had one (a
+  model of another depth, a branch the template did not take). Otherwise the pass is
+  named in the profile's facts, and no op of its step keeps a module (they stay with the
+  enclosing labels and steps: a model of half the depth reads as two passes, the first
+  aligned, so the step's other passes are in doubt too). Data-dependent control flow the
+  template did not take (a routing, an early exit: whole calls without a match) is named.
+  A branch between two modules that run the same ops (of the same shapes) cannot be told
+  from the ops: the template's guesses are named, with a warning.
 
 Each op's placement is counted (:class:`~layerscope.model.runfacts.OpPlacement`).
 Pure: no torch; rapidfuzz is imported when a stream is not the template.
@@ -80,6 +84,9 @@ class CallTemplate:
     #: with the call it was opened in (a label holding all of a call's ops is inside it
     #: when named here, else read as opened around it).
     labels: tuple[tuple[str, int], ...] = ()
+    #: The modules (indices) with parameters of their own: a pass in which a call of one
+    #: of them ran no op is not aligned (a model of another depth, another branch).
+    weighty: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.call_module) != len(self.call_parent):
@@ -132,8 +139,11 @@ def align(names: list[str], template: CallTemplate) -> Aligned:
             per_pass[j // n] += 1
             covered[j // n].add(template.op_call[j % n])
     working = set(template.op_call)
+    # The calls of modules with parameters that run ops: each must have one matched.
+    needed = {c for c in working if template.call_module[c] in template.weighty}
     unaligned = [
-        (p, per_pass[p] / n) for p in range(passes) if not _confident(per_pass[p], n, len(covered[p]), len(working))
+        (p, per_pass[p] / n) for p in range(passes)
+        if not _confident(per_pass[p], n, len(covered[p]), len(working)) or not needed <= covered[p]
     ]
     dropped = {p for p, _ in unaligned}
 
@@ -471,6 +481,11 @@ def place(steps: list[tuple[Range, int]], template: CallTemplate, roots: list[Ra
         passes += found.passes
         for p, share in found.unaligned:
             unaligned.append(f"step {number}, pass {p + 1}: {share:.0%} of the template matched")
+        if found.unaligned:
+            # A call that did not align puts its neighbours in doubt (a model of another
+            # depth reads as two calls, one of them aligned): the step keeps no module.
+            found.calls = [-1] * len(stream)
+            found.how = [UNPLACED] * len(stream)
         placed: dict[int, list[int]] = {}
         chains: dict[int, list[int]] = {}
         for op, call in zip(stream, found.calls):
@@ -636,7 +651,7 @@ def _place_run(
     first, last = spans[call % per]
     part = CallTemplate(
         ops=template.ops[first : last + 1], call_module=template.call_module, call_parent=template.call_parent,
-        op_call=template.op_call[first : last + 1], labels=template.labels,
+        op_call=template.op_call[first : last + 1], labels=template.labels, weighty=template.weighty,
     )
     found = align([op.name for op in run], part)
     if found.passes != 1 or found.unaligned:

@@ -801,6 +801,8 @@ def trace_lines(meta: RunFacts) -> list[str]:
                 f"Template guesses (a meta run has no data): {'; '.join(placed.guesses[:3])}"
                 + (f" and {len(placed.guesses) - 3} more" if len(placed.guesses) > 3 else "")
             )
+        if how.shapes:
+            lines.append(f"Model: {how.shapes}")
     elif how is not None and how.instances:
         line = f"Modules: {how.method}: {how.matched} of {how.instances} instances"
         unmatched = how.unmatched

@@ -34,6 +34,7 @@ from layerscope.model.tree import Profile
 from layerscope.traces.modules import (
     Instance,
     ModelTable,
+    aligned_misfits,
     instances,
     map_to_model,
     misfit_evidence,
@@ -156,11 +157,19 @@ def profile_of_ranges(
     if model is not None and template is not None and not found:
         learned = template(any(r.name.startswith(_EVALUATE) for rs in ranges.roots.values() for r in _tops(rs)))
     if learned is not None:
+        assert model is not None
         steps = [r for r in roots if r.name == STEP_NAME]
-        how = ModulesFrom(
-            method=ALIGNED_METHOD, instances=0, matched=0, placement=place(list(zip(steps, numbers)), learned, roots),
-        )
+        placement = place(list(zip(steps, numbers)), learned, roots)
+        how = ModulesFrom(method=ALIGNED_METHOD, instances=0, matched=0, placement=placement)
+        if ranges.has_shapes:
+            how = replace(how, shapes=_check_aligned(steps, model, source))
         _warn_unaligned(how, source)
+    elif model is not None and template is not None and not found:
+        warnings.warn(
+            f"layerscope: {source}: the trace has no nn.Module events, and no inputs were given to learn the "
+            f"{model.name}'s calls from (inputs=, --input SHAPE or --inputs SPEC): its modules are not placed",
+            LayerscopeWarning, stacklevel=3,
+        )
     has_device = bool(ranges.device_events)
     counted = ranges.has_shapes and shapes
     detail = Detail(stacks=None)
@@ -215,15 +224,41 @@ def _tops(roots: list[Range]) -> Iterator[Range]:
             yield from rng.children
 
 
+def _check_aligned(steps: list[Range], model: ModelTable, source: str) -> str | None:
+    """The model's parameter shapes checked against the ops the alignment put in each
+    module (as a with-stack read checks its instances): a module none of whose
+    parameters' shapes its ops were given is not the one that ran, refused with the
+    evidence; what was checked, for ``modules_from.shapes``."""
+    bad, checked = aligned_misfits(steps, model.infos, model.params)
+    if bad:
+        first = bad[0]
+        more = f" (and {len(bad) - 1} more of the {checked} modules checked)" if len(bad) > 1 else ""
+        raise TraceModelError(
+            f"{source!r} was not recorded with this {model.name}: "
+            f"{misfit_evidence(first, model.infos[first.at].path, model.infos[first.at].type)}{more}; "
+            "load it with the model that was traced (on the command line: --model SPEC, with "
+            "--config KEY=VALUE,... for a transformers: model's size)"
+        )
+    return f"parameter shapes checked against the ops aligned to each module: {checked} modules, all fit" if checked else None
+
+
 def _warn_unaligned(how: ModulesFrom, source: str) -> None:
-    """A warning naming the passes whose ops did not align with the model's template."""
+    """A warning naming the passes whose ops did not align with the model's template,
+    and the data-dependent reads its template guessed."""
     placed = how.placement
+    if placed is not None and placed.guesses and not placed.unaligned:
+        warnings.warn(
+            f"layerscope: {source}: the model's call template answered {len(placed.guesses)} data-dependent "
+            f"read{'s' if len(placed.guesses) != 1 else ''} with a guess ({placed.guesses[0]}): where the traced run "
+            "took another branch between modules that run the same ops, those ops may sit on the other module",
+            LayerscopeWarning, stacklevel=4,
+        )
     if placed is None or not placed.unaligned:
         return
     warnings.warn(
         f"layerscope: {source}: {len(placed.unaligned)} of {placed.passes} passes of the model did not align "
-        f"with its call template ({_some(list(placed.unaligned), 2)}): their ops stay with the enclosing "
-        "labels and steps; was the trace recorded with this model and inputs like these?",
+        f"with its call template ({_some(list(placed.unaligned), 2)}): the ops of their steps stay with the "
+        "enclosing labels and steps; was the trace recorded with this model and inputs like these?",
         LayerscopeWarning, stacklevel=4,
     )
 

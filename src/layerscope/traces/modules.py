@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from layerscope.convert.ranges import MODULE_PREFIX
 from layerscope.model.raw import ModuleInfo
 from layerscope.model.runfacts import ModulesFrom
 from layerscope.traces.ranges import MODULE_EVENT, ModuleCall, caller_module, module_of_frames
@@ -112,7 +113,7 @@ def _own_inputs(
     pending = [(item, False) for item in reversed(rng.children)]
     while pending:
         item, in_op = pending.pop()
-        if item.name.startswith(MODULE_EVENT):
+        if item.name.startswith(MODULE_EVENT) or item.name.startswith(MODULE_PREFIX):
             continue
         tensors = [value for value in item.extra_fields.inputs or () if getattr(value, "sizes", None) is not None]
         sizes = tuple(tuple(value.sizes) for value in tensors)
@@ -300,6 +301,27 @@ def misfits(
 
 def _dims(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def aligned_misfits(
+    steps: list[Any], infos: list[ModuleInfo], params: list[list[tuple[str, tuple[int, ...]]]]
+) -> tuple[list[Misfit], int]:
+    """:func:`misfits` of the module calls an alignment put into ``steps`` (their
+    ``layerscope.module#K`` ranges): each module's first call, its own ops' shapes."""
+    found: dict[str, Instance] = {}
+    index: dict[str, int] = {}
+    pending = list(steps)
+    while pending:
+        rng = pending.pop(0)
+        if rng.name.startswith(MODULE_PREFIX):
+            at = int(rng.name[len(MODULE_PREFIX) :])
+            key = f"ops aligned to {infos[at].path or '(the root)'}"
+            if key not in found:
+                shapes, ops = _own_inputs(rng, {})
+                found[key] = Instance(key, infos[at].type, rng.start_time_ns, shapes=shapes, ops=ops)
+                index[key] = at
+        pending.extend(child for child in rng.children if child.children)
+    return misfits(found, index, params)
 
 
 def misfit_evidence(misfit: Misfit, path: str, type_name: str) -> str:
