@@ -259,9 +259,9 @@ def _bert(**config: Any) -> Any:
 
 
 def test_a_model_of_another_width_is_refused_with_the_evidence(shared_traces: Path, tmp_path: Path) -> None:
-    from layerscope.base.errors import TraceModelError
-
     import torch
+
+    from layerscope.base.errors import TraceModelError
 
     ids = torch.zeros(8, 128, dtype=torch.long)
     with pytest.raises(TraceModelError) as refused:
