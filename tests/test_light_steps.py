@@ -380,12 +380,12 @@ def test_bad_hooks_options_are_refused(options: dict[str, Any], message: str) ->
         layerscope.Profiler(nn.Linear(2, 2), **options)
 
 
-def test_detail_first_aligns_its_light_steps_by_default_and_hooks_every_keeps_the_hooks() -> None:
+def test_hooks_first_aligns_the_light_steps_and_the_default_keeps_the_hooks() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     x = torch.randn(4, 8)
     seen: dict[str | None, list[int]] = {}
     profiles = {}
-    for hooks in (None, "every"):
+    for hooks in ("first", None):
         options = {} if hooks is None else {"hooks": hooks}
         counts = seen.setdefault(hooks, [])
         with layerscope.Profiler(model, detail="first", **options) as prof:
@@ -394,12 +394,12 @@ def test_detail_first_aligns_its_light_steps_by_default_and_hooks_every_keeps_th
                 model(x)
                 prof.step()
         profiles[hooks] = prof.profile
-    assert seen[None][1:] == [0, 0] and min(seen["every"]) >= 1
-    placed = profiles[None].meta.modules_from.placement
+    assert seen["first"][1:] == [0, 0] and min(seen[None]) >= 1
+    placed = profiles["first"].meta.modules_from.placement
     assert placed is not None and (placed.passes, placed.aligned, placed.template_ops) == (2, 6, 3)
-    assert profiles["every"].meta.modules_from is None
+    assert profiles[None].meta.modules_from is None
     for path in ("", "0", "1", "2"):
-        assert profiles[None][path].calls == profiles["every"][path].calls == 1
+        assert profiles["first"][path].calls == profiles[None][path].calls == 1
 
 
 def test_a_step_that_calls_two_parts_of_the_model_aligns_both() -> None:
@@ -414,7 +414,7 @@ def test_a_step_that_calls_two_parts_of_the_model_aligns_both() -> None:
 
     model = EncoderDecoder()
     x = torch.randn(2, 8)
-    with layerscope.Profiler(model, detail="first") as prof:
+    with layerscope.Profiler(model, detail="first", hooks="first") as prof:
         for _ in range(3):
             model.decoder(model.encoder(x))
             prof.step()

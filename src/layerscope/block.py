@@ -64,11 +64,12 @@ HOOKS = ("every", "first")
 
 def check_hooks(hooks: str | None, detail: str) -> str:
     """``Profiler(hooks=...)`` checked against ``detail`` (ValueError); None is the
-    default: ``"first"`` with ``detail="first"`` (its light steps aligned: cheaper and
-    closer to the hooks-only reference than hooked light steps, docs/benchmarks.md),
-    else ``"every"``."""
+    default, ``"every"``: aligned light steps are cheaper and closer to the hooks-only
+    reference (docs/benchmarks.md), but ops cannot tell apart two modules that run the
+    same ops, so a routing that changes between steps (a mixture of experts) would be
+    read as the hooked step's (docs/design.md)."""
     if hooks is None:
-        return "first" if detail == "first" else "every"
+        return "every"
     if hooks not in HOOKS:
         raise ValueError(
             f"hooks must be one of {', '.join(map(repr, HOOKS))}, got {hooks!r}: 'every' opens a range per module "
@@ -330,13 +331,14 @@ class Profiler:
     are then its mean over the light steps (``figures.step_numbers``), its calls, FLOPs,
     MACs, shapes, memory and op rows the detailed step's (``figures.detailed_steps``),
     never scaled from one to the other; op rows have no times and there is no trace
-    (no one run holds both). A compiled model's block already works this way. Its light
-    steps run no module hooks (``hooks="first"``, the default with ``detail="first"``):
-    torch's profiler alone records them, and each op is placed in the module call of its
-    counterpart in the detailed step (``meta.modules_from.placement`` counts how; a
-    module's CPU time then runs from its first op to its last). A step that does not
-    align is named there, and the next window runs the hooks again. ``hooks="every"``
-    keeps the hooks in light steps.
+    (no one run holds both). A compiled model's block already works this way. With
+    ``hooks="first"`` its light steps run no module hooks: torch's profiler alone records
+    them, and each op is placed in the module call of its counterpart in the detailed
+    step (``meta.modules_from.placement`` counts how; a module's CPU time then runs from
+    its first op to its last). A step that does not align is named there, and the next
+    window runs the hooks again; a step that routes to other modules running the same
+    ops (another expert of a mixture of experts) cannot be told from the hooked one, so
+    keep the default (``hooks="every"``) for such models.
 
     ``record_ops=False`` records module forward times only, by two hooks on a clock (no
     torch profiler: no ops, FLOPs, memory or backward), the leanest
