@@ -57,9 +57,9 @@ from layerscope.convert.ranges import (
 )
 from layerscope.model.runfacts import OpPlacement
 
-#: The share of a pass's template ops that must find a counterpart for the pass to count
-#: as aligned: below it, the run took another branch than the template (its ops stay
-#: unattributed, named).
+#: The share of the template's calls that run ops of their own which must each have one
+#: matched for a pass to count as aligned (:func:`_confident`): below it, the run took
+#: another branch than the template (its step's ops stay unattributed, named).
 CONFIDENT = 0.8
 
 #: How an op was placed.
