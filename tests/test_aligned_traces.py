@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -158,20 +157,6 @@ def test_the_placement_is_said_in_the_footer_and_kept_by_a_saved_profile(shared_
     again = layerscope.load(saved)
     assert again.meta.modules_from.placement == placed
     assert again.root.forward.device_time_ns == profile.root.forward.device_time_ns
-
-
-@pytest.mark.slow
-def test_show_reads_a_trace_without_module_events_with_model_and_input(shared_traces: Path, tmp_path: Path) -> None:
-    bare = _without_python_events(shared_traces / "h100_bert_base_fwd.json.gz", tmp_path / "bert.json")
-    run = subprocess.run(
-        [sys.executable, "-m", "layerscope", "show", str(bare), "--model", "transformers:BertModel",
-         "--input", "8x128:int64", "--depth", "1"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
-    assert "Modules: aligned to the model's call template" in run.stdout
-    assert "│   └── layer" not in run.stdout  # depth 1
-    assert "├── encoder" in run.stdout
 
 
 def _loss(out: Any) -> Any:

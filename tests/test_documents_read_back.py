@@ -6,7 +6,6 @@ or refused with one line that says why (never a crash, never a schema error)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import warnings
 from collections.abc import Callable
@@ -113,25 +112,3 @@ def test_every_document_reads_back_and_renders_in_every_format(kind: str, tmp_pa
             assert json.loads(out)["schema"]
     # The text, JSON and HTML views are never refused.
     assert not {"text", "json", "html"} & set(refused), (kind, refused)
-
-
-def test_a_saved_document_of_a_gzipped_trace_read_without_shapes_shows_on_the_command_line(tmp_path: Path) -> None:
-    """The fast read docs/traces.md recommends for large traces can be kept: saved, it is
-    read back by ``show`` (it once failed: op rows without shapes held None)."""
-    from processes import run_layerscope
-
-    trace = tmp_path / "tiny.json.gz"
-    model, x = _mlp()
-    from torch.profiler import profile
-
-    with profile(record_shapes=True, with_stack=True) as prof:
-        model(x)
-    prof.export_chrome_trace(str(tmp_path / "tiny.json"))
-    with open(tmp_path / "tiny.json", "rb") as source, gzip.open(trace, "wb") as target:
-        target.write(source.read())
-    saved = tmp_path / "ns.json"
-    first = run_layerscope(["show", str(trace), "--no-shapes", "-o", str(saved)], tmp_path)
-    assert first.returncode == 0, first.stderr
-    again = run_layerscope(["show", str(saved), "--depth", "1"], tmp_path)
-    assert again.returncode == 0, again.stderr
-    assert "FLOPs unknown: the trace was read without its recorded shapes" in again.stdout
