@@ -32,7 +32,7 @@ from trace_models import TRACE_MODELS
 
 #: The traces whose aligned read takes seconds here: in the slow tier.
 SLOW = {
-    "h100_owlv2_inference", "h100_qwen1.5_0.5b_inference", "mi300x_resnet_ddp_actckpt_train_rank0",
+    "h100_owlv2_inference", "h100_bert_base_fwd", "h100_qwen1.5_0.5b_inference", "mi300x_resnet_ddp_actckpt_train_rank0",
     "h100_gpt2_adamw_train", "h100_llama_bf16_train", "mi300x_bert_small_inference", "mi300x_norm_layers_fwd_bwd",
     "h100_ddp_nccl_train",
 }
@@ -243,6 +243,7 @@ def _bert(**config: Any) -> Any:
         return transformers.BertModel(transformers.BertConfig(**config)).eval()
 
 
+@pytest.mark.slow
 def test_a_model_of_another_width_is_refused_with_the_evidence(shared_traces: Path, tmp_path: Path) -> None:
     import torch
 
@@ -257,6 +258,7 @@ def test_a_model_of_another_width_is_refused_with_the_evidence(shared_traces: Pa
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers", [6, 14])
 def test_a_model_of_another_depth_is_named_and_places_nothing(layers: int, shared_traces: Path, tmp_path: Path) -> None:
     """BERT-base ran 12 layers. A 6-layer model reads the forward as two calls of itself

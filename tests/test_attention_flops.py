@@ -120,6 +120,7 @@ def test_cross_attention_of_multihead_attention_counts_its_key_length() -> None:
     assert 2 * (macs - 2 * (2 * heads * target * source * (embed // heads))) == reference
 
 
+@pytest.mark.slow
 def test_a_gpt2_decode_step_with_a_cache_counts_one_query_against_the_cached_keys() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

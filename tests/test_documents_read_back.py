@@ -87,7 +87,15 @@ MAKERS: dict[str, Callable[[Path], Any]] = {
 }
 
 
-@pytest.mark.parametrize("kind", list(MAKERS))
+#: The kinds whose making takes a second or more here (a block's steps, a real trace):
+#: in the slow tier.
+SLOW_KINDS = {
+    "block, every step detailed", "block, detail='first' (hooked light steps)", "block, record_ops=False",
+    "trace with shapes", "trace without shapes or modules", "merged ranks",
+}
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in SLOW_KINDS else k for k in MAKERS])
 def test_every_document_reads_back_and_renders_in_every_format(kind: str, tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LayerscopeWarning)

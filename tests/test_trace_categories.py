@@ -42,7 +42,7 @@ def _figures(profile: layerscope.Profile) -> list[tuple[str, int | None, int | N
     ]
 
 
-@pytest.mark.parametrize("case", ["older", "upper", "lower"])
+@pytest.mark.parametrize("case", ["older", pytest.param("upper", marks=pytest.mark.slow), pytest.param("lower", marks=pytest.mark.slow)])
 def test_a_trace_with_the_category_names_of_older_torch_reads_as_todays(
     case: str, shared_traces: Path, tmp_path: Path
 ) -> None:

@@ -63,6 +63,7 @@ def test_a_lazy_module_after_its_first_forward_counts_as_the_eager_one() -> None
     assert [(n.path, n.forward.flops) for n in mine.modules()] == [(n.path, n.forward.flops) for n in theirs.modules()]
 
 
+@pytest.mark.slow
 def test_a_lazy_model_on_the_command_line_is_a_usage_error_not_the_models(tmp_path: Any) -> None:
     from processes import run_layerscope
 
@@ -140,6 +141,7 @@ def test_the_loss_is_still_the_loss_in_a_training_step() -> None:
     assert parts[0] == "<loss>" and calls == 1 and "<between calls>" not in parts
 
 
+@pytest.mark.slow
 def test_generate_of_a_small_gpt2_files_its_decode_logic_between_calls() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -211,6 +213,7 @@ class _Cond(nn.Module):
         return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
 
 
+@pytest.mark.slow
 def test_count_flops_of_a_higher_order_op_is_refused_in_one_line_and_leaves_torch_working() -> None:
     """``flex_attention`` runs through torch.compile even eagerly; under count_flops's
     dispatch mode it fails (torch's own FlopCounterMode fails too), and a failed compile
