@@ -224,21 +224,28 @@ def _tops(roots: list[Range]) -> Iterator[Range]:
             yield from rng.children
 
 
+def _refuse_misfits(bad: list[Any], checked: int, infos: list[Any], model_name: str, source: str) -> None:
+    """A :class:`TraceModelError` with the first misfit's evidence, when there is one:
+    the trace was not recorded with this model."""
+    if not bad:
+        return
+    first = bad[0]
+    more = f" (and {len(bad) - 1} more of the {checked} modules checked)" if len(bad) > 1 else ""
+    raise TraceModelError(
+        f"{source!r} was not recorded with this {model_name}: "
+        f"{misfit_evidence(first, infos[first.at].path, infos[first.at].type)}{more}; "
+        "load it with the model that was traced (on the command line: --model SPEC, with "
+        "--config KEY=VALUE,... for a transformers: model's size)"
+    )
+
+
 def _check_aligned(steps: list[Range], model: ModelTable, source: str) -> str | None:
     """The model's parameter shapes checked against the ops the alignment put in each
     module (as a with-stack read checks its instances): a module none of whose
     parameters' shapes its ops were given is not the one that ran, refused with the
     evidence; what was checked, for ``modules_from.shapes``."""
     bad, checked = aligned_misfits(steps, model.infos, model.params)
-    if bad:
-        first = bad[0]
-        more = f" (and {len(bad) - 1} more of the {checked} modules checked)" if len(bad) > 1 else ""
-        raise TraceModelError(
-            f"{source!r} was not recorded with this {model.name}: "
-            f"{misfit_evidence(first, model.infos[first.at].path, model.infos[first.at].type)}{more}; "
-            "load it with the model that was traced (on the command line: --model SPEC, with "
-            "--config KEY=VALUE,... for a transformers: model's size)"
-        )
+    _refuse_misfits(bad, checked, model.infos, model.name, source)
     return f"parameter shapes checked against the ops aligned to each module: {checked} modules, all fit" if checked else None
 
 
@@ -304,15 +311,7 @@ def _mapped(
         )
     else:
         bad, checked = misfits(found, index, params)
-        if bad:
-            first = bad[0]
-            more = f" (and {len(bad) - 1} more of the {checked} modules checked)" if len(bad) > 1 else ""
-            raise TraceModelError(
-                f"{source!r} was not recorded with this {model_name}: "
-                f"{misfit_evidence(first, infos[first.at].path, infos[first.at].type)}{more}; "
-                "load it with the model that was traced (on the command line: --model SPEC, with "
-                "--config KEY=VALUE,... for a transformers: model's size)"
-            )
+        _refuse_misfits(bad, checked, infos, model_name, source)
         out = replace(out, shapes=f"parameter shapes checked against the ops' recorded inputs: {checked} modules, all fit")
     not_run = uncalled(found, index, infos, shapes)
     if not_run:
