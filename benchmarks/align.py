@@ -80,6 +80,8 @@ from layerscope.convert.align import ALIGNED, CallTemplate, align
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from benchmarks.traces import steps_ms  # noqa: E402
 from trace_models import TRACE_MODELS  # noqa: E402
 
 #: The traces of part 2; OWLv2 (132,152 events, five model calls) is left out by --quick.
@@ -362,22 +364,13 @@ def _block(step: Callable[[], None], kwargs: dict[str, bool] | None, warm: int, 
     session = _session(kwargs)
     prof = session.__enter__()
     try:
-        mark = prof.step if prof is not None else (lambda: None)
-        for _ in range(warm):
-            step()
-            mark()
-        start = time.perf_counter_ns()
-        for _ in range(steps):
-            step()
-            mark()
-        elapsed_ns = time.perf_counter_ns() - start
+        ms = steps_ms(step, prof.step if prof is not None else (lambda: None), warm, steps)
     except BaseException:
         session.__exit__(*sys.exc_info())
         raise
     start = time.perf_counter_ns()
     session.__exit__(None, None, None)
-    exit_ns = time.perf_counter_ns() - start
-    return elapsed_ns / steps / 1e6, exit_ns / 1e6
+    return ms, (time.perf_counter_ns() - start) / 1e6
 
 
 def recording(names: list[str], rounds: int, warm: int, min_steps: int, session_ms: float) -> list[str]:

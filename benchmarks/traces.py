@@ -306,20 +306,23 @@ def _session(kwargs: dict[str, bool] | None) -> AbstractContextManager[Any]:
     return nullcontext() if kwargs is None else torch.profiler.profile(**kwargs)
 
 
+def steps_ms(step: Callable[[], None], mark: Callable[[], Any], warm: int, steps: int) -> float:
+    """``warm`` steps, then the mean of ``steps`` timed ones (ms), ``mark()`` (a
+    profiler's ``step``) after each."""
+    for _ in range(warm):
+        step()
+        mark()
+    start = time.perf_counter_ns()
+    for _ in range(steps):
+        step()
+        mark()
+    return (time.perf_counter_ns() - start) / steps / 1e6
+
+
 def _block_ms(step: Callable[[], None], kwargs: dict[str, bool] | None, warm: int, steps: int) -> float:
-    """One session: ``warm`` steps, then the mean of ``steps`` timed ones (ms); the
-    session's exit is outside the clock."""
+    """One session: :func:`steps_ms` in it; the session's exit is outside the clock."""
     with _session(kwargs) as prof:
-        mark = prof.step if prof is not None else (lambda: None)
-        for _ in range(warm):
-            step()
-            mark()
-        start = time.perf_counter_ns()
-        for _ in range(steps):
-            step()
-            mark()
-        elapsed_ns = time.perf_counter_ns() - start
-    return elapsed_ns / steps / 1e6
+        return steps_ms(step, prof.step if prof is not None else (lambda: None), warm, steps)
 
 
 def recording(rounds: int, warm: int, steps: int, folder: Path) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
