@@ -198,7 +198,7 @@ def test_dynamically_quantized_weights_are_counted_at_their_stored_size_not_zero
     assert "Memory: parameters 48 B float32, 160 B qint8" in profile.render("text")
 
 
-# -- higher-order ops: counted through torch's profiler, refused in one line by count_flops --
+# -- higher-order ops: counted the same way by count_flops, profile() and blocks --
 
 
 class _Flex(nn.Module):
@@ -213,40 +213,69 @@ class _Cond(nn.Module):
         return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
 
 
-@pytest.mark.slow
-def test_count_flops_of_a_higher_order_op_is_refused_in_one_line_and_leaves_torch_working() -> None:
-    """``flex_attention`` runs through torch.compile even eagerly; under count_flops's
-    dispatch mode it fails (torch's own FlopCounterMode fails too), and a failed compile
-    would refuse every later call of it in the process. layerscope says what failed and
-    what counts it, and clears torch.compile's caches: the user's own calls still run."""
-    import warnings
+class _WhileLoop(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.while_loop import while_loop
 
-    from layerscope.base.errors import DispatchModeError
+        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x.sin()), (torch.tensor(0), x))[1]
+
+
+class _Map(nn.Module):
+    def forward(self, xs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.map import map as map_op
+
+        return map_op(lambda x, w: x @ w, xs, w)
+
+
+@pytest.mark.slow
+def test_count_flops_counts_flex_attention_as_profile_does_and_leaves_torch_working() -> None:
+    """``flex_attention`` runs through torch.compile even eagerly, and torch.compile
+    refuses a user's dispatch mode (torch's own FlopCounterMode fails on it too), so
+    count_flops counts such a model from torch's profiler's ops, as profile() does; the
+    failed compile is cleared, so the user's own calls still run."""
+    import warnings
 
     q, k, v = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention's "called without torch.compile()"
-        with pytest.raises(DispatchModeError) as refused:
-            layerscope.count_flops(_Flex(), (q, k, v))
-        assert str(refused.value) == (
-            "the model calls flex_attention, a higher-order op that count_flops's dispatch mode cannot run: "
-            "layerscope.profile() and Profiler blocks count its ops through torch's profiler"
-        )
+        counted = layerscope.count_flops(_Flex(), (q, k, v))
         assert _Flex()(q, k, v).shape == (1, 2, 16, 8)  # torch's own call still works
         profile = layerscope.profile(_Flex(), (q, k, v), warmup=0, repeat=1)
     # Q K^T and P V: 1 * 2 * 16 * 16 * 8 multiply-accumulates each.
-    assert profile.root.forward.macs == 2 * (1 * 2 * 16 * 16 * 8)
+    assert counted.root.forward.macs == profile.root.forward.macs == 2 * (1 * 2 * 16 * 16 * 8)
+    assert counted.meta.timed is False
 
 
-def test_cond_is_refused_by_count_flops_and_counted_by_profile() -> None:
+def _op_flops(profile: layerscope.Profile) -> dict[str, tuple[int, int | None]]:
+    return {row.name: (row.calls, row.flops) for row in profile.ops() if row.flops}
+
+
+def test_cond_while_loop_and_map_are_counted_from_the_ops_that_run() -> None:
+    """Eager ``cond``, ``while_loop`` and ``map`` compile their bodies: the ops counted are
+    those run (the branch taken, each iteration once), not those torch.compile traces."""
+    x = torch.ones(4, 4)  # sum > 0: the sin branch, 16 elements
+    counted = _op_flops(layerscope.count_flops(_Cond(), x))
+    assert counted == {"aten::sum": (1, 16), "aten::gt": (1, 1), "aten::sin": (1, 16)}
+    assert counted == _op_flops(layerscope.profile(_Cond(), x, warmup=0, repeat=1))
+    # Three iterations: three sin of 16 elements, three adds, four tests of i < 3.
+    counted = _op_flops(layerscope.count_flops(_WhileLoop(), x))
+    assert counted == {"aten::sin": (3, 48), "aten::add": (3, 3), "aten::lt": (4, 4)}
+    # Three 4x4 @ 4x4 products: 3 * 4 * 4 * 4 MACs, 2 FLOPs each.
+    counted = _op_flops(layerscope.count_flops(_Map(), (torch.randn(3, 4, 4), torch.randn(4, 4))))
+    assert counted == {"aten::mm": (3, 3 * 2 * 4 * 4 * 4)}
+
+
+def test_a_higher_order_op_under_a_users_own_profiler_is_refused_in_one_line() -> None:
     from layerscope.base.errors import DispatchModeError
 
-    x = torch.ones(4, 4)  # sum > 0: the sin branch, 16 elements
-    with pytest.raises(DispatchModeError, match="the model calls cond, a higher-order op"):
-        layerscope.count_flops(_Cond(), x)
-    profile = layerscope.profile(_Cond(), x, warmup=0, repeat=1)
-    rows = {row.name: row for row in profile.ops()}
-    assert "aten::sin" in rows and "aten::cos" not in rows
+    with torch.profiler.profile(), pytest.raises(DispatchModeError) as refused:
+        layerscope.count_flops(_Cond(), torch.ones(4, 4))
+    assert str(refused.value) == (
+        "the model calls cond, a higher-order op that a dispatch mode cannot run (torch.compile runs it even "
+        "eagerly, and refuses user dispatch modes); count_flops counts such a model from torch's profiler, "
+        "which another profiler in this process holds now"
+    )
+    assert torch.cond(torch.tensor(True), lambda x: x.sin(), lambda x: x.cos(), (torch.ones(2),)).shape == (2,)
 
 
 @pytest.mark.parametrize("how", ["script", "trace"])

@@ -18,8 +18,9 @@ class InputsError(LayerscopeError, TypeError):
 
 class DispatchModeError(LayerscopeError, RuntimeError):
     """The model runs an op layerscope's dispatch mode cannot run (a higher-order op:
-    ``flex_attention``, ``cond``): a count by the dispatch mode (``count_flops``) cannot
-    be made; the message names the op and what counts it."""
+    ``flex_attention``, ``cond``), and torch's profiler, which counts such a model
+    instead, is held by another profiler: ``count_flops`` cannot count it now; the
+    message names the op and why."""
 
 
 class SpecError(LayerscopeError, ValueError):

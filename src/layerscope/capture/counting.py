@@ -77,8 +77,8 @@ def run_calls(
         if refused is not None:
             _torch.reset_compile_caches()  # the failed compile would refuse the user's own calls
             raise DispatchModeError(
-                f"the model calls {refused}, a higher-order op that count_flops's dispatch mode cannot run: "
-                "layerscope.profile() and Profiler blocks count its ops through torch's profiler"
+                f"the model calls {refused}, a higher-order op that a dispatch mode cannot run "
+                "(torch.compile runs it even eagerly, and refuses user dispatch modes)"
             ) from exc
         note_raising_module(exc, model)
         raise
@@ -96,13 +96,40 @@ def count_capture(
     module too."""
     require_module(model)
     model = eager_module(model) or model  # a compiled model's FLOPs are its eager module's
-    no_grad, grad = grad_mode(no_grad, backward)
     steps = list(calls) if calls is not None else [split_inputs(inputs)]
+    try:
+        return _counted(model, steps, paths, no_grad, backward, loss_fn, memory, torch_profiler=False)
+    except DispatchModeError:
+        # A higher-order op (flex_attention, cond) cannot run under the dispatch mode:
+        # the same untimed pass is counted from torch's profiler's ops, as profile() is
+        # (where torch's profiler is busy, the mode runs again and the one-line error
+        # stands). A first forward outside it compiles the op's eager graph, so the
+        # profiler sees the ops that run and not those torch.compile traces.
+        _, grad = grad_mode(no_grad, backward)
+        with eager_calls(model), grad, grads_restored(model, clear=False), state_restored(model):
+            for args, kwargs in steps:
+                model(*args, **kwargs)
+        try:
+            return _counted(model, steps, paths, no_grad, backward, loss_fn, memory, torch_profiler=True)
+        except DispatchModeError as refused:
+            raise DispatchModeError(
+                f"{refused}; count_flops counts such a model from torch's profiler, "
+                "which another profiler in this process holds now"
+            ) from refused.__cause__
+
+
+def _counted(
+    model: nn.Module, steps: list[tuple[tuple[Any, ...], dict[str, Any]]], paths: Sequence[str] | None,
+    no_grad: bool | None, backward: bool, loss_fn: Callable[[Any], Any] | None, memory: bool, *,
+    torch_profiler: bool,
+) -> RawCapture:
+    """:func:`count_capture`'s pass, its ops read by the dispatch mode or by torch's profiler."""
+    no_grad, grad = grad_mode(no_grad, backward)
     args, kwargs = steps[0]
     with eager_calls(model):  # a model compiled in place runs its eager forward for the count
         assembly = Assembly(CapturePlan(
             model, inputs=(args, kwargs), paths=paths, steps=backward, detail=True, memory=memory, timed=False,
-            torch_profiler=False,
+            torch_profiler=torch_profiler,
         ))
         with assembly, grad, grads_restored(model, clear=backward) as clear_grads, state_restored(model):
             clear_grads()
