@@ -31,12 +31,13 @@ def _mlp() -> tuple[nn.Module, Any]:
     return entry.build(), entry.example_inputs(2)
 
 
-def _block(**options: Any) -> Callable[[Path], Any]:
+def _block(steps: int = 3, compiled: bool = False, **options: Any) -> Callable[[Path], Any]:
     def make(_: Path) -> Any:
-        model, x = _mlp()
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        eager, x = _mlp()
+        model = torch.compile(eager) if compiled else eager
+        opt = torch.optim.SGD(eager.parameters(), lr=0.0)
         with layerscope.Profiler(model, **options) as prof:
-            for _ in range(3):
+            for _ in range(steps):
                 model(x).sum().backward()
                 opt.step()
                 opt.zero_grad()
@@ -69,6 +70,16 @@ def _merged(_: Path) -> Any:
     return layerscope.merge([layerscope.load(path) for path in sorted(STRAGGLER.glob("*.json"))])
 
 
+def _bench(_: Path) -> Any:
+    model, x = _mlp()
+    return layerscope.benchmark(model, x[:1], batch_sizes=(1, 2), warmup=0, min_runs=2, min_time_s=0.0)
+
+
+def _diff(_: Path) -> Any:
+    model, x = _mlp()
+    return layerscope.diff(layerscope.count_flops(model, x), layerscope.count_flops(model, x[:1]))
+
+
 MAKERS: dict[str, Callable[[Path], Any]] = {
     "profile": lambda _: layerscope.profile(*_mlp(), warmup=0, repeat=2),
     "profile, record_ops=False": lambda _: layerscope.profile(*_mlp(), warmup=0, repeat=1, record_ops=False),
@@ -84,6 +95,12 @@ MAKERS: dict[str, Callable[[Path], Any]] = {
     "trace without shapes or modules": _shared("a100_alexnet_no_modules"),
     "trace without stacks, aligned to its model": _trace_without_stack,
     "merged ranks": _merged,
+    "compiled profile": lambda _: layerscope.profile(torch.compile(_mlp()[0], backend="eager"), _mlp()[1],
+                                                     warmup=1, repeat=1),
+    "compiled block": _block(steps=2, compiled=True),
+    "compiled trace": _shared("h100_compiled_gpt2_train"),
+    "diff": _diff,
+    "bench": _bench,
 }
 
 
@@ -91,7 +108,8 @@ MAKERS: dict[str, Callable[[Path], Any]] = {
 #: in the slow tier.
 SLOW_KINDS = {
     "block, every step detailed", "block, detail='first' (hooked light steps)", "block, record_ops=False",
-    "trace with shapes", "trace without shapes or modules", "merged ranks",
+    "trace with shapes", "trace without shapes or modules", "merged ranks", "compiled profile", "compiled block",
+    "compiled trace",
 }
 
 
@@ -120,3 +138,41 @@ def test_every_document_reads_back_and_renders_in_every_format(kind: str, tmp_pa
             assert json.loads(out)["schema"]
     # The text, JSON and HTML views are never refused.
     assert not {"text", "json", "html"} & set(refused), (kind, refused)
+
+
+def test_a_saved_diff_is_shown_as_the_diff_command_printed_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``layerscope diff A B -o d.json`` keeps the two profiles, so ``layerscope show
+    d.json`` rebuilds the same diff; what only a profile has (``--rank``) is refused."""
+    from layerscope.cli import main
+
+    model, x = _mlp()
+    layerscope.count_flops(model, x).save(tmp_path / "a.json")
+    layerscope.count_flops(model, x[:1]).save(tmp_path / "b.json")
+    a, b, saved = str(tmp_path / "a.json"), str(tmp_path / "b.json"), str(tmp_path / "d.json")
+    assert main(["diff", a, b]) == 0
+    printed = capsys.readouterr().out
+    assert main(["diff", a, b, "-o", saved]) == 0
+    capsys.readouterr()
+    assert main(["show", saved]) == 0
+    assert capsys.readouterr().out == printed
+    assert main(["show", saved, "--rank", "0"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--rank and --peak-tflops: {saved} is a saved diff; layerscope diff compares two profiles again with "
+        "other options"
+    )
+    assert main(["diff", saved, b]) == 2
+    assert "it is a diff of two profiles ('layerscope show' shows it)" in capsys.readouterr().err
+
+
+def test_a_diff_saved_without_its_profiles_is_refused_in_one_line(tmp_path: Path) -> None:
+    model, x = _mlp()
+    document = layerscope.diff(layerscope.count_flops(model, x), layerscope.count_flops(model, x)).to_dict()
+    del document["profiles"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(LayerscopeError) as refused:
+        layerscope.load(path)
+    assert str(refused.value) == (
+        f"{str(path)!r} is a diff saved without its two profiles ('profiles': base and new); "
+        "run layerscope diff on the two profiles again"
+    )

@@ -437,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Render a profile saved as JSON (profile -o x.json, Profile.save), or a torch.profiler\n"
         "trace, in any format, with the same options as profile; the user's model is never run (a trace\n"
-        "without module events, read with --model, has its modules placed by one run of a meta copy).",
+        "without module events, read with --model, has its modules placed by one run of a meta copy).\n"
+        "A merged run (layerscope merge -o) and a saved diff (layerscope diff -o d.json) are shown too.",
         epilog="examples:\n"
         "  layerscope show run.json --depth 2\n"
         "  layerscope show run.json --format ops --group-by shape --limit 20\n"
@@ -708,12 +709,17 @@ def _needs_package(asked: str) -> Iterator[None]:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from layerscope.model.diff import ProfileDiff
     from layerscope.model.ranks import MergedRun
 
     peak = _peak_tflops(args)
-    doc = _load_profile(args.profile, args, bar=True)
+    doc = _load_profile(args.profile, args, bar=True, diffs=True)
     document, hint = "profile", ""
-    if isinstance(doc, MergedRun):
+    if isinstance(doc, ProfileDiff):
+        document, hint = "diff", "; layerscope diff compares two profiles again with other options"
+        if args.rank is not None or peak is not None:
+            raise UsageError(f"--rank and --peak-tflops: {args.profile} is a saved diff{hint}")
+    elif isinstance(doc, MergedRun):
         if args.rank is None:
             document, hint = "ranks", "; --rank N renders rank N's profile in any format"
         else:
@@ -896,9 +902,12 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: folder {folder!r} is not writable")
 
 
-def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: bool = False) -> Any:
+def _load_profile(
+    path: str, args: argparse.Namespace | None = None, *, bar: bool = False, diffs: bool = False,
+) -> Any:
     """A saved profile, a merged run of ranks, or a torch.profiler trace (with ``--model
-    SPEC`` mapping its modules); a missing or unreadable file is a usage error (exit 2).
+    SPEC`` mapping its modules), and with ``diffs`` a saved diff; a missing or unreadable
+    file is a usage error (exit 2).
     ``bar``: a trace's read and build show a progress bar where stderr is a terminal (a
     large trace takes a while; worker processes show none)."""
     import os
@@ -906,6 +915,7 @@ def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: boo
     import layerscope
     from layerscope.base.kineto_json import is_kineto_trace
     from layerscope.loading import expect, is_trace_file
+    from layerscope.model.diff import ProfileDiff
     from layerscope.model.ranks import MergedRun
     from layerscope.model.tree import Profile
 
@@ -929,6 +939,8 @@ def _load_profile(path: str, args: argparse.Namespace | None = None, *, bar: boo
     try:
         with _progress_bar(bar and sys.stderr.isatty() and trace) as report:
             doc = layerscope.load(path, model=model, shapes=not no_shapes, progress=report, inputs=inputs)
+        if diffs:
+            return expect(doc, repr(path), Profile, MergedRun, ProfileDiff)
         return expect(doc, repr(path), Profile, MergedRun)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc

@@ -2,7 +2,8 @@
 
 A document layerscope saved names its schema, and :data:`READERS` holds the one reader
 of each: a profile (``layerscope/1``), a merged run of ranks (``layerscope-ranks/1``), a
-benchmark (``layerscope-bench/1``). A torch.profiler trace (Kineto's Chrome-trace JSON,
+benchmark (``layerscope-bench/1``), a diff (``layerscope-diff/1``, rebuilt from the two
+profiles it holds). A torch.profiler trace (Kineto's Chrome-trace JSON,
 plain or gzip) is turned into a profile by :mod:`layerscope.traces` (which imports
 torch, so only when the file is one).
 """
@@ -19,15 +20,16 @@ from layerscope.base.io import read_json
 from layerscope.base.kineto_json import is_kineto_trace
 from layerscope.model.bench import SCHEMA as BENCH_SCHEMA
 from layerscope.model.bench import BenchResult
-from layerscope.model.documents import profile_from_dict
+from layerscope.model.diff import DIFF_SCHEMA, ProfileDiff
+from layerscope.model.documents import diff_from_dict, profile_from_dict
 from layerscope.model.ranks import SCHEMA as RANKS_SCHEMA
 from layerscope.model.ranks import MergedRun
 from layerscope.model.tree import SCHEMA as PROFILE_SCHEMA
 from layerscope.model.tree import Profile
 
 #: A document layerscope saves and reads back.
-Document = Profile | MergedRun | BenchResult
-_Kind = TypeVar("_Kind", Profile, MergedRun, BenchResult)
+Document = Profile | MergedRun | BenchResult | ProfileDiff
+_Kind = TypeVar("_Kind", Profile, MergedRun, BenchResult, ProfileDiff)
 
 #: The reader of each saved document kind, by the schema its file names: each type's own
 #: ``from_dict`` (a profile's with its checks, which sit above the tree: model/documents.py).
@@ -35,6 +37,7 @@ READERS: dict[str, Callable[[Any, str], Document]] = {
     PROFILE_SCHEMA: profile_from_dict,
     RANKS_SCHEMA: MergedRun.from_dict,
     BENCH_SCHEMA: BenchResult.from_dict,
+    DIFF_SCHEMA: diff_from_dict,
 }
 
 
@@ -129,7 +132,7 @@ def from_document(doc: Any, source: str = "document", what: str = "profile") -> 
 
 #: What to do with a document of another kind, said after it is refused.
 _USE = {"profile": "'layerscope show' shows it", "ranks": "'layerscope show' shows it",
-        "bench": "'layerscope bench --compare' compares two"}
+        "bench": "'layerscope bench --compare' compares two", "diff": "'layerscope show' shows it"}
 
 
 def expect(doc: Document, source: str, *kinds: type[_Kind]) -> _Kind:

@@ -28,6 +28,9 @@ from typing import Any, TypeVar
 from layerscope.base import fmt, formats
 from layerscope.model.tree import PHASES, ModuleNode, OpStats, PhaseStats, Profile
 
+#: The schema a saved diff names.
+DIFF_SCHEMA = "layerscope-diff/1"
+
 __all__ = [
     "DEFAULT_MIN_DEVICE_TIME_NS",
     "DEFAULT_MIN_TIME_NS",
@@ -454,9 +457,11 @@ class ProfileDiff(formats.NotebookDisplay):
         return formats.display_text(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready document (schema ``layerscope-diff/1``)."""
+        """A JSON-ready document (schema ``layerscope-diff/1``): the rows and summary,
+        and under ``profiles`` the two profiles compared, which
+        :func:`layerscope.model.documents.diff_from_dict` rebuilds it from."""
         return {
-            "schema": "layerscope-diff/1",
+            "schema": DIFF_SCHEMA,
             "base": _describe(self.base),
             "new": _describe(self.new),
             "warnings": list(self.warnings),
@@ -468,6 +473,8 @@ class ProfileDiff(formats.NotebookDisplay):
             "summary": {name: change.to_dict() for name, change in self.summary.items()},
             "rows": [row.to_dict() for row in self.rows],
             "op_rows": [row.to_dict() for row in self.op_rows],
+            # The two profiles compared: what a saved diff is rebuilt from when read back.
+            "profiles": {"base": self.base.to_dict(), "new": self.new.to_dict()},
         }
 
 

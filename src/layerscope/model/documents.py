@@ -11,6 +11,7 @@ from typing import Any
 
 from layerscope.base.errors import SchemaError
 from layerscope.model.check import summarize, tree_problems
+from layerscope.model.diff import DIFF_SCHEMA, ProfileDiff, diff
 from layerscope.model.schema import document_problems
 from layerscope.model.tree import SCHEMA, Profile
 
@@ -36,3 +37,28 @@ def profile_from_dict(doc: Any, source: str = "document") -> Profile:
     if problems:
         raise SchemaError(f"{source} is inconsistent: {summarize(problems)}")
     return profile
+
+
+def diff_from_dict(doc: Any, source: str = "document") -> ProfileDiff:
+    """Rebuild a saved :class:`~layerscope.model.diff.ProfileDiff` (a
+    ``layerscope-diff/1`` dict) from the two profiles it holds, each read as
+    :func:`profile_from_dict` reads one, compared with the diff's own metric and noise
+    floor: the rows and summary are derived again, never trusted from the file."""
+    if not isinstance(doc, dict) or doc.get("schema") != DIFF_SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise SchemaError(f"{source} is not a layerscope diff: expected schema {DIFF_SCHEMA!r}, found {found!r}")
+    profiles = doc.get("profiles")
+    if not isinstance(profiles, dict) or not {"base", "new"} <= profiles.keys():
+        raise SchemaError(
+            f"{source} is a diff saved without its two profiles ('profiles': base and new); "
+            "run layerscope diff on the two profiles again"
+        )
+    metric, floor = doc.get("metric"), doc.get("min_time_ns")
+    if not isinstance(metric, str) or not (isinstance(floor, int) and not isinstance(floor, bool)):
+        raise SchemaError(f"{source} is a damaged layerscope diff: 'metric' must be a name and 'min_time_ns' an integer")
+    base = profile_from_dict(profiles["base"], f"{source} (its base profile)")
+    new = profile_from_dict(profiles["new"], f"{source} (its new profile)")
+    try:
+        return diff(base, new, min_time_ns=floor, metric=metric)
+    except ValueError as exc:
+        raise SchemaError(f"{source} is a damaged layerscope diff: {exc}") from None
