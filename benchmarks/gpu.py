@@ -17,7 +17,7 @@ Parts, each timed and reported ok / failed (with the error) / skipped (with the 
    (``layerscope.capture.replay``; ``--record DIR``, copied into ``tests/data/captures``):
    a BERT-base forward, a GPT-2 AdamW step, GPT-2 with activation checkpointing, a bf16
    Llama, DDP over NCCL and the zoo MLP compiled in an AdamW block
-   (``compiled_mlp_train``, with its graphs), each block's windows as torch's profiler handed them over,
+   (``compiled_mlp_train``, with its graphs; ``compiled_mlp_train_cpu`` with ``--device cpu``), each block's windows as torch's profiler handed them over,
    with torch's own trace of the same session read back as the oracle (every module's
    device time), the kernels' union and the allocator's peak;
 3. for a BERT-base forward and a GPT-2 (small config) AdamW training step, in fp32 and
@@ -571,7 +571,8 @@ def _record_compiled(args: argparse.Namespace, target: Path, replay: Any) -> Res
             opt.step()
             prof.step()
     live = prof.profile
-    name = "compiled_mlp_train"
+    # A capture recorded on the CPU (the suite's own, made by --device cpu) is named apart.
+    name = "compiled_mlp_train" if device.type != "cpu" else "compiled_mlp_train_cpu"
     data = replay.compiled_recording(recorder, live, about=f"{name}: zoo mlp, batch 8, 3 steps on {args.device}")
     replayed = replay.replay_compiled(data, entry.build(), entry.example_inputs(8))
     same = replay.node_figures(replayed) == data["live"]

@@ -747,21 +747,33 @@ def test_a_recorded_compiled_block_replays_as_the_same_profile() -> None:
         replay.replay_compiled({"format": "layerscope-capture/1"}, model, x)
 
 
-COMPILED_CAPTURE = Path(__file__).parent / "data" / "captures" / "compiled_mlp_train.json.gz"
+CAPTURES = Path(__file__).parent / "data" / "captures"
+#: Compiled blocks recorded by ``benchmarks/gpu.py --record`` (zoo MLP, 3 AdamW steps,
+#: batch 8): ``compiled_mlp_train_cpu`` with ``--device cpu`` (always here), and
+#: ``compiled_mlp_train`` on a GPU once one has recorded it.
+COMPILED_CAPTURES = sorted(CAPTURES.glob("compiled_mlp_train*.json.gz"))
 
 
-@pytest.mark.skipif(
-    not COMPILED_CAPTURE.exists(),
-    reason="no compiled block recorded on a GPU yet: benchmarks/gpu.py --record makes "
-    "tests/data/captures/compiled_mlp_train.json.gz",
-)
-def test_a_compiled_block_recorded_on_a_gpu_replays_as_it_ran() -> None:
+def test_the_cpu_compiled_capture_is_in_the_repository() -> None:
+    assert CAPTURES / "compiled_mlp_train_cpu.json.gz" in COMPILED_CAPTURES
+
+
+@pytest.mark.parametrize("path", COMPILED_CAPTURES, ids=[p.name.split(".")[0] for p in COMPILED_CAPTURES])
+def test_a_recorded_compiled_block_replays_as_it_ran(path: Path) -> None:
+    """A compiled block's windows and graphs, recorded as torch handed them over, give
+    the live block's figures again through today's code; on a GPU every kernel has its
+    device time and each Linear its own, forward and backward."""
     from layerscope.capture import replay
 
-    data = replay.load_json(COMPILED_CAPTURE)
+    data = replay.load_json(path)
     entry = zoo.get("mlp")
     replayed = check_tree(replay.replay_compiled(data, entry.build(), entry.example_inputs(8)))
     assert replay.node_figures(replayed) == data["live"]
+    assert {n.path: [n.forward.self_cpu_time_ns, n.backward and n.backward.self_cpu_time_ns]
+            for n in [*replayed.root.walk(), *replayed.parts]} == data["live_host"]
+    if data["about"].endswith("on cpu"):
+        assert all(k.device_ns is None for k in replayed.compiled.kernels)
+        return
     assert all(k.device_ns is not None and k.device_ns > 0 for k in replayed.compiled.kernels)
     for node in replayed.modules():
         if node.type == "Linear":
