@@ -344,7 +344,8 @@ def test_cli_bench_bad_input(tmp_path: Path) -> None:
     assert "not a layerscope benchmark" in line and "layerscope show" in line
     made(BASE).save(tmp_path / "bench.json")
     line = assert_usage_error(run_cli("show", "bench.json", cwd=tmp_path))
-    assert "not a layerscope profile or merged run of ranks: it is a benchmark" in line and "bench --compare" in line
+    assert "not a layerscope profile, merged run of ranks or diff of two profiles: it is a benchmark" in line
+    assert "bench --compare" in line
     line = assert_usage_error(run_cli("bench", "zoo:mlp", "--input", "64", cwd=tmp_path))
     assert "size 64 at dim 0" in line and "--inputs" in line
     assert "no such benchmark file" in assert_usage_error(run_cli("bench", "--compare", "a.json", "b.json", cwd=tmp_path))

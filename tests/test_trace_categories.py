@@ -91,3 +91,18 @@ def test_an_old_trace_is_told_from_its_categories_alone(tmp_path: Path) -> None:
     doc = {"traceEvents": [{"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}
     (tmp_path / "old.json").write_text(json.dumps(doc))
     assert is_trace_file(tmp_path / "old.json")
+
+
+def test_a_synchronization_on_the_device_track_is_no_unread_work(shared_traces: Path) -> None:
+    """The A100 AlexNet trace holds 41 ``cuda_sync`` events (the host waiting on a stream
+    or event, drawn on the device's track): not device work, so neither unread nor said."""
+    import warnings
+
+    path = shared_traces / "a100_alexnet_no_modules.json.gz"
+    with gzip.open(path, "rt") as handle:
+        syncs = sum(1 for event in json.load(handle)["traceEvents"] if event.get("cat") == "cuda_sync")
+    assert syncs == 41
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LayerscopeWarning)
+        profile = layerscope.load(path, shapes=False)
+    assert profile.meta.device_events is None or not profile.meta.device_events.unread

@@ -145,7 +145,8 @@ def test_the_trace_list_is_the_folder(shared_traces: Path) -> None:
 
 
 def test_the_capture_list_is_the_folder() -> None:
-    assert sorted(p.name.removesuffix(".json.gz") for p in CAPTURES.glob("*.json.gz")) == list(CAPTURE_NAMES)
+    eager = (p for p in CAPTURES.glob("*.json.gz") if not p.name.startswith("compiled_"))  # test_compiled_block's
+    assert sorted(p.name.removesuffix(".json.gz") for p in eager) == list(CAPTURE_NAMES)
 
 
 # -- the profile's own figures ------------------------------------------------------------

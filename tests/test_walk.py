@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from layerscope.attribute import build_profile, parent_indices, walk_pass
-from layerscope.attribute.profile import assemble
+from layerscope.attribute.combine import Accumulator
+from layerscope.attribute.profile import assemble, build_from_steps
 from layerscope.attribute.walk import Dynamic
-from layerscope.model.check import check_tree
+from layerscope.model.check import check_tree, tree_problems
 from layerscope.model.raw import (
     Enter,
     Event,
@@ -536,3 +537,22 @@ def test_backward_run_inside_a_users_label_is_taken_out_of_the_labels_own_time()
     assert prof.root.forward.cpu_time_ns == 30
     assert prof.step_time_ns == 150
     assert sum(stats.self_cpu_time_ns or 0 for node in prof.nodes() for _, stats in node.phases()) == 150
+
+
+def test_check_tree_compares_the_step_time_with_the_clocks_wall_times() -> None:
+    """The sum of every node's own time is the step time by construction; the steps'
+    wall times (each step's two marks) are measured apart from it, so a node's time
+    counted twice shows as a step longer than its wall clock. Two steps of 150 ns summed:
+    300; a wall time read as 140 is a problem named with both figures."""
+    stream = [Step(0), Enter(10, ROOT, None, 1), Exit(40, ROOT, None, 2), Step(150)]
+    later = [Step(150), Enter(160, ROOT, None, 1), Exit(190, ROOT, None, 2), Step(300)]
+    steps = Accumulator()
+    for number, events in enumerate([stream, later]):
+        steps.add(walk_pass(events, [info.path for info in MODULES]), number)
+    prof = check_tree(build_from_steps(RawCapture(modules=copy.deepcopy(MODULES), timing_passes=[]), steps))
+    assert (prof.step_time_ns, prof.figures.step_times_ns) == (300, [150, 150])
+    assert prof.figures.step_times_ns is not None
+    prof.figures.step_times_ns[1] = 140
+    assert tree_problems(prof) == [
+        "step_time_ns=300 != the sum of the 2 steps' wall times (290): time counted twice or lost"
+    ]

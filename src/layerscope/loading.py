@@ -140,7 +140,8 @@ def expect(doc: Document, source: str, *kinds: type[_Kind]) -> _Kind:
     and what reads it."""
     if isinstance(doc, kinds):
         return doc
-    wanted = " or ".join(DOCUMENTS[kind.DOCUMENT].removeprefix("a ") for kind in kinds)
+    names = [DOCUMENTS[kind.DOCUMENT].removeprefix("a ") for kind in kinds]
+    wanted = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
     found = doc.DOCUMENT
     raise SchemaError(f"{source} is not a layerscope {wanted}: it is {DOCUMENTS[found]} ({_USE[found]})")
 

@@ -152,10 +152,37 @@ def tree_problems(profile: Profile) -> list[str]:
     step = profile.figures.step_time_ns
     if step is not None and step != all_self:
         problems.append(f"step_time_ns={step} != sum of every node's self time ({all_self})")
+    problems.extend(_wall_problems(profile))
     problems.extend(_memory_problems(profile))
     problems.extend(_trace_problems(profile))
     problems.extend(_device_problems(profile))
     return problems
+
+
+def _wall_problems(profile: Profile) -> list[str]:
+    """The step's time, which every node's own time adds up to, against a figure measured
+    apart from them: the clock at each step's ends (``step_times_ns``). A block that sums
+    its steps sums their wall times; one of light steps' means, their mean (``sum // n``);
+    ``profile()``, its shown pass's. A node's time counted twice (work inside a label
+    left in the label's own time) shows here, where the sum above cannot see it. A
+    compiled block's per-node medians add up to no one step: not compared."""
+    figures = profile.figures
+    walls, step = figures.step_times_ns, figures.step_time_ns
+    if step is None or not walls or profile.compiled is not None:
+        return []
+    if figures.shown_pass is not None:
+        if figures.pass_cpu_time_ns is None or len(walls) != len(figures.pass_cpu_time_ns):
+            return []
+        expected, what = walls[figures.shown_pass], f"the shown pass's wall time (pass {figures.shown_pass})"
+    elif figures.detailed_steps is not None:
+        expected, what = sum(walls) // len(walls), f"the mean of the {len(walls)} light steps' wall times"
+    elif figures.steps == len(walls):
+        expected, what = sum(walls), f"the sum of the {len(walls)} steps' wall times"
+    else:
+        return []
+    if step != expected:
+        return [f"step_time_ns={step} != {what} ({expected}): time counted twice or lost"]
+    return []
 
 
 def _device_problems(profile: Profile) -> list[str]:

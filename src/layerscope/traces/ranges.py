@@ -59,8 +59,9 @@ CATEGORY_KINDS: dict[str, int] = {
     "privateuse1_driver": _LAUNCH,
 }
 #: Categories of events on a device's tracks that are not device work (a label drawn on
-#: the device's timeline, the flows and instants), never counted as unread work.
-_NOT_DEVICE_WORK = frozenset({"gpu_user_annotation", "ac2g", "fwdbwd", "cpu_instant_event", "gpu_instant_event", "overhead", "trace"})
+#: the device's timeline, a stream or event synchronization the host waited on, the
+#: flows and instants), never counted as unread work.
+_NOT_DEVICE_WORK = frozenset({"gpu_user_annotation", "cuda_sync", "ac2g", "fwdbwd", "cpu_instant_event", "gpu_instant_event", "overhead", "trace"})
 
 #: torch's names for dtypes in ``Input type`` (``c10::toString(ScalarType)``), each
 #: with the name of its ``torch`` dtype. Names alone: a trace without shapes (no
