@@ -296,3 +296,48 @@ def test_modules_inside_torchscript_are_unknown_with_a_line_saying_why(how: str)
         "Not seen: 3 modules called from TorchScript (0, 1, 2): no hook sees into scripted code, so their figures "
         "are unknown and their work is their scripted caller's"
     ) in text
+
+
+# -- a forward that calls autograd itself: run with gradients, and said --
+
+
+class _GradientPenalty(nn.Module):
+    """A gradient penalty's shape: the forward differentiates its own output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_()
+        energy = self.linear(x).pow(2).sum()
+        (grad,) = torch.autograd.grad(energy, x, create_graph=True)
+        return grad.norm()
+
+
+@pytest.mark.parametrize("entry", ["count_flops", "profile"])
+def test_a_forward_that_calls_autograd_runs_with_gradients_and_says_so(entry: str) -> None:
+    """Under the default no_grad such a forward fails inside torch; layerscope runs it
+    again with gradients on, with a warning. Its Linear: 4 x 6 x 5 = 120 MACs forward,
+    and the gradient to x, 4 x 5 x 6 = 120 MACs, in its backward phase."""
+    from test_no_side_effects import assert_unchanged, snapshot
+
+    from layerscope.base.errors import LayerscopeWarning
+
+    model, x = _GradientPenalty(), torch.randn(4, 6)
+    before = snapshot(model)
+    with pytest.warns(LayerscopeWarning, match="the model's forward needs gradients"):
+        if entry == "count_flops":
+            profile = layerscope.count_flops(model, x)
+        else:
+            profile = layerscope.profile(model, x, warmup=0, repeat=1)
+    assert_unchanged(before, snapshot(model))
+    linear = profile["linear"]
+    assert linear.forward.macs == 120
+    assert linear.backward is not None and linear.backward.macs == 120
+    assert profile.meta.no_grad is False
+
+
+def test_a_forward_that_calls_autograd_under_an_explicit_no_grad_raises_torchs_error() -> None:
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        layerscope.count_flops(_GradientPenalty(), torch.randn(4, 6), no_grad=True)

@@ -17,7 +17,7 @@ from layerscope.attribute.profile import op_walk
 from layerscope.base.errors import ModelError
 from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.compiled import time_compiled
-from layerscope.capture.counting import count_capture, grad_mode, run_step
+from layerscope.capture.counting import count_capture, grad_mode, grad_retried, run_step
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import (
     autocast_dtype,
@@ -96,6 +96,34 @@ def profile(
     parameter and buffer values (a train-mode BatchNorm's statistics) and torch's random
     state are put back, and its exception reaches the caller unchanged.
     """
+    return grad_retried(
+        lambda no_grad: _profile(
+            model, inputs, warmup=warmup, repeat=repeat, paths=paths, record_ops=record_ops, memory=memory,
+            with_stack=with_stack, no_grad=no_grad, backward=backward, loss_fn=loss_fn, progress=progress,
+            clock=clock, peak_tflops=peak_tflops,
+        ),
+        no_grad, backward,
+    )
+
+
+def _profile(
+    model: nn.Module,
+    inputs: Any = None,
+    *,
+    warmup: int = 2,
+    repeat: int = 5,
+    paths: Sequence[str] | None = None,
+    record_ops: bool = True,
+    memory: bool = True,
+    with_stack: bool = False,
+    no_grad: bool | None = None,
+    backward: bool = False,
+    loss_fn: Callable[[Any], Any] | None = None,
+    progress: Progress | None = None,
+    clock: Clock | None = None,
+    peak_tflops: float | None = None,
+) -> Profile:
+    """:func:`profile`, with ``no_grad`` as given."""
     require_module(model)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
@@ -213,8 +241,13 @@ def count_flops(
     ``backward=True`` the pass is forward, loss and backward, as in ``profile``.
     ``memory`` also tracks memory in that pass, as ``profile`` does.
 
+    ``no_grad`` is as in :func:`profile`.
+
     Works on the meta device: build the model under ``with torch.device("meta"):`` and
     pass meta inputs to count a model too large to run (nothing is allocated).
     Parameter and buffer values and torch's random state are left as they were.
     """
-    return build_profile(count_capture(model, inputs, paths, no_grad, backward, loss_fn, memory))
+    return grad_retried(
+        lambda no_grad: build_profile(count_capture(model, inputs, paths, no_grad, backward, loss_fn, memory)),
+        no_grad, backward,
+    )

@@ -6,19 +6,22 @@ buffer values and torch's random state."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from layerscope.base.errors import DispatchModeError
+from layerscope.base.errors import DispatchModeError, LayerscopeWarning
 from layerscope.capture import _torch
 from layerscope.capture.assembly import Assembly, CapturePlan
 from layerscope.capture.inputs import split_inputs
 from layerscope.capture.modules import eager_calls, eager_module, note_raising_module, require_module
 from layerscope.capture.training import grads_restored, loss_of, state_restored
 from layerscope.model.raw import RawCapture
+
+_T = TypeVar("_T")
 
 
 def grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.AbstractContextManager[Any]]:
@@ -30,6 +33,30 @@ def grad_mode(no_grad: bool | None, backward: bool) -> tuple[bool, contextlib.Ab
     if no_grad:
         return True, torch.no_grad()
     return False, torch.enable_grad() if backward else contextlib.nullcontext()
+
+
+#: torch's words when a backward or ``autograd.grad`` meets a graph built without
+#: gradients: in a forward run under ``no_grad``, the model needs gradients itself.
+_NEEDS_GRAD = ("does not require grad",)
+
+
+def grad_retried(run: Callable[[bool | None], _T], no_grad: bool | None, backward: bool) -> _T:
+    """``run(no_grad)``; where ``no_grad`` was left to its default and the forward, run
+    without gradients, called autograd itself (a gradient penalty, forces as the
+    gradient of an energy, ``torch.func`` inside ``forward``) and failed for it, the
+    same run again with gradients on, and a warning that says so. The failed try left
+    the model as it was (each entry point restores it)."""
+    try:
+        return run(no_grad)
+    except RuntimeError as exc:
+        if no_grad is not None or backward or not any(words in str(exc) for words in _NEEDS_GRAD):
+            raise
+    warnings.warn(
+        "layerscope: the model's forward needs gradients (it calls autograd itself), so it ran with gradients "
+        "on, not under torch.no_grad() (in Python, no_grad=False skips the first try)",
+        LayerscopeWarning, stacklevel=3,
+    )
+    return run(False)
 
 
 def run_step(
