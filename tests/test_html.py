@@ -342,6 +342,13 @@ def test_ops_without_a_formula_are_marked(open_report: Any) -> None:
     ))
     # A lower bound is marked, an unknown is "?": never 0.
     assert flops == {"aten::foo": "10 + ?", "aten::bar": "?"}
+    # The tree's row of the module that ran them, and the header, mark it the same way.
+    cells = report.page.eval_on_selector_all(
+        "#tree-table tbody tr[data-path=''] td[data-key='flops'], #tree-table tbody tr[data-path=''] td[data-key='macs']",
+        "tds => tds.map(td => td.textContent)",
+    )
+    assert cells == ["10 + ?", "5 + ?"]
+    assert "10 + ? (forward); MACs 5 + ?" in report.page.inner_text("body")
 
 
 @pytest.mark.browser

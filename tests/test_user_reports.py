@@ -4,10 +4,15 @@ out independently: what layerscope says of them.
 - Lazy modules (torchinfo and fvcore reports: ``LazyLinear`` before its first forward
   has no parameter sizes): one line saying so and what to do, the model untouched, and
   after the first forward the counts of an eager model of the same sizes.
+- Higher-order ops, forwards that call autograd or yield, ops users run that had no
+  formula (the fused encoder layer, weight norm, FFT, interpolation modes, ROCm's batch
+  norm), counts that leave something out shown as partial.
 """
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -320,9 +325,8 @@ def test_a_forward_that_calls_autograd_runs_with_gradients_and_says_so(entry: st
     """Under the default no_grad such a forward fails inside torch; layerscope runs it
     again with gradients on, with a warning. Its Linear: 4 x 6 x 5 = 120 MACs forward,
     and the gradient to x, 4 x 5 x 6 = 120 MACs, in its backward phase."""
-    from test_no_side_effects import assert_unchanged, snapshot
-
     from layerscope.base.errors import LayerscopeWarning
+    from test_no_side_effects import assert_unchanged, snapshot
 
     model, x = _GradientPenalty(), torch.randn(4, 6)
     before = snapshot(model)
@@ -341,3 +345,130 @@ def test_a_forward_that_calls_autograd_runs_with_gradients_and_says_so(entry: st
 def test_a_forward_that_calls_autograd_under_an_explicit_no_grad_raises_torchs_error() -> None:
     with pytest.raises(RuntimeError, match="does not require grad"):
         layerscope.count_flops(_GradientPenalty(), torch.randn(4, 6), no_grad=True)
+
+
+# -- ops users run that had no formula: counted, each by hand --
+
+
+def _flops_by_op(profile: layerscope.Profile) -> dict[str, int | None]:
+    return {row.name: row.flops for row in profile.ops() if row.flops != 0}
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_fused_encoder_layer_counts_as_its_unfused_ops_do(activation: str, norm_first: bool) -> None:
+    """``nn.TransformerEncoderLayer`` in eval under no_grad runs one fused op; with
+    gradients on, the same layer runs its unfused ops, each counted by its own formula.
+    By hand (B=2, L=5, E=16, 4 heads, F=32; N = 10 tokens): MACs = 4·N·E² (q, k, v, out
+    projections) + 2·B·L²·E (scores and values) + 2·N·E·F (feed-forward) = 10,240 +
+    1,600 + 10,240 = 22,080; FLOPs = 2·MACs + 640 (projection biases) + 600 (softmax,
+    3 per score) + 480 (feed-forward biases) + 320 (activation) + 2,240 (two layer
+    norms, 7 per element) + 320 (two residual adds) = 48,760."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, activation=activation, norm_first=norm_first)
+    x = torch.randn(2, 5, 16)
+    fused = layerscope.count_flops(layer.eval(), x)
+    assert list(_flops_by_op(fused)) == ["aten::_transformer_encoder_layer_fwd"]
+    unfused = layerscope.count_flops(layer, x, no_grad=False)
+    assert "aten::_transformer_encoder_layer_fwd" not in _flops_by_op(unfused)
+    assert (fused.root.forward.flops, fused.root.forward.macs) == (unfused.root.forward.flops, unfused.root.forward.macs)
+    assert (fused.root.forward.flops, fused.root.forward.macs) == (48_760, 22_080)
+    assert fused.unsupported_ops() == {}
+
+
+def test_weight_norm_fft_and_interpolation_modes_are_counted_by_hand() -> None:
+    """weight_norm of a 4x6 Linear: 3 per element of v (24) + 2 per norm (4) = 80.
+    FFT (5·n·log2 n per complex transform, half for a real one; a normalised transform
+    adds 1 per output element): rfft of 3 x 16 points 3 · 160 = 480; irfft back to 16
+    points 480 + 48 (by 1/n) = 528; a complex fft of 3 x 8 with norm="ortho" 3 · 120 +
+    24 = 384. Nearest-exact interpolation is free; bicubic with antialias, 32 per output
+    (1·2·6·6 = 72 outputs): 2,304."""
+    import torch.nn.functional as F
+
+    linear = nn.utils.parametrizations.weight_norm(nn.Linear(6, 4))
+    assert _flops_by_op(layerscope.count_flops(linear, torch.randn(3, 6)))["aten::_weight_norm_interface"] == 80
+
+    class Spectral(nn.Module):
+        def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.fft.irfft(torch.fft.rfft(x), n=16), torch.fft.fft(z, norm="ortho")
+
+    counted = layerscope.count_flops(Spectral(), (torch.randn(3, 16), torch.randn(3, 8, dtype=torch.complex64)))
+    assert _flops_by_op(counted) == {"aten::_fft_r2c": 480, "aten::_fft_c2r": 528, "aten::_fft_c2c": 384}
+
+    class Resize(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (F.interpolate(a, scale_factor=2, mode="nearest-exact"),
+                    F.interpolate(c, scale_factor=2, mode="nearest-exact"),
+                    F.interpolate(b, size=(6, 6), mode="bicubic", antialias=True))
+
+    counted = layerscope.count_flops(Resize(), (torch.randn(1, 2, 4), torch.randn(1, 2, 4, 4), torch.randn(1, 2, 2, 2, 2)))
+    assert _flops_by_op(counted) == {"aten::_upsample_bicubic2d_aa": 2304}
+    assert counted.unsupported_ops() == {}
+
+
+def test_a_count_that_leaves_out_ops_without_a_formula_is_shown_as_partial() -> None:
+    """``nn.Bilinear`` runs ``aten::_trilinear``, which has no formula: its row and every
+    row above it show what was counted with ``+ ?`` (``?`` where nothing was), in the
+    text tree, its footer and the HTML report alike; a row whose count is complete is
+    shown plain."""
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.bilinear = nn.Bilinear(4, 4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            return self.bilinear(y, y)
+
+    profile = layerscope.count_flops(Head(), torch.randn(3, 4))
+    rows = {line.split("|")[0].strip(" ├└─│"): [cell.strip() for cell in line.split("|")]
+            for line in profile.render("text").splitlines() if "|" in line}
+    header = rows["Module"]
+    flops, macs = header.index("FLOPs"), header.index("MACs")
+    # The Linear: 3 x 4 x 4 = 48 MACs, 96 + 12 (bias) = 108 FLOPs, complete.
+    assert (rows["linear"][flops], rows["linear"][macs]) == ("108", "48")
+    # The Bilinear's bias add, 3 x 2 = 6 FLOPs, is counted; its products are not.
+    assert (rows["bilinear"][flops], rows["bilinear"][macs]) == ("6 + ?", "?")
+    assert (rows["Head"][flops], rows["Head"][macs]) == ("114 + ?", "48 + ?")
+    assert "FLOPs: 114 + ?   MACs: 48 + ?" in profile.render("text")
+    assert profile.root.flops_partial and not profile["linear"].flops_partial
+    from layerscope.render.html import report_data
+
+    partial = {node["path"]: node["flops_partial"] for node in report_data(profile)["nodes"]}
+    assert partial == {"": True, "linear": False, "bilinear": True}
+
+
+def test_a_forward_that_yields_is_said_to_run_outside_the_pass() -> None:
+    class Streaming(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> Any:
+            for row in x:
+                yield self.linear(row)
+
+    from layerscope.base.errors import LayerscopeWarning
+
+    with pytest.warns(LayerscopeWarning, match="the model's forward returned a generator: its work runs when"):
+        profile = layerscope.count_flops(Streaming(), torch.randn(2, 4))
+    assert profile["linear"].calls == 0
+
+
+def test_rocm_batch_norm_backward_and_list_inputs_of_free_ops_are_counted_in_real_traces(shared_traces: Path) -> None:
+    """The MI300X norm-layers trace runs ``miopen_batch_norm_backward`` 6 times on
+    inputs of 1x128x32x32 and 8x16x32x32 (131,072 elements each), counted as every
+    norm's backward is, 12 per input element: 6 x 1,572,864. The ResNet DDP trace's
+    ``cat`` calls take lists, whose shapes a trace does not record; ``cat`` does no
+    arithmetic, so it is free, not unknown."""
+    norms = layerscope.load(shared_traces / "mi300x_norm_layers_fwd_bwd.json.gz")
+    assert norms.unsupported_ops() == {}
+    rows = [row for row in norms.ops() if row.name == "aten::miopen_batch_norm_backward"]
+    assert sum(row.calls for row in rows) == 6
+    assert sum(row.flops or 0 for row in rows) == 6 * 12 * 131_072
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resnet = layerscope.load(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz")
+    assert "aten::cat" not in resnet.unsupported_ops()

@@ -46,6 +46,14 @@ def count(value: int | None) -> str:
     return str(value)
 
 
+def counted(value: int | None, partial: bool) -> str:
+    """A FLOP or MAC count that may leave out ops it could not count (``partial``):
+    ``1.20K + ?``, or ``?`` where nothing was counted; else :func:`count`'s."""
+    if not partial:
+        return count(value)
+    return f"{count(value)} + ?" if value else "?"
+
+
 #: torch's long range names, as a tree shows them: the data loader's ``__next__`` takes
 #: 62 characters as torch names it (HF's Trainer and Lightning show it every step).
 _SHORT_NAMES = ((re.compile(r"enumerate\(DataLoader\)#_\w*DataLoaderIter\.__next__"), "DataLoader.__next__"),)

@@ -6,6 +6,7 @@ buffer values and torch's random state."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -88,6 +89,12 @@ def run_calls(
         losses: list[torch.Tensor] = []
         for n, (args, kwargs) in enumerate(calls):
             output = model(*args, **kwargs)
+            if inspect.isgenerator(output):
+                warnings.warn(
+                    "layerscope: the model's forward returned a generator: its work runs when the generator is "
+                    "read, after the pass, so the profile holds only what ran before its first yield",
+                    LayerscopeWarning, stacklevel=2,
+                )
             if backward:
                 with capture.part("loss", "loss"):
                     losses.append(loss_of(output, loss_fn))

@@ -276,7 +276,10 @@ register_flops("aten::native_group_norm")(_norm(1, 2))
 register_flops("aten::_fused_rms_norm")(_norm(2, 99, per_element=4))  # no mean to subtract
 
 
-@register_flops("aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional")
+@register_flops(
+    "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional",
+    "aten::cudnn_batch_norm", "aten::miopen_batch_norm",  # a GPU's own kernels, called as native's
+)
 def _batch_norm(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
     training = bool(_arg(args, kwargs, 5, "training", True))
     affine = sum(1 for i in (1, 2) if args[i] is not None)
@@ -300,6 +303,7 @@ def _norm_backward(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
 register_flops(
     "aten::native_layer_norm_backward", "aten::native_batch_norm_backward",
     "aten::native_group_norm_backward", "aten::_fused_rms_norm_backward",
+    "aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward",
 )(_norm_backward)
 
 
@@ -428,7 +432,7 @@ def _index_put(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
 register_flops("aten::upsample_linear1d")(_per_output_element(3))
 register_flops("aten::upsample_bilinear2d", "aten::_upsample_bilinear2d_aa")(_per_output_element(9))
 register_flops("aten::upsample_trilinear3d")(_per_output_element(21))
-register_flops("aten::upsample_bicubic2d")(_per_output_element(2 * 16))  # 16 taps, multiply-add each
+register_flops("aten::upsample_bicubic2d", "aten::_upsample_bicubic2d_aa")(_per_output_element(2 * 16))  # 16 taps, multiply-add each
 
 
 # -- free: views, copies, creation, selection, random numbers -------------------------
@@ -453,7 +457,8 @@ declare_free(
         "aten::select_backward", "aten::slice_backward", "aten::index_select", "aten::gather",
         "aten::index", "aten::take", "aten::masked_select", "aten::nonzero", "aten::resize_",
         "aten::set_", "aten::upsample_nearest1d", "aten::upsample_nearest2d",
-        "aten::upsample_nearest3d", "aten::_upsample_nearest_exact2d", "aten::pixel_shuffle",
+        "aten::upsample_nearest3d", "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d",
+        "aten::_upsample_nearest_exact3d", "aten::pixel_shuffle",
         "aten::pixel_unshuffle", "aten::im2col", "aten::col2im", "aten::embedding",
         "aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::scatter", "aten::scatter_",
         # creation
@@ -514,6 +519,87 @@ def _native_mha(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
         bias += batch * q_len * embed_dim
     softmax = 3 * batch * num_heads * q_len * kv_len
     return 2 * macs + bias + softmax, macs
+
+
+@register_flops("aten::_transformer_encoder_layer_fwd")
+def _encoder_layer(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """``nn.TransformerEncoderLayer``'s fused inference path: self-attention (as
+    :func:`_native_mha` counts it, query = key = value = ``src``), the two feed-forward
+    Linears with their biases, the activation (1 per hidden element), the two layer
+    norms and the two residual adds, each as its unfused op counts, so the fused and
+    unfused paths count the same.
+
+    ``(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+    use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+    ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask, mask_type)``; ``src`` is
+    ``(B, L, E)`` or ``(L, E)``. A nested ``src`` (padding dropped by a key padding
+    mask) has no dense shape: refused, so the op is listed as not counted.
+    """
+    src = args[0]
+    if getattr(src, "shape", None) is None or src.dim() not in (2, 3):
+        raise ValueError("a nested or unshaped src: no dense shape to count")
+    attention_flops, attention_macs = _native_mha((src, src, src, *args[1:7]), {}, out)
+    tokens, embed_dim = src.numel() // src.shape[-1], src.shape[-1]
+    hidden = args[14].shape[0]
+    ffn_macs = 2 * tokens * embed_dim * hidden
+    biases = tokens * hidden * (args[15] is not None) + tokens * embed_dim * (args[17] is not None)
+    norms = sum(
+        (5 + (weight is not None) + (bias is not None)) * src.numel() for weight, bias in ((args[10], args[11]), (args[12], args[13]))
+    )
+    residuals = 2 * src.numel()
+    flops = attention_flops + 2 * ffn_macs + biases + tokens * hidden + norms + residuals
+    return flops, attention_macs + ffn_macs
+
+
+# -- weight normalisation ---------------------------------------------------------------------
+
+
+@register_flops("aten::_weight_norm_interface")
+def _weight_norm(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+    """``w = v * (g / ||v||)`` (``nn.utils.weight_norm`` and its parametrization),
+    ``(v, g, dim)``: the norms square and accumulate every element of ``v`` (2 each),
+    each norm's square root and ``g / norm`` (2 per element of ``g``), then one multiply
+    per element of ``v``."""
+    v, g = args[0], args[1]
+    return 3 * v.numel() + 2 * g.numel(), 0
+
+
+# -- FFT ----------------------------------------------------------------------------------------
+
+
+def _fft(points_of: Callable[[Args, Any], tuple[int, int]], per_point: float) -> Formula:
+    """``per_point * n * log2(n)`` per transform of ``n`` points (FFTW's convention: 5 for
+    a complex transform, half that for a real one), times the transforms in the batch;
+    normalisation (``normalization`` != 0) adds 1 per output element."""
+
+    def formula(args: Args, kwargs: Kwargs, out: Any) -> tuple[int, int]:
+        points, transforms = points_of(args, out)
+        flops = round(per_point * points * math.log2(points)) * transforms if points > 1 else 0
+        normalization = _arg(args, kwargs, 2, "normalization", 0)
+        if normalization:
+            flops += out.numel()
+        return flops, 0
+
+    return formula
+
+
+def _real_points(args: Args, out: Any) -> tuple[int, int]:
+    """(points per transform, transforms) over the real input's ``dim`` sizes."""
+    real, dims = args[0], args[1]
+    points = math.prod(real.shape[d] for d in dims)
+    return points, real.numel() // max(points, 1)
+
+
+def _inverse_real_points(args: Args, out: Any) -> tuple[int, int]:
+    """As :func:`_real_points`, over the real output's ``dim`` sizes."""
+    dims = args[1]
+    points = math.prod(out.shape[d] for d in dims)
+    return points, out.numel() // max(points, 1)
+
+
+register_flops("aten::_fft_r2c")(_fft(_real_points, 2.5))
+register_flops("aten::_fft_c2r")(_fft(_inverse_real_points, 2.5))
+register_flops("aten::_fft_c2c")(_fft(_real_points, 5))
 
 
 # -- recurrent layers on CPU (oneDNN) -------------------------------------------------------

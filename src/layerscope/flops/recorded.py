@@ -22,7 +22,7 @@ import torch
 
 from layerscope.capture import _torch
 from layerscope.convert.ranges import NOT_RECORDED, SCALAR, TENSOR, TENSORS, UNKNOWN
-from layerscope.flops import Counts, count_meta, generation
+from layerscope.flops import Counts, count_meta, generation, is_free
 from layerscope.flops.meta import TensorMeta
 
 
@@ -232,6 +232,8 @@ class TorchOps:
 
     def counts(self, name: str, overload: str, inputs: list[Any], concrete: list[Any] | None) -> tuple[Any, Counts]:
         if any(value is NOT_RECORDED for value in inputs):
+            if is_free(name):
+                return None, (0, 0, 0)  # no arithmetic (cat, stack): nothing its shapes could add
             return None, (None, None, 0)  # an input's shapes were left out: unknown, listed as such
         key, values = recorded_call(name, overload, inputs, concrete)
         return key, count_call(key, name, overload, values)

@@ -221,6 +221,14 @@ class ModuleNode:
             if stats is not None:
                 yield phase, stats
 
+    @property
+    def flops_partial(self) -> bool:
+        """Whether this node's FLOPs and MACs leave out ops it or a descendant ran that
+        have no formula, or whose shapes were not recorded (``unsupported_ops``): its
+        counts are then a lower bound, shown ``N + ?`` (``?`` where nothing was counted),
+        never as if complete."""
+        return any(node.unsupported_ops for node in self.walk())
+
     def walk(self) -> Iterator[ModuleNode]:
         """This node and its descendants, depth first, children in registration order."""
         stack = [self]

@@ -98,6 +98,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
                     phase: [getattr(stats, name) for name in PHASE_FIELDS] for phase, stats in node.phases()
                 },
                 "unsupported_calls": sum(node.unsupported_ops.values()),
+                "flops_partial": node.flops_partial,
             }
             for node in nodes
         ],

@@ -104,7 +104,7 @@ def _op_phase_time(phase: str) -> Callable[[OpStats, Profile], str]:
 def _phase_flops(phase: str) -> Callable[[ModuleNode, Profile], str]:
     def cell(node: ModuleNode, profile: Profile) -> str:
         stats = getattr(node, phase)
-        return fmt.count(stats.flops) if node.profiled and stats is not None else ""
+        return fmt.counted(stats.flops, node.flops_partial) if node.profiled and stats is not None else ""
 
     return cell
 
@@ -207,13 +207,13 @@ COLUMNS: list[TreeColumn] = [
     ),
     TreeColumn(
         "FLOPs", "flops", 4,
-        lambda n, p: fmt.count(n.forward.flops) if n.profiled else "",
+        lambda n, p: fmt.counted(n.forward.flops, n.flops_partial) if n.profiled else "",
         lambda o, p: fmt.count(o.flops) if o.flops is not None else "?",
         shown=_has_flops,
     ),
     TreeColumn(
         "MACs", "macs", 14,
-        lambda n, p: fmt.count(n.forward.macs) if n.profiled else "",
+        lambda n, p: fmt.counted(n.forward.macs, n.flops_partial) if n.profiled else "",
         lambda o, p: fmt.count(o.macs) if o.macs is not None else "?",
         shown=_has_flops,
     ),
@@ -522,7 +522,8 @@ def _footer(profile: Profile) -> list[str]:
         # figures are not known, not 0; the step's parts hold what was counted.
         flops = "   FLOPs: ? (no module call in the tree)"
     elif root.forward.flops is not None:
-        flops = f"   FLOPs: {fmt.count(root.forward.flops)}   MACs: {fmt.count(root.forward.macs)}"
+        partial = root.flops_partial
+        flops = f"   FLOPs: {fmt.counted(root.forward.flops, partial)}   MACs: {fmt.counted(root.forward.macs, partial)}"
     lines = [
         f"Params: {fmt.params(root.params_total, profile.param_bytes)}"
         f"{flops}"
@@ -585,8 +586,9 @@ def _step_lines(profile: Profile) -> list[str]:
             )
     elif root.backward is not None and root.backward.flops is not None:
         flops.append(
-            f"Model FLOPs: forward {fmt.count(root.forward.flops)}, backward {fmt.count(root.backward.flops)}"
-            + (f", recompute {fmt.count(root.recompute.flops)}" if root.recompute is not None else "")
+            f"Model FLOPs: forward {fmt.counted(root.forward.flops, root.flops_partial)}, "
+            f"backward {fmt.counted(root.backward.flops, root.flops_partial)}"
+            + (f", recompute {fmt.counted(root.recompute.flops, root.flops_partial)}" if root.recompute is not None else "")
         )
     step = profile.step_time_ns
     if step is None:

@@ -66,9 +66,11 @@
         cols.push({ key: "device", label: "Device total", kind: "time", get: (n) => sum(n, "device_time_ns") });
       }
     }
-    if (anyNode((n) => sum(n, "flops"))) {
-      cols.push({ key: "flops", label: "FLOPs", kind: "count", get: (n) => sum(n, "flops") });
-      cols.push({ key: "macs", label: "MACs", kind: "count", get: (n) => sum(n, "macs") });
+    if (anyNode((n) => sum(n, "flops") || n.flops_partial)) {
+      // A count that leaves out ops without a formula: "N + ?", or "?" where nothing was counted.
+      const counted = (n, field) => { const v = sum(n, field); return !n.flops_partial ? fmt.count(v) : v ? fmt.count(v) + " + ?" : "?"; };
+      cols.push({ key: "flops", label: "FLOPs", kind: "count", get: (n) => sum(n, "flops"), show: (n) => counted(n, "flops") });
+      cols.push({ key: "macs", label: "MACs", kind: "count", get: (n) => sum(n, "macs"), show: (n) => counted(n, "macs") });
       if (TIMED) {
         const rate = (n) => { const f = sum(n, "flops"); const t = busy(n); return f && t ? f * 1e9 / t : null; };
         cols.push({ key: "flop_rate", label: "FLOP/s", kind: "rate", get: rate, show: (n) => fmt.rate(sum(n, "flops"), busy(n)) });
@@ -168,7 +170,8 @@
       // Summed over the phases the run had: say which, so a step's figure is not read as a forward's.
       const phases = Object.entries(modelRoot.phases).filter(([, st]) => st.flops !== null && st.flops !== undefined);
       const split = phases.length > 1 ? ": " + phases.map(([name, st]) => name + " " + fmt.count(st.flops)).join(" + ") : " (" + (phases[0] ? phases[0][0] : "forward") + ")";
-      fact("FLOPs", fmt.count(flops) + split + "; MACs " + fmt.count(sum(modelRoot, "macs")));
+      const counted = (v) => !modelRoot.flops_partial ? fmt.count(v) : v ? fmt.count(v) + " + ?" : "?";
+      fact("FLOPs", counted(flops) + split + "; MACs " + counted(sum(modelRoot, "macs")));
     }
     // Where the steps' device time went, as the text footer's "Device busy" line says it.
     const ledger = DATA.device;
