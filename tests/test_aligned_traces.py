@@ -283,4 +283,8 @@ def test_a_model_without_inputs_to_learn_its_calls_is_said_to_place_nothing(tmp_
         model(torch.randn(2, 4))
     prof.export_chrome_trace(str(tmp_path / "run.json"))
     with pytest.warns(LayerscopeWarning, match="no inputs were given to learn the Sequential's calls from"):
-        layerscope.load(tmp_path / "run.json", model=model)
+        loaded = layerscope.load(tmp_path / "run.json", model=model)
+    # Its modules' figures are unknown (shown blank), never 0 calls and 0 ns; the ops are
+    # the step's, outside the model.
+    assert [node.profiled for node in loaded.modules()] == [False, False, False]
+    assert "FLOPs: ? (no module call in the tree)" in loaded.render("text")

@@ -517,7 +517,8 @@ def _left_out(profile: Profile) -> str:
 def _footer(profile: Profile) -> list[str]:
     root = profile.root
     flops = ""
-    if _no_module_ran(profile):
+    none_ran = _no_module_ran(profile)
+    if none_ran:
         # No module call in the tree (a trace without module events): the model's
         # figures are not known, not 0; the step's parts hold what was counted.
         flops = "   FLOPs: ? (no module call in the tree)"
@@ -527,7 +528,7 @@ def _footer(profile: Profile) -> list[str]:
     lines = [
         f"Params: {fmt.params(root.params_total, profile.param_bytes)}"
         f"{flops}"
-        + (f"   Forward CPU total: {fmt.time_ns(root.forward.cpu_time_ns)}" if _is_timed(profile) else "")
+        + (f"   Forward CPU total: {'?' if none_ran else fmt.time_ns(root.forward.cpu_time_ns)}" if _is_timed(profile) else "")
         + (
             f"   Device total: {fmt.time_ns(sum(s.device_time_ns or 0 for _, s in root.phases()))}"
             if root.forward.device_time_ns is not None

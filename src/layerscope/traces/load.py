@@ -208,7 +208,13 @@ def profile_of_ranges(
             f"{source!r} is a torch.profiler trace with nothing to profile: no op, range or module "
             "on any thread (expected the cpu_op events of a recorded run)"
         )
-    return cycle.build(raw)
+    profile = cycle.build(raw)
+    if not any(node.calls for node in profile.modules()):
+        # No module call was seen (no nn.Module events, and none placed): every module's
+        # figures are unknown, shown blank as unprofiled modules are, never 0 calls and 0 ns.
+        for node in profile.modules():
+            node.profiled = False
+    return profile
 
 
 #: ``meta.modules_from.method`` of a trace whose module calls were aligned.
