@@ -472,3 +472,35 @@ def test_rocm_batch_norm_backward_and_list_inputs_of_free_ops_are_counted_in_rea
         warnings.simplefilter("ignore")
         resnet = layerscope.load(shared_traces / "mi300x_resnet_ddp_actckpt_train_rank0.json.gz")
     assert "aten::cat" not in resnet.unsupported_ops()
+
+
+def test_a_trace_of_one_op_is_read_and_its_footer_names_only_the_phases_it_ran(tmp_path: Path) -> None:
+    """One 7.9 ms ``aten::mm`` of 64x64 by 64x64, no step, no module: read (never "no
+    op"), its 64^3 = 262,144 MACs in the step's ``<other>``, the model's figures unknown,
+    and no backward named where none ran."""
+    import json
+
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": [{
+        "ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 100, "dur": 7900, "pid": 1, "tid": 1,
+        "args": {"Input Dims": [[64, 64], [64, 64]], "Input type": ["float", "float"]},
+    }]}))
+    profile = layerscope.load(path)
+    other = next(part for part in profile.parts if part.path == "<other>")
+    assert (other.forward.macs, other.forward.self_cpu_time_ns) == (262_144, 7_900_000)
+    text = profile.render("text")
+    assert "Model FLOPs: ? (no module call in the tree); the step's parts hold forward 524.29K\n" in text
+    assert "Forward CPU total: ?" in text
+
+
+def test_a_json_array_is_said_to_be_neither_a_document_nor_a_trace(tmp_path: Path) -> None:
+    from layerscope.base.errors import SchemaError
+
+    path = tmp_path / "events.json"
+    path.write_text('[{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]')
+    with pytest.raises(SchemaError) as refused:
+        layerscope.load(path)
+    assert str(refused.value) == (
+        f"{str(path)!r} is neither a layerscope profile nor a torch.profiler trace: its JSON is an array, where "
+        "both are an object (a document's 'schema', a trace's 'traceEvents')"
+    )

@@ -121,7 +121,13 @@ def read_saved(path: str | os.PathLike[str], what: str = "profile") -> Document:
 def from_document(doc: Any, source: str = "document", what: str = "profile") -> Document:
     """The document a saved file's JSON ``doc`` holds, read by its schema's reader;
     ``what`` names what was expected where ``doc`` names no schema."""
-    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        found = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(doc), "a number")
+        raise SchemaError(
+            f"{source} is neither a layerscope {what} nor a torch.profiler trace: its JSON is {found}, where "
+            "both are an object (a document's 'schema', a trace's 'traceEvents')"
+        )
+    schema = doc.get("schema")
     reader = READERS.get(schema) if isinstance(schema, str) else None
     if reader is None:
         if schema is None:

@@ -576,9 +576,10 @@ def _step_lines(profile: Profile) -> list[str]:
     root = profile.root
     flops: list[str] = []
     if _no_module_ran(profile):
+        ran = {ph for part in profile.parts for ph, _ in part.phases()}
         counted = [
             (phase, sum(stats.flops or 0 for part in profile.parts for ph, stats in part.phases() if ph == phase))
-            for phase in ("forward", "backward")
+            for phase in ("forward", "backward") if phase in ran
         ]
         if any(n for _, n in counted):
             flops.append(
