@@ -30,7 +30,8 @@ examples:
   layerscope profile mymodels.py:build --input 8x3x224x224 --device cuda
   layerscope profile mymodels.py:build --inputs mymodels.py:sample_batch
   layerscope profile zoo:resnet18 --format model
-  layerscope profile zoo:gpt --backward --depth 2
+  layerscope profile zoo:gpt --backward --depth 2     # forward and backward, the model in eval()
+  layerscope profile zoo:gpt --train --depth 2        # training steps as they train: train(), AdamW
   layerscope flops zoo:vit_b_16 --depth 2
 """
 
@@ -216,8 +217,26 @@ def _add_run_options(
         parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or meta to count without allocating (default cpu)")
     parser.add_argument(
         "--backward", action="store_true",
-        help="run backward too (loss: sum of the first float output): forward and backward per module",
+        help="run backward too (loss: sum of the first float output), the model in eval() mode as for "
+        "inference (dropout off, BatchNorm's running statistics): forward and backward per module"
+        + ("; --train for a training step as it trains" if timed else ""),
     )
+    if timed:
+        train = parser.add_argument_group("a training step (--train)")
+        train.add_argument(
+            "--train", action="store_true",
+            help="profile whole training steps as they train: the model in train() mode, zero_grad, forward, "
+            "loss, backward and the optimizer's step; --warmup steps first, then --repeat steps recorded in "
+            "a block and summed",
+        )
+        train.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), help="with --train (default adamw)")
+        train.add_argument("--lr", type=float, help="with --train: the optimizer's learning rate (default 1e-4)")
+        train.add_argument(
+            "--loss", choices=("auto", "sum", "mean", "cross_entropy"),
+            help="with --train: auto (default) is the model's own loss where it computes one from labels "
+            "(a transformers language-model or classification head), else the sum of the first float output; "
+            "cross_entropy takes its last dimension as classes",
+        )
     parser.add_argument(
         "--no-memory", action="store_true",
         help="do not track memory (allocations, peaks, activations per module; the step's peak)",
@@ -744,6 +763,8 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
     # What can be refused without torch is refused first: a misspelt SPEC, option or format.
     _check_specs(args, spec)
     _peak_tflops(args)
+    if not count_only:
+        _check_train_flags(args)
     fmt = _output_format(args, "profile")
     format_options = _format_options(args, "profile", fmt)
     if getattr(args, "compile", False) and fmt == "chrome":
@@ -780,6 +801,8 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
 
         model = torch.compile(model)
 
+    if getattr(args, "train", False):
+        return _emit(_train_profile(args, model, inputs, amp, resolved.label), args, fmt, format_options)
     with _hinted(model, inputs), amp:
         if count_only:
             prof = layerscope.count_flops(model, inputs, paths=args.paths, backward=args.backward, memory=not args.no_memory)
@@ -792,6 +815,39 @@ def _run_profile(args: argparse.Namespace, spec: str, *, count_only: bool = Fals
                 )
     prof.meta.spec = resolved.label
     return _emit(prof, args, fmt, format_options)
+
+
+def _train_profile(args: argparse.Namespace, model: Any, inputs: Any, amp: Any, label: str) -> Any:
+    """``profile --train``: whole training steps in a block (``session.profile_training``)."""
+    from layerscope.session import profile_training
+
+    with _hinted(model, inputs), amp, _progress_bar(sys.stderr.isatty()) as report:
+        prof = profile_training(
+            model, inputs, optimizer=args.optimizer or "adamw", lr=1e-4 if args.lr is None else args.lr,
+            loss=args.loss or "auto", warmup=args.warmup, steps=args.repeat, record_ops=not args.no_ops,
+            memory=not args.no_memory, peak_tflops=args.peak_tflops, progress=report,
+        )
+    prof.meta.spec = label
+    return prof
+
+
+def _check_train_flags(args: argparse.Namespace) -> None:
+    """``--optimizer``, ``--lr`` and ``--loss`` belong to ``--train``, which ``--backward``
+    and ``--paths`` do not go with: refused before any run."""
+    if not getattr(args, "train", False):
+        given = [flag for flag, value in (("--optimizer", args.optimizer), ("--lr", args.lr), ("--loss", args.loss))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: for a training step; add --train")
+        return
+    if args.backward:
+        raise UsageError("--train runs backward in each step already: drop --backward (which keeps eval() mode)")
+    if args.paths:
+        raise UsageError("--paths is for profile's passes; --train records whole steps of the whole model")
+    if args.with_stack:
+        raise UsageError("--with-stack is for profile's passes; --train records whole steps in a block")
+    if args.lr is not None and not args.lr > 0:
+        raise UsageError(f"--lr must be a learning rate > 0, got {args.lr:g}")
 
 
 def _check_specs(args: argparse.Namespace, spec: str) -> None:

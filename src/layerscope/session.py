@@ -251,3 +251,98 @@ def count_flops(
         lambda no_grad: build_profile(count_capture(model, inputs, paths, no_grad, backward, loss_fn, memory)),
         no_grad, backward,
     )
+
+
+#: ``profile_training``'s optimizers by name, each built over the model's parameters.
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD,
+}
+#: ``profile_training``'s named losses of the model's output (its first floating-point
+#: tensor): ``auto`` is the model's own loss where it computes one from labels.
+LOSSES = ("auto", "sum", "mean", "cross_entropy")
+
+
+def profile_training(
+    model: nn.Module,
+    inputs: Any = None,
+    *,
+    optimizer: str = "adamw",
+    lr: float = 1e-4,
+    loss: str = "auto",
+    warmup: int = 2,
+    steps: int = 3,
+    record_ops: bool = True,
+    memory: bool = True,
+    peak_tflops: float | None = None,
+    progress: Progress | None = None,
+) -> Profile:
+    """Whole training steps of ``model`` on ``inputs``, as a training loop runs them: the
+    model in ``train()`` mode (dropout on, BatchNorm updating its statistics), each step
+    ``zero_grad``, forward, loss, backward and the optimizer's step (``optimizer``:
+    ``adamw``, ``adam`` or ``sgd``, at learning rate ``lr``). ``warmup`` steps run first,
+    unrecorded (the optimizer makes its state in the first), then ``steps`` steps are
+    recorded in a :class:`~layerscope.Profiler` block, summed as a block sums them, the
+    optimizer's step a part of its own (``<optimizer:AdamW>``).
+
+    ``loss``: ``auto`` is the model's own loss where it computes one from labels (a
+    transformers model with a language-model or classification head, given labels made
+    from its inputs: :func:`~layerscope.zoo.specs.training_labels`), else the sum of the
+    first floating-point tensor of the output; ``sum`` and ``mean`` reduce that tensor;
+    ``cross_entropy`` takes its last dimension as classes, against targets drawn once
+    (seeded). The model is trained: its parameters and optimizer state
+    change, as in any training step (the command line builds its own model for this).
+    ValueError names the choices for an unknown ``optimizer`` or ``loss``."""
+    from layerscope.block import Profiler
+    from layerscope.capture.training import first_float_tensor
+    from layerscope.zoo.specs import training_labels
+
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of: {', '.join(OPTIMIZERS)}")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; expected one of: {', '.join(LOSSES)}")
+    for name, value in (("warmup", warmup), ("steps", steps)):
+        if not isinstance(value, int) or value < (0 if name == "warmup" else 1):
+            raise ValueError(f"{name} must be an int >= {0 if name == 'warmup' else 1}, got {value!r}")
+    require_module(model)
+    args, kwargs = split_inputs(inputs)
+    labels = training_labels(model, kwargs) if loss == "auto" else None
+    if labels:
+        kwargs = {**kwargs, **labels}
+    model.train()
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    targets: list[torch.Tensor] = []
+
+    def loss_of_output(output: Any) -> torch.Tensor:
+        if labels:
+            own = getattr(output, "loss", None)
+            if isinstance(own, torch.Tensor):
+                return own
+        tensor = first_float_tensor(output)
+        if tensor is None:
+            raise ValueError("the model's output holds no floating-point tensor to take a loss of")
+        if loss == "mean":
+            return tensor.mean()
+        if loss == "cross_entropy":
+            scores = tensor.reshape(-1, tensor.shape[-1])
+            if not targets:
+                generator = torch.Generator().manual_seed(0)
+                drawn = torch.randint(0, scores.shape[-1], (scores.shape[0],), generator=generator)
+                targets.append(drawn.to(scores.device))
+            return torch.nn.functional.cross_entropy(scores, targets[0])
+        return tensor.sum()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_of_output(model(*args, **kwargs)).backward()
+        opt.step()
+
+    report = progress or (lambda stage, done, total: None)
+    for n in range(warmup):
+        step()
+        report("warmup", n + 1, warmup)
+    with Profiler(model, record_ops=record_ops, memory=memory, peak_tflops=peak_tflops) as prof:
+        for n in range(steps):
+            step()
+            prof.step()
+            report("measure", n + 1, steps)
+    return prof.profile

@@ -379,6 +379,10 @@ def _header_parts(profile: Profile) -> list[str]:
     inputs = _inputs_text(meta.inputs, meta.input_dtypes)
     if inputs:
         parts.append(inputs)
+    # The model's mode where it matters: a training step in eval() runs no dropout and
+    # BatchNorm's running statistics; an inference in train() the opposite.
+    if meta.training is not None and (meta.training or profile.has_backward):
+        parts.append("train mode" if meta.training else "eval mode")
     if meta.mode == "profile":
         repeat = meta.repeat
         passes = "1 measured pass" if repeat == 1 else f"median of {repeat} passes"
@@ -390,7 +394,8 @@ def _header_parts(profile: Profile) -> list[str]:
         steps = profile.figures.steps
         parts.append(f"times: mean of {steps} light step{'s' if steps != 1 else ''}")
     elif meta.mode == "context":
-        parts.append("one profiled run")
+        steps = profile.figures.steps
+        parts.append(f"{steps} steps summed" if steps and steps > 1 else "one profiled run")
     elif meta.mode == "count":
         parts.append("counted in one pass, not timed")
     return parts

@@ -475,3 +475,35 @@ def input_hint(model: nn.Module, inputs: Any) -> str | None:
         if args or list(kwargs) != names:
             hint += f"; without --input/--inputs layerscope builds {', '.join(names)}"
     return hint + "; pass --inputs SPEC naming a callable that returns what it needs as a dict"
+
+
+#: A transformers model's class name ends -> the labels its own loss takes, made from
+#: its inputs: the next-token and masked-token heads' targets are the input ids (the
+#: model shifts them itself); a sequence's or image's class is 0, a token's class 0.
+_LABELS_OF: tuple[tuple[str, str], ...] = (
+    ("ForCausalLM", "ids"), ("LMHeadModel", "ids"), ("ForMaskedLM", "ids"), ("ForConditionalGeneration", "ids"),
+    ("ForSequenceClassification", "class"), ("ForImageClassification", "class"), ("ForTokenClassification", "tokens"),
+)
+
+
+def training_labels(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``labels`` a transformers model computes its own training loss from, made
+    from its keyword inputs (``kwargs``): the input ids for a language-model head (the
+    decoder's, for an encoder-decoder), class 0 for a classifier (per sequence, image
+    or token). None for a model that takes no ``labels`` or whose head is none of
+    these: its loss is then a named one."""
+    import torch
+
+    if not is_transformers_model(model) or "labels" not in _forward_parameters(model) or "labels" in kwargs:
+        return None
+    name = type(model).__name__
+    kind = next((kind for end, kind in _LABELS_OF if name.endswith(end)), None)
+    ids = kwargs.get("decoder_input_ids", kwargs.get("input_ids"))
+    if kind == "ids" and isinstance(ids, torch.Tensor):
+        return {"labels": ids.clone()}
+    main = kwargs.get(getattr(model, "main_input_name", "input_ids"))
+    if kind == "class" and isinstance(main, torch.Tensor):
+        return {"labels": torch.zeros(main.shape[0], dtype=torch.long, device=main.device)}
+    if kind == "tokens" and isinstance(ids, torch.Tensor):
+        return {"labels": torch.zeros_like(ids)}
+    return None
