@@ -473,16 +473,14 @@ def test_a_transformers_model_that_raises_says_what_it_takes(tiny: Path, capsys:
     # One positional tensor is T5's input_ids only; its own error names neither input.
     run = run_main("flops", f"{tiny}:t5", "--input", "1x8:int64", capsys=capsys)
     assert run.returncode == 1
-    model_line, *notes, debug = run.stderr.splitlines()
-    assert model_line.startswith("layerscope: the model raised ValueError: ")
+    (line,) = run.stderr.splitlines()  # one line: the error, where, and what the model takes
     # Which module raised (the decoder: it has no input ids), and what the model takes.
-    assert "(layerscope: raised in module 'decoder' (T5Stack))" in notes
-    hint = next(note for note in notes if note.startswith("(T5Model.forward takes"))
-    assert hint.startswith("(T5Model.forward takes input_ids, attention_mask, decoder_input_ids, ")
+    assert line.startswith("layerscope: error: the model raised ValueError in module 'decoder' (T5Stack): ")
+    hint = line[line.index("; T5Model.forward takes"):]
+    assert hint.startswith("; T5Model.forward takes input_ids, attention_mask, decoder_input_ids, ")
     assert "it was given (Tensor[1, 8]:int64)" in hint
     assert "without --input/--inputs layerscope builds input_ids, decoder_input_ids" in hint
-    assert hint.endswith("pass --inputs SPEC naming a callable that returns what it needs as a dict)")
-    assert debug == "(run again with --debug for the traceback)"
+    assert hint.endswith("pass --inputs SPEC naming a callable that returns what it needs as a dict [--debug: the traceback]")
 
 
 def test_header_says_autocast_and_its_dtype(capsys: pytest.CaptureFixture[str]) -> None:
@@ -605,8 +603,10 @@ def test_model_that_raises_keeps_an_existing_output(tmp_path: Path, workdir: Pat
     )
     assert run.returncode == 1
     assert run.stdout == ""
-    assert "ValueError: boom from forward" in run.stderr
-    assert "--debug" in run.stderr
+    assert run.stderr == (
+        "layerscope: error: the model raised ValueError in the model's own forward (Boom): boom from forward "
+        "[--debug: the traceback]\n"
+    )
     assert "Traceback" not in run.stderr
     assert target.read_text(encoding="utf-8") == "the previous profile\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]  # no temp file left
@@ -617,10 +617,12 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
     assert run.returncode == 1
     assert "Traceback (most recent call last)" in run.stderr
     assert 'raise ValueError("boom from forward")' in run.stderr  # the user's own line
-    # The exception as raised, then the note saying which module raised it (the root here).
-    assert run.stderr.rstrip().splitlines()[-2:] == [
+    # The exception as raised, the note saying which module raised it (the root here),
+    # then the error's one line.
+    assert run.stderr.rstrip().splitlines()[-3:] == [
         "ValueError: boom from forward",
         "layerscope: raised in module '(the model)' (Boom)",
+        "layerscope: error: the model raised ValueError in the model's own forward (Boom): boom from forward",
     ]
 
 
@@ -878,10 +880,12 @@ def test_the_module_that_raised_is_named_by_path_and_class(workdir: Path) -> Non
         encoding="utf-8",
     )
     run = run_cli("profile", "broken.py:build", "--input", "8x64", cwd=workdir)
+    # The model's own sizes do not fit each other (the input, 8x64, was taken): exit 1.
     assert run.returncode == 1
-    lines = run.stderr.splitlines()
-    assert lines[0] == "layerscope: the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x65 and 64x256)"
-    assert "(layerscope: raised in module '2.0' (Linear))" in lines
+    assert run.stderr.splitlines() == [
+        "layerscope: error: the model raised RuntimeError in module '2.0' (Linear): mat1 and mat2 shapes cannot be "
+        "multiplied (8x65 and 64x256) [--debug: the traceback]"
+    ]
 
 
 def test_bench_interrupted_prints_what_finished_and_exits_130(workdir: Path) -> None:

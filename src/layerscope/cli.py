@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
 import warnings
@@ -126,12 +127,57 @@ def _print(text: str | bytes) -> None:
 
 
 def _write_file(path: str, write: Callable[[], Any], what: str) -> None:
-    """Run ``write()``, which writes ``path``; then say on stderr where ``what`` went."""
+    """Run ``write()``, which writes ``path``; then say on stderr where ``what`` went.
+    Ctrl-C while it writes unwinds as usual, so the atomic write removes its temporary
+    file and the old one is kept."""
+    global _writing
+    _writing = True
     try:
         write()
     except OSError as exc:
         raise OutputError(repr(path), exc) from exc
+    finally:
+        _writing = False
     print(f"layerscope: wrote {what} to {path}", file=sys.stderr)
+
+
+#: Whether a file is being written (Ctrl-C then unwinds instead of exiting at once).
+_writing = False
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C: one line and exit 130 at once. Unwinding a run stops torch's profiler
+    with its ranges open, which takes seconds and prints torch's own warnings; nothing
+    of the user's needs it (the command built its own model, and no file is written
+    yet). While a file is written, the usual KeyboardInterrupt unwinds instead."""
+    import os
+
+    if _writing:
+        raise KeyboardInterrupt
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    sys.stderr.write("layerscope: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+@contextmanager
+def _interrupts_exit() -> Iterator[None]:
+    """:func:`_on_interrupt` as the SIGINT handler while a command runs (in the main
+    thread only: another thread cannot set one), the old handler back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _drop_stdout() -> None:
@@ -884,10 +930,21 @@ def _autocast(device: Any, dtype: Any) -> Any:
 
     if dtype is None:
         return contextlib.nullcontext()
-    try:
-        return torch.autocast(device.type, dtype=dtype)
-    except RuntimeError as exc:  # no autocast on this device type (meta)
-        raise UsageError(f"--autocast on {device.type}: {exc}") from None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            context = torch.autocast(device.type, dtype=dtype)
+        except RuntimeError as exc:  # no autocast on this device type (meta)
+            raise UsageError(f"--autocast on {device.type}: {exc}") from None
+    # torch warns and turns autocast off for a dtype it does not run on this device.
+    refused = [str(w.message) for w in said if "autocast" in str(w.message).lower()]
+    if refused:
+        supported = re.findall(r"torch\.(\w+)", refused[0].split("supports", 1)[-1]) or ["bfloat16", "float16"]
+        raise UsageError(
+            f"--autocast {str(dtype).removeprefix('torch.')}: autocast on {device.type} runs "
+            f"{' or '.join(supported)}; expected one of those"
+        )
+    return context
 
 
 @contextmanager
@@ -1312,6 +1369,61 @@ def _list_zoo() -> int:
     return 0
 
 
+#: Said at the end of an error line that --debug would explain further.
+_DEBUG_HINT = " [--debug: the traceback]"
+#: Words of torch's errors about a tensor's shape ("mat1 and mat2 shapes cannot be
+#: multiplied", "expected input[2, 5] to have 3 channels", "The size of tensor a (5) must
+#: match the size of tensor b (4) at non-singleton dimension 1").
+_SHAPE_WORDS = re.compile(r"shape|size|dimension|channels|\bdims?\b", re.I)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (torch's errors may run over several)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] + (" ..." if len(lines) > 1 else "")) if lines else type(exc).__name__
+
+
+def _raised(exc: BaseException) -> str:
+    """``ValueError in module '1' (Inner): bad thing happened``, with layerscope's other
+    notes (a transformers model's inputs hint) after it: one line."""
+    from layerscope.capture.modules import RAISED_NOTE
+
+    prefix = RAISED_NOTE.split("{", 1)[0]
+    notes = [str(note) for note in getattr(exc, "__notes__", ())]
+    where = next((note.removeprefix("layerscope: raised ") for note in notes if note.startswith(prefix)), None)
+    if where is not None and where.startswith("in module '(the model)' "):
+        where = "in the model's own forward " + where.removeprefix("in module '(the model)' ")
+    others = [note.removeprefix("layerscope: ") for note in notes if not note.startswith(prefix)]
+    return (
+        f"{type(exc).__name__}{' ' + where if where else ''}: {_first_line(exc)}"
+        + "".join(f"; {' '.join(note.split())}" for note in others)
+    )
+
+
+def _given_inputs(args: argparse.Namespace) -> str | None:
+    """The input shapes the user chose on the command line (``--input 2x5``), as given;
+    None where the model's own default inputs or an ``--inputs`` callable's ran."""
+    shapes = getattr(args, "input", None)
+    return " ".join(f"--input {shape}" for shape in shapes) if shapes else None
+
+
+def _names_a_given_shape(exc: BaseException, shapes: Sequence[str]) -> bool:
+    """Whether torch refused one of the ``--input`` shapes themselves: a RuntimeError,
+    ValueError or IndexError about shapes, sizes, dimensions or channels whose message
+    names a given shape (``2x5``, ``[2, 5]``), so the model's own mismatch deeper in
+    (its layers' sizes, with the inputs long taken) stays the model's."""
+    if not isinstance(exc, (RuntimeError, ValueError, IndexError)):
+        return False
+    message = str(exc)
+    if not _SHAPE_WORDS.search(message):
+        return False
+    for shape in shapes:
+        dims = re.findall(r"\d+", shape.split(":", 1)[0])
+        if dims and any(form in message for form in ("x".join(dims), f"[{', '.join(dims)}]")):
+            return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -1347,7 +1459,8 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"layerscope: warning: {str(message).removeprefix('layerscope: ')}", file=sys.stderr)
 
         warnings.showwarning = one_line
-        status = _dispatch(args)
+        with _interrupts_exit():
+            status = _dispatch(args)
     _flush_stdout()
     return status
 
@@ -1385,20 +1498,19 @@ def _dispatch(args: argparse.Namespace) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        elif args.command in _RUNS_A_MODEL:
-            notes = "".join(f"({note})\n" for note in getattr(exc, "__notes__", ()))
-            print(
-                f"layerscope: the model raised {type(exc).__name__}: {exc}\n{notes}"
-                "(run again with --debug for the traceback)",
-                file=sys.stderr,
-            )
-        else:
-            # Not a model's fault and not bad input: say so, with its own exit status (diff
-            # uses 1 for "regressed").
-            print(
-                f"layerscope: internal error {type(exc).__name__}: {exc}\n"
-                "(run again with --debug for the traceback, and please report it)",
-                file=sys.stderr,
-            )
-            return 3
-        return 1
+        if args.command in _RUNS_A_MODEL:
+            given = _given_inputs(args)
+            if given and _names_a_given_shape(exc, getattr(args, "input", None) or []):
+                # The shapes the user gave do not fit the model: bad input, not the model's fault.
+                print(f"layerscope: error: {given} does not fit the model: {_raised(exc)}", file=sys.stderr)
+                return 2
+            print(f"layerscope: error: the model raised {_raised(exc)}" + ("" if debug else _DEBUG_HINT), file=sys.stderr)
+            return 1
+        # Not a model's fault and not bad input: say so, with its own exit status (diff
+        # uses 1 for "regressed").
+        print(
+            f"layerscope: internal error {type(exc).__name__}: {_first_line(exc)} (please report it"
+            + (")" if debug else ", with --debug's traceback)"),
+            file=sys.stderr,
+        )
+        return 3

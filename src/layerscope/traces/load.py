@@ -42,7 +42,7 @@ from layerscope.traces.modules import (
     table_without_model,
     uncalled,
 )
-from layerscope.traces.ranges import _NO_FIELDS, TraceRanges, read_ranges
+from layerscope.traces.ranges import _NO_FIELDS, DamagedEvent, TraceRanges, read_ranges
 
 _EVALUATE = "autograd::engine::evaluate_function: "
 
@@ -101,6 +101,8 @@ def load_trace(
             ranges, file_meta, model=model, source=os.path.basename(name), shapes=shapes, progress=progress,
             template=template,
         )
+    except DamagedEvent as exc:
+        raise SchemaError(f"{name!r} is a damaged torch.profiler trace: {exc}") from None
     except MemoryError:
         raise SchemaError(
             f"{name!r} is too large a trace for this machine's memory; record fewer steps "

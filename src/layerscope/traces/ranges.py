@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from layerscope.base.errors import SchemaError
 from layerscope.base.kineto_json import us_to_ns
 from layerscope.convert.ranges import (
     NOT_RECORDED,
@@ -517,10 +518,31 @@ def read_ranges(events: Iterable[dict[str, Any]], *, inputs: bool = True) -> Tra
     ``inputs=False`` ops keep no recorded inputs (``has_shapes`` still says whether the
     file has them), and torch is not imported."""
     builder = _Builder(inputs)
-    for event in events:
+    for at, event in enumerate(events):
         if isinstance(event, dict):
-            builder.add(event)
+            try:
+                builder.add(event)
+            except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+                raise DamagedEvent(_damage(at, event, exc)) from None
     return builder.finish()
+
+
+class DamagedEvent(SchemaError):
+    """An event of a trace that cannot be read: its place, name and field, and why
+    (the trace reader names the file)."""
+
+
+def _damage(at: int, event: dict[str, Any], exc: Exception) -> str:
+    """``event 12 ('aten::mm', cpu_op): 'ts' is 'abc', not a number of microseconds``:
+    which event, and the field that broke it where a time field is not a number."""
+    what = f"event {at} ({str(event.get('name', ''))!r}, {event.get('cat')})"
+    for field_name in ("ts", "dur"):
+        if field_name in event:
+            try:
+                us_to_ns(event[field_name])
+            except (TypeError, ValueError):
+                return f"{what}: {field_name!r} is {event[field_name]!r}, not a number of microseconds"
+    return f"{what}: {type(exc).__name__}: {exc}"
 
 
 def _start(item: Any) -> int:
