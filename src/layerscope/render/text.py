@@ -708,9 +708,13 @@ def _comm_lines(profile: Profile) -> list[str]:
     who = ""
     if meta.world_size is not None:
         who = f"rank {meta.rank or 0} of {meta.world_size}" + (f" on {meta.host}" if meta.host else "") + ": "
-    moved_text = "bytes not known" if moved is None else fmt.nbytes(moved)
-    calls_text = "collective calls not known" if calls is None else f"{calls} collective call{'s' * (calls != 1)}"
-    line = f"Communication: {who}{moved_text} in {calls_text}, {fmt.time_ns(spent)} in them"
+    if calls is None and moved is None:  # no op rows: neither the calls nor their bytes
+        said = "collective calls (their count and bytes not recorded)"
+    elif calls is None:
+        said = f"{fmt.nbytes(moved)} in collective calls (their count not recorded)"
+    else:
+        said = f"{'bytes not known' if moved is None else fmt.nbytes(moved)} in {calls} collective call{'s' * (calls != 1)}"
+    line = f"Communication: {who}{said}, {fmt.time_ns(spent)} in them"
     step = profile.step_time_ns
     if wait and step:
         line += f", of which {fmt.time_ns(wait)} waiting outside the model ({fmt.percent(wait, step)} of the step)"
