@@ -289,6 +289,13 @@ def assemble(
     parts.sort(key=_part_order)
     for tree in [root, *parts]:
         _sum_up(tree)
+    for node in root.walk():
+        if node.kind == "module" and node.calls == 0 and node.profiled:
+            # A container never called (a ModuleList its parent indexes) ran no interval of
+            # its own: no peak of its own either, unknown, not its children's or 0.
+            for _, stats in node.phases():
+                if stats.peak_bytes is not None:
+                    stats.peak_bytes = None
 
     step_time_ns = None
     if parts and raw.meta.timed is not False:
