@@ -197,8 +197,9 @@ def test_the_root_row_shows_the_profiles_figures(open_report: Any, step: Profile
         "forward_total": (root.forward.cpu_time_ns, fmt.time_ns),
         "backward_self": (root.backward.self_cpu_time_ns, fmt.time_ns),
         "backward_total": (root.backward.cpu_time_ns, fmt.time_ns),
-        "flops": (root.forward.flops + root.backward.flops, fmt.count),
-        "macs": (root.forward.macs + root.backward.macs, fmt.count),
+        # A step's FLOPs per phase, as the text tree shows them (never one sum).
+        "forward_flops": (root.forward.flops, fmt.count),
+        "backward_flops": (root.backward.flops, fmt.count),
         "alloc": (root.forward.alloc_bytes + root.backward.alloc_bytes, fmt.nbytes),
         "activations": (root.forward.activation_bytes, fmt.nbytes),
         "params": (root.params_total, fmt.count),
@@ -468,7 +469,7 @@ def test_a_compiled_blocks_report_shows_its_device_time_and_unknown_part_counts(
     fc_self = page.eval_on_selector('#tree-table tr[data-path="fc"] td[data-key="forward_self"]', "c => c.dataset.value")
     assert fc_self == str(profile["fc"].forward.self_cpu_time_ns)
     # A step part's FLOPs are unknown: no figure, never 0.
-    flops = page.eval_on_selector('#tree-table tr[data-path="<optimizer:AdamW>"] td[data-key="flops"]', "c => c.textContent")
+    flops = page.eval_on_selector('#tree-table tr[data-path="<optimizer:AdamW>"] td[data-key="forward_flops"]', "c => c.textContent")
     assert flops.strip() in ("", "?", "-")
 
 

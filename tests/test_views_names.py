@@ -28,3 +28,21 @@ def test_a_container_never_called_shows_no_peak_of_its_own() -> None:
     assert blocks.calls == 0
     assert [stats.peak_bytes for _, stats in blocks.phases()] == [None, None]
     assert all(stats.peak_bytes is not None for _, stats in profile["blocks.0"].phases())
+
+
+def test_layerscopes_own_time_has_one_name_wherever_it_sits() -> None:
+    """Top-level or inside the optimizer's step, layerscope's own time is ``<layerscope>``:
+    in its node's name and in its path."""
+    model = nn.Sequential(nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(4, 8)
+    with layerscope.Profiler(model) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    overhead = [node for node in prof.profile.nodes() if node.kind == "overhead"]
+    assert overhead and {node.name for node in overhead} == {"<layerscope>"}
+    assert all(node.path.endswith("<layerscope>") or node.path.endswith("[<layerscope>]") for node in overhead)
+    assert "[layerscope]" not in prof.profile.render("text")

@@ -960,6 +960,8 @@ def _label_path(parent_path: str | None, name: str, kind: str) -> str:
         return f"<{kind}>"
     if parent_path is None:
         return f"<{name}>"
+    if kind == "overhead":  # layerscope's own time is <layerscope> wherever it sits
+        return f"{parent_path}[<{name}>]"
     return f"{parent_path}[{name}]"
 
 

@@ -68,9 +68,18 @@
     }
     if (anyNode((n) => sum(n, "flops") || n.flops_partial)) {
       // A count that leaves out ops without a formula: "N + ?", or "?" where nothing was counted.
-      const counted = (n, field) => { const v = sum(n, field); return !n.flops_partial ? fmt.count(v) : v ? fmt.count(v) + " + ?" : "?"; };
-      cols.push({ key: "flops", label: "FLOPs", kind: "count", get: (n) => sum(n, "flops"), show: (n) => counted(n, "flops") });
-      cols.push({ key: "macs", label: "MACs", kind: "count", get: (n) => sum(n, "macs"), show: (n) => counted(n, "macs") });
+      const partial = (n, v) => !n.flops_partial ? fmt.count(v) : v ? fmt.count(v) + " + ?" : "?";
+      if (PHASES.length > 1) {
+        // A step's FLOPs per phase, as the text tree and its footer name them: never one sum
+        // that reads as a forward's.
+        for (const phase of PHASES) {
+          const get = (n) => phaseValue(n, phase, "flops");
+          cols.push({ key: phase + "_flops", label: (PHASE_LABEL[phase] || phase) + " FLOPs", kind: "count", get, show: (n) => partial(n, get(n)) });
+        }
+      } else {
+        cols.push({ key: "flops", label: "FLOPs", kind: "count", get: (n) => sum(n, "flops"), show: (n) => partial(n, sum(n, "flops")) });
+        cols.push({ key: "macs", label: "MACs", kind: "count", get: (n) => sum(n, "macs"), show: (n) => partial(n, sum(n, "macs")) });
+      }
       if (TIMED) {
         const rate = (n) => { const f = sum(n, "flops"); const t = busy(n); return f && t ? f * 1e9 / t : null; };
         cols.push({ key: "flop_rate", label: "FLOP/s", kind: "rate", get: rate, show: (n) => fmt.rate(sum(n, "flops"), busy(n)) });
@@ -348,7 +357,7 @@
       metrics.push({ key: "time", label: "CPU time (all phases)", kind: "time", get: (n) => sum(n, "cpu_time_ns") });
       if (anyNode((n) => sum(n, "device_time_ns"))) metrics.push({ key: "busy", label: "busy time", kind: "time", get: busy });
     }
-    if (anyNode((n) => sum(n, "flops"))) metrics.push({ key: "flops", label: "FLOPs", kind: "count", get: (n) => sum(n, "flops") });
+    if (anyNode((n) => sum(n, "flops"))) metrics.push({ key: "flops", label: PHASES.length > 1 ? "FLOPs (" + PHASES.map((p) => PHASE_LABEL[p] || p).join(" + ") + ")" : "FLOPs", kind: "count", get: (n) => sum(n, "flops") });
     if (anyNode((n) => sum(n, "alloc_bytes"))) metrics.push({ key: "memory", label: "memory allocated", kind: "bytes", get: (n) => sum(n, "alloc_bytes") });
     if (!metrics.length) return null;
     const state = { metric: metrics[0], focus: -1 };
