@@ -204,11 +204,15 @@ def test_module_restricts_to_a_subtree(resnet18: Profile) -> None:
 def test_phase_filter(mlp_step: Profile) -> None:
     forward = mlp_step.ops(phase="forward")
     backward = mlp_step.ops(phase="backward")
-    assert forward.total.calls + backward.total.calls == mlp_step.ops().total.calls
+    # The step's parts outside the model (the loss's forward here) are a phase of their own.
+    step = mlp_step.ops(phase="step")
+    assert forward.total.calls + backward.total.calls + step.total.calls == mlp_step.ops().total.calls
     assert "aten::threshold_backward" in {r.name for r in backward}
     assert "aten::threshold_backward" not in {r.name for r in forward}
+    loss_ops = {op.name for part in mlp_step.parts for node in part.walk() for op in node.ops if op.phase == "forward"}
+    assert loss_ops and {r.name for r in step} == loss_ops
     by_phase = mlp_step.ops(group_by="phase")
-    assert {r.phase for r in by_phase} == {"forward", "backward"}
+    assert {r.phase for r in by_phase} == {"forward", "backward", "step"}
 
 
 def test_limit_keeps_the_total(resnet18: Profile) -> None:

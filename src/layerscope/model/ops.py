@@ -8,7 +8,8 @@ a key chosen with ``group_by``:
 ``shape``         name and input shapes (torch's ``group_by_input_shape``)
 ``module``        name and the module path that ran it (its type comes along)
 ``module_type``   name and the module's class
-``phase``         name and phase (forward, backward, recompute)
+``phase``         name and phase (forward, backward, recompute, or step: the forward
+                  ops of the step's parts outside the model, an optimizer's, a loss's)
 ``stack:N``       name and the first N frames of the Python stack that called it
                   (innermost first; needs ``with_stack=True``). ``stack`` alone, or with
                   ``stack_depth=N``, uses the whole stack (or N frames).
@@ -302,8 +303,8 @@ def op_table(
     """
     keys, depth = parse_group_by(group_by, stack_depth)
     check_options(sort_by=sort_by, limit=limit)
-    if phase is not None and phase not in PHASES:
-        raise OpTableError(f"unknown phase {phase!r}; expected one of: {', '.join(PHASES)}")
+    if phase is not None and phase not in (*PHASES, STEP_PHASE):
+        raise OpTableError(f"unknown phase {phase!r}; expected one of: {', '.join((*PHASES, STEP_PHASE))}")
     if module is None:
         nodes = list(profile.nodes())
     else:
@@ -332,11 +333,13 @@ def op_table(
 
     groups: dict[str, _Group] = {}
     total = _Group(OpRow("Total", self_cpu_time_ns=0, cpu_time_ns=0))
+    in_parts = {id(inner) for part in profile.parts for inner in part.walk()}
     for node in nodes:
+        outside = id(node) in in_parts
         for op in node.ops:
-            if phase is not None and op.phase != phase:
+            if phase is not None and op_phase(op, outside) != phase:
                 continue
-            key = _key_row(op, node, keys, depth)
+            key = _key_row(op, node, keys, depth, outside)
             frozen = _freeze([getattr(key, name) for name in _KEY_FIELDS])
             group = groups.get(frozen)
             if group is None:
@@ -366,10 +369,22 @@ def op_table(
     )
 
 
-def _key_row(op: OpStats, node: ModuleNode, keys: tuple[str, ...], depth: int | None) -> OpRow:
+#: The phase of the ops a step runs outside the model's forward and backward (its
+#: parts: ``<optimizer:AdamW>``, ``<zero_grad>``, the loss's forward, ``<other>``...).
+STEP_PHASE = "step"
+
+
+def op_phase(op: OpStats, outside: bool) -> str:
+    """An op's phase as the op tables name it: its own, except the forward ops of a step
+    part (``outside`` the model), which are the step's (:data:`STEP_PHASE`); a loss's
+    backward ops stay ``backward``."""
+    return STEP_PHASE if outside and op.phase == "forward" else op.phase
+
+
+def _key_row(op: OpStats, node: ModuleNode, keys: tuple[str, ...], depth: int | None, outside: bool) -> OpRow:
     row = OpRow(op.name)
     if "phase" in keys:
-        row.phase = op.phase
+        row.phase = op_phase(op, outside)
     if "module" in keys:
         row.module = node.path
     if "module" in keys or "module_type" in keys:

@@ -16,6 +16,7 @@ from layerscope.base.formats import Option, register_renderer
 from layerscope.model.ops import (
     GROUP_KEYS,
     SORT_KEYS,
+    STEP_PHASE,
     GroupBy,
     OpRow,
     OpTable,
@@ -213,7 +214,7 @@ GROUP_BY = Option(
     + "".join(f"  {key}\n" for key in GROUP_KEYS if key != "stack") + "  stack:N\n",
 )
 MODULE = Option("module", "only the ops of this module's subtree (its named_modules() path)", metavar="PATH")
-PHASE = Option("phase", "only the ops of one phase", choices=PHASES)
+PHASE = Option("phase", "only the ops of one phase (step: the step's parts outside the model)", choices=(*PHASES, STEP_PHASE))
 STACK_DEPTH = Option("stack_depth", "frames of the Python stack per row (group_by stack)", flag=False)
 
 
