@@ -93,11 +93,6 @@ def _torch_backed(fn: Callable[..., int], extra: Callable[[Args, Kwargs, Any], i
     return formula
 
 
-def _bias_add(args: Args, kwargs: Kwargs, out: Any) -> int:
-    """The bias (``self``) added to every output element: addmm, baddbmm."""
-    return _out_numel(out)
-
-
 def _conv_bias(args: Args, kwargs: Kwargs, out: Any) -> int:
     return _out_numel(out) if _arg(args, kwargs, 2, "bias") is not None else 0
 
@@ -128,9 +123,8 @@ def _softmax_backward_on_scores(args: Args, kwargs: Kwargs, out: Any) -> int:
     return 3 * _scores(args[1], args[2])
 
 
+# addmm and baddbmm, counted by _addmm below with their bias, are never torch-backed.
 _EXTRAS: dict[str, Callable[[Args, Kwargs, Any], int]] = {
-    "aten::addmm": _bias_add,
-    "aten::baddbmm": _bias_add,
     "aten::convolution": _conv_bias,
     "aten::_convolution": _conv_bias,
     # aten::cudnn_convolution takes no bias (it is added by a separate op).
