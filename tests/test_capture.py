@@ -657,7 +657,7 @@ def test_the_header_names_nested_inputs_and_autocast() -> None:
     assert prof.meta.autocast == "bfloat16"
     assert prof.render("text").splitlines()[0] == (
         "Pair  ·  cpu  ·  float32  ·  autocast bfloat16  ·  inputs [[2, 3], [3, 2]] float32, [2] int64"
-        "  ·  counted in one pass, not timed"
+        "  ·  train mode  ·  counted in one pass, not timed"
     )
     again = profile_from_dict(prof.to_dict())  # as saved and loaded: the schema admits it
     assert again.render("text") == prof.render("text")
