@@ -607,7 +607,7 @@ def test_cli_fails_above_the_threshold(saved: Path, threshold: str) -> None:
     assert "Traceback" not in run.stderr and run.stderr == ""
     # One regression per line, the model's total first, then the nodes by time gained.
     verdict = run.stdout.splitlines()[-6:]
-    assert verdict[0] == "Regressed above 10%: 5 (the model's total and 4 nodes), largest first:"
+    assert verdict[0] == "Regressed above 10%: 5 (the model's total and 4 nodes), the largest gain in time first:"
     assert verdict[1] == "  model total (forward time) +30.0%"
     assert sorted(verdict[2:]) == [
         "  (root) (forward self_cpu) +30.0%", "  act (forward self_cpu) +30.0%",
@@ -750,7 +750,7 @@ def test_gpu_traces_on_the_command_line(shared_traces: Path, tmp_path: Path) -> 
     run = run_cli("diff", base, new, "--fail-above", "20%", cwd=tmp_path)
     assert run.returncode == 1, run
     lines = run.stdout.splitlines()
-    at = lines.index("Regressed above 20%: 10 (the model's total and 9 nodes), largest first:")
+    at = lines.index("Regressed above 20%: 10 (the model's total and 9 nodes), the largest gain in time first:")
     assert lines[at + 1] == "  model total (step device time) +26.3%"
     # Small modules' device time is gated too (a 5us floor): layer 0's attention +217.8%.
     assert "  BertModel_0.BertEncoder_0.BertLayer_0.BertAttention_0.BertSdpaSelfAttention_0 (forward self_device) +217.8%" in lines
@@ -817,7 +817,7 @@ def test_planted_regression_is_found_first(tmp_path: Path) -> None:
     assert table[2].startswith("wide ")  # the first row under the header and its rule
     lines = run.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("Regressed above 10%: "))
-    assert lines[at].endswith("largest first:")
+    assert lines[at].endswith("the largest gain in time first:")
     assert lines[at + 1].startswith("  model total (forward time) +")
     assert lines[at + 2].startswith("  wide (forward self_cpu) +")  # the first node named: it gained the most
 
@@ -833,7 +833,7 @@ def test_a_long_verdict_is_bounded_and_counted() -> None:
     nodes = [Regression(f"layers.{i}", "self_time_ns", Change(1000, 1000 + 100 * i)) for i in range(1, 48)]
     text = regressions_line([Regression(None, "time_ns", Change(10_000, 20_000)), *nodes], 0.1)
     lines = text.splitlines()
-    assert lines[0] == "Regressed above 10%: 48 (the model's total and 47 nodes), largest first:"
+    assert lines[0] == "Regressed above 10%: 48 (the model's total and 47 nodes), the largest gain in time first:"
     assert lines[1] == "  model total (forward time) +100.0%"
     assert lines[2] == "  layers.47 (forward self_cpu) +470.0%"  # the node that gained the most time first
     assert len(lines) == 1 + REGRESSIONS_SHOWN + 1

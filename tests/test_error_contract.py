@@ -104,3 +104,18 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     finally:
         run.kill()
     assert (run.returncode, err) == (130, "layerscope: interrupted\n")
+
+
+def test_a_model_given_for_a_saved_document_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--model`` maps a trace's modules; a saved profile knows its own, so it is refused,
+    never silently ignored (as ``--no-shapes`` is refused for one)."""
+    import torch
+
+    import layerscope
+
+    path = tmp_path / "saved.json"
+    layerscope.count_flops(torch.nn.Linear(2, 2), torch.randn(1, 2)).save(path)
+    assert _run(capsys, "show", str(path), "--model", "zoo:mlp") == (2, [
+        f"layerscope: error: --model names the model a torch.profiler trace was recorded with; {path} is not a "
+        "trace (a saved document knows its modules): drop --model"
+    ])

@@ -1041,6 +1041,12 @@ def _load_profile(
     if args is not None and getattr(args, "model", None) and os.path.isfile(path) and is_kineto_trace(path):
         model = _trace_model(args)
         inputs = _trace_inputs(args)
+    elif args is not None and getattr(args, "model", None) and os.path.isfile(path):
+        # A saved document knows its modules: a --model would be silently ignored.
+        raise UsageError(
+            f"--model names the model a torch.profiler trace was recorded with; {path} is not a trace "
+            "(a saved document knows its modules): drop --model"
+        )
     no_shapes = args is not None and getattr(args, "no_shapes", False)
     # Sniffed once (its first 64 KiB), only where a flag or a terminal asks.
     trace = (no_shapes or (bar and sys.stderr.isatty())) and os.path.isfile(path) and is_trace_file(path)

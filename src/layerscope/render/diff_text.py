@@ -62,7 +62,8 @@ REGRESSIONS_SHOWN = 10
 
 def regressions_line(regressions: list[Regression], threshold: float) -> str:
     """The verdict the CLI prints after the table: one regression per line, the model's
-    total first, then the nodes by how much time they gained, largest first; at most
+    total first, then the nodes by how much time they gained (not by percentage),
+    largest first; at most
     :data:`REGRESSIONS_SHOWN` of them, with the count."""
     limit = f"{100 * threshold:g}%"
     if not regressions:
@@ -75,7 +76,7 @@ def regressions_line(regressions: list[Regression], threshold: float) -> str:
     what = " and ".join(
         part for part in ("the model's total" if total else "", f"{len(nodes)} node{'s' * (len(nodes) != 1)}" if nodes else "") if part
     )
-    lines = [f"Regressed above {limit}: {len(ordered)} ({what}), largest first:"]
+    lines = [f"Regressed above {limit}: {len(ordered)} ({what}), the largest gain in time first:"]
     lines += [f"  {r}" for r in ordered[:REGRESSIONS_SHOWN]]
     if len(ordered) > REGRESSIONS_SHOWN:
         lines.append(f"  ... and {len(ordered) - REGRESSIONS_SHOWN} more (--format json lists them all)")
