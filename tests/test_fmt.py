@@ -191,3 +191,12 @@ def test_shape_of_a_non_tensor_argument_is_not_an_empty_slot() -> None:
     text = fmt.shape([[2, 8], None])
     assert text.startswith("[[2, 8], ")
     assert not re.search(r",\s*[,\]]", text), text
+
+
+def test_parameter_counts_say_billions_as_their_readers_do() -> None:
+    """Llama-7B's 6,738,415,616 parameters read 6.74B (DeepSpeed's and torchinfo's
+    billions), while its FLOPs keep the G of GFLOPs."""
+    assert fmt.param_count(6_738_415_616) == "6.74B"
+    assert fmt.params(6_738_415_616, None) == "6.74B"
+    assert fmt.param_count(61_100_840) == "61.10M"
+    assert fmt.count(6_738_415_616) == "6.74G"

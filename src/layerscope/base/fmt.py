@@ -33,17 +33,25 @@ def time_ns(value: int | None) -> str:
     return f"{value / 1e9:.1f}s"
 
 
-def count(value: int | None) -> str:
-    """``61100840`` -> ``61.10M``; below a thousand, the integer itself."""
+def count(value: int | None, billions: str = "G") -> str:
+    """``61100840`` -> ``61.10M``; below a thousand, the integer itself. ``billions`` is
+    the suffix of 1e9: ``G`` for FLOPs and MACs (GFLOPs), ``B`` for parameters
+    (:func:`param_count`)."""
     if value is None:
         return ""
     if abs(value) < 1000:
         return str(value)
-    for suffix, scale in (("K", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12)):
+    for suffix, scale in (("K", 1e3), ("M", 1e6), (billions, 1e9), ("T", 1e12)):
         scaled = value / scale
         if abs(scaled) < 999.995 or suffix == "T":
             return f"{scaled:.2f}{suffix}"
     return str(value)
+
+
+def param_count(value: int | None) -> str:
+    """A parameter count as its readers say it: ``6.74B`` for Llama-7B's 6,738,415,616
+    (billions as DeepSpeed and torchinfo print them), ``61.10M``, ``512``."""
+    return count(value, billions="B")
 
 
 def counted(value: int | None, partial: bool) -> str:
@@ -96,7 +104,7 @@ def params(value: int | None, param_bytes: int | None = None) -> str:
     show an op with no FLOP formula: unknown, never 0."""
     if value is None:
         return "?"
-    return count(value) + ("" if param_bytes is None else f" ({nbytes(param_bytes)})")
+    return param_count(value) + ("" if param_bytes is None else f" ({nbytes(param_bytes)})")
 
 
 def percent(part: int | None, whole: int | None) -> str:

@@ -104,7 +104,7 @@ def render_table(result: BenchResult, *, width: int | None = None) -> str:
     settings = result.settings
     lines = [
         f"{result.model}: {_mode(result)}",
-        f"params       {fmt.count(result.params)} ({fmt.count(result.trainable_params)} trainable)",
+        f"params       {fmt.param_count(result.params)} ({fmt.param_count(result.trainable_params)} trainable)",
         f"size         {fmt.nbytes(result.model_bytes)}" + (f" ({sizes})" if sizes else ""),
         f"per sample   {_per_sample(result.macs_per_sample)} MACs, {_per_sample(result.flops_per_sample)} FLOPs "
         + (f"(forward, counted at batch size {result.count_batch_size})" if result.flops is not None

@@ -17,7 +17,7 @@ from layerscope.render.options import DEPTH, count
 def _params(node: ModuleNode, root: ModuleNode) -> str:
     if node.params_total is None:
         return f"{fmt.params(None)} Params"  # unknown (no model when it was recorded): no share either
-    return f"{fmt.count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"
+    return f"{fmt.param_count(node.params_total)} = {fmt.percent(node.params_total, root.params_total) or '0.0%'} Params"
 
 
 def _figures(node: ModuleNode, root: ModuleNode, timed: bool, peak: float | None) -> str:

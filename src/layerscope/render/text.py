@@ -233,7 +233,7 @@ COLUMNS: list[TreeColumn] = [
     TreeColumn("Peak mem", "peak_mem", 8, _mem(lambda n: n.forward.peak_bytes), lambda o, p: "", shown=_has_memory),
     TreeColumn("Activations", "activations", 13, _mem(lambda n: n.forward.activation_bytes), lambda o, p: "", shown=_has_activations),
     TreeColumn(
-        "Params", "params", 7, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
+        "Params", "params", 7, lambda n, p: fmt.param_count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
         shown=_has_params,
     ),
     TreeColumn("Calls", "calls", 12, _calls, lambda o, p: str(o.calls)),
@@ -304,7 +304,7 @@ STEP_COLUMNS: list[TreeColumn] = [
         shown=_has_memory,
     ),
     TreeColumn(
-        "Params", "params", 7, lambda n, p: fmt.count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
+        "Params", "params", 7, lambda n, p: fmt.param_count(n.params_total) if n.kind == "module" else "", lambda o, p: "",
         shown=_has_params,
     ),
     TreeColumn("Calls", "calls", 14, _calls, lambda o, p: str(o.calls)),

@@ -28,10 +28,10 @@ const layerscopePage = (function () {
       }
       return (ns / 1e9).toFixed(1) + "s";
     },
-    count(value) {
+    count(value, billions = "G") {
       if (value === null || value === undefined) return "";
       if (Math.abs(value) < 1000) return String(value);
-      for (const [suffix, scale] of [["K", 1e3], ["M", 1e6], ["G", 1e9], ["T", 1e12]]) {
+      for (const [suffix, scale] of [["K", 1e3], ["M", 1e6], [billions, 1e9], ["T", 1e12]]) {
         const scaled = value / scale;
         if (Math.abs(scaled) < 999.995 || suffix === "T") return scaled.toFixed(2) + suffix;
       }
@@ -75,6 +75,7 @@ const layerscopePage = (function () {
     as(kind, value) {
       if (kind === "time") return fmt.time(value);
       if (kind === "count") return fmt.count(value);
+      if (kind === "params") return fmt.count(value, "B");  // billions of parameters: B, as their readers say it
       if (kind === "bytes") return fmt.bytes(value);
       if (kind === "int") return value === null || value === undefined ? "" : String(value);
       if (kind === "shape") return fmt.shape(value);

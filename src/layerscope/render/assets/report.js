@@ -106,7 +106,7 @@
     // Counts are known on every node or on none (a profile from a trace without the model):
     // the column is there only when they are, as the text tree's.
     if (modelRoot.params_total !== null) {
-      cols.push({ key: "params", label: "Params", kind: "count", get: (n) => (n.kind === "module" ? n.params_total : null) });
+      cols.push({ key: "params", label: "Params", kind: "params", get: (n) => (n.kind === "module" ? n.params_total : null) });
     }
     cols.push({ key: "calls", label: "Calls", kind: "int", get: (n) => (n.kind !== "module" && !n.calls ? null : n.calls) });
     for (const col of cols) {
@@ -173,7 +173,7 @@
     }
     // Unknown counts show as "?", as an op with no FLOP formula does: never as 0 or left out.
     fact("params", modelRoot.params_total === null ? "?"
-      : fmt.count(modelRoot.params_total) + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
+      : fmt.count(modelRoot.params_total, "B") + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
     const flops = sum(modelRoot, "flops");
     if (flops !== null) {
       // Summed over the phases the run had: say which, so a step's figure is not read as a forward's.
