@@ -3,6 +3,8 @@ same in the text tree, its footer, the HTML report and the op tables."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -46,3 +48,19 @@ def test_layerscopes_own_time_has_one_name_wherever_it_sits() -> None:
     assert overhead and {node.name for node in overhead} == {"<layerscope>"}
     assert all(node.path.endswith("<layerscope>") or node.path.endswith("[<layerscope>]") for node in overhead)
     assert "[layerscope]" not in prof.profile.render("text")
+
+
+def test_trainable_and_frozen_parameters_are_counted_apart(tmp_path: Path) -> None:
+    """A frozen first Linear (16 x 16 + 16 = 272) and a trainable second (16 x 4 + 4 =
+    68): the footer and the HTML report say both, and a saved profile keeps them."""
+    from layerscope.render.html import report_data
+
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))
+    for parameter in model[0].parameters():
+        parameter.requires_grad_(False)
+    profile = layerscope.count_flops(model, torch.randn(2, 16))
+    assert profile.meta.trainable_params == 68 and profile.root.params_total == 340
+    assert "Params: 340 (1.33 KiB): 68 trainable, 272 frozen" in profile.render("text")
+    assert report_data(profile)["meta"]["trainable_params"] == 68
+    profile.save(tmp_path / "saved.json")
+    assert layerscope.load(tmp_path / "saved.json").meta.trainable_params == 68

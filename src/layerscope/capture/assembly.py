@@ -64,6 +64,7 @@ def meta_of(model: nn.Module, device: torch.device, **facts: Any) -> RunFacts:
         device=str(device),
         dtype=model_dtype(model),
         training=model.training,
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         # What this torch lacks that layerscope tolerates (nothing on a supported torch).
         torch_api_missing=missing_meta().get("torch_api_missing"),
         **facts,

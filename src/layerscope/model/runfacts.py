@@ -45,6 +45,10 @@ class RunFacts:
     training: bool | None = None
     #: What this torch lacks that layerscope tolerates: name -> what is lost.
     torch_api_missing: dict[str, str] | None = None
+    #: The parameters that train (``requires_grad``), each shared one once: the rest of
+    #: the root's ``params_total`` is frozen (a LoRA's base weights). None: not known (a
+    #: trace file's run).
+    trainable_params: int | None = None
     #: ``profile`` (profile()), ``count`` (count_flops), ``context`` (a Profiler block),
     #: ``trace`` (a torch.profiler trace file).
     mode: str | None = None

@@ -531,7 +531,7 @@ def _footer(profile: Profile) -> list[str]:
         partial = root.flops_partial
         flops = f"   FLOPs: {fmt.counted(root.forward.flops, partial)}   MACs: {fmt.counted(root.forward.macs, partial)}"
     lines = [
-        f"Params: {fmt.params(root.params_total, profile.param_bytes)}"
+        f"Params: {fmt.params(root.params_total, profile.param_bytes)}{_frozen(profile)}"
         f"{flops}"
         + (f"   Forward CPU total: {'?' if none_ran else fmt.time_ns(root.forward.cpu_time_ns)}" if _is_timed(profile) else "")
         + (
@@ -569,6 +569,15 @@ def _footer(profile: Profile) -> list[str]:
     if outside:
         lines.append(f"Ops run outside the profiled modules (not in the tree): {outside}")
     return lines
+
+
+def _frozen(profile: Profile) -> str:
+    """``: 1.18M trainable, 123.26M frozen`` where some parameters do not train; nothing
+    where all do, or where it is not known."""
+    total, trainable = profile.root.params_total, profile.meta.trainable_params
+    if total is None or trainable is None or trainable >= total:
+        return ""
+    return f": {fmt.param_count(trainable)} trainable, {fmt.param_count(total - trainable)} frozen"
 
 
 def _no_module_ran(profile: Profile) -> bool:

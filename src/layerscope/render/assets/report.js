@@ -173,7 +173,9 @@
     }
     // Unknown counts show as "?", as an op with no FLOP formula does: never as 0 or left out.
     fact("params", modelRoot.params_total === null ? "?"
-      : fmt.count(modelRoot.params_total, "B") + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : ""));
+      : fmt.count(modelRoot.params_total, "B") + (DATA.param_bytes ? " (" + fmt.bytes(DATA.param_bytes) + ")" : "")
+        + (META.trainable_params !== undefined && META.trainable_params !== null && META.trainable_params < modelRoot.params_total
+          ? ": " + fmt.count(META.trainable_params, "B") + " trainable, " + fmt.count(modelRoot.params_total - META.trainable_params, "B") + " frozen" : ""));
     const flops = sum(modelRoot, "flops");
     if (flops !== null) {
       // Summed over the phases the run had: say which, so a step's figure is not read as a forward's.
