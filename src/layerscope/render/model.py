@@ -7,6 +7,8 @@ types per depth come first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from layerscope.base import fmt
 from layerscope.base.formats import Option, register_renderer
 from layerscope.model.transforms import max_depth, top_by_depth
@@ -67,7 +69,7 @@ def _summary(profile: Profile, top_k: int) -> list[str]:
     if timed:
         lines.append(f"Forward time: {fmt.time_ns(root.forward.busy_time_ns)}   FLOP/s: {fmt.rate(fwd.flops, root.forward.busy_time_ns) or '-'}")
     lines.append("")
-    metrics = [("params", fmt.count)]
+    metrics: list[tuple[str, Callable[[int | None], str]]] = [("params", fmt.param_count)]
     if fwd.macs is not None:
         metrics.insert(0, ("macs", fmt.count))
     if timed:
