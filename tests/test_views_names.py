@@ -64,3 +64,29 @@ def test_trainable_and_frozen_parameters_are_counted_apart(tmp_path: Path) -> No
     assert report_data(profile)["meta"]["trainable_params"] == 68
     profile.save(tmp_path / "saved.json")
     assert layerscope.load(tmp_path / "saved.json").meta.trainable_params == 68
+
+
+def test_a_multi_step_blocks_chrome_trace_has_the_traced_steps_memory(tmp_path: Path) -> None:
+    """Three steps summed: the trace is the last step, and its memory track is that
+    step's own timeline (kept in the trace, saved and read back), not the step with the
+    highest peak's; the step's peak is marked only where it is the traced run's."""
+    import json
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(4, 8)
+    with layerscope.Profiler(model) as prof:
+        for _ in range(3):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    profile = layerscope.check_tree(prof.profile)
+    assert profile.figures.steps == 3 and profile.trace is not None and profile.trace.memory is not None
+    profile.save(tmp_path / "steps.json")
+    loaded = layerscope.load(tmp_path / "steps.json")
+    assert loaded.trace is not None and loaded.trace.memory == profile.trace.memory
+    events = json.loads(loaded.render("chrome"))["traceEvents"]
+    live = [e["args"]["bytes"] for e in events if e.get("name") == "live memory"]
+    assert live == profile.trace.memory.bytes
+    assert not [e for e in events if e.get("name") == "memory peak"]

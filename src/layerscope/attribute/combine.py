@@ -43,9 +43,11 @@ class Accumulator:
                 _merge_op(mine, op)
         total.phases |= result.phases
         if result.trace is not None:
-            # The trace is the last step's: a long run keeps one step of spans.
+            # The trace is the last step's: a long run keeps one step of spans, and its
+            # memory over time with it (the summed memory keeps the highest peak's step).
             total.trace, total.trace_start_ns = result.trace, result.trace_start_ns
             total.trace_step_ns = result.trace_step_ns
+            total.trace_memory = None if result.memory is None else result.memory.timeline
         if result.memory is not None:
             if total.memory is None:
                 total.memory = MemoryResult()

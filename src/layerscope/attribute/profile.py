@@ -91,6 +91,8 @@ def build_from_steps(raw: RawCapture, steps: Accumulator, *, counted: bool = Tru
     step carried its own times and whatever it recorded (``counted``: ops and FLOPs),
     so every figure is the steps' own sum."""
     times = list(steps.step_times_ns)
+    if steps.steps <= 1:
+        steps.total.trace_memory = None  # one step: the profile's own timeline is the traced one
     figures = RunFigures(
         steps=steps.steps,
         pass_cpu_time_ns=[steps.total.top_level_ns],
@@ -456,8 +458,9 @@ def _trace(op_result: PassResult | None, op_index: dict[tuple[Any, ...], int], p
         add_path(path)
         add_phase(phase)
         add_index(index)
-    # A run with step marks starts at its first (time 0) and ends at its last.
-    return Trace(spans, flows, op_result.trace_step_ns)
+    # A run with step marks starts at its first (time 0) and ends at its last; with its
+    # memory over time where steps were summed (build_from_steps keeps it for two or more).
+    return Trace(spans, flows, op_result.trace_step_ns, op_result.trace_memory)
 
 
 def _memory_summary(raw: RawCapture, memory: MemoryResult | None, paths: list[str]) -> MemorySummary | None:

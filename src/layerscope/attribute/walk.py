@@ -58,6 +58,7 @@ from layerscope.model.raw import (
     Saved,
     Step,
 )
+from layerscope.model.sidedocs import Timeline
 from layerscope.model.tree import OpStats
 
 #: The kinds of record that take no time (``raw.NOTES``), as a set of types.
@@ -112,6 +113,9 @@ class PassResult:
     #: The traced step's own wall time (``wall_ns`` of the step the trace is; a sum of
     #: steps keeps its last step's trace, and this with it).
     trace_step_ns: int | None = None
+    #: The traced step's live memory over time, where the steps were summed (each
+    #: step's own timeline; ``memory.timeline`` is the step with the highest peak's).
+    trace_memory: Timeline | None = None
     #: The step's device work as a whole (``DeviceBusy``'s figures summed over the
     #: steps), None when the stream had none: what the nodes' device times are a share of.
     device_busy: DeviceBusy | None = None

@@ -112,16 +112,26 @@ class Trace:
     spans: Spans = field(default_factory=Spans)
     flows: Flows = field(default_factory=Flows)
     step_ns: int | None = None
+    #: The traced step's live memory over time, on the spans' clock, where it is not
+    #: ``Profile.memory.timeline``'s step (a block's steps summed: that one is the step
+    #: with the highest peak); None where they are the same run, or memory was not tracked.
+    memory: Timeline | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spans": self.spans.rows(), "flows": self.flows.rows()}
         if self.step_ns is not None:
             out["step_ns"] = self.step_ns
+        if self.memory is not None:
+            out["memory"] = self.memory.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Trace:
-        return cls(Spans.from_rows(doc["spans"]), Flows.from_rows(doc.get("flows") or ()), doc.get("step_ns"))
+        memory = doc.get("memory")
+        return cls(
+            Spans.from_rows(doc["spans"]), Flows.from_rows(doc.get("flows") or ()), doc.get("step_ns"),
+            None if memory is None else Timeline.from_dict(memory),
+        )
 
 
 class TimelineSpan(NamedTuple):

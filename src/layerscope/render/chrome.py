@@ -10,10 +10,11 @@ lead from each forward op that created an autograd node to the first op run for 
 in backward. A track of its own holds one span for the traced step (``step N``, or
 ``pass N`` for ``profile()``'s median pass), when the run had step marks.
 
-Memory, with one step's (the timeline and the trace are then the same run): a counter
-of live bytes over time, a counter of the same bytes split by category (parameters,
-gradients, optimizer state, activations, other: viewers stack them), and an instant
-event at the peak whose args are the peak's bytes by category.
+Memory, the traced run's (one step's timeline, or for steps summed the traced step's
+own, ``Trace.memory``): a counter of live bytes over time, a counter of the same bytes
+split by category (parameters, gradients, optimizer state, activations, other: viewers
+stack them), and, where the step's peak is the traced run's, an instant event at the
+peak whose args are the peak's bytes by category.
 
 ``otherData`` says how the times were measured: the spans are the traced run's own
 times, recorded by torch's profiler (or, where it could not run, under a dispatch mode,
@@ -123,11 +124,17 @@ def _flow_events(profile: Profile, pid: int) -> Iterator[str]:
 
 
 def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
-    # The memory timeline and the trace come from the same run only for a single step.
+    # The traced run's memory: the profile's timeline where it is that run (one step, a
+    # pass), else the traced step's own (Trace.memory); the step's peak marked only where
+    # it is the traced run's.
     memory = profile.memory
-    if not memory or int(profile.figures.steps or 1) != 1:
+    if not memory:
         return
-    timeline = memory.timeline or Timeline()
+    one_run = int(profile.figures.steps or 1) == 1
+    own = profile.trace.memory if profile.trace is not None else None
+    if not one_run and own is None:
+        return  # a file from before the traced step kept its own timeline
+    timeline = (memory.timeline if one_run else own) or Timeline()
     for t, live in zip(timeline.t_ns, timeline.bytes):
         yield f'{{"name":"live memory","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{"bytes":{live}}}}}'
     split = timeline.categories or {}
@@ -136,7 +143,7 @@ def _memory_events(profile: Profile, pid: int) -> Iterator[str]:
         args = ",".join(f"{json.dumps(name)}:{split[name][i]}" for name in names)
         yield f'{{"name":"memory by category","ph":"C","ts":{_ts(t)},"pid":{pid},"tid":{_TID},"args":{{{args}}}}}'
     at = memory.peak_at
-    if at is not None and at.t_ns is not None:
+    if one_run and at is not None and at.t_ns is not None:
         peak: dict[str, Any] = {"bytes": memory.peak_bytes, **memory.peak_categories}
         peak.update({"path": at.path or profile.meta.model, "phase": at.phase})
         yield (
