@@ -574,10 +574,11 @@ def test_show_a_recorded_trace_with_its_model_spec(tmp_path: Path) -> None:
     ("content", "expected"),
     [
         (b"", "not valid JSON"),
-        (gzip.compress(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"')[:-8], "truncated"),
+        (gzip.compress(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"', mtime=0)[:-8], "truncated"),
         (b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1', "truncated"),
         (b'{"schemaVersion": 1, "traceEvents": []}', "nothing to profile"),
     ],
+    ids=["empty", "gzip cut short", "json cut short", "no events"],  # the same ids in every xdist worker
 )
 def test_a_bad_trace_is_one_line_and_exit_2(tmp_path: Path, content: bytes, expected: str) -> None:
     from test_cli import assert_usage_error, run_cli
