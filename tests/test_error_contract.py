@@ -119,3 +119,23 @@ def test_a_model_given_for_a_saved_document_is_refused(tmp_path: Path, capsys: p
         f"layerscope: error: --model names the model a torch.profiler trace was recorded with; {path} is not a "
         "trace (a saved document knows its modules): drop --model"
     ])
+
+
+def test_the_trees_options_beside_o_print_the_tree_and_save_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--depth 0 -o run.json``: one run, the file written in its format and the tree
+    printed with the tree's options; an option of neither (``--sort-by``, the op
+    table's) is still refused."""
+    import layerscope
+
+    out = tmp_path / "run.json"
+    assert main(["flops", "zoo:mlp", "--depth", "0", "-o", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert printed.err.strip() == f"layerscope: wrote json to {out}"
+    saved = layerscope.load(out)
+    assert printed.out.rstrip("\n") == saved.render("text", depth=0).rstrip("\n")
+    assert "└──" not in printed.out  # depth 0: the root's row alone
+    assert _run(capsys, "flops", "zoo:mlp", "--sort-by", "flops", "-o", str(out)) == (2, [
+        "layerscope: error: --sort-by: only for --format ops (the format here is json)"
+    ])

@@ -418,6 +418,12 @@ def _format_options(args: argparse.Namespace, document: str, fmt: str, hint: str
     takes = get_renderer(fmt, document).option_names()
     given = {name: getattr(args, name) for name in _command_flags(args) if getattr(args, name) is not None}
     wrong = [name for name in given if name not in takes]
+    text = get_renderer("text", document).option_names() if fmt != "text" and "text" in _names(document) else set()
+    if wrong and getattr(args, "output", None) and all(name in text for name in wrong):
+        # -o FILE in another format, with options of the printed tree (--depth): write
+        # the file and print the tree too, from the one run.
+        args.print_text = {name: given.pop(name) for name in wrong}
+        wrong = []
     if wrong:
         shown = ", ".join("--" + name.replace("_", "-") for name in wrong)
         takers = [r.name for r in renderers(document) if any(name in r.option_names() for name in wrong)]
@@ -426,6 +432,13 @@ def _format_options(args: argparse.Namespace, document: str, fmt: str, hint: str
         raise UsageError(f"{shown}: only for --format {' or '.join(takers)} (the format here is {fmt}){hint}")
     defaults = {name: value for name, value in args.format_defaults.items() if name in takes and name not in given}
     return {**defaults, **given}
+
+
+def _names(document: str) -> set[str]:
+    """The formats of ``document``."""
+    from layerscope.base.formats import renderers
+
+    return {r.name for r in renderers(document)}
 
 
 def _command_flags(args: argparse.Namespace) -> list[str]:
@@ -760,6 +773,12 @@ def _emit(doc: Any, args: argparse.Namespace, fmt: str, options: dict[str, Any],
         else:
             output = args.output
             _write_file(output, lambda: write_atomic(output, render_chunks(doc, fmt, **options)), what or fmt)
+            printed = getattr(args, "print_text", None)
+            if printed is not None:  # the tree's options given beside -o: the tree printed too
+                width = terminal_width()
+                if "width" in get_renderer("text", document_kind(doc)).option_names() and width is not None:
+                    printed = {"width": width, **printed}
+                _print(render(doc, "text", **printed))
     return 0
 
 
