@@ -262,6 +262,8 @@ def _full_side_documents() -> tuple[Trace, MemorySummary]:
     trace = Trace(
         Spans.from_rows([(0, 90, "", "forward", -1), (10, 20, "lin", "forward", 0), (50, 30, "lin", "backward", 1)]),
         Flows.from_rows([(1, 2)]), step_ns=100,
+        memory=Timeline(t_ns=[0, 20], bytes=[100, 250], categories={"parameters": [100, 100], "activations": [0, 150]},
+                        points_recorded=2, spans=[TimelineSpan(0, 90, "", "forward")]),
     )
     memory = MemorySummary(
         peak_bytes=300, baseline_bytes=100, peak_at=PeakAt("lin", "forward", 20),
@@ -281,6 +283,7 @@ def test_the_schema_checks_every_field_of_the_trace_and_the_memory_summary() -> 
     trace, memory = _full_side_documents()
     trace_doc, memory_doc = trace.to_dict(), memory.to_dict()
     assert set(trace_doc) == set(TRACE.fields)
+    assert set(trace_doc["memory"]) == set(TRACE.fields["memory"].spec.fields)
     assert set(memory_doc) == set(MEMORY.fields)
     for key in ("peak_at", "timeline", "device"):
         assert set(memory_doc[key]) == set(MEMORY.fields[key].spec.fields), key
