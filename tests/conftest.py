@@ -27,6 +27,11 @@ def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 
 
+# The width a command fits its output to comes from COLUMNS even when piped: a shell's
+# exported COLUMNS would change every table the tests read. Tests that want one set it.
+os.environ.pop("COLUMNS", None)
+
+
 #: The packages of the ``[test]`` extras (pyproject.toml) the tests import on demand: in
 #: CI a missing one fails the test that needs it.
 TEST_EXTRAS = frozenset({

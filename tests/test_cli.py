@@ -793,13 +793,31 @@ def test_a_terminal_gets_a_table_that_fits(saved_profile: Path, tmp_path: Path) 
     assert "Hidden to fit a width of 80: " in text
 
 
-def test_piped_output_keeps_the_whole_table(saved_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_piped_output_keeps_the_whole_table(
+    saved_profile: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from layerscope.cli import main
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["show", str(saved_profile)]) == 0
     text = capsys.readouterr().out
     assert text == layerscope.load(saved_profile).render("text")
     assert "Hidden" not in text and max(len(line) for line in text.splitlines()) > 80
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_piped_output_honours_columns(
+    saved_profile: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    """``COLUMNS=120 layerscope show run.json | less``: fitted to 120, as shutil and rich
+    honour it where stdout is no terminal."""
+    from layerscope.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["show", str(saved_profile)]) == 0
+    text = capsys.readouterr().out
+    assert text == layerscope.load(saved_profile).render("text", width=columns)
+    assert max(len(line) for line in text.splitlines()) <= columns
 
 
 def test_columns_option(saved_profile: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -211,7 +211,12 @@ DISPLAY_WIDTH = 120
 
 
 def terminal_width() -> int | None:
-    """The terminal's width when stdout is one, else None."""
+    """The width to fit: ``COLUMNS`` where it is set to a whole number (honoured when
+    stdout is piped, as ``shutil`` and rich honour it), else the terminal's when stdout
+    is one, else None (the full width)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
