@@ -194,3 +194,18 @@ def test_fitting_measures_cells_with_newlines_by_their_longest_line() -> None:
     # Name 4 + Stack 6 + Calls 5 + 2 separators = 21.
     assert _kept(columns, rows, 21) == [0, 1, 2]
     assert _kept(columns, rows, 20) == [0, 2]
+
+
+def test_long_names_are_abbreviated_to_their_soft_width_before_a_column_is_hidden() -> None:
+    """A 60-character name, a 10-wide figure (priority 2) and a 20-wide shape (priority 1):
+    full width 60 + 10 + 20 + 2 * 3 = 96. At 70 the name gives up 26 characters (down to
+    its soft width, 34) and every column stays; without a soft width the figure would be
+    hidden first."""
+    name = "n" * 60
+    rows = [[name, "1234567890", "s" * 20]]
+    columns = [Column("Name", "<", min_width=16, soft_width=34), Column("Figure", priority=2),
+               Column("Shape", "<", priority=1, min_width=8)]
+    fitted = fit(columns, rows, 70)
+    assert fitted.kept == [0, 1, 2] and fitted.hidden == []
+    assert [len(cell) for cell in fitted.rows[0]] == [34, 10, 20]
+    assert fit([Column("Name", "<", min_width=16), *columns[1:]], rows, 70).hidden == [1]

@@ -44,6 +44,10 @@ class Column:
     width: int | None = None
     min_width: int | None = None
     cut_start: bool = False
+    #: A label column's width that :func:`fit` cuts it to before it hides any column or
+    #: cuts another's cells (a tree's long names abbreviated before its shapes are cut or
+    #: its figures hidden); None: no such step.
+    soft_width: int | None = None
 
 
 def from_headers(headers: Sequence[str], *, left: int = 0) -> list[Column]:
@@ -174,11 +178,13 @@ def fit(columns: Sequence[Column], rows: Sequence[Cells], width: int, style: Sty
 
     - columns with a priority and a ``min_width`` count at that width (their long cells
       will be cut: they are free text, worth less whole than another column);
+    - labels with a ``soft_width`` count at that width (a tree's long names are
+      abbreviated before any figure is given up);
     - columns with a priority are hidden, the highest number first, all columns of one
       number at once, until the table fits; the columns of the lowest number always stay,
       as do those without a priority;
-    - then cells are cut, as little as needed: those of columns with a priority first
-      (right to left), and only then those of columns without one (the labels).
+    - then cells are cut, as little as needed: the labels down to their soft width, then
+      the columns with a priority (right to left), and only then the labels further.
 
     A table that cannot fit even so is wider than ``width``. Headers are never cut."""
     widths = measure(columns, rows, style).widths
@@ -192,18 +198,26 @@ def fit(columns: Sequence[Column], rows: Sequence[Cells], width: int, style: Sty
     def table_width(sizes: Sequence[int]) -> int:
         return Grid([columns[i] for i in kept], [sizes[i] for i in kept], style).width
 
-    early = [narrowest[i] if column.priority is not None else widths[i] for i, column in enumerate(columns)]
+    soft = [
+        min(widths[i], max(column.soft_width, narrowest[i])) if column.soft_width is not None else widths[i]
+        for i, column in enumerate(columns)
+    ]
+    early = [narrowest[i] if column.priority is not None else soft[i] for i, column in enumerate(columns)]
     while len(priorities) > 1 and table_width(early) > width:
         dropped = priorities.pop()
         kept = [i for i in kept if columns[i].priority != dropped]
     sizes = list(widths)
     excess = table_width(sizes) - width
-    # Cut the hideable columns first, right to left, then the labels.
-    order = [i for i in reversed(kept) if columns[i].priority is not None] + [i for i in reversed(kept) if columns[i].priority is None]
-    for i in order:
+    # Cut the labels to their soft width first, then the hideable columns, right to
+    # left, then the labels to their narrowest.
+    labels = [i for i in reversed(kept) if columns[i].priority is None]
+    steps = [(i, soft[i]) for i in labels]
+    steps += [(i, narrowest[i]) for i in reversed(kept) if columns[i].priority is not None]
+    steps += [(i, narrowest[i]) for i in labels]
+    for i, floor in steps:
         if excess <= 0:
             break
-        give = min(excess, sizes[i] - narrowest[i])
+        give = max(0, min(excess, sizes[i] - floor))
         sizes[i] -= give
         excess -= give
     fitted_rows = [

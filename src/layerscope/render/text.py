@@ -313,6 +313,9 @@ STEP_COLUMNS: list[TreeColumn] = [
 #: The narrowest a width cuts the shapes (``[[2, 16, 768], [7…``) and the tree's names to.
 _SHAPES_MIN_WIDTH = 16
 _NAMES_MIN_WIDTH = 24
+#: The width the tree's names are abbreviated to before any column is hidden or the
+#: shapes are cut: a deep tree's op names (``│   │   ├── aten::scaled_dot_product_…``).
+_NAMES_SOFT_WIDTH = 40
 
 # With --show-ops the shapes tell rows of one op apart (aten::t three times): of the
 # columns a width may hide, they go last but for the self times, and long ones are cut.
@@ -1030,7 +1033,7 @@ def render_text(
         shown = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
     rows = _rows(profile, shown, depth, show_ops)
     # The tree's column has no priority: it is never hidden, and its names are cut last.
-    layout = [Column("Module", "<", min_width=_NAMES_MIN_WIDTH)]
+    layout = [Column("Module", "<", min_width=_NAMES_MIN_WIDTH, soft_width=_NAMES_SOFT_WIDTH)]
     layout += [Column(c.header, c.align, c.priority, min_width=c.min_width) for c in shown]
     hidden: list[TreeColumn] = []
     if width is not None and columns is None:
