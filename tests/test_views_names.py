@@ -90,3 +90,20 @@ def test_a_multi_step_blocks_chrome_trace_has_the_traced_steps_memory(tmp_path: 
     live = [e["args"]["bytes"] for e in events if e.get("name") == "live memory"]
     assert live == profile.trace.memory.bytes
     assert not [e for e in events if e.get("name") == "memory peak"]
+
+
+def test_a_count_shows_each_modules_output_shape_as_torchinfo_does() -> None:
+    """LeNet-5 on 1x1x32x32: its first convolution (5x5, 6 channels, no padding) gives
+    1x6x28x28 (32 - 5 + 1), the model 1x10; a timed profile shows the column when asked."""
+    from layerscope import zoo
+
+    entry = zoo.get("lenet5")
+    text = layerscope.count_flops(entry.build(), entry.example_inputs(1)).render("text", depth=2)
+    header, *_ = [line for line in text.splitlines() if line.startswith("Module ")]
+    rows = [(line.split("|")[0].strip(" ├└─│"), line.split("|")[-1].strip()) for line in text.splitlines() if "|" in line]
+    assert header.split("|")[-1].strip() == "Output shape"
+    assert rows[2] == ("LeNet5", "[1, 10]")
+    assert next(cell for name, cell in rows if name == "0") == "[1, 6, 28, 28]"  # features.0, the first conv
+    timed = layerscope.profile(entry.build(), entry.example_inputs(1), warmup=0, repeat=1)
+    assert "Output shape" not in timed.render("text")
+    assert "Output shape" in timed.render("text", columns=["self_cpu", "output_shape"])

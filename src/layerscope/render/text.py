@@ -42,6 +42,9 @@ class TreeColumn:
     hidden_why: Callable[[Profile], str] | None = None
     #: Long cells may be cut to this many characters to fit a width (free text).
     min_width: int | None = None
+    #: Whether the tree shows it without ``columns=`` (None: wherever it is ``shown``,
+    #: which says whether the profile has its data at all).
+    default: Callable[[Profile], bool] | None = None
 
 
 def _has_device(profile: Profile) -> bool:
@@ -173,6 +176,24 @@ def _step_mfu(node: ModuleNode, profile: Profile) -> str:
 
 
 #: Columns of a forward-only profile.
+#: The narrowest a width cuts shapes (``[[2, 16, 768], [7…``) to.
+_SHAPES_MIN_WIDTH = 16
+
+
+def _output_shape(node: ModuleNode, profile: Profile) -> str:
+    """A module's output shape, its first call's (torchinfo's column)."""
+    return fmt.shape(node.output_shapes) if node.profiled and node.calls and node.output_shapes is not None else ""
+
+
+#: Each module's output shape: shown by default in a count (``flops``), as torchinfo's
+#: summary shows it; ``--columns output_shape`` elsewhere. Hidden first to fit a width.
+_OUTPUT = TreeColumn(
+    "Output shape", "output_shape", 20, _output_shape, lambda o, p: "", align="<",
+    shown=lambda p: any(n.output_shapes is not None for n in p.modules()),
+    min_width=_SHAPES_MIN_WIDTH, default=lambda p: p.meta.mode == "count",
+)
+
+
 COLUMNS: list[TreeColumn] = [
     TreeColumn("Type", "type", 6, lambda n, p: n.type, lambda o, p: "", align="<"),
     TreeColumn(
@@ -237,6 +258,7 @@ COLUMNS: list[TreeColumn] = [
         shown=_has_params,
     ),
     TreeColumn("Calls", "calls", 12, _calls, lambda o, p: str(o.calls)),
+    _OUTPUT,
 ]
 
 #: Columns of a profile with backward: forward, backward (and recompute) side by side.
@@ -308,10 +330,10 @@ STEP_COLUMNS: list[TreeColumn] = [
         shown=_has_params,
     ),
     TreeColumn("Calls", "calls", 14, _calls, lambda o, p: str(o.calls)),
+    _OUTPUT,
 ]
 
-#: The narrowest a width cuts the shapes (``[[2, 16, 768], [7…``) and the tree's names to.
-_SHAPES_MIN_WIDTH = 16
+#: The narrowest a width cuts the tree's names to.
 _NAMES_MIN_WIDTH = 24
 #: The width the tree's names are abbreviated to before any column is hidden or the
 #: shapes are cut: a deep tree's op names (``│   │   ├── aten::scaled_dot_product_…``).
@@ -1030,7 +1052,8 @@ def render_text(
     if columns is not None:
         shown = _chosen_columns(profile, table, list(columns), show_ops)
     else:
-        shown = [c for c in table if c.shown(profile)] + ([_SHAPES] if show_ops else [])
+        shown = [c for c in table if c.shown(profile) and (c.default is None or c.default(profile))]
+        shown += [_SHAPES] if show_ops else []
     rows = _rows(profile, shown, depth, show_ops)
     # The tree's column has no priority: it is never hidden, and its names are cut last.
     layout = [Column("Module", "<", min_width=_NAMES_MIN_WIDTH, soft_width=_NAMES_SOFT_WIDTH)]
