@@ -515,3 +515,16 @@ def test_the_title_names_the_sort_key_a_person_types(resnet18: Profile) -> None:
         assert table.sort_by == "self_cpu_time_ns" and table.to_dict()["sort_by"] == "self_cpu_time_ns"
         assert "sorted by self_cpu_time, descending" in table.render(), given
     assert "sorted by flops, descending" in resnet18.render("ops", sort_by="flops", limit=2)
+
+
+def test_rows_that_sum_several_phases_say_which(mlp_step: Profile) -> None:
+    """Grouped by module and shape in a training step, each row names the phases of
+    its ops (the Linear's forward addmm, its backward mm); grouped by phase, the column
+    is the key itself."""
+    table = mlp_step.ops(group_by="module,shape")
+    assert table.columns[1] == "phase"
+    phases = {(row.name, row.phase) for row in table}
+    assert ("aten::addmm", "forward") in phases and ("aten::mm", "backward") in phases
+    assert {row.phase for row in table} <= {"forward", "backward", "step", "forward+backward", "backward+step",
+                                              "forward+step", "forward+backward+step"}
+    assert all(row.phase is None for row in mlp_step.ops(group_by="module", phase="forward"))

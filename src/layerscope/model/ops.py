@@ -157,8 +157,11 @@ def _plus(total: int | None, value: int | None) -> int | None:
 class _Group:
     row: OpRow
     paths: set[str] = field(default_factory=set)
+    #: The phases its ops ran in (op_phase's names).
+    phases: set[str] = field(default_factory=set)
 
-    def add(self, op: OpStats, node: ModuleNode, flops_counted: bool) -> None:
+    def add(self, op: OpStats, node: ModuleNode, flops_counted: bool, phase: str = "forward") -> None:
+        self.phases.add(phase)
         row = self.row
         row.calls += op.calls
         row.self_cpu_time_ns = _plus(row.self_cpu_time_ns, op.self_cpu_time_ns)
@@ -344,8 +347,9 @@ def op_table(
             group = groups.get(frozen)
             if group is None:
                 group = groups[frozen] = _Group(key)
-            group.add(op, node, flops_counted)
-            total.add(op, node, flops_counted)
+            shown_phase = op_phase(op, outside)
+            group.add(op, node, flops_counted, shown_phase)
+            total.add(op, node, flops_counted, shown_phase)
 
     def order(item: tuple[str, _Group]) -> tuple[Any, ...]:
         frozen, group = item
@@ -354,6 +358,12 @@ def op_table(
 
     rows = [group.row for _, group in sorted(groups.items(), key=order)]
     columns = [name for name, by in _KEY_FIELDS.items() if set(by) & set(keys)]
+    if "phase" not in keys and len(total.phases) > 1:
+        # Rows that sum ops of several phases say which: lm_head's three aten::mm (the
+        # forward's, the input's gradient, the weight's) apart by more than their shapes.
+        for group in groups.values():
+            group.row.phase = "+".join(p for p in (*PHASES, STEP_PHASE) if p in group.phases)
+        columns.insert(1, "phase")
     columns += [f.name for f in fields(OpRow) if f.name not in _KEY_FIELDS and available.get(f.name, None) is None]
     return OpTable(
         rows=rows if limit is None else rows[:limit],
