@@ -460,7 +460,14 @@ def test_chrome_module_spans_are_the_tree_times(profile: Profile) -> None:
 
 
 def test_chrome_memory_lies_within_the_step(profile: Profile) -> None:
-    if profile.trace is None or profile.memory is None or int(profile.figures.steps or 1) != 1:
+    if profile.trace is None or profile.memory is None:
+        return
+    if int(profile.figures.steps or 1) != 1:
+        # Steps summed: the traced step's own timeline, when the profile kept one.
+        events = _chrome(profile)["traceEvents"]
+        live = [e["args"]["bytes"] for e in events if e.get("name") == "live memory"]
+        assert live == ([] if profile.trace.memory is None else profile.trace.memory.bytes)
+        assert not [e for e in events if e.get("name") == "memory peak"]
         return
     events = _chrome(profile)["traceEvents"]
     live = [e for e in events if e.get("name") == "live memory"]
@@ -595,6 +602,24 @@ def test_html_data_is_the_profiles_figures(profile: Profile) -> None:
         table = profile.ops(group_by="name")
         columns = data["ops"]["name"]["columns"]
         assert dict(zip(columns, data["ops"]["name"]["total"])) == {c: getattr(table.total, c) for c in columns}
+
+
+def test_names_and_phases_are_one_in_every_view(profile: Profile) -> None:
+    """A node is named the same in the tree, the HTML report and the text (layerscope's
+    own time is ``<layerscope>`` wherever it sits); op tables give a step part's forward
+    ops the ``step`` phase and never the model's ``forward``."""
+    data = _html_data(profile)
+    assert [n["name"] for n in data["nodes"]] == [fmt.node_name(n.name) for n in profile.nodes()]
+    assert all(n.name == "<layerscope>" for n in profile.nodes() if n.kind == "overhead")
+    assert "[layerscope]" not in profile.render("text")
+    if not any(node.ops for node in profile.nodes()):
+        return
+    phases = {row.phase for row in profile.ops(group_by="phase")}
+    assert phases <= {"forward", "backward", "recompute", "step"}
+    parts_forward = any(op.phase == "forward" for part in profile.parts for n in part.walk() for op in n.ops)
+    assert ("step" in phases) == parts_forward
+    model_forward = any(op.phase == "forward" for n in profile.root.walk() for op in n.ops)
+    assert ("forward" in phases) == model_forward
 
 
 def test_kernels_is_for_compiled_profiles_only(profile: Profile) -> None:
