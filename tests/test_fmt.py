@@ -200,3 +200,11 @@ def test_parameter_counts_say_billions_as_their_readers_do() -> None:
     assert fmt.params(6_738_415_616, None) == "6.74B"
     assert fmt.param_count(61_100_840) == "61.10M"
     assert fmt.count(6_738_415_616) == "6.74G"
+
+
+def test_a_compiled_graphs_call_is_named_by_its_keys_first_characters() -> None:
+    """The H100 compiled GPT-2 trace's forward graph runs in a range named by its
+    52-character cache key; trees, footers and pages show its first 8 characters."""
+    name = "<## Call CompiledFxGraph fwfthdzugwtaavdjqz4mdtox57aeyxjz4u25sczbgqumlhi47z2s ##>"
+    assert fmt.node_name(name) == "<CompiledFxGraph fwfthdzu…>"
+    assert fmt.node_name("<## Call CompiledFxGraph f ##>") == "<## Call CompiledFxGraph f ##>"  # no key to cut

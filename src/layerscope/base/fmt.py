@@ -64,7 +64,12 @@ def counted(value: int | None, partial: bool) -> str:
 
 #: torch's long range names, as a tree shows them: the data loader's ``__next__`` takes
 #: 62 characters as torch names it (HF's Trainer and Lightning show it every step).
-_SHORT_NAMES = ((re.compile(r"enumerate\(DataLoader\)#_\w*DataLoaderIter\.__next__"), "DataLoader.__next__"),)
+#: A compiled graph's call names its 52-character cache key: its first 8 characters
+#: tell the graphs of one trace apart.
+_SHORT_NAMES = (
+    (re.compile(r"enumerate\(DataLoader\)#_\w*DataLoaderIter\.__next__"), "DataLoader.__next__"),
+    (re.compile(r"## Call CompiledFxGraph (\w{8})\w+ ##"), r"CompiledFxGraph \1…"),
+)
 
 
 def node_name(name: str) -> str:
