@@ -219,7 +219,7 @@ def test_nodes_only_some_ranks_have_are_merged() -> None:
         ({"model": "Other"}, "profiles of different models: model 'Net' (ranks 0, 1) and 'Other' (rank 2)"),
         ({"world_size": 8}, "different world sizes: world_size 4 (ranks 0, 1) and 8 (rank 2)"),
         ({"step_range": [5, 9]}, "files from different cycles: step_range steps 0-4 (ranks 0, 1) and steps 5-9 (rank 2); "
-                                 "merge one cycle at a time, e.g. layerscope merge run/layerscope_steps0-4_rank*.json"),
+                                 "merge one cycle at a time, e.g. steps 0-4's: input 1, input 2"),
     ],
     ids=["run_id", "model", "world_size", "step_range"],
 )
@@ -227,6 +227,17 @@ def test_mismatches_are_refused_naming_what_differs(change: dict[str, Any], says
     with pytest.raises(MergeError) as caught:
         merge([rank_profile(0), rank_profile(1), rank_profile(2, **change)])
     assert says in str(caught.value)
+
+
+def test_the_cycles_advice_names_the_files_given() -> None:
+    """The files of two cycles, named as the Profiler's handler names them: the advice
+    is the first cycle's files as a pattern of those names, never a name not given."""
+    ranks = [rank_profile(0), rank_profile(1), rank_profile(0, step_range=[5, 9]), rank_profile(1, step_range=[5, 9])]
+    sources = ["out/layerscope_steps0-4_rank0.json", "out/layerscope_steps0-4_rank1.json",
+               "out/layerscope_steps5-9_rank0.json", "out/layerscope_steps5-9_rank1.json"]
+    with pytest.raises(MergeError) as caught:
+        merge(ranks, sources=sources)
+    assert str(caught.value).endswith("merge one cycle at a time, e.g. layerscope merge out/layerscope_steps0-4_rank*.json")
 
 
 def test_the_same_rank_twice_is_refused() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -631,6 +632,12 @@ def merge(
         records.extend(_records(item, source))
     if not records:
         raise MergeError("nothing to merge: give the per-rank profiles of one run")
+    # Files of several cycles first: `merge out/*.json` over two cycles gives each rank
+    # twice, and the cycles are what to say.
+    step_range = _agreed(
+        sorted(records, key=lambda r: r.rank), "step_range", "files from different cycles", _one_cycle(records),
+        describe=_steps,
+    )
     seen: dict[int, RankRecord] = {}
     for record in records:
         if record.rank in seen:
@@ -643,10 +650,6 @@ def merge(
     run_id = _agreed(records, "run_id", "files from different runs", "merge the files of one run")
     model = _agreed(records, "model", "profiles of different models", "merge the ranks of one model")
     world_size = _agreed(records, "world_size", "different world sizes", "merge the ranks of one run")
-    step_range = _agreed(
-        records, "step_range", "files from different cycles", "merge one cycle at a time, e.g. "
-        "layerscope merge run/layerscope_steps0-4_rank*.json", describe=_steps,
-    )
     if world_size is not None:
         outside = [r.rank for r in records if r.rank >= world_size]
         if outside:
@@ -662,6 +665,25 @@ def merge(
         step_range=None if step_range is None else list(step_range), threshold=float(threshold),
         min_time_ns=int(min_time_ns),
     )
+
+
+def _one_cycle(records: list[RankRecord]) -> str:
+    """How to merge one cycle of these ranks' files: the first cycle's files, as a
+    pattern (``run/layerscope_steps0-4_rank*.json``) where their names differ only by
+    rank, else by name."""
+    cycles: dict[tuple[int, ...], list[str]] = {}
+    for record in records:
+        value = record.meta.get("step_range")
+        if value is not None:
+            cycles.setdefault(tuple(value), []).append(record.source)
+    if len(cycles) < 2:
+        return "merge one cycle at a time"
+    first = cycles[min(cycles)]
+    patterns = {re.sub(r"rank\d+", "rank*", source) for source in first}
+    if len(patterns) == 1 and all(re.search(r"rank\d+", source) for source in first):
+        return f"merge one cycle at a time, e.g. layerscope merge {patterns.pop()}"
+    named = ", ".join(first[:3]) + (", ..." if len(first) > 3 else "")
+    return f"merge one cycle at a time, e.g. {_steps(min(cycles))}'s: {named}"
 
 
 def _steps(value: Any) -> str:
