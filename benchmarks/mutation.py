@@ -83,6 +83,8 @@ TESTS: dict[str, list[str]] = {
     ],
     "attribute/walk.py": [
         "tests/test_walk.py",
+        "tests/test_device_steps.py",
+        "tests/test_steps.py",
         # tests/test_light_steps.py and tests/test_unknown_params.py also reach walk.py, but
         # through whole captures: seconds per mutant, and most mutants then time out.
     ],
