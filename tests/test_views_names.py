@@ -35,19 +35,24 @@ def test_a_container_never_called_shows_no_peak_of_its_own() -> None:
 def test_layerscopes_own_time_has_one_name_wherever_it_sits() -> None:
     """Top-level or inside the optimizer's step, layerscope's own time is ``<layerscope>``:
     in its node's name and in its path."""
-    model = nn.Sequential(nn.Linear(8, 8))
+    profile = _sgd_block(nn.Sequential(nn.Linear(8, 8)), steps=2)
+    overhead = [node for node in profile.nodes() if node.kind == "overhead"]
+    assert overhead and {node.name for node in overhead} == {"<layerscope>"}
+    assert all(node.path.endswith("<layerscope>") or node.path.endswith("[<layerscope>]") for node in overhead)
+    assert "[layerscope]" not in profile.render("text")
+
+
+def _sgd_block(model: nn.Module, steps: int) -> layerscope.Profile:
+    """``steps`` SGD steps of ``model`` on a 4 x 8 batch, in a Profiler block."""
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     x = torch.randn(4, 8)
     with layerscope.Profiler(model) as prof:
-        for _ in range(2):
+        for _ in range(steps):
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
             prof.step()
-    overhead = [node for node in prof.profile.nodes() if node.kind == "overhead"]
-    assert overhead and {node.name for node in overhead} == {"<layerscope>"}
-    assert all(node.path.endswith("<layerscope>") or node.path.endswith("[<layerscope>]") for node in overhead)
-    assert "[layerscope]" not in prof.profile.render("text")
+    return prof.profile
 
 
 def test_trainable_and_frozen_parameters_are_counted_apart(tmp_path: Path) -> None:
@@ -72,16 +77,7 @@ def test_a_multi_step_blocks_chrome_trace_has_the_traced_steps_memory(tmp_path: 
     highest peak's; the step's peak is marked only where it is the traced run's."""
     import json
 
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    x = torch.randn(4, 8)
-    with layerscope.Profiler(model) as prof:
-        for _ in range(3):
-            model(x).sum().backward()
-            opt.step()
-            opt.zero_grad()
-            prof.step()
-    profile = layerscope.check_tree(prof.profile)
+    profile = layerscope.check_tree(_sgd_block(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), steps=3))
     assert profile.figures.steps == 3 and profile.trace is not None and profile.trace.memory is not None
     profile.save(tmp_path / "steps.json")
     loaded = layerscope.load(tmp_path / "steps.json")

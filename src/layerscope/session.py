@@ -300,9 +300,10 @@ def profile_training(
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of: {', '.join(OPTIMIZERS)}")
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; expected one of: {', '.join(LOSSES)}")
-    for name, value in (("warmup", warmup), ("steps", steps)):
-        if not isinstance(value, int) or value < (0 if name == "warmup" else 1):
-            raise ValueError(f"{name} must be an int >= {0 if name == 'warmup' else 1}, got {value!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     require_module(model)
     args, kwargs = split_inputs(inputs)
     labels = training_labels(model, kwargs) if loss == "auto" else None
@@ -317,19 +318,19 @@ def profile_training(
             own = getattr(output, "loss", None)
             if isinstance(own, torch.Tensor):
                 return own
+        if loss not in ("mean", "cross_entropy"):
+            return loss_of(output, None)  # the sum of the first float tensor, as backward=True takes it
         tensor = first_float_tensor(output)
         if tensor is None:
             raise ValueError("the model's output holds no floating-point tensor to take a loss of")
         if loss == "mean":
             return tensor.mean()
-        if loss == "cross_entropy":
-            scores = tensor.reshape(-1, tensor.shape[-1])
-            if not targets:
-                generator = torch.Generator().manual_seed(0)
-                drawn = torch.randint(0, scores.shape[-1], (scores.shape[0],), generator=generator)
-                targets.append(drawn.to(scores.device))
-            return torch.nn.functional.cross_entropy(scores, targets[0])
-        return tensor.sum()
+        scores = tensor.reshape(-1, tensor.shape[-1])  # cross_entropy: the last dimension's classes
+        if not targets:
+            generator = torch.Generator().manual_seed(0)
+            drawn = torch.randint(0, scores.shape[-1], (scores.shape[0],), generator=generator)
+            targets.append(drawn.to(scores.device))
+        return torch.nn.functional.cross_entropy(scores, targets[0])
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
